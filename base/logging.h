@@ -1,0 +1,15 @@
+// base/logging.h
+//
+// lockstep's one logging entry point: LOG(severity), CHECK(cond), DCHECK(cond) and friends.
+//
+// Why one header: LibTorch built with glog (Debian's) forwards c10's logging to glog, while
+// LibTorch built without it (the pip/CUDA builds) defines LOG and CHECK itself. Including glog
+// beside the latter redefines those macros. c10/util/Logging.h always yields one consistent set,
+// so every lockstep file includes this header and never glog or c10 logging directly.
+
+#ifndef LOCKSTEP_BASE_LOGGING_H_
+#define LOCKSTEP_BASE_LOGGING_H_
+
+#include "c10/util/Logging.h"
+
+#endif  // LOCKSTEP_BASE_LOGGING_H_

@@ -1,0 +1,58 @@
+// base/torch_boundary.h
+//
+// The one place where LibTorch's exceptions become absl::Status. lockstep's public APIs never
+// throw; every LibTorch call that can throw runs inside CallTorch, which maps
+//   c10::OutOfMemoryError, std::bad_alloc            -> kResourceExhausted (back off / shrink)
+//   c10::ValueError, IndexError, TypeError           -> kInvalidArgument   (fix the input)
+//   c10::NotImplementedError                         -> kUnimplemented
+//   any other c10::Error or std::exception           -> kInternal
+// and prefixes the message with `context` so the caller learns what was being attempted.
+//
+// Thread-safety: stateless.
+//
+// Example:
+//   absl::Status s = CallTorch("while copying the plan to the device",
+//                              [&] { device_plan = plan.to(at::kCUDA); });
+
+#ifndef LOCKSTEP_BASE_TORCH_BOUNDARY_H_
+#define LOCKSTEP_BASE_TORCH_BOUNDARY_H_
+
+#include <exception>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace lockstep {
+
+// Converts the exception in flight (call only from a catch block) into a status whose message
+// starts with `context`.
+absl::Status StatusFromCurrentException(absl::string_view context);
+
+// Runs `fn`, converting any exception it throws into a status. `fn` returns void, absl::Status
+// or absl::StatusOr<T>; CallTorch returns absl::Status or the same StatusOr<T>.
+template <typename Fn>
+auto CallTorch(absl::string_view context, Fn&& fn) {
+  using Result = std::invoke_result_t<Fn>;
+  if constexpr (std::is_void_v<Result>) {
+    try {
+      std::forward<Fn>(fn)();
+      return absl::OkStatus();
+    } catch (...) {
+      return StatusFromCurrentException(context);
+    }
+  } else {
+    try {
+      return Result(std::forward<Fn>(fn)());
+    } catch (...) {
+      return Result(StatusFromCurrentException(context));
+    }
+  }
+}
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_BASE_TORCH_BOUNDARY_H_

@@ -1,0 +1,80 @@
+#include "base/torch_boundary.h"
+
+#include <stdexcept>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "base/status_macros.h"
+#include "c10/util/Exception.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CallTorchTest, OutOfMemoryBecomesResourceExhaustedWithContext) {
+  absl::Status status = CallTorch("while admitting microbatch 3", [] {
+    throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "CUDA out of memory");
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(), HasSubstr("while admitting microbatch 3"));
+  EXPECT_THAT(status.message(), HasSubstr("CUDA out of memory"));
+}
+
+TEST(CallTorchTest, BadAllocBecomesResourceExhausted) {
+  absl::Status status = CallTorch("alloc", [] { throw std::bad_alloc(); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(CallTorchTest, ValueErrorBecomesInvalidArgument) {
+  absl::Status status = CallTorch("ctx", [] {
+    throw c10::ValueError({__func__, __FILE__, __LINE__}, "shape mismatch");
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("shape mismatch"));
+}
+
+TEST(CallTorchTest, OtherErrorsBecomeInternal) {
+  EXPECT_EQ(CallTorch("ctx", [] { throw std::runtime_error("boom"); }).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(CallTorch("ctx", [] { throw 42; }).code(), absl::StatusCode::kInternal);
+}
+
+TEST(CallTorchTest, PassesValuesAndStatusesThrough) {
+  EXPECT_TRUE(CallTorch("ctx", [] {}).ok());
+  absl::StatusOr<int> value = CallTorch("ctx", [] { return absl::StatusOr<int>(7); });
+  ASSERT_TRUE(value.ok());
+  EXPECT_EQ(*value, 7);
+  absl::Status inner = CallTorch("ctx", [] { return absl::NotFoundError("missing"); });
+  EXPECT_EQ(inner.code(), absl::StatusCode::kNotFound);
+}
+
+absl::StatusOr<int> Half(int x) {
+  if (x % 2 != 0) return absl::InvalidArgumentError(absl::StrCat(x, " is odd"));
+  return x / 2;
+}
+
+absl::StatusOr<int> Quarter(int x) {
+  LOCKSTEP_ASSIGN_OR_RETURN(int half, Half(x));
+  LOCKSTEP_ASSIGN_OR_RETURN(int quarter, Half(half));
+  return quarter;
+}
+
+absl::Status CheckQuarter(int x) {
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(Quarter(x).status(), absl::StrCat("while quartering ", x));
+  return absl::OkStatus();
+}
+
+TEST(StatusMacrosTest, AssignOrReturnPropagatesTheFirstError) {
+  EXPECT_EQ(*Quarter(12), 3);
+  EXPECT_EQ(Quarter(6).status().message(), "3 is odd");
+  absl::Status status = CheckQuarter(6);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "3 is odd; while quartering 6");
+  EXPECT_TRUE(CheckQuarter(8).ok());
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,70 @@
+"""Finds LibTorch for the build.
+
+By default Debian's LibTorch (package libtorch-dev) under /usr; `--repo_env=LIBTORCH=DIR` selects
+any LibTorch tree with the pip/zip layout (`DIR/include`, `DIR/lib`), such as the GPU SDK that
+../shared/gpu-sdk/make-sdk.sh lays out. The repository exposes one target per library set:
+  @libtorch//:torch       headers + libtorch, libtorch_cpu, libc10
+  @libtorch//:torch_cuda  libtorch_cuda, libc10_cuda (only in trees that have them)
+"""
+
+_DEBIAN_HEADER_DIRS = ["ATen", "c10", "caffe2", "torch"]
+_CORE_LIBS = ["libtorch.so", "libtorch_cpu.so", "libc10.so"]
+_CUDA_LIBS = ["libtorch_cuda.so", "libc10_cuda.so"]
+
+def _libtorch_repository_impl(ctx):
+    root = ctx.os.environ.get("LIBTORCH", "")
+    if root:
+        include_dir = ctx.path(root + "/include")
+        lib_dir = ctx.path(root + "/lib")
+        if not include_dir.exists or not lib_dir.exists:
+            fail("LIBTORCH=%s is not a LibTorch tree: it needs include/ and lib/" % root)
+        ctx.symlink(include_dir, "include")
+        for lib in _CORE_LIBS + _CUDA_LIBS:
+            if lib_dir.get_child(lib).exists:
+                ctx.symlink(lib_dir.get_child(lib), "lib/" + lib)
+    else:
+        # Debian installs the headers into /usr/include beside everything else: link only
+        # LibTorch's own directories so the repository does not shadow the system headers.
+        for d in _DEBIAN_HEADER_DIRS:
+            path = ctx.path("/usr/include/" + d)
+            if not path.exists:
+                fail("Debian's LibTorch headers are missing (%s); run ./setup.sh or set LIBTORCH" % path)
+            ctx.symlink(path, "include/" + d)
+        for lib in _CORE_LIBS:
+            ctx.symlink("/usr/lib/x86_64-linux-gnu/" + lib, "lib/" + lib)
+
+    has_cuda = ctx.path("lib/libtorch_cuda.so").exists
+
+    # A LibTorch built with glog (Debian's) includes glog's headers from c10/util/Logging.h.
+    macros = ctx.path("include/c10/macros/cmake_macros.h")
+    uses_glog = macros.exists and "#define C10_USE_GLOG" in ctx.read(macros)
+    ctx.file("BUILD.bazel", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "torch",
+    hdrs = glob(["include/**"], exclude = ["include/**/*.cpp", "include/**/*.cu"]),
+    includes = ["include", "include/torch/csrc/api/include"],
+    srcs = [{core}],
+    # libtorch registers operators from static initializers: keep it even if no symbol is used.
+    linkopts = ["-Wl,--no-as-needed", "-lpthread"],
+    deps = [{glog}],
+)
+
+cc_library(
+    name = "torch_cuda",
+    srcs = [{cuda}],
+    linkopts = ["-Wl,--no-as-needed"],
+    deps = [":torch"],
+)
+""".format(
+        core = ", ".join(['"lib/%s"' % l for l in _CORE_LIBS]),
+        glog = '"@//third_party:glog"' if uses_glog else "",
+        cuda = ", ".join(['"lib/%s"' % l for l in _CUDA_LIBS]) if has_cuda else "",
+    ))
+
+libtorch_repository = repository_rule(
+    implementation = _libtorch_repository_impl,
+    environ = ["LIBTORCH"],
+    local = True,
+)
