@@ -1,0 +1,98 @@
+#include "collectives/agreement.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+
+namespace lockstep {
+namespace collectives {
+namespace {
+
+// Each member contributes its digest and the (truncated) operation name, so that the error can
+// say what the disagreeing ranks were about to do.
+constexpr int kNameBytes = 64;
+constexpr int kRecordBytes = 32 + kNameBytes;
+
+void HashFramed(EVP_MD_CTX* ctx, absl::string_view part) {
+  const uint64_t length = part.size();
+  uint8_t frame[8];
+  for (int i = 0; i < 8; ++i) frame[i] = static_cast<uint8_t>(length >> (8 * i));
+  CHECK_EQ(EVP_DigestUpdate(ctx, frame, sizeof(frame)), 1);
+  CHECK_EQ(EVP_DigestUpdate(ctx, part.data(), part.size()), 1);
+}
+
+}  // namespace
+
+Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view metadata) {
+  Sha256Digest digest;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  CHECK(ctx != nullptr);
+  CHECK_EQ(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr), 1);
+  HashFramed(ctx, operation);
+  HashFramed(ctx, metadata);
+  unsigned int length = 0;
+  CHECK_EQ(EVP_DigestFinal_ex(ctx, digest.data(), &length), 1);
+  CHECK_EQ(length, digest.size());
+  EVP_MD_CTX_free(ctx);
+  return digest;
+}
+
+std::string DigestPrefix(const Sha256Digest& digest, int bytes) {
+  bytes = std::min<int>(bytes, digest.size());
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest.data()), bytes));
+}
+
+absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
+                            absl::string_view metadata) {
+  const Sha256Digest digest = AgreementDigest(operation, metadata);
+  at::Tensor record;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("building the agreement record", [&] {
+    record = at::zeros({kRecordBytes}, at::kByte);
+    uint8_t* data = record.data_ptr<uint8_t>();
+    std::memcpy(data, digest.data(), digest.size());
+    std::memcpy(data + 32, operation.data(), std::min<size_t>(operation.size(), kNameBytes));
+  }));
+  absl::StatusOr<std::vector<at::Tensor>> records = comm.AllGather(record);
+  if (!records.ok()) {
+    return Annotate(records.status(), absl::StrCat("while checking that ", comm.DebugName(),
+                                                   " agrees on '", operation, "'"));
+  }
+  // Group members by what they hold, in group-rank order.
+  std::map<std::string, std::vector<int>> holders;  // record bytes -> global ranks
+  std::vector<std::string> order;
+  for (int m = 0; m < comm.size(); ++m) {
+    const at::Tensor& r = (*records)[m];
+    std::string bytes(reinterpret_cast<const char*>(r.data_ptr<uint8_t>()), kRecordBytes);
+    auto [it, inserted] = holders.try_emplace(bytes);
+    if (inserted) order.push_back(bytes);
+    it->second.push_back(comm.global_ranks()[m]);
+  }
+  if (holders.size() == 1) return absl::OkStatus();
+  std::vector<std::string> parts;
+  for (const std::string& bytes : order) {
+    Sha256Digest held;
+    std::memcpy(held.data(), bytes.data(), held.size());
+    std::string name = bytes.substr(32, kNameBytes);
+    name.resize(std::strlen(name.c_str()));
+    parts.push_back(absl::StrCat("global rank(s) ", FormatRanks(holders[bytes]), " hold ",
+                                 DigestPrefix(held), " ('", name, "')"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("ranks of ", comm.DebugName(), " disagree before '", operation,
+                   "': ", absl::StrJoin(parts, "; ")));
+}
+
+}  // namespace collectives
+}  // namespace lockstep

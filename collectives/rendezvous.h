@@ -1,0 +1,99 @@
+// collectives/rendezvous.h
+//
+// Rendezvous is how the processes of one job find each other before any communicator exists:
+// a key-value store (c10d's TCPStore or FileStore) shared by the job's ranks, plus each
+// process's rank, world size and local rank. Communicators (Gloo, NCCL) are built on top of it.
+//
+// FromEnvironment() reads the torchrun convention, so torchrun, tools/launch and cluster
+// launchers that export the same variables work unchanged:
+//   MASTER_ADDR  host of rank 0's TCP store          (required)
+//   MASTER_PORT  its port, 1..65535                  (required)
+//   RANK         this process's global rank          (required, 0 <= RANK < WORLD_SIZE)
+//   WORLD_SIZE   number of processes                 (required, positive)
+//   LOCAL_RANK   rank on this host, selects the GPU  (optional, default 0)
+// Rank 0 serves the TCP store; every rank waits up to the timeout for all the others to join,
+// then fails with kDeadlineExceeded naming the address.
+//
+// Thread-safety: Set/Get are thread-safe (the stores are).
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, Rendezvous::FromEnvironment(absl::Seconds(60)));
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto world, GlooCommunicator::Create(rendezvous, {}));
+
+#ifndef LOCKSTEP_COLLECTIVES_RENDEZVOUS_H_
+#define LOCKSTEP_COLLECTIVES_RENDEZVOUS_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace lockstep {
+namespace collectives {
+
+// The torchrun variables, parsed and validated.
+struct LaunchEnvironment {
+  std::string master_addr;
+  int master_port = 0;
+  int rank = 0;
+  int world_size = 0;
+  int local_rank = 0;
+};
+
+// Parses the variables through `lookup` (nullopt for an unset variable). kInvalidArgument names
+// the variable, its value and the expected range.
+absl::StatusOr<LaunchEnvironment> ParseLaunchEnvironment(
+    const std::function<std::optional<std::string>(const char*)>& lookup);
+
+// ParseLaunchEnvironment over the process environment.
+absl::StatusOr<LaunchEnvironment> LaunchEnvironmentFromProcess();
+
+class Rendezvous {
+ public:
+  // A FileStore at `path` (a file on a filesystem every rank sees; created if absent).
+  static absl::StatusOr<std::shared_ptr<Rendezvous>> File(const std::string& path, int rank,
+                                                          int world_size, absl::Duration timeout);
+  // A TCPStore served by rank 0 at host:port.
+  static absl::StatusOr<std::shared_ptr<Rendezvous>> Tcp(const std::string& host, int port,
+                                                         int rank, int world_size,
+                                                         absl::Duration timeout,
+                                                         int local_rank = 0);
+  // Tcp() with the torchrun variables (see the top of this file).
+  static absl::StatusOr<std::shared_ptr<Rendezvous>> FromEnvironment(absl::Duration timeout);
+
+  ~Rendezvous();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }
+  absl::Duration timeout() const { return timeout_; }
+
+  // Stores `value` under `key` for every rank to read.
+  absl::Status Set(const std::string& key, absl::string_view value);
+  // Waits up to timeout() for `key` to be set, then returns its value.
+  absl::StatusOr<std::string> Get(const std::string& key);
+
+  // Implementation detail for communicators in this package (collectives/internal/).
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  Rendezvous(std::unique_ptr<Impl> impl, int rank, int world_size, int local_rank,
+             absl::Duration timeout);
+
+  std::unique_ptr<Impl> impl_;
+  int rank_;
+  int world_size_;
+  int local_rank_;
+  absl::Duration timeout_;
+};
+
+}  // namespace collectives
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_COLLECTIVES_RENDEZVOUS_H_

@@ -1,0 +1,85 @@
+// collectives/topology.h
+//
+// Topology lays a world of ranks out as data-parallel (DP) x tensor-parallel (TP) x
+// context-parallel (CP) in Megatron's order: TP varies fastest, then CP, then DP:
+//
+//   global_rank = dp * (cp_size * tp_size) + cp * tp_size + tp
+//
+// so the TP x CP replicas of one DP worker are the contiguous block of tp_size * cp_size ranks.
+// It answers, for any rank, its coordinates and the global ranks of its TP, CP, TP x CP and DP
+// groups (each sorted ascending; the first member is the group's leader).
+//
+// Thread-safety: immutable after Create; safe to share.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::Create(/*world=*/8, /*tp=*/2, /*cp=*/2));
+//   topo.dp_size();                 // 2
+//   topo.TpCpGroup(5);              // [4, 5, 6, 7]
+//   topo.Leader(topo.CpGroup(5));   // 5's CP peers are [5, 7]: leader 5
+
+#ifndef LOCKSTEP_COLLECTIVES_TOPOLOGY_H_
+#define LOCKSTEP_COLLECTIVES_TOPOLOGY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace lockstep {
+namespace collectives {
+
+struct Coordinates {
+  int dp = 0;
+  int cp = 0;
+  int tp = 0;
+  bool operator==(const Coordinates& o) const { return dp == o.dp && cp == o.cp && tp == o.tp; }
+};
+
+class Topology {
+ public:
+  // A topology of `world_size` ranks with the given TP and CP sizes; DP is what remains.
+  // kInvalidArgument when a size is not positive or tp_size * cp_size does not divide
+  // world_size (the message names the sizes).
+  static absl::StatusOr<Topology> Create(int world_size, int tp_size, int cp_size);
+
+  // As Create, with DP given too; kInvalidArgument unless dp * tp * cp == world_size.
+  static absl::StatusOr<Topology> CreateExact(int world_size, int dp_size, int tp_size,
+                                              int cp_size);
+
+  int world_size() const { return dp_size_ * tp_size_ * cp_size_; }
+  int dp_size() const { return dp_size_; }
+  int tp_size() const { return tp_size_; }
+  int cp_size() const { return cp_size_; }
+
+  // kInvalidArgument when the rank or the coordinates are out of range.
+  absl::StatusOr<Coordinates> CoordinatesOf(int global_rank) const;
+  absl::StatusOr<int> GlobalRankOf(const Coordinates& coordinates) const;
+
+  // Groups of `global_rank`, as sorted global ranks. Precondition: 0 <= global_rank <
+  // world_size() (checked; out-of-range ranks abort, as they are programming errors).
+  std::vector<int> TpGroup(int global_rank) const;
+  std::vector<int> CpGroup(int global_rank) const;
+  std::vector<int> TpCpGroup(int global_rank) const;
+  std::vector<int> DpGroup(int global_rank) const;
+
+  // The leader of a group is its first (lowest) global rank.
+  static int Leader(absl::Span<const int> group) { return group.front(); }
+
+  // "DP2 x TP1 x CP2"
+  std::string DebugString() const;
+
+ private:
+  Topology(int dp, int tp, int cp) : dp_size_(dp), tp_size_(tp), cp_size_(cp) {}
+  Coordinates CoordinatesOrDie(int global_rank) const;
+  int Rank(int dp, int cp, int tp) const { return (dp * cp_size_ + cp) * tp_size_ + tp; }
+
+  int dp_size_;
+  int tp_size_;
+  int cp_size_;
+};
+
+}  // namespace collectives
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_COLLECTIVES_TOPOLOGY_H_
