@@ -1,0 +1,240 @@
+#include "collectives/gloo_communicator.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "collectives/agreement.h"
+#include "collectives/rendezvous.h"
+#include "collectives/topology.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/process_world.h"
+
+namespace lockstep {
+namespace collectives {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+#define RETURN_IF_NOT_OK(expr)                   \
+  do {                                           \
+    absl::Status status_ = (expr);               \
+    if (!status_.ok()) return status_;           \
+  } while (0)
+
+absl::Status Expect(bool condition, const std::string& what) {
+  return condition ? absl::OkStatus() : absl::InternalError(what);
+}
+
+void ExpectAllOk(const std::vector<absl::Status>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+  }
+}
+
+testing::ProcessWorldOptions World(int n) {
+  testing::ProcessWorldOptions options;
+  options.world_size = n;
+  options.collective_timeout = absl::Seconds(20);
+  return options;
+}
+
+class GlooWorldSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooWorldSizes, EveryCollectiveMovesTheRightValues) {
+  const int n = GetParam();
+  ExpectAllOk(testing::RunProcessWorld(World(n), [n](int rank, Communicator& world) -> absl::Status {
+    RETURN_IF_NOT_OK(Expect(world.rank() == rank && world.size() == n, "identity"));
+    // Broadcast from the last rank (a nonzero root).
+    at::Tensor b = at::full({4}, rank * 1.5, at::kFloat);
+    RETURN_IF_NOT_OK(world.Broadcast(b, n - 1));
+    RETURN_IF_NOT_OK(Expect(at::equal(b, at::full({4}, (n - 1) * 1.5, at::kFloat)), "broadcast"));
+    // All-gather.
+    auto gathered = world.AllGather(at::arange(3, at::kLong) + 10 * rank);
+    if (!gathered.ok()) return gathered.status();
+    for (int m = 0; m < n; ++m) {
+      RETURN_IF_NOT_OK(Expect(at::equal((*gathered)[m], at::arange(3, at::kLong) + 10 * m),
+                              absl::StrCat("all-gather member ", m)));
+    }
+    // All-reduce.
+    at::Tensor s = at::full({2, 2}, rank + 1.0, at::kDouble);
+    RETURN_IF_NOT_OK(world.AllReduceSum(s));
+    RETURN_IF_NOT_OK(Expect(at::equal(s, at::full({2, 2}, n * (n + 1) / 2.0, at::kDouble)),
+                            "all-reduce"));
+    RETURN_IF_NOT_OK(world.Barrier());
+    // Bytes from rank 0, of a length only the root knows.
+    std::string bytes = rank == 0 ? std::string(1000, 'q') + "end" : "";
+    RETURN_IF_NOT_OK(BroadcastBytes(world, &bytes, 0));
+    return Expect(bytes == std::string(1000, 'q') + "end", "bytes");
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoAndFourProcesses, GlooWorldSizes, ::testing::Values(2, 4));
+
+TEST(GlooCommunicatorTest, DpTwoCpTwoGroupsUseTheirOwnLeaders) {
+  ExpectAllOk(testing::RunProcessWorld(World(4), [](int rank, Communicator& world) -> absl::Status {
+    const Topology topo = *Topology::Create(4, /*tp=*/1, /*cp=*/2);
+    auto cp = world.NewGroup(topo.CpGroup(rank));
+    if (!cp.ok()) return cp.status();
+    auto dp = world.NewGroup(topo.DpGroup(rank));
+    if (!dp.ok()) return dp.status();
+    // Group rank 0 of the CP group of ranks {2, 3} is global rank 2.
+    RETURN_IF_NOT_OK(Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)),
+                            "leader"));
+    at::Tensor t = at::full({1}, 100.0 + rank, at::kDouble);
+    RETURN_IF_NOT_OK((*cp)->Broadcast(t, 0));
+    RETURN_IF_NOT_OK(Expect(t.item<double>() == 100.0 + topo.CpGroup(rank)[0], "cp broadcast"));
+    at::Tensor u = at::full({1}, 1.0 * rank, at::kDouble);
+    RETURN_IF_NOT_OK((*dp)->AllReduceSum(u));
+    const auto d = topo.DpGroup(rank);
+    RETURN_IF_NOT_OK(Expect(u.item<double>() == d[0] + d[1], "dp all-reduce"));
+    // The same rank list again is a separate group (second context), still consistent.
+    auto cp_again = world.NewGroup(topo.CpGroup(rank));
+    if (!cp_again.ok()) return cp_again.status();
+    return (*cp_again)->Barrier();
+  }));
+}
+
+TEST(GlooCommunicatorTest, AgreementCheckNamesTheDisagreeingRank) {
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld(World(4), [](int rank, Communicator& world) {
+        return CheckAgreement(world, "register_object", rank == 3 ? "v2" : "v1");
+      });
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("[0, 1, 2] hold"), HasSubstr("[3] hold")));
+  }
+}
+
+TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeout) {
+  testing::ProcessWorldOptions options = World(2);
+  options.collective_timeout = absl::Seconds(6);
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+        RETURN_IF_NOT_OK(world.Barrier());
+        if (rank == 1) _exit(3);  // dies between collectives, without a word
+        at::Tensor t = at::zeros({8});
+        const absl::Time start = absl::Now();
+        absl::Status s = world.Broadcast(t, 0);
+        const absl::Duration took = absl::Now() - start;
+        if (s.ok()) return absl::InternalError("broadcast to a dead peer succeeded");
+        if (took > absl::Seconds(6) + absl::Seconds(5)) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took)));
+        }
+        return absl::Status(s.code(), absl::StrCat("expected: ", s.message()));
+      });
+  EXPECT_THAT(results[0].code(), AnyOf(absl::StatusCode::kUnavailable,
+                                       absl::StatusCode::kDeadlineExceeded))
+      << results[0];
+  EXPECT_THAT(results[0].message(), AllOf(HasSubstr("expected: "), HasSubstr("broadcast")));
+  EXPECT_THAT(results[1].message(), HasSubstr("exited with code 3"));
+}
+
+TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
+  testing::ProcessWorldOptions options = World(2);
+  options.collective_timeout = absl::Seconds(2);
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+        RETURN_IF_NOT_OK(world.Barrier());
+        if (rank == 1) {
+          sleep(6);  // alive, but late beyond the timeout
+          return absl::OkStatus();
+        }
+        at::Tensor t = at::zeros({8});
+        const absl::Time start = absl::Now();
+        absl::Status s = world.AllReduceSum(t);
+        const absl::Duration took = absl::Now() - start;
+        if (s.ok()) return absl::InternalError("all-reduce without the peer succeeded");
+        if (took > absl::Seconds(2) + absl::Seconds(3)) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took)));
+        }
+        return s;
+      });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
+  EXPECT_THAT(results[0].message(), HasSubstr("all-reduce (sum) on gloo world [0, 1]"));
+}
+
+TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
+  testing::ProcessWorldOptions options = World(2);
+  options.tcp_store = true;
+  ExpectAllOk(testing::RunProcessWorld(options, [](int rank, Communicator& world) {
+    at::Tensor t = at::full({1}, 1.0 + rank);
+    absl::Status s = world.AllReduceSum(t);
+    if (!s.ok()) return s;
+    return Expect(t.item<float>() == 3.0f, "sum");
+  }));
+}
+
+TEST(RendezvousTest, EnvironmentRendezvousTimesOutWhenPeersNeverCome) {
+  // Rank 1 of 2 with nobody serving the store: a clear error within the timeout, not a hang.
+  const int port = testing::PickFreePort();
+  const absl::Time start = absl::Now();
+  auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 1, 2, absl::Seconds(2));
+  EXPECT_FALSE(rendezvous.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_THAT(rendezvous.status().message(),
+              HasSubstr(absl::StrCat("joining the TCP store at 127.0.0.1:", port)));
+}
+
+std::function<std::optional<std::string>(const char*)> Env(
+    std::map<std::string, std::string> vars) {
+  return [vars](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(LaunchEnvironmentTest, ParsesTheTorchrunVariables) {
+  auto env = ParseLaunchEnvironment(Env({{"MASTER_ADDR", "10.1.2.3"},
+                                         {"MASTER_PORT", "29500"},
+                                         {"RANK", "5"},
+                                         {"WORLD_SIZE", "8"},
+                                         {"LOCAL_RANK", "1"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->master_addr, "10.1.2.3");
+  EXPECT_EQ(env->master_port, 29500);
+  EXPECT_EQ(env->rank, 5);
+  EXPECT_EQ(env->world_size, 8);
+  EXPECT_EQ(env->local_rank, 1);
+  // LOCAL_RANK is optional.
+  auto no_local = ParseLaunchEnvironment(
+      Env({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  ASSERT_TRUE(no_local.ok());
+  EXPECT_EQ(no_local->local_rank, 0);
+}
+
+TEST(LaunchEnvironmentTest, BadValuesAreNamed) {
+  const std::map<std::string, std::string> good = {
+      {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  auto with = [&](const std::string& k, const std::string& v) {
+    auto vars = good;
+    vars[k] = v;
+    return ParseLaunchEnvironment(Env(vars)).status();
+  };
+  auto without = [&](const std::string& k) {
+    auto vars = good;
+    vars.erase(k);
+    return ParseLaunchEnvironment(Env(vars)).status();
+  };
+  EXPECT_THAT(without("MASTER_ADDR").message(), HasSubstr("MASTER_ADDR is not set"));
+  EXPECT_THAT(without("RANK").message(), HasSubstr("RANK is not set"));
+  EXPECT_THAT(with("MASTER_PORT", "70000").message(),
+              HasSubstr("MASTER_PORT=70000 is not an integer in [1, 65535]"));
+  EXPECT_THAT(with("WORLD_SIZE", "0").message(), HasSubstr("WORLD_SIZE=0"));
+  EXPECT_THAT(with("RANK", "2").message(), HasSubstr("RANK=2 is not below WORLD_SIZE=2"));
+  EXPECT_THAT(with("RANK", "x").message(), HasSubstr("RANK=x"));
+  EXPECT_EQ(with("LOCAL_RANK", "-1").code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace collectives
+}  // namespace lockstep

@@ -1,0 +1,128 @@
+#include "tools/launcher.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace tools {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Runs `script` with /bin/sh in `nproc` ranks and returns the result and the captured output.
+std::pair<LaunchResult, std::string> RunShell(int nproc, const std::string& script,
+                                              absl::Duration grace = absl::Seconds(5)) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/launch_out_", getpid(), "_",
+                                        testing::UnitTest::GetInstance()->random_seed(), "_",
+                                        std::hash<std::string>()(script));
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  EXPECT_GE(fd, 0);
+  LaunchOptions options;
+  options.nproc = nproc;
+  options.command = {"/bin/sh", "-c", script};
+  options.grace = grace;
+  options.output_fd = fd;
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  close(fd);
+  EXPECT_TRUE(result.ok()) << result.status();
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {result.ok() ? *result : LaunchResult{}, text.str()};
+}
+
+TEST(LauncherTest, SetsTheTorchrunEnvironmentAndPrefixesOutput) {
+  auto [result, output] =
+      RunShell(3, "echo \"env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE at "
+                  "$MASTER_ADDR:$MASTER_PORT\"; printf 'no newline'");
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.failed_rank, -1);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("[rank ", r, "] env ", r, "/3 local ", r,
+                                               "/3 at 127.0.0.1:")));
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("[rank ", r, "] no newline\n")));
+  }
+}
+
+TEST(LauncherTest, AllRanksShareOnePort) {
+  auto [result, output] = RunShell(2, "echo port=$MASTER_PORT");
+  const size_t a = output.find("port=");
+  const size_t b = output.find("port=", a + 1);
+  ASSERT_NE(b, std::string::npos);
+  EXPECT_EQ(output.substr(a, output.find('\n', a) - a), output.substr(b, output.find('\n', b) - b));
+}
+
+TEST(LauncherTest, FailureStopsTheOthersAndPropagatesTheExitCode) {
+  const absl::Time start = absl::Now();
+  auto [result, output] = RunShell(
+      3, "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; sleep 30; echo survived");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(result.exit_code, 3);
+  EXPECT_EQ(result.failed_rank, 1);
+  EXPECT_EQ(result.summary, "rank 1 exited with code 3");
+  EXPECT_THAT(output, HasSubstr("[rank 1] failing"));
+  EXPECT_THAT(output, HasSubstr("[launch] rank 1 exited with code 3; stopping the other ranks"));
+  EXPECT_THAT(output, Not(HasSubstr("survived")));
+}
+
+TEST(LauncherTest, RanksIgnoringSigtermAreKilledAfterTheGrace) {
+  const absl::Time start = absl::Now();
+  auto [result, output] = RunShell(
+      2, "if [ \"$RANK\" = 0 ]; then exit 5; fi; trap '' TERM; sleep 30", absl::Seconds(1));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(result.exit_code, 5);
+  EXPECT_EQ(result.failed_rank, 0);
+}
+
+TEST(LauncherTest, DeathBySignalIsReportedAs128PlusSignal) {
+  auto [result, output] = RunShell(2, "if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 30");
+  EXPECT_EQ(result.exit_code, 128 + 9);
+  EXPECT_EQ(result.failed_rank, 1);
+  EXPECT_THAT(result.summary, HasSubstr("killed by signal 9"));
+}
+
+TEST(LauncherTest, MissingProgramFailsWithExitCode127) {
+  LaunchOptions options;
+  options.nproc = 1;
+  options.command = {"/nonexistent/program"};
+  options.output_fd = open("/dev/null", O_WRONLY);
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  close(options.output_fd);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->exit_code, 127);
+}
+
+TEST(ParseLaunchArgsTest, ParsesFlagsAndTheCommand) {
+  auto options = ParseLaunchArgs({"--nproc", "4", "--master_port", "29501", "--", "prog", "--x"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->nproc, 4);
+  EXPECT_EQ(options->master_port, 29501);
+  EXPECT_EQ(options->command, (std::vector<std::string>{"prog", "--x"}));
+  auto no_dashes = ParseLaunchArgs({"--nproc", "2", "prog", "arg"});
+  ASSERT_TRUE(no_dashes.ok());
+  EXPECT_EQ(no_dashes->command, (std::vector<std::string>{"prog", "arg"}));
+}
+
+TEST(ParseLaunchArgsTest, BadArgumentsAreNamed) {
+  EXPECT_THAT(ParseLaunchArgs({"--nproc", "0", "prog"}).status().message(),
+              HasSubstr("--nproc 0 is not an integer in [1, 1024]"));
+  EXPECT_THAT(ParseLaunchArgs({"--nproc", "2"}).status().message(), HasSubstr("no program"));
+  EXPECT_THAT(ParseLaunchArgs({"--bogus", "1", "prog"}).status().message(),
+              HasSubstr("unknown flag --bogus"));
+  EXPECT_THAT(ParseLaunchArgs({"--master_port", "70000", "p"}).status().message(),
+              HasSubstr("--master_port 70000"));
+}
+
+}  // namespace
+}  // namespace tools
+}  // namespace lockstep
