@@ -30,19 +30,19 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context);
 #define LOCKSTEP_STATUS_CONCAT_(a, b) LOCKSTEP_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function with the status of `expr` if it is not OK.
-#define LOCKSTEP_RETURN_IF_ERROR(expr)                                           \
-  do {                                                                           \
-    ::absl::Status lockstep_status_ = (expr);                                    \
-    if (!lockstep_status_.ok()) return lockstep_status_;                         \
+#define LOCKSTEP_RETURN_IF_ERROR(expr)                   \
+  do {                                                   \
+    ::absl::Status lockstep_status_ = (expr);            \
+    if (!lockstep_status_.ok()) return lockstep_status_; \
   } while (0)
 
 // As LOCKSTEP_RETURN_IF_ERROR, adding `context` (a string expression, evaluated only on error).
-#define LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(expr, context)                     \
-  do {                                                                           \
-    ::absl::Status lockstep_status_ = (expr);                                    \
-    if (!lockstep_status_.ok()) {                                                \
-      return ::lockstep::Annotate(lockstep_status_, (context));                  \
-    }                                                                            \
+#define LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(expr, context)    \
+  do {                                                          \
+    ::absl::Status lockstep_status_ = (expr);                   \
+    if (!lockstep_status_.ok()) {                               \
+      return ::lockstep::Annotate(lockstep_status_, (context)); \
+    }                                                           \
   } while (0)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status, else moves the value

@@ -89,9 +89,9 @@ absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
     parts.push_back(absl::StrCat("global rank(s) ", FormatRanks(holders[bytes]), " hold ",
                                  DigestPrefix(held), " ('", name, "')"));
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("ranks of ", comm.DebugName(), " disagree before '", operation,
-                   "': ", absl::StrJoin(parts, "; ")));
+  return absl::FailedPreconditionError(absl::StrCat("ranks of ", comm.DebugName(),
+                                                    " disagree before '", operation,
+                                                    "': ", absl::StrJoin(parts, "; ")));
 }
 
 }  // namespace collectives

@@ -28,9 +28,8 @@ TEST(AgreementDigestTest, FramingSeparatesOperationFromMetadata) {
 
 TEST(CheckAgreementTest, AgreeingRanksPass) {
   testing::FakeWorld world(4);
-  for (const absl::Status& s : world.Run([](Communicator& comm) {
-         return CheckAgreement(comm, "register_object", "head/v1");
-       })) {
+  for (const absl::Status& s : world.Run(
+           [](Communicator& comm) { return CheckAgreement(comm, "register_object", "head/v1"); })) {
     EXPECT_TRUE(s.ok()) << s;
   }
 }

@@ -15,9 +15,8 @@ namespace collectives {
 
 absl::StatusOr<int> Communicator::GlobalRank(int group_rank) const {
   if (group_rank < 0 || group_rank >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat("group rank ", group_rank,
-                                                   " is outside [0, ", size(), ") of ",
-                                                   DebugName()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group rank ", group_rank, " is outside [0, ", size(), ") of ", DebugName()));
   }
   return global_ranks()[group_rank];
 }
@@ -61,10 +60,9 @@ absl::StatusOr<int> ValidateGroupRanks(absl::Span<const int> global_ranks, int w
   for (int i = 0; i < static_cast<int>(global_ranks.size()); ++i) {
     const int r = global_ranks[i];
     if (r < 0 || r >= world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " in group ",
-                                                     FormatRanks(global_ranks),
-                                                     " is outside the world [0, ", world_size,
-                                                     ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " in group ", FormatRanks(global_ranks),
+                       " is outside the world [0, ", world_size, ")"));
     }
     if (!seen.insert(r).second) {
       return absl::InvalidArgumentError(
@@ -73,10 +71,9 @@ absl::StatusOr<int> ValidateGroupRanks(absl::Span<const int> global_ranks, int w
     if (r == my_global_rank) mine = i;
   }
   if (mine < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("global rank ", my_global_rank,
-                                                   " is not a member of group ",
-                                                   FormatRanks(global_ranks),
-                                                   "; only members create a group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("global rank ", my_global_rank, " is not a member of group ",
+                     FormatRanks(global_ranks), "; only members create a group"));
   }
   return mine;
 }

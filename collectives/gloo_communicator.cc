@@ -45,8 +45,8 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
   if (rendezvous == nullptr) return absl::InvalidArgumentError("rendezvous is null");
   if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout ", absl::FormatDuration(options.timeout), " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout ", absl::FormatDuration(options.timeout), " must be positive"));
   }
   auto shared = std::make_shared<Shared>();
   shared->rendezvous = rendezvous;
@@ -55,15 +55,16 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   group->rank = rendezvous->rank();
   for (int r = 0; r < rendezvous->world_size(); ++r) group->global_ranks.push_back(r);
   group->name = absl::StrCat("gloo world ", FormatRanks(group->global_ranks));
-  absl::Status status = internal::RunComm(
-      absl::StrCat("creating ", group->name, " as rank ", group->rank), [&] {
+  absl::Status status =
+      internal::RunComm(absl::StrCat("creating ", group->name, " as rank ", group->rank), [&] {
         shared->device = options.hostname.empty()
                              ? c10d::ProcessGroupGloo::createDefaultDevice()
                              : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname);
-        auto pg_options = c10d::ProcessGroupGloo::Options::create(internal::ToChrono(options.timeout));
+        auto pg_options =
+            c10d::ProcessGroupGloo::Options::create(internal::ToChrono(options.timeout));
         pg_options->devices = {shared->device};
-        auto store = c10::make_intrusive<c10d::PrefixStore>("lockstep/world",
-                                                            rendezvous->impl().store);
+        auto store =
+            c10::make_intrusive<c10d::PrefixStore>("lockstep/world", rendezvous->impl().store);
         group->process_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
             store, group->rank, rendezvous->world_size(), pg_options);
       });
@@ -97,8 +98,7 @@ absl::Status CheckTensor(const at::Tensor& tensor, const std::string& what) {
 absl::Status GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
   const std::string what = absl::StrCat("broadcast from group rank ", root, " on ", DebugName());
   if (root < 0 || root >= size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": root is outside [0, ", size(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
   }
   absl::Status valid = CheckTensor(tensor, what);
   if (!valid.ok()) return valid;
@@ -149,16 +149,15 @@ absl::Status GlooCommunicator::AllReduceSum(at::Tensor& tensor) {
 absl::Status GlooCommunicator::Barrier() {
   const std::string what = absl::StrCat("barrier on ", DebugName());
   c10::intrusive_ptr<c10d::Work> work;
-  absl::Status status =
-      internal::RunComm(what, [&] { work = group_->process_group->barrier(); });
+  absl::Status status = internal::RunComm(what, [&] { work = group_->process_group->barrier(); });
   if (!status.ok()) return status;
   return Wait(work, timeout(), what);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::NewGroup(
     absl::Span<const int> global_ranks) {
-  absl::StatusOr<int> member = ValidateGroupRanks(
-      global_ranks, shared_->rendezvous->world_size(), group_->global_ranks[group_->rank]);
+  absl::StatusOr<int> member = ValidateGroupRanks(global_ranks, shared_->rendezvous->world_size(),
+                                                  group_->global_ranks[group_->rank]);
   if (!member.ok()) return member.status();
   auto group = std::make_unique<Group>();
   group->global_ranks.assign(global_ranks.begin(), global_ranks.end());
@@ -173,8 +172,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::NewGroup(
   if (ordinal > 0) absl::StrAppend(&group->name, " #", ordinal);
   absl::Status status = internal::RunComm(
       absl::StrCat("creating ", group->name, " (members must create it together)"), [&] {
-        auto pg_options =
-            c10d::ProcessGroupGloo::Options::create(internal::ToChrono(timeout()));
+        auto pg_options = c10d::ProcessGroupGloo::Options::create(internal::ToChrono(timeout()));
         pg_options->devices = {shared_->device};
         auto store = c10::make_intrusive<c10d::PrefixStore>(
             absl::StrCat("lockstep/group/", ranks, "/", ordinal),

@@ -24,10 +24,10 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-#define RETURN_IF_NOT_OK(expr)                   \
-  do {                                           \
-    absl::Status status_ = (expr);               \
-    if (!status_.ok()) return status_;           \
+#define RETURN_IF_NOT_OK(expr)         \
+  do {                                 \
+    absl::Status status_ = (expr);     \
+    if (!status_.ok()) return status_; \
   } while (0)
 
 absl::Status Expect(bool condition, const std::string& what) {
@@ -51,30 +51,32 @@ class GlooWorldSizes : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooWorldSizes, EveryCollectiveMovesTheRightValues) {
   const int n = GetParam();
-  ExpectAllOk(testing::RunProcessWorld(World(n), [n](int rank, Communicator& world) -> absl::Status {
-    RETURN_IF_NOT_OK(Expect(world.rank() == rank && world.size() == n, "identity"));
-    // Broadcast from the last rank (a nonzero root).
-    at::Tensor b = at::full({4}, rank * 1.5, at::kFloat);
-    RETURN_IF_NOT_OK(world.Broadcast(b, n - 1));
-    RETURN_IF_NOT_OK(Expect(at::equal(b, at::full({4}, (n - 1) * 1.5, at::kFloat)), "broadcast"));
-    // All-gather.
-    auto gathered = world.AllGather(at::arange(3, at::kLong) + 10 * rank);
-    if (!gathered.ok()) return gathered.status();
-    for (int m = 0; m < n; ++m) {
-      RETURN_IF_NOT_OK(Expect(at::equal((*gathered)[m], at::arange(3, at::kLong) + 10 * m),
-                              absl::StrCat("all-gather member ", m)));
-    }
-    // All-reduce.
-    at::Tensor s = at::full({2, 2}, rank + 1.0, at::kDouble);
-    RETURN_IF_NOT_OK(world.AllReduceSum(s));
-    RETURN_IF_NOT_OK(Expect(at::equal(s, at::full({2, 2}, n * (n + 1) / 2.0, at::kDouble)),
-                            "all-reduce"));
-    RETURN_IF_NOT_OK(world.Barrier());
-    // Bytes from rank 0, of a length only the root knows.
-    std::string bytes = rank == 0 ? std::string(1000, 'q') + "end" : "";
-    RETURN_IF_NOT_OK(BroadcastBytes(world, &bytes, 0));
-    return Expect(bytes == std::string(1000, 'q') + "end", "bytes");
-  }));
+  ExpectAllOk(
+      testing::RunProcessWorld(World(n), [n](int rank, Communicator& world) -> absl::Status {
+        RETURN_IF_NOT_OK(Expect(world.rank() == rank && world.size() == n, "identity"));
+        // Broadcast from the last rank (a nonzero root).
+        at::Tensor b = at::full({4}, rank * 1.5, at::kFloat);
+        RETURN_IF_NOT_OK(world.Broadcast(b, n - 1));
+        RETURN_IF_NOT_OK(
+            Expect(at::equal(b, at::full({4}, (n - 1) * 1.5, at::kFloat)), "broadcast"));
+        // All-gather.
+        auto gathered = world.AllGather(at::arange(3, at::kLong) + 10 * rank);
+        if (!gathered.ok()) return gathered.status();
+        for (int m = 0; m < n; ++m) {
+          RETURN_IF_NOT_OK(Expect(at::equal((*gathered)[m], at::arange(3, at::kLong) + 10 * m),
+                                  absl::StrCat("all-gather member ", m)));
+        }
+        // All-reduce.
+        at::Tensor s = at::full({2, 2}, rank + 1.0, at::kDouble);
+        RETURN_IF_NOT_OK(world.AllReduceSum(s));
+        RETURN_IF_NOT_OK(
+            Expect(at::equal(s, at::full({2, 2}, n * (n + 1) / 2.0, at::kDouble)), "all-reduce"));
+        RETURN_IF_NOT_OK(world.Barrier());
+        // Bytes from rank 0, of a length only the root knows.
+        std::string bytes = rank == 0 ? std::string(1000, 'q') + "end" : "";
+        RETURN_IF_NOT_OK(BroadcastBytes(world, &bytes, 0));
+        return Expect(bytes == std::string(1000, 'q') + "end", "bytes");
+      }));
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoAndFourProcesses, GlooWorldSizes, ::testing::Values(2, 4));
@@ -87,8 +89,8 @@ TEST(GlooCommunicatorTest, DpTwoCpTwoGroupsUseTheirOwnLeaders) {
     auto dp = world.NewGroup(topo.DpGroup(rank));
     if (!dp.ok()) return dp.status();
     // Group rank 0 of the CP group of ranks {2, 3} is global rank 2.
-    RETURN_IF_NOT_OK(Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)),
-                            "leader"));
+    RETURN_IF_NOT_OK(
+        Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)), "leader"));
     at::Tensor t = at::full({1}, 100.0 + rank, at::kDouble);
     RETURN_IF_NOT_OK((*cp)->Broadcast(t, 0));
     RETURN_IF_NOT_OK(Expect(t.item<double>() == 100.0 + topo.CpGroup(rank)[0], "cp broadcast"));
@@ -131,8 +133,8 @@ TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeout) {
         }
         return absl::Status(s.code(), absl::StrCat("expected: ", s.message()));
       });
-  EXPECT_THAT(results[0].code(), AnyOf(absl::StatusCode::kUnavailable,
-                                       absl::StatusCode::kDeadlineExceeded))
+  EXPECT_THAT(results[0].code(),
+              AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << results[0];
   EXPECT_THAT(results[0].message(), AllOf(HasSubstr("expected: "), HasSubstr("broadcast")));
   EXPECT_THAT(results[1].message(), HasSubstr("exited with code 3"));

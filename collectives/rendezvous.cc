@@ -24,8 +24,7 @@ absl::Status CommunicationError(absl::string_view what, absl::string_view messag
     return absl::DeadlineExceededError(text);
   }
   for (const char* gone : {"connection closed", "connection reset", "broken pipe",
-                           "connection refused", "socket closed", "read error",
-                           "write error"}) {
+                           "connection refused", "socket closed", "read error", "write error"}) {
     if (absl::StrContains(lower, gone)) return absl::UnavailableError(text);
   }
   return absl::InternalError(text);
@@ -35,26 +34,27 @@ absl::Status CommunicationError(absl::string_view what, absl::string_view messag
 
 namespace {
 
-absl::StatusOr<int> ParseInt(const char* name, const std::optional<std::string>& value,
-                             int lo, int hi, std::optional<int> fallback) {
+absl::StatusOr<int> ParseInt(const char* name, const std::optional<std::string>& value, int lo,
+                             int hi, std::optional<int> fallback) {
   if (!value.has_value() || value->empty()) {
     if (fallback.has_value()) return *fallback;
     return absl::InvalidArgumentError(
-        absl::StrCat(name, " is not set; the torchrun environment needs MASTER_ADDR, "
-                           "MASTER_PORT, RANK and WORLD_SIZE"));
+        absl::StrCat(name,
+                     " is not set; the torchrun environment needs MASTER_ADDR, "
+                     "MASTER_PORT, RANK and WORLD_SIZE"));
   }
   int parsed = 0;
   if (!absl::SimpleAtoi(*value, &parsed) || parsed < lo || parsed > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=", *value,
-                                                   " is not an integer in [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=", *value, " is not an integer in [", lo, ", ", hi, "]"));
   }
   return parsed;
 }
 
 void CheckRanks(int rank, int world_size, absl::Status* status) {
   if (world_size <= 0) {
-    *status = absl::InvalidArgumentError(absl::StrCat("world size ", world_size,
-                                                      " must be positive"));
+    *status =
+        absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " must be positive"));
   } else if (rank < 0 || rank >= world_size) {
     *status = absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside [0, ", world_size, ")"));
@@ -137,18 +137,18 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
     return absl::InvalidArgumentError(absl::StrCat("port ", port, " is outside [1, 65535]"));
   }
   auto impl = std::make_unique<Impl>();
-  absl::Status status = internal::RunComm(
-      absl::StrCat("joining the TCP store at ", host, ":", port, " as rank ", rank, " of ",
-                   world_size),
-      [&] {
-        c10d::TCPStoreOptions options;
-        options.port = static_cast<uint16_t>(port);
-        options.isServer = rank == 0;
-        options.numWorkers = world_size;
-        options.waitWorkers = true;
-        options.timeout = internal::ToChrono(timeout);
-        impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
-      });
+  absl::Status status = internal::RunComm(absl::StrCat("joining the TCP store at ", host, ":", port,
+                                                       " as rank ", rank, " of ", world_size),
+                                          [&] {
+                                            c10d::TCPStoreOptions options;
+                                            options.port = static_cast<uint16_t>(port);
+                                            options.isServer = rank == 0;
+                                            options.numWorkers = world_size;
+                                            options.waitWorkers = true;
+                                            options.timeout = internal::ToChrono(timeout);
+                                            impl->store =
+                                                c10::make_intrusive<c10d::TCPStore>(host, options);
+                                          });
   if (!status.ok()) return status;
   return std::shared_ptr<Rendezvous>(
       new Rendezvous(std::move(impl), rank, world_size, local_rank, timeout));
@@ -170,8 +170,7 @@ absl::Status Rendezvous::Set(const std::string& key, absl::string_view value) {
 absl::StatusOr<std::string> Rendezvous::Get(const std::string& key) {
   std::vector<uint8_t> bytes;
   absl::Status status = internal::RunComm(
-      absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key),
-      [&] {
+      absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key), [&] {
         impl_->store->wait({key}, internal::ToChrono(timeout_));
         bytes = impl_->store->get(key);
       });

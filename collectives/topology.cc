@@ -8,14 +8,14 @@ namespace collectives {
 
 absl::StatusOr<Topology> Topology::Create(int world_size, int tp_size, int cp_size) {
   if (world_size <= 0 || tp_size <= 0 || cp_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, ", TP size ",
-                                                   tp_size, " and CP size ", cp_size,
+    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, ", TP size ", tp_size,
+                                                   " and CP size ", cp_size,
                                                    " must all be positive"));
   }
   if (world_size % (tp_size * cp_size) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TP size ", tp_size, " x CP size ", cp_size, " = ", tp_size * cp_size,
-        " does not divide the world size ", world_size));
+    return absl::InvalidArgumentError(absl::StrCat("TP size ", tp_size, " x CP size ", cp_size,
+                                                   " = ", tp_size * cp_size,
+                                                   " does not divide the world size ", world_size));
   }
   return Topology(world_size / (tp_size * cp_size), tp_size, cp_size);
 }
@@ -28,18 +28,17 @@ absl::StatusOr<Topology> Topology::CreateExact(int world_size, int dp_size, int 
   absl::StatusOr<Topology> topology = Create(world_size, tp_size, cp_size);
   if (!topology.ok()) return topology.status();
   if (topology->dp_size() != dp_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DP ", dp_size, " x TP ", tp_size, " x CP ", cp_size, " = ",
-                     dp_size * tp_size * cp_size, " ranks, but the world has ", world_size));
+    return absl::InvalidArgumentError(absl::StrCat("DP ", dp_size, " x TP ", tp_size, " x CP ",
+                                                   cp_size, " = ", dp_size * tp_size * cp_size,
+                                                   " ranks, but the world has ", world_size));
   }
   return topology;
 }
 
 absl::StatusOr<Coordinates> Topology::CoordinatesOf(int global_rank) const {
   if (global_rank < 0 || global_rank >= world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", global_rank,
-                                                   " is outside the world [0, ", world_size(),
-                                                   ") of ", DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", global_rank, " is outside the world [0, ", world_size(), ") of ", DebugString()));
   }
   return CoordinatesOrDie(global_rank);
 }
@@ -47,9 +46,8 @@ absl::StatusOr<Coordinates> Topology::CoordinatesOf(int global_rank) const {
 absl::StatusOr<int> Topology::GlobalRankOf(const Coordinates& c) const {
   if (c.dp < 0 || c.dp >= dp_size_ || c.cp < 0 || c.cp >= cp_size_ || c.tp < 0 ||
       c.tp >= tp_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("coordinates (dp ", c.dp, ", cp ", c.cp,
-                                                   ", tp ", c.tp, ") are outside ",
-                                                   DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat("coordinates (dp ", c.dp, ", cp ", c.cp, ", tp ",
+                                                   c.tp, ") are outside ", DebugString()));
   }
   return Rank(c.dp, c.cp, c.tp);
 }

@@ -57,17 +57,14 @@ TEST(TopologyTest, EveryWorldUpTo16AndEveryFactorization) {
           ASSERT_TRUE(got.ok());
           ASSERT_TRUE(*got == want) << "rank " << r << " in " << topo->DebugString();
           ASSERT_EQ(*topo->GlobalRankOf(want), r);
-          const auto same_tp_group = RanksWhere(order, [&](const Coordinates& c) {
-            return c.dp == want.dp && c.cp == want.cp;
-          });
-          const auto same_cp_group = RanksWhere(order, [&](const Coordinates& c) {
-            return c.dp == want.dp && c.tp == want.tp;
-          });
+          const auto same_tp_group = RanksWhere(
+              order, [&](const Coordinates& c) { return c.dp == want.dp && c.cp == want.cp; });
+          const auto same_cp_group = RanksWhere(
+              order, [&](const Coordinates& c) { return c.dp == want.dp && c.tp == want.tp; });
           const auto same_tpcp_group =
               RanksWhere(order, [&](const Coordinates& c) { return c.dp == want.dp; });
-          const auto same_dp_group = RanksWhere(order, [&](const Coordinates& c) {
-            return c.cp == want.cp && c.tp == want.tp;
-          });
+          const auto same_dp_group = RanksWhere(
+              order, [&](const Coordinates& c) { return c.cp == want.cp && c.tp == want.tp; });
           ASSERT_EQ(topo->TpGroup(r), same_tp_group);
           ASSERT_EQ(topo->CpGroup(r), same_cp_group);
           ASSERT_EQ(topo->TpCpGroup(r), same_tpcp_group);
@@ -111,8 +108,7 @@ TEST(TopologyTest, RejectsNonPositiveAndNonDividingSizes) {
   EXPECT_THAT(s.message(), HasSubstr("does not divide the world size 6"));
   s = Topology::CreateExact(8, 3, 2, 1).status();
   EXPECT_THAT(s.message(), HasSubstr("the world has 8"));
-  EXPECT_EQ(Topology::CreateExact(8, 0, 2, 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Topology::CreateExact(8, 0, 2, 1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Topology::CreateExact(8, 2, 2, 2).ok());
 }
 

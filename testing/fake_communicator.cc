@@ -63,8 +63,8 @@ class FakeCommunicator : public collectives::Communicator {
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override {
     if (root < 0 || root >= size()) {
-      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is outside [0, ",
-                                                     size(), ") of ", DebugName()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is outside [0, ", size(), ") of ", DebugName()));
     }
     FakeWorld::Call call{"broadcast",
                          absl::StrCat("broadcast(root=", root, ", ", DescribeTensor(tensor), ")"),
@@ -87,7 +87,9 @@ class FakeCommunicator : public collectives::Communicator {
     return Run(std::move(call), nullptr);
   }
 
-  absl::Status Barrier() override { return Run(FakeWorld::Call{"barrier", "barrier()", {}, 0}, nullptr); }
+  absl::Status Barrier() override {
+    return Run(FakeWorld::Call{"barrier", "barrier()", {}, 0}, nullptr);
+  }
 
   absl::StatusOr<std::unique_ptr<collectives::Communicator>> NewGroup(
       absl::Span<const int> global_ranks) override {
@@ -263,8 +265,8 @@ absl::Status FakeWorld::Collective(const std::vector<int>& group, int member, Ca
       (dead_[group[m]] ? dead : missing).push_back(group[m]);
     }
     if (!dead.empty()) {
-      return leave(absl::UnavailableError(absl::StrCat(
-          where, ": rank(s) ", FormatRanks(dead), " failed before joining")));
+      return leave(absl::UnavailableError(
+          absl::StrCat(where, ": rank(s) ", FormatRanks(dead), " failed before joining")));
     }
     return leave(absl::DeadlineExceededError(
         absl::StrCat(where, " timed out after ", absl::FormatDuration(options_.timeout),

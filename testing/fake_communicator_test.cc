@@ -17,7 +17,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 void ExpectAllOk(const std::vector<absl::Status>& results) {
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
 }
 
 class FakeWorldSizes : public ::testing::TestWithParam<int> {};
@@ -142,9 +143,9 @@ TEST(FakeWorldTest, MismatchedCollectiveIsNamedWithRanksAndOperations) {
   });
   for (int r : {0, 1}) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
-    EXPECT_THAT(results[r].message(),
-                AllOf(HasSubstr("mismatched collectives"), HasSubstr("rank 0 called broadcast(root=0"),
-                      HasSubstr("rank 1 called all_reduce_sum(Float[4])")));
+    EXPECT_THAT(results[r].message(), AllOf(HasSubstr("mismatched collectives"),
+                                            HasSubstr("rank 0 called broadcast(root=0"),
+                                            HasSubstr("rank 1 called all_reduce_sum(Float[4])")));
   }
 }
 

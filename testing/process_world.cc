@@ -46,7 +46,8 @@ std::string EncodeStatus(const absl::Status& status) {
 
 absl::Status DecodeStatus(const std::string& bytes) {
   uint32_t code = 0;
-  for (int i = 0; i < 4; ++i) code |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    code |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
   return absl::Status(static_cast<absl::StatusCode>(code), bytes.substr(4));
 }
 
@@ -54,11 +55,10 @@ absl::Status RunRank(const ProcessWorldOptions& options, const std::string& stor
                      int rank, const ProcessBody& body) {
   at::set_num_threads(options.intra_op_threads);
   absl::StatusOr<std::shared_ptr<collectives::Rendezvous>> rendezvous =
-      options.tcp_store
-          ? collectives::Rendezvous::Tcp("127.0.0.1", port, rank, options.world_size,
-                                         options.collective_timeout)
-          : collectives::Rendezvous::File(store_path, rank, options.world_size,
-                                          options.collective_timeout);
+      options.tcp_store ? collectives::Rendezvous::Tcp("127.0.0.1", port, rank, options.world_size,
+                                                       options.collective_timeout)
+                        : collectives::Rendezvous::File(store_path, rank, options.world_size,
+                                                        options.collective_timeout);
   if (!rendezvous.ok()) return rendezvous.status();
   collectives::GlooCommunicator::Options gloo;
   gloo.timeout = options.collective_timeout;
@@ -105,7 +105,8 @@ std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, Pr
     CHECK_GE(pid, 0) << "fork: " << std::strerror(errno);
     if (pid == 0) {
       close(pipe_fds[0]);
-      for (int fd : fds) if (fd >= 0) close(fd);
+      for (int fd : fds)
+        if (fd >= 0) close(fd);
       const absl::Status status = RunRank(options, store_path, port, rank, body);
       WriteAll(pipe_fds[1], EncodeStatus(status));
       close(pipe_fds[1]);
@@ -158,17 +159,17 @@ std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, Pr
     while (waitpid(pids[r], &wstatus, 0) < 0 && errno == EINTR) {
     }
     if (timed_out) {
-      results[r] = absl::DeadlineExceededError(
-          absl::StrCat("rank ", r, " did not finish within ",
-                       absl::FormatDuration(options.deadline), " and was killed"));
+      results[r] = absl::DeadlineExceededError(absl::StrCat("rank ", r, " did not finish within ",
+                                                            absl::FormatDuration(options.deadline),
+                                                            " and was killed"));
     } else if (reports[r].size() >= 4) {
       results[r] = DecodeStatus(reports[r]);
     } else if (WIFSIGNALED(wstatus)) {
       results[r] = absl::AbortedError(absl::StrCat("rank ", r, " was killed by signal ",
                                                    WTERMSIG(wstatus), " before reporting"));
     } else {
-      results[r] = absl::AbortedError(absl::StrCat(
-          "rank ", r, " exited with code ", WEXITSTATUS(wstatus), " before reporting"));
+      results[r] = absl::AbortedError(absl::StrCat("rank ", r, " exited with code ",
+                                                   WEXITSTATUS(wstatus), " before reporting"));
     }
   }
   unlink(store_path.c_str());

@@ -33,7 +33,8 @@ absl::Status Check(bool ok, const std::string& what) {
 
 // Broadcasts the leader's global rank within `group`; every member must receive it.
 absl::Status CheckLeaderBroadcast(Communicator& group, const std::string& name) {
-  at::Tensor t = at::full({1}, static_cast<double>(group.global_ranks()[group.rank()]), at::kDouble);
+  at::Tensor t =
+      at::full({1}, static_cast<double>(group.global_ranks()[group.rank()]), at::kDouble);
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group.Broadcast(t, 0), "in the " + name + " group");
   return Check(t.item<double>() == group.global_ranks()[0],
                absl::StrCat(name, " broadcast gave ", t.item<double>()));
@@ -67,10 +68,10 @@ absl::StatusOr<std::string> Run(int tp, int cp) {
   LOCKSTEP_RETURN_IF_ERROR(world->Barrier());
   return absl::StrCat("rank ", rank, " of ", topo.DebugString(), " (dp ", c.dp, ", cp ", c.cp,
                       ", tp ", c.tp, "): world all-reduce ok; leaders TP ",
-                      tp_group->global_ranks()[0], ", CP ", cp_group->global_ranks()[0],
-                      ", TPxCP ", tpcp_group->global_ranks()[0], ", DP ",
-                      dp_group->global_ranks()[0], " ok; DP all-gather [",
-                      absl::StrJoin(dp_ranks, ", "), "] ok; TPxCP agreement ok");
+                      tp_group->global_ranks()[0], ", CP ", cp_group->global_ranks()[0], ", TPxCP ",
+                      tpcp_group->global_ranks()[0], ", DP ", dp_group->global_ranks()[0],
+                      " ok; DP all-gather [", absl::StrJoin(dp_ranks, ", "),
+                      "] ok; TPxCP agreement ok");
 }
 
 }  // namespace

@@ -138,9 +138,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       if (!g.ok()) return g.status();
       options.grace = absl::Seconds(*g);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag ", a, "; usage: launch [--nproc N] [--master_addr A] [--master_port P] "
-                              "[--grace_seconds S] [--] PROGRAM [ARGS...]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag ", a,
+                       "; usage: launch [--nproc N] [--master_addr A] [--master_port P] "
+                       "[--grace_seconds S] [--] PROGRAM [ARGS...]"));
     }
   }
   options.command.assign(args.begin() + std::min(i, args.size()), args.end());
@@ -165,7 +166,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   struct sigaction action {};
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   g_stop_signal = 0;
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);

@@ -43,8 +43,9 @@ std::pair<LaunchResult, std::string> RunShell(int nproc, const std::string& scri
 
 TEST(LauncherTest, SetsTheTorchrunEnvironmentAndPrefixesOutput) {
   auto [result, output] =
-      RunShell(3, "echo \"env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE at "
-                  "$MASTER_ADDR:$MASTER_PORT\"; printf 'no newline'");
+      RunShell(3,
+               "echo \"env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE at "
+               "$MASTER_ADDR:$MASTER_PORT\"; printf 'no newline'");
   EXPECT_EQ(result.exit_code, 0);
   EXPECT_EQ(result.failed_rank, -1);
   for (int r = 0; r < 3; ++r) {
@@ -64,8 +65,8 @@ TEST(LauncherTest, AllRanksShareOnePort) {
 
 TEST(LauncherTest, FailureStopsTheOthersAndPropagatesTheExitCode) {
   const absl::Time start = absl::Now();
-  auto [result, output] = RunShell(
-      3, "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; sleep 30; echo survived");
+  auto [result, output] =
+      RunShell(3, "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; sleep 30; echo survived");
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_EQ(result.exit_code, 3);
   EXPECT_EQ(result.failed_rank, 1);

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that building and testing lockstep needs. Idempotent: run it
+# as often as you like (as root, or with sudo available).
+set -euo pipefail
+packages=(
+  bazel-bootstrap            # Bazel 4.2.3, offline with the WORKSPACE's local rule stand-ins
+  g++ git python3 xz-utils clang-format
+  libtorch-dev               # LibTorch 1.13 (CPU) with c10d and Gloo
+  libgloo-dev                # Gloo headers, included by c10d's ProcessGroupGloo.hpp
+  libabsl-dev
+  libgoogle-glog-dev libgflags-dev
+  libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev
+  libbenchmark-dev
+  libssl-dev                 # OpenSSL's libcrypto: SHA-256
+)
+sudo=""
+[[ $(id -u) == 0 ]] || sudo=sudo
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+echo "setup: all ${#packages[@]} packages present"
