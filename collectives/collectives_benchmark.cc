@@ -98,9 +98,8 @@ void BM_Gloo(benchmark::State& state, Op op) {
     state.SkipWithError("Gloo world did not start");
     return;
   }
-  at::Tensor command = at::tensor({static_cast<int64_t>(op), bytes,
-                                   static_cast<int64_t>(state.max_iterations)},
-                                  at::kLong);
+  at::Tensor command = at::tensor(
+      {static_cast<int64_t>(op), bytes, static_cast<int64_t>(state.max_iterations)}, at::kLong);
   if (!comm->Broadcast(command, 0).ok()) {
     state.SkipWithError("command broadcast failed");
     return;

@@ -1,0 +1,105 @@
+// gpu: NcclCommunicator in one process on the rank's GPU (a world of one), its refusal of a
+// device that does not exist, and its bounded wait for a peer that never joins.
+#include "collectives/nccl_communicator.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace collectives {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string StorePath(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/nccl_store_", name, "_", getpid());
+}
+
+std::shared_ptr<Rendezvous> FileRendezvous(const std::string& name, int rank, int size,
+                                           absl::Duration timeout) {
+  auto rendezvous = Rendezvous::File(StorePath(name), rank, size, timeout);
+  EXPECT_TRUE(rendezvous.ok()) << rendezvous.status();
+  return rendezvous.ok() ? *rendezvous : nullptr;
+}
+
+TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
+  auto rendezvous = FileRendezvous("one", 0, 1, absl::Seconds(30));
+  auto comm = NcclCommunicator::Create(rendezvous, {});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  NcclCommunicator& world = **comm;
+  EXPECT_EQ(world.device(), 0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+
+  at::Tensor b = at::arange(16, cuda.dtype(at::kFloat));
+  ASSERT_TRUE(world.Broadcast(b, 0).ok());
+  EXPECT_TRUE(at::equal(b.cpu(), at::arange(16, at::kFloat)));
+
+  at::Tensor s = at::full({4}, 2.5, cuda.dtype(at::kDouble));
+  ASSERT_TRUE(world.AllReduceSum(s).ok());
+  EXPECT_TRUE(at::equal(s.cpu(), at::full({4}, 2.5, at::kDouble)));
+
+  auto gathered = world.AllGather(at::arange(3, cuda.dtype(at::kLong)));
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  ASSERT_EQ(gathered->size(), 1u);
+  EXPECT_TRUE((*gathered)[0].is_cuda());
+  EXPECT_TRUE(at::equal((*gathered)[0].cpu(), at::arange(3, at::kLong)));
+
+  // CPU tensors are staged through the device and copied back.
+  at::Tensor cpu = at::full({3}, 7, at::kInt);
+  ASSERT_TRUE(world.AllReduceSum(cpu).ok());
+  EXPECT_TRUE(cpu.is_cpu());
+  EXPECT_TRUE(at::equal(cpu, at::full({3}, 7, at::kInt)));
+  std::string bytes = "lockstep";
+  ASSERT_TRUE(BroadcastBytes(world, &bytes, 0).ok());
+  EXPECT_EQ(bytes, "lockstep");
+
+  ASSERT_TRUE(world.Barrier().ok());
+  auto group = world.NewGroup({0});
+  ASSERT_TRUE(group.ok()) << group.status();
+  at::Tensor g = at::ones({2}, cuda);
+  EXPECT_TRUE((*group)->AllReduceSum(g).ok());
+  EXPECT_EQ((*group)->DebugName(), "nccl group [0]");
+}
+
+TEST(NcclCommunicatorTest, UnsupportedDtypeAndBadRootAreInvalidArguments) {
+  auto rendezvous = FileRendezvous("dtype", 0, 1, absl::Seconds(30));
+  auto comm = NcclCommunicator::Create(rendezvous, {});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  at::Tensor complex = at::zeros({2}, at::TensorOptions().dtype(at::kComplexFloat).device(at::kCUDA));
+  EXPECT_EQ((*comm)->AllReduceSum(complex).code(), absl::StatusCode::kInvalidArgument);
+  at::Tensor t = at::zeros({2}, at::TensorOptions().device(at::kCUDA));
+  EXPECT_THAT((*comm)->Broadcast(t, 1).message(), HasSubstr("root is outside [0, 1)"));
+}
+
+TEST(NcclCommunicatorTest, DeviceThatDoesNotExistIsNamed) {
+  auto rendezvous = FileRendezvous("device", 0, 1, absl::Seconds(30));
+  NcclCommunicator::Options options;
+  options.device = 99;
+  auto comm = NcclCommunicator::Create(rendezvous, options);
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(comm.status().message(), HasSubstr("device 99 selects CUDA device 99"));
+}
+
+TEST(NcclCommunicatorTest, PeerThatNeverJoinsTimesOutInsteadOfHanging) {
+  // Rank 0 of a world of 2 whose rank 1 never comes: creation must fail within the timeout.
+  auto rendezvous = FileRendezvous("alone", 0, 2, absl::Seconds(3));
+  NcclCommunicator::Options options;
+  options.timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  auto comm = NcclCommunicator::Create(rendezvous, options);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
+  EXPECT_THAT(comm.status().message(), HasSubstr("creating nccl world [0, 1]"));
+  EXPECT_LT(took, absl::Seconds(3 + 10));
+}
+
+}  // namespace
+}  // namespace collectives
+}  // namespace lockstep
