@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds lockstep's GPU tests and benchmarks against the LibTorch 2.11 + CUDA 13 SDK
+# (../shared/gpu-sdk) with --config=cuda, and packs them into .gpu-bundle/ for the H200:
+#   tools/gpu_bundle.sh            then, on the device:  ./.gpu-bundle/run.sh
+# The CPU tests of collectives/testing/base are included too, so the 2.11 build of the CPU paths
+# runs there as well.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sdk_script=${GPU_SDK:-../shared/gpu-sdk}
+sdk=$("$sdk_script/make-sdk.sh")
+targets=(
+  //collectives:nccl_communicator_test
+  //collectives:cuda_multiprocess_test
+  //collectives:nccl_benchmark
+  //collectives:gloo_communicator_test
+  //collectives:collectives_benchmark
+  //collectives:agreement_test
+  //testing:fake_communicator_test
+  //base:torch_boundary_test
+)
+bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
+bins=()
+for t in "${targets[@]}"; do bins+=("bazel-bin/$(sed 's|^//||; s|:|/|' <<<"$t")"); done
+rm -rf .gpu-bundle
+SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
+# The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
+# only add copies of the SDK's link stubs (hundreds of MB).
+rm -rf .gpu-bundle/bin/*.runfiles
+grep -qx '/.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu-bundle/' >> .git/info/exclude
+du -sh .gpu-bundle
