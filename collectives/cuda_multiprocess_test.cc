@@ -54,13 +54,14 @@ bool SkipIfTooFewGpus(const std::vector<absl::Status>& results, std::string* why
 }
 
 TEST(GlooCudaTest, TwoProcessesSharingOneGpuExchangeCudaTensors) {
-  std::vector<absl::Status> results = testing::RunProcessWorld(
-      {2}, [](int rank, Communicator& world) -> absl::Status {
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld({2}, [](int rank, Communicator& world) -> absl::Status {
         const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
         at::Tensor b = at::full({1024}, 10.0 * rank, cuda.dtype(at::kFloat));
         RETURN_IF_NOT_OK(world.Broadcast(b, 1));
         RETURN_IF_NOT_OK(Expect(b.is_cuda(), "broadcast left the device"));
-        RETURN_IF_NOT_OK(Expect(at::equal(b.cpu(), at::full({1024}, 10.0, at::kFloat)), "broadcast"));
+        RETURN_IF_NOT_OK(
+            Expect(at::equal(b.cpu(), at::full({1024}, 10.0, at::kFloat)), "broadcast"));
         at::Tensor s = at::full({8}, rank + 1.0, cuda.dtype(at::kDouble));
         RETURN_IF_NOT_OK(world.AllReduceSum(s));
         RETURN_IF_NOT_OK(Expect(at::equal(s.cpu(), at::full({8}, 3.0, at::kDouble)), "all-reduce"));
@@ -75,14 +76,14 @@ TEST(GlooCudaTest, TwoProcessesSharingOneGpuExchangeCudaTensors) {
         RETURN_IF_NOT_OK(world.Broadcast(state, 0));
         return Expect(state.sum().item<int64_t>() == 3 * 5072, "state broadcast");
       });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
 }
 
 TEST(NcclMultiGpuTest, OneProcessPerGpuAllCollectives) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/nccl_multi_", getpid(), "_store");
-  std::vector<absl::Status> results = testing::RunProcessWorld(
-      {2}, [&path](int rank, Communicator&) -> absl::Status {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/nccl_multi_", getpid(), "_store");
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
         RETURN_IF_NOT_OK(RequireGpus(2));
         auto rendezvous = Rendezvous::File(path, rank, 2, absl::Seconds(30));
         if (!rendezvous.ok()) return rendezvous.status();
@@ -106,13 +107,14 @@ TEST(NcclMultiGpuTest, OneProcessPerGpuAllCollectives) {
       });
   std::string why;
   if (SkipIfTooFewGpus(results, &why)) GTEST_SKIP() << "NCCL across GPUs: " << why;
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
 }
 
 TEST(NcclMultiGpuTest, DeadPeerIsAnErrorWithinTheTimeout) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/nccl_dead_", getpid(), "_store");
-  std::vector<absl::Status> results = testing::RunProcessWorld(
-      {2}, [&path](int rank, Communicator&) -> absl::Status {
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
         RETURN_IF_NOT_OK(RequireGpus(2));
         auto rendezvous = Rendezvous::File(path, rank, 2, absl::Seconds(30));
         if (!rendezvous.ok()) return rendezvous.status();

@@ -40,7 +40,8 @@ void BM_LockstepNcclBroadcast(benchmark::State& state) {
     state.SkipWithError("NcclCommunicator::Create failed");
     return;
   }
-  at::Tensor payload = at::zeros({state.range(0)}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  at::Tensor payload =
+      at::zeros({state.range(0)}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
   for (auto _ : state) {
     absl::Status status = comm->Broadcast(payload, 0);
     if (!status.ok()) {
@@ -57,7 +58,8 @@ void BM_C10dNcclBroadcast(benchmark::State& state) {
     return new c10::intrusive_ptr<c10d::ProcessGroupNCCL>(
         c10::make_intrusive<c10d::ProcessGroupNCCL>(store, 0, 1));
   }();
-  at::Tensor payload = at::zeros({state.range(0)}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  at::Tensor payload =
+      at::zeros({state.range(0)}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
   std::vector<at::Tensor> tensors = {payload};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
   for (auto _ : state) {

@@ -127,10 +127,9 @@ absl::Status InitComm(ncclComm_t& comm, bool& broken, int n, const ncclUniqueId&
   return AwaitComm(comm, broken, nullptr, /*check_stream=*/false, timeout, what);
 }
 
-absl::Status CreateGroupComm(const std::shared_ptr<Rendezvous>& rendezvous,
-                             const std::string& key, int n, int rank, int device,
-                             absl::Duration timeout, const std::string& what, ncclComm_t& comm,
-                             bool& broken) {
+absl::Status CreateGroupComm(const std::shared_ptr<Rendezvous>& rendezvous, const std::string& key,
+                             int n, int rank, int device, absl::Duration timeout,
+                             const std::string& what, ncclComm_t& comm, bool& broken) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclUniqueId id;
   if (rank == 0) {
@@ -143,8 +142,8 @@ absl::Status CreateGroupComm(const std::shared_ptr<Rendezvous>& rendezvous,
     absl::StatusOr<std::string> bytes = rendezvous->Get(key);
     if (!bytes.ok()) return bytes.status();
     if (bytes->size() != sizeof(id)) {
-      return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ",
-                                              bytes->size(), " bytes, expected ", sizeof(id)));
+      return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ", bytes->size(),
+                                              " bytes, expected ", sizeof(id)));
     }
     std::memcpy(&id, bytes->data(), sizeof(id));
   }
@@ -185,10 +184,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   const int device = options.device >= 0 ? options.device : rendezvous->local_rank();
   if (device >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(options.device >= 0 ? "device " : "LOCAL_RANK ", device,
-                     " selects CUDA device ", device, ", but this process sees ", count,
-                     " device(s)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.device >= 0 ? "device " : "LOCAL_RANK ", device, " selects CUDA device ", device,
+        ", but this process sees ", count, " device(s)"));
   }
   auto shared = std::make_shared<Shared>();
   shared->rendezvous = rendezvous;
@@ -204,8 +202,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     ordinal = shared->groups_created["world"]++;
   }
   absl::Status status = CreateGroupComm(
-      rendezvous, absl::StrCat("lockstep/nccl/world/", ordinal),
-      rendezvous->world_size(), group->rank, device, options.timeout,
+      rendezvous, absl::StrCat("lockstep/nccl/world/", ordinal), rendezvous->world_size(),
+      group->rank, device, options.timeout,
       absl::StrCat("creating ", group->name, " on cuda:", device), group->comm, group->broken);
   if (!status.ok()) return status;
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(shared, std::move(group)));
@@ -213,8 +211,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::NewGroup(
     absl::Span<const int> global_ranks) {
-  absl::StatusOr<int> member = ValidateGroupRanks(
-      global_ranks, shared_->rendezvous->world_size(), group_->global_ranks[group_->rank]);
+  absl::StatusOr<int> member = ValidateGroupRanks(global_ranks, shared_->rendezvous->world_size(),
+                                                  group_->global_ranks[group_->rank]);
   if (!member.ok()) return member.status();
   auto group = std::make_unique<Group>();
   group->global_ranks.assign(global_ranks.begin(), global_ranks.end());
@@ -242,11 +240,11 @@ namespace {
 // contiguous tensor of that device, else a device copy (staged).
 absl::StatusOr<at::Tensor> OnDevice(const at::Tensor& tensor, int device, const std::string& what) {
   if (!tensor.defined()) return absl::InvalidArgumentError(what + ": tensor is undefined");
-  if (!tensor.is_contiguous()) return absl::InvalidArgumentError(what + ": tensor must be contiguous");
+  if (!tensor.is_contiguous())
+    return absl::InvalidArgumentError(what + ": tensor must be contiguous");
   if (tensor.is_cuda() && tensor.get_device() != device) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": tensor is on cuda:",
-                                                   tensor.get_device(), ", this communicator on cuda:",
-                                                   device));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": tensor is on cuda:", tensor.get_device(), ", this communicator on cuda:", device));
   }
   if (tensor.is_cuda()) return tensor;
   if (!tensor.is_cpu()) {
@@ -276,7 +274,8 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
   ncclResult_t result = ncclBroadcast(buffer->data_ptr(), buffer->data_ptr(), buffer->numel(),
                                       *type, root, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress) return NcclError(what, result, group_->comm);
+  if (result != ncclSuccess && result != ncclInProgress)
+    return NcclError(what, result, group_->comm);
   absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
   if (!done.ok()) return done;
   if (!tensor.is_cuda()) return CallTorch(what + ": copying back", [&] { tensor.copy_(*buffer); });
@@ -294,7 +293,8 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
   ncclResult_t result = ncclAllReduce(buffer->data_ptr(), buffer->data_ptr(), buffer->numel(),
                                       *type, ncclSum, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress) return NcclError(what, result, group_->comm);
+  if (result != ncclSuccess && result != ncclInProgress)
+    return NcclError(what, result, group_->comm);
   absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
   if (!done.ok()) return done;
   if (!tensor.is_cuda()) return CallTorch(what + ": copying back", [&] { tensor.copy_(*buffer); });
@@ -319,7 +319,8 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
   ncclResult_t result = ncclAllGather(buffer->data_ptr(), gathered.data_ptr(), buffer->numel(),
                                       *type, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress) return NcclError(what, result, group_->comm);
+  if (result != ncclSuccess && result != ncclInProgress)
+    return NcclError(what, result, group_->comm);
   absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
   if (!done.ok()) return done;
   std::vector<at::Tensor> outputs;
@@ -334,9 +335,8 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
 absl::Status NcclCommunicator::Barrier() {
   at::Tensor token;
   absl::Status made = CallTorch("barrier token", [&] {
-    token = at::zeros({1}, at::TensorOptions()
-                               .dtype(at::kInt)
-                               .device(at::kCUDA, static_cast<c10::DeviceIndex>(shared_->device)));
+    token = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(
+                               at::kCUDA, static_cast<c10::DeviceIndex>(shared_->device)));
   });
   if (!made.ok()) return made;
   absl::Status status = AllReduceSum(token);

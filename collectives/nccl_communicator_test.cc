@@ -72,7 +72,8 @@ TEST(NcclCommunicatorTest, UnsupportedDtypeAndBadRootAreInvalidArguments) {
   auto rendezvous = FileRendezvous("dtype", 0, 1, absl::Seconds(30));
   auto comm = NcclCommunicator::Create(rendezvous, {});
   ASSERT_TRUE(comm.ok()) << comm.status();
-  at::Tensor complex = at::zeros({2}, at::TensorOptions().dtype(at::kComplexFloat).device(at::kCUDA));
+  at::Tensor complex =
+      at::zeros({2}, at::TensorOptions().dtype(at::kComplexFloat).device(at::kCUDA));
   EXPECT_EQ((*comm)->AllReduceSum(complex).code(), absl::StatusCode::kInvalidArgument);
   at::Tensor t = at::zeros({2}, at::TensorOptions().device(at::kCUDA));
   EXPECT_THAT((*comm)->Broadcast(t, 1).message(), HasSubstr("root is outside [0, 1)"));
