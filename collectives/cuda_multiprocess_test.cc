@@ -53,6 +53,17 @@ bool SkipIfTooFewGpus(const std::vector<absl::Status>& results, std::string* why
   return false;
 }
 
+// Rank `rank` of a 2-process NCCL world on GPU `rank`, through a FileStore at `path`.
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> JoinOnOwnGpu(const std::string& path, int rank,
+                                                               absl::Duration timeout) {
+  auto rendezvous = Rendezvous::File(path, rank, 2, absl::Seconds(30));
+  if (!rendezvous.ok()) return rendezvous.status();
+  NcclCommunicator::Options options;
+  options.device = rank;
+  options.timeout = timeout;
+  return NcclCommunicator::Create(*rendezvous, options);
+}
+
 TEST(GlooCudaTest, TwoProcessesSharingOneGpuExchangeCudaTensors) {
   std::vector<absl::Status> results =
       testing::RunProcessWorld({2}, [](int rank, Communicator& world) -> absl::Status {
@@ -85,11 +96,7 @@ TEST(NcclMultiGpuTest, OneProcessPerGpuAllCollectives) {
   std::vector<absl::Status> results =
       testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
         RETURN_IF_NOT_OK(RequireGpus(2));
-        auto rendezvous = Rendezvous::File(path, rank, 2, absl::Seconds(30));
-        if (!rendezvous.ok()) return rendezvous.status();
-        NcclCommunicator::Options options;
-        options.device = rank;
-        auto comm = NcclCommunicator::Create(*rendezvous, options);
+        auto comm = JoinOnOwnGpu(path, rank, absl::Seconds(30));
         if (!comm.ok()) return comm.status();
         const auto cuda = at::TensorOptions().device(at::kCUDA, rank);
         at::Tensor b = at::full({16}, 1.0 + rank, cuda);
@@ -116,12 +123,7 @@ TEST(NcclMultiGpuTest, DeadPeerIsAnErrorWithinTheTimeout) {
   std::vector<absl::Status> results =
       testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
         RETURN_IF_NOT_OK(RequireGpus(2));
-        auto rendezvous = Rendezvous::File(path, rank, 2, absl::Seconds(30));
-        if (!rendezvous.ok()) return rendezvous.status();
-        NcclCommunicator::Options options;
-        options.device = rank;
-        options.timeout = absl::Seconds(5);
-        auto comm = NcclCommunicator::Create(*rendezvous, options);
+        auto comm = JoinOnOwnGpu(path, rank, absl::Seconds(5));
         if (!comm.ok()) return comm.status();
         RETURN_IF_NOT_OK((*comm)->Barrier());
         if (rank == 1) _exit(0);

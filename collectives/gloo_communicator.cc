@@ -1,12 +1,11 @@
 #include "collectives/gloo_communicator.h"
 
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collectives/internal/group_registry.h"
 #include "collectives/internal/store.h"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
@@ -19,8 +18,7 @@ struct GlooCommunicator::Shared {
   std::shared_ptr<Rendezvous> rendezvous;
   Options options;
   std::shared_ptr<::gloo::transport::Device> device;
-  std::mutex mu;
-  std::map<std::string, int> groups_created;  // rank list -> how many groups of it so far
+  internal::GroupRegistry groups;
 };
 
 struct GlooCommunicator::Group {
@@ -156,27 +154,19 @@ absl::Status GlooCommunicator::Barrier() {
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::NewGroup(
     absl::Span<const int> global_ranks) {
-  absl::StatusOr<int> member = ValidateGroupRanks(global_ranks, shared_->rendezvous->world_size(),
-                                                  group_->global_ranks[group_->rank]);
-  if (!member.ok()) return member.status();
+  absl::StatusOr<internal::GroupRegistry::Entry> entry = shared_->groups.Register(
+      "gloo", global_ranks, shared_->rendezvous->world_size(), group_->global_ranks[group_->rank]);
+  if (!entry.ok()) return entry.status();
   auto group = std::make_unique<Group>();
-  group->global_ranks.assign(global_ranks.begin(), global_ranks.end());
-  group->rank = *member;
-  const std::string ranks = absl::StrJoin(global_ranks, ",");
-  int ordinal = 0;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    ordinal = shared_->groups_created[ranks]++;
-  }
-  group->name = absl::StrCat("gloo group ", FormatRanks(group->global_ranks));
-  if (ordinal > 0) absl::StrAppend(&group->name, " #", ordinal);
+  group->global_ranks = entry->global_ranks;
+  group->rank = entry->member;
+  group->name = entry->name;
   absl::Status status = internal::RunComm(
       absl::StrCat("creating ", group->name, " (members must create it together)"), [&] {
         auto pg_options = c10d::ProcessGroupGloo::Options::create(internal::ToChrono(timeout()));
         pg_options->devices = {shared_->device};
-        auto store = c10::make_intrusive<c10d::PrefixStore>(
-            absl::StrCat("lockstep/group/", ranks, "/", ordinal),
-            shared_->rendezvous->impl().store);
+        auto store = c10::make_intrusive<c10d::PrefixStore>(entry->store_key,
+                                                            shared_->rendezvous->impl().store);
         group->process_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
             store, group->rank, static_cast<int>(group->global_ranks.size()), pg_options);
       });

@@ -4,8 +4,6 @@
 #include <nccl.h>
 
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -15,6 +13,7 @@
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
+#include "collectives/internal/group_registry.h"
 
 namespace lockstep {
 namespace collectives {
@@ -23,8 +22,7 @@ struct NcclCommunicator::Shared {
   std::shared_ptr<Rendezvous> rendezvous;
   Options options;
   int device = 0;
-  std::mutex mu;
-  std::map<std::string, int> groups_created;  // rank list -> how many groups of it so far
+  internal::GroupRegistry groups;
 };
 
 struct NcclCommunicator::Group {
@@ -196,14 +194,12 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   group->rank = rendezvous->rank();
   for (int r = 0; r < rendezvous->world_size(); ++r) group->global_ranks.push_back(r);
   group->name = absl::StrCat("nccl world ", FormatRanks(group->global_ranks));
-  int ordinal = 0;
-  {
-    std::lock_guard<std::mutex> lock(shared->mu);
-    ordinal = shared->groups_created["world"]++;
-  }
+  // The world is the group of every rank, numbered like any other.
+  absl::StatusOr<internal::GroupRegistry::Entry> entry =
+      shared->groups.Register("nccl", group->global_ranks, rendezvous->world_size(), group->rank);
+  if (!entry.ok()) return entry.status();
   absl::Status status = CreateGroupComm(
-      rendezvous, absl::StrCat("lockstep/nccl/world/", ordinal), rendezvous->world_size(),
-      group->rank, device, options.timeout,
+      rendezvous, entry->store_key, rendezvous->world_size(), group->rank, device, options.timeout,
       absl::StrCat("creating ", group->name, " on cuda:", device), group->comm, group->broken);
   if (!status.ok()) return status;
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(shared, std::move(group)));
@@ -211,23 +207,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::NewGroup(
     absl::Span<const int> global_ranks) {
-  absl::StatusOr<int> member = ValidateGroupRanks(global_ranks, shared_->rendezvous->world_size(),
-                                                  group_->global_ranks[group_->rank]);
-  if (!member.ok()) return member.status();
+  absl::StatusOr<internal::GroupRegistry::Entry> entry = shared_->groups.Register(
+      "nccl", global_ranks, shared_->rendezvous->world_size(), group_->global_ranks[group_->rank]);
+  if (!entry.ok()) return entry.status();
   auto group = std::make_unique<Group>();
-  group->global_ranks.assign(global_ranks.begin(), global_ranks.end());
-  group->rank = *member;
-  const std::string ranks = absl::StrJoin(global_ranks, ",");
-  int ordinal = 0;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    ordinal = shared_->groups_created[ranks]++;
-  }
-  group->name = absl::StrCat("nccl group ", FormatRanks(group->global_ranks));
-  if (ordinal > 0) absl::StrAppend(&group->name, " #", ordinal);
+  group->global_ranks = entry->global_ranks;
+  group->rank = entry->member;
+  group->name = entry->name;
   absl::Status status = CreateGroupComm(
-      shared_->rendezvous, absl::StrCat("lockstep/nccl/group/", ranks, "/", ordinal),
-      static_cast<int>(group->global_ranks.size()), group->rank, shared_->device, timeout(),
+      shared_->rendezvous, entry->store_key, static_cast<int>(group->global_ranks.size()),
+      group->rank, shared_->device, timeout(),
       absl::StrCat("creating ", group->name, " (members must create it together)"), group->comm,
       group->broken);
   if (!status.ok()) return status;
@@ -260,11 +249,8 @@ absl::StatusOr<at::Tensor> OnDevice(const at::Tensor& tensor, int device, const 
 
 }  // namespace
 
-absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
-  const std::string what = absl::StrCat("broadcast from group rank ", root, " on ", DebugName());
-  if (root < 0 || root >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
-  }
+absl::Status NcclCommunicator::InPlace(const std::string& what, at::Tensor& tensor,
+                                       const InPlaceLaunch& launch) {
   if (group_->broken) return absl::FailedPreconditionError(what + ": communicator was aborted");
   absl::StatusOr<ncclDataType_t> type = NcclType(tensor.scalar_type());
   if (!type.ok()) return type.status();
@@ -272,33 +258,35 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
   absl::StatusOr<at::Tensor> buffer = OnDevice(tensor, shared_->device, what);
   if (!buffer.ok()) return buffer.status();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
-  ncclResult_t result = ncclBroadcast(buffer->data_ptr(), buffer->data_ptr(), buffer->numel(),
-                                      *type, root, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress)
+  const ncclResult_t result =
+      launch(buffer->data_ptr(), buffer->numel(), *type, group_->comm, stream);
+  if (result != ncclSuccess && result != ncclInProgress) {
     return NcclError(what, result, group_->comm);
+  }
   absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
   if (!done.ok()) return done;
   if (!tensor.is_cuda()) return CallTorch(what + ": copying back", [&] { tensor.copy_(*buffer); });
   return absl::OkStatus();
 }
 
+absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
+  const std::string what = absl::StrCat("broadcast from group rank ", root, " on ", DebugName());
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
+  }
+  return InPlace(
+      what, tensor,
+      [root](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+        return ncclBroadcast(data, data, count, type, root, comm, stream);
+      });
+}
+
 absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
-  const std::string what = absl::StrCat("all-reduce (sum) on ", DebugName());
-  if (group_->broken) return absl::FailedPreconditionError(what + ": communicator was aborted");
-  absl::StatusOr<ncclDataType_t> type = NcclType(tensor.scalar_type());
-  if (!type.ok()) return type.status();
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(shared_->device));
-  absl::StatusOr<at::Tensor> buffer = OnDevice(tensor, shared_->device, what);
-  if (!buffer.ok()) return buffer.status();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
-  ncclResult_t result = ncclAllReduce(buffer->data_ptr(), buffer->data_ptr(), buffer->numel(),
-                                      *type, ncclSum, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress)
-    return NcclError(what, result, group_->comm);
-  absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
-  if (!done.ok()) return done;
-  if (!tensor.is_cuda()) return CallTorch(what + ": copying back", [&] { tensor.copy_(*buffer); });
-  return absl::OkStatus();
+  return InPlace(
+      absl::StrCat("all-reduce (sum) on ", DebugName()), tensor,
+      [](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(data, data, count, type, ncclSum, comm, stream);
+      });
 }
 
 absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Tensor& input) {

@@ -29,6 +29,10 @@
 #ifndef LOCKSTEP_COLLECTIVES_NCCL_COMMUNICATOR_H_
 #define LOCKSTEP_COLLECTIVES_NCCL_COMMUNICATOR_H_
 
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,7 +78,13 @@ class NcclCommunicator : public Communicator {
  private:
   struct Shared;
   struct Group;
+  // Enqueues one in-place NCCL operation on (device buffer, element count, type).
+  using InPlaceLaunch =
+      std::function<ncclResult_t(void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t)>;
+
   NcclCommunicator(std::shared_ptr<Shared> shared, std::unique_ptr<Group> group);
+  // Runs `launch` on `tensor` (staged through the device when on the CPU) and waits for it.
+  absl::Status InPlace(const std::string& what, at::Tensor& tensor, const InPlaceLaunch& launch);
 
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<Group> group_;

@@ -13,9 +13,9 @@ done
 grep -q "^\[rank 3\] .*leaders TP 3, CP 2, TPxCP 2, DP 1 ok; DP all-gather \[1, 3\]" <<<"$out" \
   || { echo "rank 3's groups are wrong"; exit 1; }
 # A topology that does not divide the world: every rank fails, launch must say so.
-if "$launch" --nproc 2 -- "$demo" --cp 4 >/tmp/launch_demo_bad.$$ 2>&1; then
+bad=$(mktemp "${TEST_TMPDIR:-/tmp}/launch_demo_bad.XXXXXX")
+if "$launch" --nproc 2 -- "$demo" --cp 4 >"$bad" 2>&1; then
   echo "launch exited 0 although every rank failed"; exit 1
 fi
-grep -q "does not divide the world size 2" /tmp/launch_demo_bad.$$ || { cat /tmp/launch_demo_bad.$$; exit 1; }
-rm -f /tmp/launch_demo_bad.$$
+grep -q "does not divide the world size 2" "$bad" || { cat "$bad"; exit 1; }
 echo "launch demo: ok"
