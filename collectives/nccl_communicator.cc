@@ -194,9 +194,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   group->rank = rendezvous->rank();
   for (int r = 0; r < rendezvous->world_size(); ++r) group->global_ranks.push_back(r);
   group->name = absl::StrCat("nccl world ", FormatRanks(group->global_ranks));
-  // The world is the group of every rank, numbered like any other.
-  absl::StatusOr<internal::GroupRegistry::Entry> entry =
-      shared->groups.Register("nccl", group->global_ranks, rendezvous->world_size(), group->rank);
+  // World communicators are numbered apart from sub-groups over the same ranks.
+  absl::StatusOr<internal::GroupRegistry::Entry> entry = shared->groups.Register(
+      "nccl-world", group->global_ranks, rendezvous->world_size(), group->rank);
   if (!entry.ok()) return entry.status();
   absl::Status status = CreateGroupComm(
       rendezvous, entry->store_key, rendezvous->world_size(), group->rank, device, options.timeout,

@@ -44,7 +44,7 @@ class GroupRegistry {
     int ordinal = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ordinal = created_[ranks]++;
+      ordinal = created_[absl::StrCat(backend, "/", ranks)]++;
     }
     entry.store_key = absl::StrCat("lockstep/", backend, "/group/", ranks, "/", ordinal);
     entry.name = absl::StrCat(backend, " group ", FormatRanks(global_ranks));
@@ -54,7 +54,7 @@ class GroupRegistry {
 
  private:
   std::mutex mu_;
-  std::map<std::string, int> created_;
+  std::map<std::string, int> created_;  // "<backend>/<ranks>" -> groups created so far
 };
 
 }  // namespace internal
