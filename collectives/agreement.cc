@@ -1,17 +1,13 @@
 #include "collectives/agreement.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 
@@ -24,35 +20,13 @@ namespace {
 constexpr int kNameBytes = 64;
 constexpr int kRecordBytes = 32 + kNameBytes;
 
-void HashFramed(EVP_MD_CTX* ctx, absl::string_view part) {
-  const uint64_t length = part.size();
-  uint8_t frame[8];
-  for (int i = 0; i < 8; ++i) frame[i] = static_cast<uint8_t>(length >> (8 * i));
-  CHECK_EQ(EVP_DigestUpdate(ctx, frame, sizeof(frame)), 1);
-  CHECK_EQ(EVP_DigestUpdate(ctx, part.data(), part.size()), 1);
-}
-
 }  // namespace
 
 Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view metadata) {
-  Sha256Digest digest;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  CHECK(ctx != nullptr);
-  CHECK_EQ(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr), 1);
-  HashFramed(ctx, operation);
-  HashFramed(ctx, metadata);
-  unsigned int length = 0;
-  CHECK_EQ(EVP_DigestFinal_ex(ctx, digest.data(), &length), 1);
-  CHECK_EQ(length, digest.size());
-  EVP_MD_CTX_free(ctx);
-  return digest;
+  return Sha256Framed({operation, metadata});
 }
 
-std::string DigestPrefix(const Sha256Digest& digest, int bytes) {
-  bytes = std::min<int>(bytes, digest.size());
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest.data()), bytes));
-}
+std::string DigestPrefix(const Sha256Digest& digest, int bytes) { return DigestHex(digest, bytes); }
 
 absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
                             absl::string_view metadata) {

@@ -22,12 +22,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "base/sha256.h"
 #include "collectives/communicator.h"
 
 namespace lockstep {
 namespace collectives {
-
-using Sha256Digest = std::array<uint8_t, 32>;
 
 // SHA-256 of `operation` and `metadata`, framed so that ("ab", "c") and ("a", "bc") differ.
 Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view metadata);

@@ -1,0 +1,130 @@
+#include "rng/generator_state.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "ATen/core/Generator.h"
+#include "absl/strings/str_cat.h"
+#include "base/torch_boundary.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+internal::CudaGeneratorHooks* cuda_hooks = nullptr;
+
+absl::Status NeedCuda(int device) {
+  if (cuda_hooks == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA generator of device ", device,
+        " requested, but this build has no CUDA support (build with --config=cuda)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string TensorBytes(const at::Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()), t.numel());
+}
+
+// Serialized size of a CPU generator's state in this LibTorch.
+size_t CpuStateSize() {
+  static const size_t size = [] {
+    at::Generator fresh = at::make_generator<at::CPUGeneratorImpl>(0);
+    return static_cast<size_t>(fresh.get_state().numel());
+  }();
+  return size;
+}
+
+}  // namespace
+
+namespace internal {
+void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks) {
+  static CudaGeneratorHooks stored = hooks;
+  cuda_hooks = &stored;
+}
+}  // namespace internal
+
+uint64_t LiveCpuSeed() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.current_seed();
+}
+
+absl::StatusOr<RngSnapshot> RngSnapshot::Capture(const DefaultGenerators& generators) {
+  RngSnapshot snapshot;
+  absl::Status status = CallTorch("capturing the default CPU generator", [&] {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    snapshot.cpu_state_ = TensorBytes(gen.get_state());
+    snapshot.cpu_seed_ = gen.current_seed();
+  });
+  if (!status.ok()) return status;
+  if (generators.has_cuda()) {
+    if (absl::Status s = NeedCuda(generators.cuda_device); !s.ok()) return s;
+    absl::StatusOr<CudaGeneratorState> cuda = cuda_hooks->capture(generators.cuda_device);
+    if (!cuda.ok()) return cuda.status();
+    snapshot.cuda_ = *cuda;
+  }
+  return snapshot;
+}
+
+absl::StatusOr<RngSnapshot> RngSnapshot::Seeded(const DefaultGenerators& generators,
+                                                uint64_t cpu_seed, uint64_t cuda_seed) {
+  RngSnapshot snapshot;
+  absl::Status status = CallTorch("seeding a CPU generator", [&] {
+    at::Generator fresh = at::make_generator<at::CPUGeneratorImpl>(cpu_seed);
+    snapshot.cpu_state_ = TensorBytes(fresh.get_state());
+    snapshot.cpu_seed_ = cpu_seed;
+  });
+  if (!status.ok()) return status;
+  if (generators.has_cuda()) {
+    if (absl::Status s = NeedCuda(generators.cuda_device); !s.ok()) return s;
+    snapshot.cuda_ = CudaGeneratorState{generators.cuda_device, cuda_seed, 0};
+  }
+  return snapshot;
+}
+
+absl::StatusOr<RngSnapshot> RngSnapshot::FromParts(std::string cpu_state,
+                                                   std::optional<CudaGeneratorState> cuda) {
+  if (cpu_state.size() != CpuStateSize()) {
+    return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", cpu_state.size(),
+                                                   " bytes; this LibTorch's has ",
+                                                   CpuStateSize()));
+  }
+  if (cuda.has_value()) {
+    if (absl::Status s = NeedCuda(cuda->device); !s.ok()) return s;
+  }
+  RngSnapshot snapshot;
+  absl::Status status = CallTorch("reading a CPU generator state", [&] {
+    at::Generator probe = at::make_generator<at::CPUGeneratorImpl>(0);
+    at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state.size())}, at::kByte);
+    std::memcpy(bytes.data_ptr(), cpu_state.data(), cpu_state.size());
+    probe.set_state(bytes);
+    snapshot.cpu_seed_ = probe.current_seed();
+  });
+  if (!status.ok()) return status;
+  snapshot.cpu_state_ = std::move(cpu_state);
+  snapshot.cuda_ = cuda;
+  return snapshot;
+}
+
+absl::Status RngSnapshot::Restore() const {
+  absl::Status status = CallTorch("restoring the default CPU generator", [&] {
+    at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state_.size())}, at::kByte);
+    std::memcpy(bytes.data_ptr(), cpu_state_.data(), cpu_state_.size());
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(bytes);
+  });
+  if (!status.ok()) return status;
+  if (cuda_.has_value()) {
+    if (absl::Status s = NeedCuda(cuda_->device); !s.ok()) return s;
+    return cuda_hooks->restore(*cuda_);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rng
+}  // namespace lockstep

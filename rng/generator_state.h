@@ -1,0 +1,113 @@
+// rng/generator_state.h
+//
+// RngSnapshot is a value copy of the rank's default generators: the process's default CPU
+// generator (its full state) and, when the rank has a CUDA device, that device's default CUDA
+// generator (seed and Philox offset). Snapshots are values, never aliases: capturing copies the
+// bytes out, so a snapshot does not change when the live generators advance afterwards, and
+// restoring copies them back in.
+//
+// Which generators belong to the rank is a DefaultGenerators value: the CPU generator always,
+// plus the CUDA generator of `cuda_device` only (other devices are out of scope). CUDA support
+// is linked in by --config=cuda builds; elsewhere asking for a CUDA device is kFailedPrecondition.
+//
+// Out of scope (not captured, not restored): Python and NumPy generators, generators passed
+// explicitly to operators, CUDA generators of other devices, and concurrent users of the
+// default generators (they are process-global; one thread at a time).
+//
+// Example:
+//   DefaultGenerators gens{.cuda_device = local_rank};
+//   LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot before, RngSnapshot::Capture(gens));
+//   RunSomethingRandom();
+//   LOCKSTEP_RETURN_IF_ERROR(before.Restore());  // the draws above never happened
+
+#ifndef LOCKSTEP_RNG_GENERATOR_STATE_H_
+#define LOCKSTEP_RNG_GENERATOR_STATE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lockstep {
+namespace rng {
+
+// The generators that make up a rank's default RNG state.
+struct DefaultGenerators {
+  // The rank's own CUDA device, or -1 for a CPU-only rank. Default: -1.
+  int cuda_device = -1;
+
+  bool has_cuda() const { return cuda_device >= 0; }
+  bool operator==(const DefaultGenerators& o) const { return cuda_device == o.cuda_device; }
+};
+
+// State of one CUDA generator: Philox seed and offset.
+struct CudaGeneratorState {
+  int device = 0;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  bool operator==(const CudaGeneratorState& o) const {
+    return device == o.device && seed == o.seed && offset == o.offset;
+  }
+};
+
+class RngSnapshot {
+ public:
+  // Copies the current state of `generators`.
+  static absl::StatusOr<RngSnapshot> Capture(const DefaultGenerators& generators);
+
+  // The state a freshly seeded set of default generators would have: CPU generator seeded with
+  // `cpu_seed`, CUDA generator (when `generators` has one) with `cuda_seed` and offset 0.
+  // Installing it is what manual_seed does, without touching the live generators.
+  static absl::StatusOr<RngSnapshot> Seeded(const DefaultGenerators& generators, uint64_t cpu_seed,
+                                            uint64_t cuda_seed);
+
+  // A snapshot from serialized parts (see rng/stream_io.h). kInvalidArgument for CPU state bytes
+  // of the wrong length for this LibTorch.
+  static absl::StatusOr<RngSnapshot> FromParts(std::string cpu_state,
+                                               std::optional<CudaGeneratorState> cuda);
+
+  // Writes this snapshot into the live default generators (the CPU generator, and the CUDA
+  // generator of the snapshot's device if it has one).
+  absl::Status Restore() const;
+
+  // The CPU generator's serialized state (LibTorch's get_state() bytes).
+  const std::string& cpu_state() const { return cpu_state_; }
+  // The seed recorded in the CPU state (what manual_seed last set).
+  uint64_t cpu_seed() const { return cpu_seed_; }
+  const std::optional<CudaGeneratorState>& cuda() const { return cuda_; }
+  DefaultGenerators generators() const {
+    return DefaultGenerators{cuda_.has_value() ? cuda_->device : -1};
+  }
+
+  bool operator==(const RngSnapshot& o) const {
+    return cpu_state_ == o.cpu_state_ && cuda_ == o.cuda_;
+  }
+  bool operator!=(const RngSnapshot& o) const { return !(*this == o); }
+
+ private:
+  RngSnapshot() = default;
+
+  std::string cpu_state_;
+  uint64_t cpu_seed_ = 0;
+  std::optional<CudaGeneratorState> cuda_;
+};
+
+// Seed the live default CPU generator reports (its current_seed()).
+uint64_t LiveCpuSeed();
+
+// Hooks through which a CUDA-enabled build provides the CUDA half (rng/cuda_generator_state.cc
+// registers them at load time). Not for callers.
+namespace internal {
+struct CudaGeneratorHooks {
+  absl::StatusOr<CudaGeneratorState> (*capture)(int device);
+  absl::Status (*restore)(const CudaGeneratorState& state);
+};
+void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks);
+}  // namespace internal
+
+}  // namespace rng
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_RNG_GENERATOR_STATE_H_

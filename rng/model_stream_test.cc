@@ -1,0 +1,184 @@
+#include "rng/model_stream.h"
+
+#include <stdexcept>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+// The caller's draws after `body` must equal its draws had `body` never run.
+template <typename Body>
+void ExpectCallerUntouched(Body body) {
+  at::manual_seed(42);
+  (void)at::rand({5});
+  const RngSnapshot before = *RngSnapshot::Capture({});
+  at::Tensor expected = at::rand({16});
+  ASSERT_TRUE(before.Restore().ok());
+  body();
+  EXPECT_EQ(*RngSnapshot::Capture({}), before);
+  EXPECT_TRUE(at::equal(at::rand({16}), expected));
+}
+
+TEST(ModelStreamScopeTest, RestoresTheCallerAfterNormalReturn) {
+  ModelStream stream({});
+  ExpectCallerUntouched([&] {
+    ModelStreamScope scope(stream);
+    EXPECT_TRUE(scope.outermost());
+    (void)at::rand({1000});
+    (void)at::dropout(at::ones({100}), 0.3, true);
+  });
+}
+
+TEST(ModelStreamScopeTest, RestoresTheCallerAfterAnException) {
+  ModelStream stream({});
+  ExpectCallerUntouched([&] {
+    try {
+      ModelStreamScope scope(stream);
+      (void)at::rand({10});
+      throw std::runtime_error("model failed");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_FALSE(stream.in_scope());
+  });
+}
+
+TEST(ModelStreamScopeTest, NestedScopesShareTheStreamAndRestoreOnce) {
+  ModelStream flat({}), nested({});
+  at::manual_seed(7);
+  at::Tensor flat_draws;
+  {
+    ModelStreamScope scope(flat);
+    flat_draws = at::rand({20});
+  }
+  at::manual_seed(7);
+  const RngSnapshot caller = *RngSnapshot::Capture({});
+  at::Tensor nested_draws;
+  {
+    ModelStreamScope outer(nested);
+    at::Tensor a = at::rand({10});
+    {
+      ModelStreamScope inner(nested);
+      EXPECT_FALSE(inner.outermost());
+      at::Tensor b = at::rand({10});
+      nested_draws = at::cat({a, b});
+    }
+    EXPECT_TRUE(nested.in_scope());
+  }
+  EXPECT_FALSE(nested.in_scope());
+  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+  // The inner scope continued the same stream rather than swapping anything.
+  EXPECT_TRUE(at::equal(nested_draws, flat_draws));
+}
+
+TEST(ModelStreamScopeTest, TheStreamAdvancesAcrossScopes) {
+  ModelStream stream({});
+  ModelStream reference({});
+  at::manual_seed(11);
+  at::Tensor first, second, continuous;
+  {
+    ModelStreamScope scope(stream);
+    first = at::rand({8});
+  }
+  (void)at::rand({3});  // the caller draws in between: irrelevant to the model stream
+  {
+    ModelStreamScope scope(stream);
+    second = at::rand({8});
+  }
+  EXPECT_FALSE(at::equal(first, second)) << "the second scope replayed the first one's draws";
+  at::manual_seed(11);
+  {
+    ModelStreamScope scope(reference);
+    continuous = at::rand({16});
+  }
+  EXPECT_TRUE(at::equal(at::cat({first, second}), continuous));
+}
+
+TEST(ModelStreamScopeTest, DeterministicForAGivenCallerStateAndUncorrelatedWithIt) {
+  at::manual_seed(2024);
+  const RngSnapshot caller = *RngSnapshot::Capture({});
+  at::Tensor caller_next = at::rand({32});
+  ModelStream a({}), b({});
+  ASSERT_TRUE(caller.Restore().ok());
+  at::Tensor from_a, from_b;
+  {
+    ModelStreamScope scope(a);
+    from_a = at::rand({32});
+  }
+  ASSERT_TRUE(caller.Restore().ok());
+  {
+    ModelStreamScope scope(b);
+    from_b = at::rand({32});
+  }
+  EXPECT_TRUE(at::equal(from_a, from_b));
+  EXPECT_FALSE(at::equal(from_a, caller_next));
+  // Another caller state derives another model stream.
+  at::manual_seed(2025);
+  ModelStream c({});
+  ModelStreamScope scope(c);
+  EXPECT_FALSE(at::equal(at::rand({32}), from_a));
+}
+
+TEST(ModelStreamScopeTest, DerivationIsSha256OfSaltAndCallerState) {
+  at::manual_seed(3);
+  const RngSnapshot caller = *RngSnapshot::Capture({});
+  absl::StatusOr<RngSnapshot> derived = ModelStream::Derive(caller);
+  ASSERT_TRUE(derived.ok());
+  ModelStream stream({});
+  { ModelStreamScope scope(stream); }
+  EXPECT_EQ(*stream.state(), *derived);
+  EXPECT_NE(derived->cpu_seed(), 3u);
+}
+
+TEST(ModelStreamScopeTest, CallerReseedingOutsideIsRespected) {
+  ModelStream stream({});
+  {
+    ModelStreamScope scope(stream);
+    (void)at::rand({4});
+  }
+  at::manual_seed(555);
+  at::Tensor expected = at::rand({8});
+  at::manual_seed(555);
+  {
+    ModelStreamScope scope(stream);
+    (void)at::rand({100});
+  }
+  EXPECT_TRUE(at::equal(at::rand({8}), expected));
+}
+
+TEST(ModelStreamScopeTest, CallerReseedingInsideIsKeptAndTheModelStreamIsNotDisturbed) {
+  ModelStream stream({}), reference({});
+  at::manual_seed(1);
+  at::Tensor model_before;
+  {
+    ModelStreamScope scope(stream);
+    model_before = at::rand({4});
+  }
+  const RngSnapshot model_state = *stream.state();
+  {
+    ModelStreamScope scope(stream);
+    at::manual_seed(99);  // explicit reseed by caller code running inside the scope
+    (void)at::rand({2});
+  }
+  // The caller owns seed 99: its generator continues from it.
+  at::Tensor after = at::rand({6});
+  at::manual_seed(99);
+  (void)at::rand({2});
+  EXPECT_TRUE(at::equal(at::rand({6}), after));
+  // The model stream kept the state it had before that scope.
+  EXPECT_EQ(*stream.state(), model_state);
+}
+
+TEST(ModelStreamScopeTest, EnterReportsErrorsAsStatuses) {
+  ModelStream stream({.cuda_device = 0});  // no CUDA in this build
+  absl::StatusOr<std::unique_ptr<ModelStreamScope>> scope = ModelStreamScope::Enter(stream);
+  EXPECT_EQ(scope.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(stream.in_scope());
+}
+
+}  // namespace
+}  // namespace rng
+}  // namespace lockstep

@@ -1,0 +1,113 @@
+#include "rng/named_streams.h"
+
+#include <stdexcept>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+at::Tensor DrawsOfSeed(uint64_t seed, int64_t skip, int64_t n) {
+  at::manual_seed(seed);
+  if (skip > 0) (void)at::rand({skip});
+  return at::rand({n});
+}
+
+TEST(NamedStreamTrackerTest, ForkDrawsFromTheNamedStreamAndRestoresTheOutside) {
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("tp", 1000).ok());
+  ASSERT_TRUE(tracker.Add("expert", 2000).ok());
+  at::manual_seed(5);
+  const RngSnapshot outside = *RngSnapshot::Capture({});
+  at::Tensor tp_first, tp_second, expert_first;
+  {
+    auto fork = tracker.Fork("tp");
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    tp_first = at::rand({4});
+  }
+  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  {
+    auto fork = tracker.Fork("expert");
+    expert_first = at::rand({4});
+  }
+  {
+    auto fork = tracker.Fork("tp");
+    tp_second = at::rand({4});
+  }
+  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  EXPECT_TRUE(at::equal(tp_first, DrawsOfSeed(1000, 0, 4)));
+  EXPECT_TRUE(at::equal(tp_second, DrawsOfSeed(1000, 4, 4)));  // the stream advanced
+  EXPECT_TRUE(at::equal(expert_first, DrawsOfSeed(2000, 0, 4)));
+  EXPECT_THAT(tracker.Names(), ElementsAre("expert", "tp"));
+}
+
+TEST(NamedStreamTrackerTest, ExceptionInsideAForkStillRestores) {
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("tp", 1).ok());
+  at::manual_seed(6);
+  const RngSnapshot outside = *RngSnapshot::Capture({});
+  try {
+    auto fork = tracker.Fork("tp");
+    (void)at::rand({3});
+    throw std::runtime_error("boom");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  auto fork = tracker.Fork("tp");  // no fork left active
+  EXPECT_TRUE(fork.ok());
+}
+
+TEST(NamedStreamTrackerTest, DuplicateNamesAndSeedsAreRefused) {
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("a", 7).ok());
+  absl::Status name = tracker.Add("a", 8);
+  EXPECT_EQ(name.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(name.message(), HasSubstr("'a' already exists"));
+  absl::Status seed = tracker.Add("b", 7);
+  EXPECT_EQ(seed.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(seed.message(), HasSubstr("seed 7 of named stream 'b' is already used by 'a'"));
+  EXPECT_EQ(tracker.Add("", 9).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tracker.Fork("missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(NamedStreamTrackerTest, ForksDoNotNest) {
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("a", 1).ok());
+  ASSERT_TRUE(tracker.Add("b", 2).ok());
+  auto outer = tracker.Fork("a");
+  ASSERT_TRUE(outer.ok());
+  EXPECT_EQ(tracker.Fork("b").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker.Reset().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(NamedStreamTrackerTest, SnapshotAndRestoreAllAreValues) {
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("tp", 31).ok());
+  const auto saved = tracker.Snapshot();
+  at::Tensor first;
+  {
+    auto fork = tracker.Fork("tp");
+    first = at::rand({5});
+  }
+  EXPECT_NE(tracker.Snapshot().at("tp").state, saved.at("tp").state);  // saved did not move
+  ASSERT_TRUE(tracker.Restore(saved).ok());
+  {
+    auto fork = tracker.Fork("tp");
+    EXPECT_TRUE(at::equal(at::rand({5}), first));  // rewound: same draws again
+  }
+  ASSERT_TRUE(tracker.Reset().ok());
+  EXPECT_FALSE(tracker.Has("tp"));
+  auto clash = saved;
+  clash.emplace("other", NamedStreamTracker::Stream{31, saved.at("tp").state});
+  EXPECT_EQ(tracker.Restore(clash).code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace rng
+}  // namespace lockstep

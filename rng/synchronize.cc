@@ -1,0 +1,65 @@
+#include "rng/synchronize.h"
+
+#include <cstring>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+// Wire layout: CPU state bytes, then (with CUDA) seed and offset as two little-endian uint64.
+constexpr size_t kCudaBytes = 16;
+
+void PutWord(uint8_t* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint64_t GetWord(const uint8_t* in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators) {
+  if (group == nullptr || group->size() <= 1) return absl::OkStatus();
+  const std::string context = absl::StrCat("while synchronizing RNG state across ",
+                                           group->DebugName());
+  LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
+  const size_t cpu_bytes = mine.cpu_state().size();
+  const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0);
+  at::Tensor wire;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
+    wire = at::empty({static_cast<int64_t>(total)}, at::kByte);
+    if (group->rank() == 0) {
+      uint8_t* data = wire.data_ptr<uint8_t>();
+      std::memcpy(data, mine.cpu_state().data(), cpu_bytes);
+      if (generators.has_cuda()) {
+        PutWord(data + cpu_bytes, mine.cuda()->seed);
+        PutWord(data + cpu_bytes + 8, mine.cuda()->offset);
+      }
+    }
+  }));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(wire, 0), context);
+  if (group->rank() == 0) return absl::OkStatus();
+  const uint8_t* data = wire.data_ptr<uint8_t>();
+  std::optional<CudaGeneratorState> cuda;
+  if (generators.has_cuda()) {
+    cuda = CudaGeneratorState{generators.cuda_device, GetWord(data + cpu_bytes),
+                              GetWord(data + cpu_bytes + 8)};
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      RngSnapshot leader,
+      RngSnapshot::FromParts(std::string(reinterpret_cast<const char*>(data), cpu_bytes), cuda));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(leader.Restore(), context);
+  return absl::OkStatus();
+}
+
+}  // namespace rng
+}  // namespace lockstep
