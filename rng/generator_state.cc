@@ -17,9 +17,9 @@ internal::CudaGeneratorHooks* cuda_hooks = nullptr;
 
 absl::Status NeedCuda(int device) {
   if (cuda_hooks == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA generator of device ", device,
-        " requested, but this build has no CUDA support (build with --config=cuda)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA generator of device ", device,
+                     " requested, but this build has no CUDA support (build with --config=cuda)"));
   }
   return absl::OkStatus();
 }
@@ -90,8 +90,7 @@ absl::StatusOr<RngSnapshot> RngSnapshot::FromParts(std::string cpu_state,
                                                    std::optional<CudaGeneratorState> cuda) {
   if (cpu_state.size() != CpuStateSize()) {
     return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", cpu_state.size(),
-                                                   " bytes; this LibTorch's has ",
-                                                   CpuStateSize()));
+                                                   " bytes; this LibTorch's has ", CpuStateSize()));
   }
   if (cuda.has_value()) {
     if (absl::Status s = NeedCuda(cuda->device); !s.ok()) return s;

@@ -24,9 +24,9 @@ absl::Status ModelStream::Restore(std::optional<RngSnapshot> state) {
     return absl::FailedPreconditionError("cannot restore a model stream while a scope is active");
   }
   if (state.has_value() && !(state->generators() == generators_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model stream state is for CUDA device ", state->generators().cuda_device,
-        ", this stream's generators use ", generators_.cuda_device));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model stream state is for CUDA device ", state->generators().cuda_device,
+                     ", this stream's generators use ", generators_.cuda_device));
   }
   state_ = std::move(state);
   return absl::OkStatus();

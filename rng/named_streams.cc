@@ -40,10 +40,9 @@ absl::Status NamedStreamTracker::Restore(std::map<std::string, Stream> streams) 
                                                    "' share seed ", stream.seed));
     }
     if (!(stream.state.generators() == generators_)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("named stream '", name, "' holds state for CUDA device ",
-                       stream.state.generators().cuda_device, ", the tracker uses ",
-                       generators_.cuda_device));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "named stream '", name, "' holds state for CUDA device ",
+          stream.state.generators().cuda_device, ", the tracker uses ", generators_.cuda_device));
     }
   }
   streams_ = std::move(streams);

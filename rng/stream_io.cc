@@ -30,8 +30,7 @@ absl::StatusOr<RngSnapshot> FromProto(const GeneratorSetProto& proto, int cuda_d
   const int saved_device = cuda.has_value() ? cuda->device : -1;
   if (saved_device != cuda_device) {
     return absl::InvalidArgumentError(absl::StrCat(what, " was saved for CUDA device ",
-                                                   saved_device, ", this rank uses ",
-                                                   cuda_device));
+                                                   saved_device, ", this rank uses ", cuda_device));
   }
   absl::StatusOr<RngSnapshot> snapshot = RngSnapshot::FromParts(proto.cpu_state(), cuda);
   if (!snapshot.ok()) return Annotate(snapshot.status(), absl::StrCat("in ", what));
@@ -101,8 +100,8 @@ absl::Status RestoreStreams(const RngStreamsProto& saved, ModelStream& model,
     }
   }
   if (!named.empty() && tracker == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the saved streams have ", named.size(), " named stream(s) but no tracker was given"));
+    return absl::InvalidArgumentError(absl::StrCat("the saved streams have ", named.size(),
+                                                   " named stream(s) but no tracker was given"));
   }
   if (tracker != nullptr) {
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(tracker->Restore(std::move(named)),

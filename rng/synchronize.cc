@@ -29,8 +29,8 @@ uint64_t GetWord(const uint8_t* in) {
 
 absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators) {
   if (group == nullptr || group->size() <= 1) return absl::OkStatus();
-  const std::string context = absl::StrCat("while synchronizing RNG state across ",
-                                           group->DebugName());
+  const std::string context =
+      absl::StrCat("while synchronizing RNG state across ", group->DebugName());
   LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
   const size_t cpu_bytes = mine.cpu_state().size();
   const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0);

@@ -1,0 +1,161 @@
+// Synchronize across real processes (each with its own default generators), over Gloo.
+#include "rng/synchronize.h"
+
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "collectives/topology.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rng/model_stream.h"
+#include "testing/process_world.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+using collectives::Communicator;
+using collectives::Topology;
+
+// What every rank draws after the step under test: uniform numbers, a dropout mask and a
+// random token mask, as one tensor.
+at::Tensor Draws() {
+  at::Tensor uniform = at::rand({16});
+  at::Tensor dropout = at::dropout(at::ones({64}), 0.5, /*train=*/true);
+  at::Tensor token_mask = at::randint(0, 2, {32}).to(at::kFloat);
+  return at::cat({uniform, dropout, token_mask});
+}
+
+// Runs a world of `world` processes with TP x CP = tp * cp. Each rank seeds its default
+// generator with seed_of(rank), optionally synchronizes its TP x CP group, draws, and
+// all-gathers the draws of every rank. Returns, per rank, "ok" or a description of what that
+// rank saw; the same on every rank, so rank 0's is checked.
+struct Outcome {
+  std::vector<absl::Status> statuses;
+};
+
+using Check = std::function<absl::Status(const Topology&, const std::vector<at::Tensor>&)>;
+
+std::vector<absl::Status> RunSync(int world, int tp, int cp, std::function<uint64_t(int)> seed_of,
+                                  bool synchronize, Check check) {
+  return testing::RunProcessWorld({world}, [=](int rank, Communicator& comm) -> absl::Status {
+    const Topology topo = *Topology::Create(world, tp, cp);
+    auto group = comm.NewGroup(topo.TpCpGroup(rank));
+    if (!group.ok()) return group.status();
+    at::manual_seed(seed_of(rank));
+    (void)at::rand({rank + 1});  // ranks have advanced by different amounts
+    if (synchronize) {
+      if (absl::Status s = Synchronize(group->get(), {}); !s.ok()) return s;
+    }
+    auto gathered = comm.AllGather(Draws());
+    if (!gathered.ok()) return gathered.status();
+    return check(topo, *gathered);
+  });
+}
+
+absl::Status ReplicasAgreeAndDpWorkers(bool dp_workers_equal, const Topology& topo,
+                                       const std::vector<at::Tensor>& draws) {
+  for (int r = 0; r < topo.world_size(); ++r) {
+    const int leader = Topology::Leader(topo.TpCpGroup(r));
+    if (!at::equal(draws[r], draws[leader])) {
+      return absl::InternalError(absl::StrCat("rank ", r, " disagrees with its leader ", leader));
+    }
+  }
+  for (int d = 1; d < topo.dp_size(); ++d) {
+    const int leader = d * topo.tp_size() * topo.cp_size();
+    if (at::equal(draws[leader], draws[0]) != dp_workers_equal) {
+      return absl::InternalError(absl::StrCat("DP worker ", d, " is ",
+                                              dp_workers_equal ? "not " : "",
+                                              "equal to DP worker 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ExpectAllOk(const std::vector<absl::Status>& results) {
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+}
+
+TEST(SynchronizeTest, TpTwoReplicasDrawIdenticalNumbersAndMasks) {
+  ExpectAllOk(RunSync(2, /*tp=*/2, /*cp=*/1, [](int r) { return 100 + r; }, true,
+                      [](const Topology& t, const std::vector<at::Tensor>& d) {
+                        return ReplicasAgreeAndDpWorkers(false, t, d);
+                      }));
+}
+
+TEST(SynchronizeTest, DpTwoCpTwoDifferentSeedsStayDifferentAcrossDpWorkers) {
+  // Rank 2 leads DP worker 1: its replica (rank 3) must adopt rank 2's state, not rank 0's.
+  ExpectAllOk(RunSync(4, 1, 2, [](int r) { return 100 + r; }, true,
+                      [](const Topology& t, const std::vector<at::Tensor>& d) {
+                        return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/false, t, d);
+                      }));
+}
+
+TEST(SynchronizeTest, DpTwoCpTwoIdenticalSeedsStayIdenticalAcrossDpWorkers) {
+  // Same seed everywhere, but ranks advanced differently: after the per-DP-worker sync, DP
+  // worker 0 has rank 0's state and DP worker 1 rank 2's. Ranks 0 and 2 advanced differently
+  // too (by 1 and 3 draws), so for the DP workers to be identical their leaders must be in the
+  // same state: make them so by advancing rank 2 like rank 0.
+  ExpectAllOk(testing::RunProcessWorld({4}, [](int rank, Communicator& comm) -> absl::Status {
+    const Topology topo = *Topology::Create(4, 1, 2);
+    auto group = comm.NewGroup(topo.TpCpGroup(rank));
+    if (!group.ok()) return group.status();
+    at::manual_seed(100);
+    (void)at::rand({rank % 2 == 0 ? 1 : 7});  // leaders identical, replicas drifted
+    if (absl::Status s = Synchronize(group->get(), {}); !s.ok()) return s;
+    auto gathered = comm.AllGather(Draws());
+    if (!gathered.ok()) return gathered.status();
+    return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/true, topo, *gathered);
+  }));
+}
+
+TEST(SynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
+  // The check used above must fail when synchronization is disabled.
+  std::vector<absl::Status> results =
+      RunSync(4, 1, 2, [](int r) { return 100 + r; }, /*synchronize=*/false,
+              [](const Topology& t, const std::vector<at::Tensor>& d) {
+                return ReplicasAgreeAndDpWorkers(false, t, d);
+              });
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("disagrees with its leader"));
+  }
+}
+
+TEST(SynchronizeTest, NoGroupAndSingleMemberGroupAreNoOps) {
+  ExpectAllOk(testing::RunProcessWorld({2}, [](int rank, Communicator& comm) -> absl::Status {
+    at::manual_seed(7 + rank);
+    const RngSnapshot before = *RngSnapshot::Capture({});
+    if (absl::Status s = Synchronize(nullptr, {}); !s.ok()) return s;
+    auto alone = comm.NewGroup({rank});
+    if (!alone.ok()) return alone.status();
+    if (absl::Status s = Synchronize(alone->get(), {}); !s.ok()) return s;
+    if (*RngSnapshot::Capture({}) != before) return absl::InternalError("state changed");
+    return absl::OkStatus();
+  }));
+}
+
+TEST(SynchronizeTest, ModelStreamsDerivedAfterSyncAgreeAcrossReplicas) {
+  // The model stream is derived from the caller state, so synchronized callers derive the same
+  // model stream and the model's dropout masks agree across replicas too.
+  ExpectAllOk(testing::RunProcessWorld({2}, [](int rank, Communicator& comm) -> absl::Status {
+    at::manual_seed(500 + rank);
+    if (absl::Status s = Synchronize(&comm, {}); !s.ok()) return s;
+    ModelStream model({});
+    at::Tensor mask;
+    {
+      ModelStreamScope scope(model);
+      mask = at::dropout(at::ones({128}), 0.25, true);
+    }
+    auto gathered = comm.AllGather(mask);
+    if (!gathered.ok()) return gathered.status();
+    if (!at::equal((*gathered)[0], (*gathered)[1])) return absl::InternalError("model masks differ");
+    return absl::OkStatus();
+  }));
+}
+
+}  // namespace
+}  // namespace rng
+}  // namespace lockstep
