@@ -39,8 +39,8 @@ TEST(StreamIoTest, ResumeInAFreshProcessDrawsWhatTheUninterruptedRunDraws) {
   const std::string checkpoint = absl::StrCat(dir, "/rng_streams.pb");
   const std::string expected = absl::StrCat(dir, "/expected.pt");
   // Run 1: three steps, checkpoint after the first, record steps 2 and 3.
-  std::vector<absl::Status> first = testing::RunProcessWorld(
-      {1}, [&](int, collectives::Communicator&) -> absl::Status {
+  std::vector<absl::Status> first =
+      testing::RunProcessWorld({1}, [&](int, collectives::Communicator&) -> absl::Status {
         at::manual_seed(2024);
         ModelStream model({});
         NamedStreamTracker tracker({});
@@ -56,8 +56,8 @@ TEST(StreamIoTest, ResumeInAFreshProcessDrawsWhatTheUninterruptedRunDraws) {
       });
   ASSERT_TRUE(first[0].ok()) << first[0];
   // Run 2: a new process with a different seed and fresh streams restores and continues.
-  std::vector<absl::Status> second = testing::RunProcessWorld(
-      {1}, [&](int, collectives::Communicator&) -> absl::Status {
+  std::vector<absl::Status> second =
+      testing::RunProcessWorld({1}, [&](int, collectives::Communicator&) -> absl::Status {
         at::manual_seed(1);
         (void)at::rand({1000});
         ModelStream model({});

@@ -66,31 +66,33 @@ absl::Status ReplicasAgreeAndDpWorkers(bool dp_workers_equal, const Topology& to
   for (int d = 1; d < topo.dp_size(); ++d) {
     const int leader = d * topo.tp_size() * topo.cp_size();
     if (at::equal(draws[leader], draws[0]) != dp_workers_equal) {
-      return absl::InternalError(absl::StrCat("DP worker ", d, " is ",
-                                              dp_workers_equal ? "not " : "",
-                                              "equal to DP worker 0"));
+      return absl::InternalError(absl::StrCat(
+          "DP worker ", d, " is ", dp_workers_equal ? "not " : "", "equal to DP worker 0"));
     }
   }
   return absl::OkStatus();
 }
 
 void ExpectAllOk(const std::vector<absl::Status>& results) {
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
 }
 
 TEST(SynchronizeTest, TpTwoReplicasDrawIdenticalNumbersAndMasks) {
-  ExpectAllOk(RunSync(2, /*tp=*/2, /*cp=*/1, [](int r) { return 100 + r; }, true,
-                      [](const Topology& t, const std::vector<at::Tensor>& d) {
-                        return ReplicasAgreeAndDpWorkers(false, t, d);
-                      }));
+  ExpectAllOk(RunSync(
+      2, /*tp=*/2, /*cp=*/1, [](int r) { return 100 + r; }, true,
+      [](const Topology& t, const std::vector<at::Tensor>& d) {
+        return ReplicasAgreeAndDpWorkers(false, t, d);
+      }));
 }
 
 TEST(SynchronizeTest, DpTwoCpTwoDifferentSeedsStayDifferentAcrossDpWorkers) {
   // Rank 2 leads DP worker 1: its replica (rank 3) must adopt rank 2's state, not rank 0's.
-  ExpectAllOk(RunSync(4, 1, 2, [](int r) { return 100 + r; }, true,
-                      [](const Topology& t, const std::vector<at::Tensor>& d) {
-                        return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/false, t, d);
-                      }));
+  ExpectAllOk(RunSync(
+      4, 1, 2, [](int r) { return 100 + r; }, true,
+      [](const Topology& t, const std::vector<at::Tensor>& d) {
+        return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/false, t, d);
+      }));
 }
 
 TEST(SynchronizeTest, DpTwoCpTwoIdenticalSeedsStayIdenticalAcrossDpWorkers) {
@@ -113,11 +115,11 @@ TEST(SynchronizeTest, DpTwoCpTwoIdenticalSeedsStayIdenticalAcrossDpWorkers) {
 
 TEST(SynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
   // The check used above must fail when synchronization is disabled.
-  std::vector<absl::Status> results =
-      RunSync(4, 1, 2, [](int r) { return 100 + r; }, /*synchronize=*/false,
-              [](const Topology& t, const std::vector<at::Tensor>& d) {
-                return ReplicasAgreeAndDpWorkers(false, t, d);
-              });
+  std::vector<absl::Status> results = RunSync(
+      4, 1, 2, [](int r) { return 100 + r; }, /*synchronize=*/false,
+      [](const Topology& t, const std::vector<at::Tensor>& d) {
+        return ReplicasAgreeAndDpWorkers(false, t, d);
+      });
   for (const absl::Status& s : results) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
     EXPECT_THAT(s.message(), ::testing::HasSubstr("disagrees with its leader"));
@@ -151,7 +153,8 @@ TEST(SynchronizeTest, ModelStreamsDerivedAfterSyncAgreeAcrossReplicas) {
     }
     auto gathered = comm.AllGather(mask);
     if (!gathered.ok()) return gathered.status();
-    if (!at::equal((*gathered)[0], (*gathered)[1])) return absl::InternalError("model masks differ");
+    if (!at::equal((*gathered)[0], (*gathered)[1]))
+      return absl::InternalError("model masks differ");
     return absl::OkStatus();
   }));
 }

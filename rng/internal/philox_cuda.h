@@ -1,0 +1,30 @@
+// rng/internal/philox_cuda.h
+//
+// Private to rng/: the CUDA half of philox.h. In --config=cuda builds it launches the Philox
+// kernel (philox_kernel.cu); elsewhere it reports that CUDA is not built in.
+
+#ifndef LOCKSTEP_RNG_INTERNAL_PHILOX_CUDA_H_
+#define LOCKSTEP_RNG_INTERNAL_PHILOX_CUDA_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "rng/philox.h"
+
+namespace lockstep {
+namespace rng {
+namespace internal {
+
+// Uniforms of `box` on CUDA `device`; `strides` are the global row-major strides.
+absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey& key, absl::Span<const int64_t> global_shape,
+                                      const std::vector<int64_t>& strides,
+                                      absl::Span<const Slice> box, c10::Device device);
+
+}  // namespace internal
+}  // namespace rng
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_RNG_INTERNAL_PHILOX_CUDA_H_
