@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libssl-dev                 # OpenSSL's libcrypto: SHA-256
+  nlohmann-json3-dev         # JSON evidence written by the tools
 )
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo

@@ -47,8 +47,7 @@ inline float ToUniform(uint32_t word) { return static_cast<float>(word >> 8) * k
 // Calls emit(output_index, word) for every element of the box, in parallel chunks.
 template <typename Emit>
 void ForEachElement(const PhiloxKey& key, absl::Span<const int64_t> shape,
-                    const std::vector<int64_t>& strides, absl::Span<const Slice> box,
-                    Emit emit) {
+                    const std::vector<int64_t>& strides, absl::Span<const Slice> box, Emit emit) {
   const int dims = static_cast<int>(shape.size());
   int64_t total = 1;
   for (const Slice& s : box) total *= s.end - s.begin;
@@ -72,8 +71,8 @@ void ForEachElement(const PhiloxKey& key, absl::Span<const int64_t> shape,
       // Walk Philox blocks across [global, global + (stop - o)).
       while (o < stop) {
         const uint64_t block = static_cast<uint64_t>(global) >> 2;
-        uint32_t c[4] = {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                         key.step, key.stream};
+        uint32_t c[4] = {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), key.step,
+                         key.stream};
         Philox(c, k0, k1);
         for (int lane = static_cast<int>(global & 3); lane < 4 && o < stop; ++lane) {
           emit(o, c[lane]);
@@ -87,8 +86,8 @@ void ForEachElement(const PhiloxKey& key, absl::Span<const int64_t> shape,
 
 absl::Status CheckP(double p) {
   if (!(p >= 0.0 && p < 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("dropout probability ", p,
-                                                   " is outside [0, 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dropout probability ", p, " is outside [0, 1)"));
   }
   return absl::OkStatus();
 }
@@ -113,9 +112,8 @@ namespace internal {
 absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_shape,
                                               absl::Span<const Slice> box) {
   if (box.size() != global_shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the box has ", box.size(),
-                                                   " dimensions, the global shape ",
-                                                   global_shape.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the box has ", box.size(), " dimensions, the global shape ", global_shape.size()));
   }
   std::vector<int64_t> strides(global_shape.size(), 1);
   for (int d = static_cast<int>(global_shape.size()) - 1; d >= 0; --d) {
@@ -162,8 +160,8 @@ absl::StatusOr<at::Tensor> PartitionedDropoutMask(const PhiloxKey& key,
     absl::StatusOr<at::Tensor> uniform = PartitionedUniform(key, global_shape, box, device);
     if (!uniform.ok()) return uniform;
     return CallTorch("dropout mask", [&] {
-      return absl::StatusOr<at::Tensor>(*uniform >= static_cast<float>(
-                                                        KeepThreshold(p) * kTwoToMinus24));
+      return absl::StatusOr<at::Tensor>(*uniform >=
+                                        static_cast<float>(KeepThreshold(p) * kTwoToMinus24));
     });
   }
   absl::StatusOr<std::vector<int64_t>> strides = internal::CheckBox(global_shape, box);
@@ -200,8 +198,7 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
         PartitionedDropoutMask(key, global_shape, box, p, shard.device());
     if (!mask.ok()) return mask;
     return CallTorch("partitioned dropout", [&] {
-      return absl::StatusOr<at::Tensor>(shard * mask->to(shard.scalar_type()) *
-                                        (1.0 / (1.0 - p)));
+      return absl::StatusOr<at::Tensor>(shard * mask->to(shard.scalar_type()) * (1.0 / (1.0 - p)));
     });
   }
   const uint32_t threshold = KeepThreshold(p);
@@ -213,12 +210,11 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
       const scalar_t* in = input.data_ptr<scalar_t>();
       scalar_t* o_data = out.data_ptr<scalar_t>();
       const float scale = static_cast<float>(1.0 / (1.0 - p));
-      ForEachElement(key, global_shape, *strides, box,
-                     [=](int64_t o, uint32_t word) {
-                       o_data[o] = (word >> 8) >= threshold
-                                       ? static_cast<scalar_t>(static_cast<float>(in[o]) * scale)
-                                       : static_cast<scalar_t>(0);
-                     });
+      ForEachElement(key, global_shape, *strides, box, [=](int64_t o, uint32_t word) {
+        o_data[o] = (word >> 8) >= threshold
+                        ? static_cast<scalar_t>(static_cast<float>(in[o]) * scale)
+                        : static_cast<scalar_t>(0);
+      });
     });
   });
   if (!status.ok()) return status;

@@ -20,19 +20,20 @@ const c10::Device kCpu(c10::kCPU);
 TEST(PhiloxTest, KnownAnswers) {
   EXPECT_THAT(Philox4x32({0, 0, 0, 0}, {0, 0}),
               ElementsAre(0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u));
-  EXPECT_THAT(Philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                         {0xffffffffu, 0xffffffffu}),
-              ElementsAre(0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu));
-  EXPECT_THAT(Philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
-                         {0xa4093822u, 0x299f31d0u}),
-              ElementsAre(0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u));
+  EXPECT_THAT(
+      Philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}),
+      ElementsAre(0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu));
+  EXPECT_THAT(
+      Philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+      ElementsAre(0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u));
 }
 
 TEST(PhiloxTest, ElementValueIsTheDocumentedWordOfItsBlock) {
   const PhiloxKey key{0x0123456789abcdefull, 3, 9};
   at::Tensor u = *PartitionedUniform(key, {10}, {{0, 10}}, kCpu);
   for (int64_t i = 0; i < 10; ++i) {
-    const auto words = Philox4x32({static_cast<uint32_t>(i / 4), 0, 9, 3}, {0x89abcdefu, 0x01234567u});
+    const auto words =
+        Philox4x32({static_cast<uint32_t>(i / 4), 0, 9, 3}, {0x89abcdefu, 0x01234567u});
     EXPECT_EQ(u[i].item<float>(), static_cast<float>(words[i % 4] >> 8) / 16777216.0f) << i;
   }
 }
@@ -70,8 +71,7 @@ TEST(PartitionInvarianceTest, CpZigzagChunksEqualTheSliceOfTheUnshardedValues) {
       const int64_t a = r * chunk, b = (2 * cp - 1 - r) * chunk;
       at::Tensor first = *PartitionedUniform(key, shape, {{0, 2}, {a, a + chunk}, {0, 3}}, kCpu);
       at::Tensor second = *PartitionedUniform(key, shape, {{0, 2}, {b, b + chunk}, {0, 3}}, kCpu);
-      at::Tensor expected =
-          at::cat({full.slice(1, a, a + chunk), full.slice(1, b, b + chunk)}, 1);
+      at::Tensor expected = at::cat({full.slice(1, a, a + chunk), full.slice(1, b, b + chunk)}, 1);
       EXPECT_TRUE(at::equal(at::cat({first, second}, 1), expected)) << cp << " " << r;
     }
   }
@@ -108,8 +108,10 @@ TEST(PartitionInvarianceTest, DropoutOfAShardIsTheSliceOfUnshardedDropout) {
     EXPECT_TRUE(at::equal(out, full.slice(1, r * 8, (r + 1) * 8))) << r;
   }
   // Different steps and streams give different masks.
-  EXPECT_FALSE(at::equal(mask, *PartitionedDropoutMask({1234, 4, 3}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu)));
-  EXPECT_FALSE(at::equal(mask, *PartitionedDropoutMask({1234, 5, 2}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu)));
+  EXPECT_FALSE(
+      at::equal(mask, *PartitionedDropoutMask({1234, 4, 3}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu)));
+  EXPECT_FALSE(
+      at::equal(mask, *PartitionedDropoutMask({1234, 5, 2}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu)));
 }
 
 TEST(PartitionInvarianceTest, KeepRateAndUniformMomentsAreWithinStatisticalBounds) {
@@ -125,7 +127,8 @@ TEST(PartitionInvarianceTest, KeepRateAndUniformMomentsAreWithinStatisticalBound
   EXPECT_GE(u.min().item<float>(), 0.0f);
   EXPECT_LT(u.max().item<float>(), 1.0f);
   // Dropout with p = 0 keeps everything.
-  EXPECT_TRUE(PartitionedDropoutMask({1, 0, 0}, {1000}, {{0, 1000}}, 0.0, kCpu)->all().item<bool>());
+  EXPECT_TRUE(
+      PartitionedDropoutMask({1, 0, 0}, {1000}, {{0, 1000}}, 0.0, kCpu)->all().item<bool>());
 }
 
 TEST(PartitionInvarianceTest, BadBoxesAndProbabilitiesAreNamed) {

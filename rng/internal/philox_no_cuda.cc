@@ -9,9 +9,9 @@ namespace internal {
 absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey&, absl::Span<const int64_t>,
                                       const std::vector<int64_t>&, absl::Span<const Slice>,
                                       c10::Device device) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "partitioned randomness on ", device.str(),
-      " needs a CUDA build of lockstep (--config=cuda)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("partitioned randomness on ", device.str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
 }
 
 }  // namespace internal
