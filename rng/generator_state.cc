@@ -28,8 +28,19 @@ std::string TensorBytes(const at::Tensor& t) {
   return std::string(static_cast<const char*>(t.data_ptr()), t.numel());
 }
 
-// Serialized size of a CPU generator's state in this LibTorch.
-size_t CpuStateSize() {
+absl::Status WriteCpuState(absl::string_view cpu_state) {
+  return CallTorch("restoring the default CPU generator", [&] {
+    at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state.size())}, at::kByte);
+    std::memcpy(bytes.data_ptr(), cpu_state.data(), cpu_state.size());
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(bytes);
+  });
+}
+
+}  // namespace
+
+size_t RngSnapshot::CpuStateSize() {
   static const size_t size = [] {
     at::Generator fresh = at::make_generator<at::CPUGeneratorImpl>(0);
     return static_cast<size_t>(fresh.get_state().numel());
@@ -37,7 +48,19 @@ size_t CpuStateSize() {
   return size;
 }
 
-}  // namespace
+absl::Status RngSnapshot::RestoreParts(absl::string_view cpu_state,
+                                       const std::optional<CudaGeneratorState>& cuda) {
+  if (cpu_state.size() != CpuStateSize()) {
+    return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", cpu_state.size(),
+                                                   " bytes; this LibTorch's has ", CpuStateSize()));
+  }
+  if (cuda.has_value()) {
+    if (absl::Status s = NeedCuda(cuda->device); !s.ok()) return s;
+  }
+  if (absl::Status s = WriteCpuState(cpu_state); !s.ok()) return s;
+  if (cuda.has_value()) return cuda_hooks->restore(*cuda);
+  return absl::OkStatus();
+}
 
 namespace internal {
 void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks) {
@@ -109,21 +132,7 @@ absl::StatusOr<RngSnapshot> RngSnapshot::FromParts(std::string cpu_state,
   return snapshot;
 }
 
-absl::Status RngSnapshot::Restore() const {
-  absl::Status status = CallTorch("restoring the default CPU generator", [&] {
-    at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state_.size())}, at::kByte);
-    std::memcpy(bytes.data_ptr(), cpu_state_.data(), cpu_state_.size());
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(bytes);
-  });
-  if (!status.ok()) return status;
-  if (cuda_.has_value()) {
-    if (absl::Status s = NeedCuda(cuda_->device); !s.ok()) return s;
-    return cuda_hooks->restore(*cuda_);
-  }
-  return absl::OkStatus();
-}
+absl::Status RngSnapshot::Restore() const { return RestoreParts(cpu_state_, cuda_); }
 
 }  // namespace rng
 }  // namespace lockstep

@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace lockstep {
 namespace rng {
@@ -67,6 +68,15 @@ class RngSnapshot {
   // of the wrong length for this LibTorch.
   static absl::StatusOr<RngSnapshot> FromParts(std::string cpu_state,
                                                std::optional<CudaGeneratorState> cuda);
+
+  // Writes `cpu_state` (and `cuda`) into the live default generators without building a
+  // snapshot: the lean path for states received from a peer. kInvalidArgument for CPU state
+  // bytes of the wrong length.
+  static absl::Status RestoreParts(absl::string_view cpu_state,
+                                   const std::optional<CudaGeneratorState>& cuda);
+
+  // Serialized size of a CPU generator's state in this LibTorch.
+  static size_t CpuStateSize();
 
   // Writes this snapshot into the live default generators (the CPU generator, and the CUDA
   // generator of the snapshot's device if it has one).

@@ -31,21 +31,25 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   if (group == nullptr || group->size() <= 1) return absl::OkStatus();
   const std::string context =
       absl::StrCat("while synchronizing RNG state across ", group->DebugName());
-  LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
-  const size_t cpu_bytes = mine.cpu_state().size();
+  const size_t cpu_bytes = RngSnapshot::CpuStateSize();
   const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0);
   at::Tensor wire;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
-    wire = at::empty({static_cast<int64_t>(total)}, at::kByte);
-    if (group->rank() == 0) {
+  if (group->rank() == 0) {
+    // Only the leader reads its state; the others overwrite theirs.
+    LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
+      wire = at::empty({static_cast<int64_t>(total)}, at::kByte);
       uint8_t* data = wire.data_ptr<uint8_t>();
       std::memcpy(data, mine.cpu_state().data(), cpu_bytes);
       if (generators.has_cuda()) {
         PutWord(data + cpu_bytes, mine.cuda()->seed);
         PutWord(data + cpu_bytes + 8, mine.cuda()->offset);
       }
-    }
-  }));
+    }));
+  } else {
+    LOCKSTEP_RETURN_IF_ERROR(
+        CallTorch(context, [&] { wire = at::empty({static_cast<int64_t>(total)}, at::kByte); }));
+  }
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(wire, 0), context);
   if (group->rank() == 0) return absl::OkStatus();
   const uint8_t* data = wire.data_ptr<uint8_t>();
@@ -54,10 +58,10 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
     cuda = CudaGeneratorState{generators.cuda_device, GetWord(data + cpu_bytes),
                               GetWord(data + cpu_bytes + 8)};
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      RngSnapshot leader,
-      RngSnapshot::FromParts(std::string(reinterpret_cast<const char*>(data), cpu_bytes), cuda));
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(leader.Restore(), context);
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      RngSnapshot::RestoreParts(absl::string_view(reinterpret_cast<const char*>(data), cpu_bytes),
+                                cuda),
+      context);
   return absl::OkStatus();
 }
 

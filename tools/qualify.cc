@@ -146,8 +146,10 @@ absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communica
     results.push_back({"replica_agreement", bad.empty(),
                        bad.empty() ? absl::StrCat("replicas match leader ",
                                                   Topology::Leader(topo.TpCpGroup(rank)))
-                                   : absl::StrCat(bad.size(), " rank(s) differ from their leader, "
-                                                              "first ", bad[0])});
+                                   : absl::StrCat(bad.size(),
+                                                  " rank(s) differ from their leader, "
+                                                  "first ",
+                                                  bad[0])});
   }
   {
     int same = 0;
@@ -155,8 +157,9 @@ absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communica
       same += at::equal(draws[d * topo.tp_size() * topo.cp_size()], draws[0]);
     }
     results.push_back({"dp_workers_independent", same == 0,
-                       topo.dp_size() == 1 ? "one DP worker"
-                                           : absl::StrCat(same, " DP worker(s) equal to worker 0")});
+                       topo.dp_size() == 1
+                           ? "one DP worker"
+                           : absl::StrCat(same, " DP worker(s) equal to worker 0")});
   }
 
   // Model stream: caller untouched, stream advances, replicas agree.
@@ -196,8 +199,9 @@ absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communica
     } catch (const std::runtime_error&) {
     }
     const bool restored = *rng::RngSnapshot::Capture(generators) == synced;
-    results.push_back({"exception_restoration", restored,
-                       restored ? "caller state bit-exact after the throw" : "caller state changed"});
+    results.push_back(
+        {"exception_restoration", restored,
+         restored ? "caller state bit-exact after the throw" : "caller state changed"});
   }
 
   // Partition invariance: TP column split x CP zigzag on the sequence.
@@ -212,10 +216,10 @@ absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communica
                                      {tp_rank * cols_per_tp, (tp_rank + 1) * cols_per_tp}};
     };
     const c10::Device cpu(c10::kCPU);
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor a,
-                              rng::PartitionedDropoutMask(key, shape, shard_box(c.cp, c.tp, 0), 0.2, cpu));
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor b,
-                              rng::PartitionedDropoutMask(key, shape, shard_box(c.cp, c.tp, 1), 0.2, cpu));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor a, rng::PartitionedDropoutMask(key, shape, shard_box(c.cp, c.tp, 0), 0.2, cpu));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor b, rng::PartitionedDropoutMask(key, shape, shard_box(c.cp, c.tp, 1), 0.2, cpu));
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> shards,
                               tpcp->AllGather(at::cat({a, b}, 0).to(at::kByte)));
     at::Tensor assembled = at::zeros(shape, at::kByte);
@@ -229,13 +233,14 @@ absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communica
             .copy_(shards[m].slice(0, half * chunk, (half + 1) * chunk));
       }
     }
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor full, rng::PartitionedDropoutMask(
-                                                   key, shape, {{0, shape[0]}, {0, shape[1]}}, 0.2, cpu));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor full,
+        rng::PartitionedDropoutMask(key, shape, {{0, shape[0]}, {0, shape[1]}}, 0.2, cpu));
     const bool equal = at::equal(assembled, full.to(at::kByte));
-    results.push_back({"partition_invariance", equal,
-                       absl::StrCat(tpcp->size(), " shard(s) of a [", shape[0], ", ", shape[1],
-                                    "] mask ", equal ? "reassemble" : "DO NOT reassemble",
-                                    " to the unsharded mask")});
+    results.push_back(
+        {"partition_invariance", equal,
+         absl::StrCat(tpcp->size(), " shard(s) of a [", shape[0], ", ", shape[1], "] mask ",
+                      equal ? "reassemble" : "DO NOT reassemble", " to the unsharded mask")});
   }
   LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
   return results;
@@ -251,8 +256,8 @@ int WorkerMain(const Flags& flags) {
     options.timeout = absl::Seconds(flags.timeout_seconds);
     LOCKSTEP_ASSIGN_OR_RETURN(auto world,
                               collectives::GlooCommunicator::Create(rendezvous, options));
-    LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::CreateExact(world->size(), flags.dp,
-                                                                   flags.tp, flags.cp));
+    LOCKSTEP_ASSIGN_OR_RETURN(Topology topo,
+                              Topology::CreateExact(world->size(), flags.dp, flags.tp, flags.cp));
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> results, RunChecks(flags, *world, topo));
     report["rank"] = world->rank();
     for (const CheckResult& r : results) {
@@ -286,9 +291,18 @@ int ParentMain(const Flags& flags, const char* self) {
   tools::LaunchOptions launch;
   launch.nproc = world;
   launch.output_fd = fileno(log);
-  launch.command = {self,    "--worker", "--dp", std::to_string(flags.dp),
-                    "--tp",  std::to_string(flags.tp), "--cp", std::to_string(flags.cp),
-                    "--results_dir", dir, "--timeout_seconds", std::to_string(flags.timeout_seconds)};
+  launch.command = {self,
+                    "--worker",
+                    "--dp",
+                    std::to_string(flags.dp),
+                    "--tp",
+                    std::to_string(flags.tp),
+                    "--cp",
+                    std::to_string(flags.cp),
+                    "--results_dir",
+                    dir,
+                    "--timeout_seconds",
+                    std::to_string(flags.timeout_seconds)};
   if (!flags.negative_control.empty()) {
     launch.command.push_back("--negative-control");
     launch.command.push_back(flags.negative_control);
@@ -328,7 +342,8 @@ int ParentMain(const Flags& flags, const char* self) {
             << (flags.negative_control.empty() ? ""
                                                : "  negative control: " + flags.negative_control)
             << "\n\n";
-  std::cout << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
+  std::cout << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks",
+                               "detail (rank 0)");
   bool all_passed = errors.empty() && launched->exit_code == 0 && !order.empty();
   json evidence;
   evidence["topology"] = {{"dp", flags.dp}, {"tp", flags.tp}, {"cp", flags.cp}, {"world", world}};

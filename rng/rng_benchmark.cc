@@ -1,0 +1,194 @@
+// rng benchmarks, with the ratios the rng issue sets targets for printed at the end:
+//   - ModelStreamScope enter + exit (CPU generator);
+//   - Synchronize over Gloo with 2 and 4 local processes against a bare broadcast of the same
+//     number of bytes in the same run (target: ratio <= 1.2);
+//   - partition-invariant dropout against at::dropout on the same tensor (target: <= 2x).
+//
+// This process is rank 0 of each Gloo world; peers are forked before any LibTorch work and
+// follow rank 0's commands (operation, bytes, iterations), so every rank runs exactly the
+// iterations the benchmark times.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/Parallel.h"
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/rendezvous.h"
+#include "rng/generator_state.h"
+#include "rng/model_stream.h"
+#include "rng/philox.h"
+#include "rng/synchronize.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+enum Op : int64_t { kStop = 0, kBareBroadcast = 1, kSynchronize = 2 };
+
+std::map<int, std::unique_ptr<collectives::GlooCommunicator>>& Worlds() {
+  static auto* worlds = new std::map<int, std::unique_ptr<collectives::GlooCommunicator>>();
+  return *worlds;
+}
+
+int64_t StateBytes() { return static_cast<int64_t>(RngSnapshot::Capture({})->cpu_state().size()); }
+
+absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) {
+  if (op == kBareBroadcast) return comm.Broadcast(payload, 0);
+  return Synchronize(&comm, {});
+}
+
+std::unique_ptr<collectives::GlooCommunicator> Join(const std::string& path, int rank, int size) {
+  auto rendezvous = collectives::Rendezvous::File(path, rank, size, absl::Seconds(60));
+  if (!rendezvous.ok()) return nullptr;
+  collectives::GlooCommunicator::Options options;
+  options.hostname = "127.0.0.1";
+  auto comm = collectives::GlooCommunicator::Create(*rendezvous, options);
+  return comm.ok() ? std::move(*comm) : nullptr;
+}
+
+[[noreturn]] void PeerMain(const std::string& path, int rank, int size) {
+  at::set_num_threads(1);
+  auto comm = Join(path, rank, size);
+  if (comm == nullptr) _exit(1);
+  for (;;) {
+    at::Tensor command = at::zeros({3}, at::kLong);
+    if (!comm->Broadcast(command, 0).ok()) _exit(1);
+    const Op op = static_cast<Op>(command[0].item<int64_t>());
+    if (op == kStop) _exit(0);
+    at::Tensor payload = at::zeros({command[1].item<int64_t>()}, at::kByte);
+    for (int64_t i = 0, n = command[2].item<int64_t>(); i < n; ++i) {
+      if (!RunOp(*comm, op, payload).ok()) _exit(1);
+    }
+  }
+}
+
+void BM_ModelStreamScope(benchmark::State& state) {
+  ModelStream stream({});
+  for (auto _ : state) {
+    ModelStreamScope scope(stream);
+    benchmark::DoNotOptimize(&scope);
+  }
+}
+BENCHMARK(BM_ModelStreamScope)->Unit(benchmark::kMicrosecond);
+
+void BM_Gloo(benchmark::State& state, Op op) {
+  collectives::GlooCommunicator* comm = Worlds()[static_cast<int>(state.range(0))].get();
+  if (comm == nullptr) {
+    state.SkipWithError("Gloo world did not start");
+    return;
+  }
+  const int64_t bytes = StateBytes();
+  at::Tensor command = at::tensor(
+      {static_cast<int64_t>(op), bytes, static_cast<int64_t>(state.max_iterations)}, at::kLong);
+  if (!comm->Broadcast(command, 0).ok()) {
+    state.SkipWithError("command broadcast failed");
+    return;
+  }
+  at::Tensor payload = at::zeros({bytes}, at::kByte);
+  for (auto _ : state) {
+    if (!RunOp(*comm, op, payload).ok()) {
+      state.SkipWithError("collective failed");
+      break;
+    }
+  }
+  state.counters["bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK_CAPTURE(BM_Gloo, bare_broadcast, kBareBroadcast)
+    ->Arg(2)->Arg(4)->ArgName("procs")->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gloo, synchronize, kSynchronize)
+    ->Arg(2)->Arg(4)->ArgName("procs")->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_TorchDropout(benchmark::State& state) {
+  at::Tensor x = at::randn({state.range(0)});
+  for (auto _ : state) benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_TorchDropout)->Arg(1 << 20)->Arg(1 << 24)->ArgName("elements")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_PartitionedDropout(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  at::Tensor x = at::randn({n});
+  uint32_t step = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(*PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, 0.1));
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_PartitionedDropout)->Arg(1 << 20)->Arg(1 << 24)->ArgName("elements")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Console output as usual, plus the real time of every run by name, for the ratios.
+class RecordingReporter : public benchmark::ConsoleReporter {
+ public:
+  RecordingReporter() : ConsoleReporter(OO_Tabular) {}
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (!run.error_occurred) seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  void PrintRatio(const std::string& what, const std::string& numerator,
+                  const std::string& denominator, double target) const {
+    auto n = seconds_.find(numerator), d = seconds_.find(denominator);
+    if (n == seconds_.end() || d == seconds_.end()) return;
+    const double ratio = n->second / d->second;
+    std::cout << absl::StrCat("ratio ", what, ": ", ratio, " (target <= ", target, ": ",
+                              ratio <= target ? "met" : "NOT met", ")")
+              << std::endl;
+  }
+
+ private:
+  std::map<std::string, double> seconds_;
+};
+
+}  // namespace
+}  // namespace rng
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  using namespace lockstep::rng;
+  benchmark::Initialize(&argc, argv);
+  std::map<int, std::string> paths;
+  std::vector<pid_t> peers;
+  for (int size : {2, 4}) {
+    char dir[] = "/tmp/lockstep_rng_bench.XXXXXX";
+    if (mkdtemp(dir) == nullptr) return 1;
+    paths[size] = std::string(dir) + "/store";
+    for (int rank = 1; rank < size; ++rank) {
+      const pid_t pid = fork();
+      if (pid == 0) PeerMain(paths[size], rank, size);
+      peers.push_back(pid);
+    }
+  }
+  at::set_num_threads(1);
+  for (int size : {2, 4}) Worlds()[size] = Join(paths[size], 0, size);
+  RecordingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  for (auto& [size, comm] : Worlds()) {
+    if (comm == nullptr) continue;
+    at::Tensor stop = at::zeros({3}, at::kLong);
+    (void)comm->Broadcast(stop, 0);
+  }
+  for (pid_t pid : peers) waitpid(pid, nullptr, 0);
+  for (int procs : {2, 4}) {
+    reporter.PrintRatio(absl::StrCat("synchronize / bare broadcast, ", procs, " procs"),
+                        absl::StrCat("BM_Gloo/synchronize/procs:", procs, "/real_time"),
+                        absl::StrCat("BM_Gloo/bare_broadcast/procs:", procs, "/real_time"), 1.2);
+  }
+  for (const char* n : {"1048576", "16777216"}) {
+    reporter.PrintRatio(absl::StrCat("partitioned dropout / torch dropout, ", n, " elements"),
+                        absl::StrCat("BM_PartitionedDropout/elements:", n, "/real_time"),
+                        absl::StrCat("BM_TorchDropout/elements:", n, "/real_time"), 2.0);
+  }
+  benchmark::Shutdown();
+  return 0;
+}
