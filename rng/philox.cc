@@ -1,6 +1,7 @@
 #include "rng/philox.h"
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -194,12 +195,8 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
     return absl::InvalidArgumentError("dropout needs a floating-point shard");
   }
   if (shard.is_cuda()) {
-    absl::StatusOr<at::Tensor> mask =
-        PartitionedDropoutMask(key, global_shape, box, p, shard.device());
-    if (!mask.ok()) return mask;
-    return CallTorch("partitioned dropout", [&] {
-      return absl::StatusOr<at::Tensor>(shard * mask->to(shard.scalar_type()) * (1.0 / (1.0 - p)));
-    });
+    return internal::CudaPhiloxDropout(shard, key, *strides, box, KeepThreshold(p),
+                                       1.0 / (1.0 - p));
   }
   const uint32_t threshold = KeepThreshold(p);
   at::Tensor out;
@@ -209,10 +206,12 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "dropout", [&] {
       const scalar_t* in = input.data_ptr<scalar_t>();
       scalar_t* o_data = out.data_ptr<scalar_t>();
-      const float scale = static_cast<float>(1.0 / (1.0 - p));
+      // Half and bfloat16 compute in float, like the CUDA kernel, so both round alike.
+      using Compute = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      const Compute scale = static_cast<Compute>(1.0 / (1.0 - p));
       ForEachElement(key, global_shape, *strides, box, [=](int64_t o, uint32_t word) {
         o_data[o] = (word >> 8) >= threshold
-                        ? static_cast<scalar_t>(static_cast<float>(in[o]) * scale)
+                        ? static_cast<scalar_t>(static_cast<Compute>(in[o]) * scale)
                         : static_cast<scalar_t>(0);
       });
     });

@@ -1,8 +1,11 @@
 // rng benchmarks, with the ratios the rng issue sets targets for printed at the end:
-//   - ModelStreamScope enter + exit (CPU generator);
+//   - ModelStreamScope enter + exit (CPU generator; plus the rank's CUDA generator in
+//     --config=cuda builds, which then run everything with device 0's generator too);
+//   - one model-stream scope plus Synchronize, the per-microbatch RNG cost of a TP x CP rank;
 //   - Synchronize over Gloo with 2 and 4 local processes against a bare broadcast of the same
 //     number of bytes in the same run (target: ratio <= 1.2);
-//   - partition-invariant dropout against at::dropout on the same tensor (target: <= 2x).
+//   - partition-invariant dropout against at::dropout on the same tensor (target: <= 2x), on CPU
+//     and, in CUDA builds, on the GPU.
 //
 // This process is rank 0 of each Gloo world; peers are forked before any LibTorch work and
 // follow rank 0's commands (operation, bytes, iterations), so every rank runs exactly the
@@ -29,22 +32,40 @@
 #include "rng/philox.h"
 #include "rng/synchronize.h"
 
+#if LOCKSTEP_BUILT_WITH_CUDA
+#include "c10/cuda/CUDAFunctions.h"
+#endif
+
 namespace lockstep {
 namespace rng {
 namespace {
 
-enum Op : int64_t { kStop = 0, kBareBroadcast = 1, kSynchronize = 2 };
+enum Op : int64_t { kStop = 0, kBareBroadcast = 1, kSynchronize = 2, kScopeAndSynchronize = 3 };
+
+// The rank's generators: the CPU one, and device 0's CUDA generator in CUDA builds.
+const DefaultGenerators kGenerators{.cuda_device = LOCKSTEP_BUILT_WITH_CUDA ? 0 : -1};
+
+ModelStream& Model() {
+  static auto* model = new ModelStream(kGenerators);
+  return *model;
+}
 
 std::map<int, std::unique_ptr<collectives::GlooCommunicator>>& Worlds() {
   static auto* worlds = new std::map<int, std::unique_ptr<collectives::GlooCommunicator>>();
   return *worlds;
 }
 
-int64_t StateBytes() { return static_cast<int64_t>(RngSnapshot::Capture({})->cpu_state().size()); }
+// The bytes Synchronize moves: CPU state, plus seed and offset of the CUDA generator.
+int64_t StateBytes() {
+  return static_cast<int64_t>(RngSnapshot::CpuStateSize()) + (kGenerators.has_cuda() ? 16 : 0);
+}
 
 absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) {
   if (op == kBareBroadcast) return comm.Broadcast(payload, 0);
-  return Synchronize(&comm, {});
+  if (op == kScopeAndSynchronize) {
+    ModelStreamScope scope(Model());
+  }
+  return Synchronize(&comm, kGenerators);
 }
 
 std::unique_ptr<collectives::GlooCommunicator> Join(const std::string& path, int rank, int size) {
@@ -73,7 +94,7 @@ std::unique_ptr<collectives::GlooCommunicator> Join(const std::string& path, int
 }
 
 void BM_ModelStreamScope(benchmark::State& state) {
-  ModelStream stream({});
+  ModelStream stream(kGenerators);
   for (auto _ : state) {
     ModelStreamScope scope(stream);
     benchmark::DoNotOptimize(&scope);
@@ -104,16 +125,29 @@ void BM_Gloo(benchmark::State& state, Op op) {
   state.counters["bytes"] = static_cast<double>(bytes);
 }
 BENCHMARK_CAPTURE(BM_Gloo, bare_broadcast, kBareBroadcast)
-    ->Arg(2)->Arg(4)->ArgName("procs")->Unit(benchmark::kMicrosecond)->UseRealTime();
+    ->Arg(2)
+    ->Arg(4)
+    ->ArgName("procs")
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gloo, synchronize, kSynchronize)
-    ->Arg(2)->Arg(4)->ArgName("procs")->Unit(benchmark::kMicrosecond)->UseRealTime();
+    ->Arg(2)
+    ->Arg(4)
+    ->ArgName("procs")
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_TorchDropout(benchmark::State& state) {
   at::Tensor x = at::randn({state.range(0)});
   for (auto _ : state) benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
-BENCHMARK(BM_TorchDropout)->Arg(1 << 20)->Arg(1 << 24)->ArgName("elements")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TorchDropout)
+    ->Arg(1 << 20)
+    ->Arg(1 << 24)
+    ->ArgName("elements")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_PartitionedDropout(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -124,7 +158,44 @@ void BM_PartitionedDropout(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * n);
 }
-BENCHMARK(BM_PartitionedDropout)->Arg(1 << 20)->Arg(1 << 24)->ArgName("elements")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PartitionedDropout)
+    ->Arg(1 << 20)
+    ->Arg(1 << 24)
+    ->ArgName("elements")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+#if LOCKSTEP_BUILT_WITH_CUDA
+void BM_TorchDropoutCuda(benchmark::State& state) {
+  at::Tensor x = at::randn({state.range(0)}, at::TensorOptions().device(at::kCUDA, 0));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
+    c10::cuda::device_synchronize();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_TorchDropoutCuda)
+    ->Arg(1 << 24)
+    ->ArgName("elements")
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_PartitionedDropoutCuda(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  at::Tensor x = at::randn({n}, at::TensorOptions().device(at::kCUDA, 0));
+  uint32_t step = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(*PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, 0.1));
+    c10::cuda::device_synchronize();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_PartitionedDropoutCuda)
+    ->Arg(1 << 24)
+    ->ArgName("elements")
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+#endif
 
 // Console output as usual, plus the real time of every run by name, for the ratios.
 class RecordingReporter : public benchmark::ConsoleReporter {
@@ -184,6 +255,9 @@ int main(int argc, char** argv) {
                         absl::StrCat("BM_Gloo/synchronize/procs:", procs, "/real_time"),
                         absl::StrCat("BM_Gloo/bare_broadcast/procs:", procs, "/real_time"), 1.2);
   }
+  reporter.PrintRatio("partitioned dropout / torch dropout on CUDA, 16777216 elements",
+                      "BM_PartitionedDropoutCuda/elements:16777216/real_time",
+                      "BM_TorchDropoutCuda/elements:16777216/real_time", 2.0);
   for (const char* n : {"1048576", "16777216"}) {
     reporter.PrintRatio(absl::StrCat("partitioned dropout / torch dropout, ", n, " elements"),
                         absl::StrCat("BM_PartitionedDropout/elements:", n, "/real_time"),

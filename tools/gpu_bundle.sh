@@ -2,13 +2,20 @@
 # Builds lockstep's GPU tests and benchmarks against the LibTorch 2.11 + CUDA 13 SDK
 # (../shared/gpu-sdk) with --config=cuda, and packs them into .gpu-bundle/ for the H200:
 #   tools/gpu_bundle.sh            then, on the device:  ./.gpu-bundle/run.sh
-# The CPU tests of collectives/testing/base are included too, so the 2.11 build of the CPU paths
+# The CPU tests of rng/collectives/testing/base are included too, so the 2.11 build of the CPU paths
 # runs there as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sdk_script=${GPU_SDK:-../shared/gpu-sdk}
 sdk=$("$sdk_script/make-sdk.sh")
 targets=(
+  //rng:rng_cuda_test
+  //rng:rng_cuda_sync_test
+  //rng:rng_benchmark
+  //rng:generator_state_test
+  //rng:model_stream_test
+  //rng:philox_test
+  //rng:synchronize_test
   //collectives:nccl_communicator_test
   //collectives:cuda_multiprocess_test
   //collectives:nccl_benchmark

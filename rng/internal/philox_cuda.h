@@ -23,6 +23,12 @@ absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey& key, absl::Span<const int
                                       const std::vector<int64_t>& strides,
                                       absl::Span<const Slice> box, c10::Device device);
 
+// Dropout of the CUDA tensor `shard` (the box of the global tensor), in one fused kernel.
+absl::StatusOr<at::Tensor> CudaPhiloxDropout(const at::Tensor& shard, const PhiloxKey& key,
+                                             const std::vector<int64_t>& strides,
+                                             absl::Span<const Slice> box, uint32_t threshold,
+                                             double scale);
+
 }  // namespace internal
 }  // namespace rng
 }  // namespace lockstep

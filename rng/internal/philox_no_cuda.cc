@@ -14,6 +14,14 @@ absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey&, absl::Span<const int64_t
                    " needs a CUDA build of lockstep (--config=cuda)"));
 }
 
+absl::StatusOr<at::Tensor> CudaPhiloxDropout(const at::Tensor& shard, const PhiloxKey&,
+                                             const std::vector<int64_t>&, absl::Span<const Slice>,
+                                             uint32_t, double) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("partitioned dropout on ", shard.device().str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
+}
+
 }  // namespace internal
 }  // namespace rng
 }  // namespace lockstep

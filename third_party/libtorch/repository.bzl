@@ -8,6 +8,7 @@ any LibTorch tree with the pip/zip layout (`DIR/include`, `DIR/lib`), such as th
 """
 
 _DEBIAN_HEADER_DIRS = ["ATen", "c10", "caffe2", "torch"]
+_SHADOWING_HEADER_DIRS = ["google"]
 _CORE_LIBS = ["libtorch.so", "libtorch_cpu.so", "libc10.so"]
 _CUDA_LIBS = ["libtorch_cuda.so", "libc10_cuda.so"]
 
@@ -18,7 +19,11 @@ def _libtorch_repository_impl(ctx):
         lib_dir = ctx.path(root + "/lib")
         if not include_dir.exists or not lib_dir.exists:
             fail("LIBTORCH=%s is not a LibTorch tree: it needs include/ and lib/" % root)
-        ctx.symlink(include_dir, "include")
+        # Every header directory but the protobuf headers bundled in pip/zip trees: lockstep
+        # uses the system protobuf, whose headers those would shadow.
+        for child in include_dir.readdir():
+            if child.basename not in _SHADOWING_HEADER_DIRS:
+                ctx.symlink(child, "include/" + child.basename)
         for lib in _CORE_LIBS + _CUDA_LIBS:
             if lib_dir.get_child(lib).exists:
                 ctx.symlink(lib_dir.get_child(lib), "lib/" + lib)
