@@ -136,6 +136,13 @@ BENCHMARK_CAPTURE(BM_Gloo, synchronize, kSynchronize)
     ->ArgName("procs")
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+// One model-stream scope (enter + exit) plus Synchronize: the RNG cost per hand-back point.
+BENCHMARK_CAPTURE(BM_Gloo, scope_and_synchronize, kScopeAndSynchronize)
+    ->Arg(2)
+    ->Arg(4)
+    ->ArgName("procs")
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_TorchDropout(benchmark::State& state) {
   at::Tensor x = at::randn({state.range(0)});

@@ -33,7 +33,7 @@ TEST(CudaGeneratorStateTest, SnapshotIsAValueAndRestoreIsBitExact) {
   const RngSnapshot copy = *snapshot;
   at::Tensor cuda_first = CudaDraws();
   at::Tensor cpu_first = at::rand({16});
-  EXPECT_EQ(*snapshot, copy);                       // a value: unchanged by the draws
+  EXPECT_EQ(*snapshot, copy);  // a value: unchanged by the draws
   EXPECT_NE(RngSnapshot::Capture(kGpu)->cuda()->offset, copy.cuda()->offset);  // live moved
   ASSERT_TRUE(snapshot->Restore().ok());
   EXPECT_TRUE(at::equal(CudaDraws(), cuda_first));
@@ -106,7 +106,8 @@ TEST(PhiloxCudaTest, CudaValuesEqualCpuValuesBitForBit) {
     at::manual_seed(1);
     at::Tensor x = at::randn({6, 40, 7}).to(type);
     absl::StatusOr<at::Tensor> want = PartitionedDropout(x, key, shape, boxes[0], 0.25);
-    absl::StatusOr<at::Tensor> got = PartitionedDropout(x.to(at::kCUDA), key, shape, boxes[0], 0.25);
+    absl::StatusOr<at::Tensor> got =
+        PartitionedDropout(x.to(at::kCUDA), key, shape, boxes[0], 0.25);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(got.ok()) << got.status();
     at::Tensor diff = (got->cpu().to(at::kDouble) - want->to(at::kDouble)).abs();

@@ -71,10 +71,18 @@ absl::StatusOr<at::Tensor> CudaPhiloxDropout(const at::Tensor& shard, const Phil
   if (!kernel_box.ok()) return kernel_box.status();
   DropoutType type;
   switch (shard.scalar_type()) {
-    case at::kFloat: type = DropoutType::kFloat; break;
-    case at::kDouble: type = DropoutType::kDouble; break;
-    case at::kHalf: type = DropoutType::kHalf; break;
-    case at::kBFloat16: type = DropoutType::kBFloat16; break;
+    case at::kFloat:
+      type = DropoutType::kFloat;
+      break;
+    case at::kDouble:
+      type = DropoutType::kDouble;
+      break;
+    case at::kHalf:
+      type = DropoutType::kHalf;
+      break;
+    case at::kBFloat16:
+      type = DropoutType::kBFloat16;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("CUDA partitioned dropout does not support ",
                                                      c10::toString(shard.scalar_type())));

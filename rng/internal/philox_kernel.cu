@@ -81,18 +81,30 @@ __global__ void UniformKernel(float* out, int64_t total, PhiloxBox box, PhiloxKe
 }
 
 template <typename T>
-__device__ __forceinline__ float ToFloat(T v) { return static_cast<float>(v); }
+__device__ __forceinline__ float ToFloat(T v) {
+  return static_cast<float>(v);
+}
 template <>
-__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__half v) {
+  return __half2float(v);
+}
 template <>
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
 template <typename T>
-__device__ __forceinline__ T FromFloat(float v) { return static_cast<T>(v); }
+__device__ __forceinline__ T FromFloat(float v) {
+  return static_cast<T>(v);
+}
 template <>
-__device__ __forceinline__ __half FromFloat(float v) { return __float2half(v); }
+__device__ __forceinline__ __half FromFloat(float v) {
+  return __float2half(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16(v); }
+__device__ __forceinline__ __nv_bfloat16 FromFloat(float v) {
+  return __float2bfloat16(v);
+}
 
 template <typename T>
 __global__ void DropoutKernel(const T* in, T* out, int64_t total, PhiloxBox box,
@@ -130,24 +142,24 @@ cudaError_t LaunchPhiloxDropout(const void* in, void* out, DropoutType type, int
   const float scale_f = static_cast<float>(scale);
   switch (type) {
     case DropoutType::kFloat:
-      DropoutKernel<float><<<Blocks(total), 256, 0, stream>>>(
-          static_cast<const float*>(in), static_cast<float*>(out), total, box, key, threshold,
-          scale_f);
+      DropoutKernel<float><<<Blocks(total), 256, 0, stream>>>(static_cast<const float*>(in),
+                                                              static_cast<float*>(out), total, box,
+                                                              key, threshold, scale_f);
       break;
     case DropoutType::kDouble:
-      DropoutKernelDouble<<<Blocks(total), 256, 0, stream>>>(
-          static_cast<const double*>(in), static_cast<double*>(out), total, box, key, threshold,
-          scale);
+      DropoutKernelDouble<<<Blocks(total), 256, 0, stream>>>(static_cast<const double*>(in),
+                                                             static_cast<double*>(out), total, box,
+                                                             key, threshold, scale);
       break;
     case DropoutType::kHalf:
-      DropoutKernel<__half><<<Blocks(total), 256, 0, stream>>>(
-          static_cast<const __half*>(in), static_cast<__half*>(out), total, box, key, threshold,
-          scale_f);
+      DropoutKernel<__half><<<Blocks(total), 256, 0, stream>>>(static_cast<const __half*>(in),
+                                                               static_cast<__half*>(out), total,
+                                                               box, key, threshold, scale_f);
       break;
     case DropoutType::kBFloat16:
       DropoutKernel<__nv_bfloat16><<<Blocks(total), 256, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(in), static_cast<__nv_bfloat16*>(out), total, box,
-          key, threshold, scale_f);
+          static_cast<const __nv_bfloat16*>(in), static_cast<__nv_bfloat16*>(out), total, box, key,
+          threshold, scale_f);
       break;
   }
   return cudaGetLastError();
