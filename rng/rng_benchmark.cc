@@ -11,10 +11,6 @@
 // follow rank 0's commands (operation, bytes, iterations), so every rank runs exactly the
 // iterations the benchmark times.
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -25,12 +21,11 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rendezvous.h"
 #include "rng/generator_state.h"
 #include "rng/model_stream.h"
 #include "rng/philox.h"
 #include "rng/synchronize.h"
+#include "testing/commanded_world.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDAFunctions.h"
@@ -50,11 +45,6 @@ ModelStream& Model() {
   return *model;
 }
 
-std::map<int, std::unique_ptr<collectives::GlooCommunicator>>& Worlds() {
-  static auto* worlds = new std::map<int, std::unique_ptr<collectives::GlooCommunicator>>();
-  return *worlds;
-}
-
 // The bytes Synchronize moves: CPU state, plus seed and offset of the CUDA generator.
 int64_t StateBytes() {
   return static_cast<int64_t>(RngSnapshot::CpuStateSize()) + (kGenerators.has_cuda() ? 16 : 0);
@@ -68,29 +58,12 @@ absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) 
   return Synchronize(&comm, kGenerators);
 }
 
-std::unique_ptr<collectives::GlooCommunicator> Join(const std::string& path, int rank, int size) {
-  auto rendezvous = collectives::Rendezvous::File(path, rank, size, absl::Seconds(60));
-  if (!rendezvous.ok()) return nullptr;
-  collectives::GlooCommunicator::Options options;
-  options.hostname = "127.0.0.1";
-  auto comm = collectives::GlooCommunicator::Create(*rendezvous, options);
-  return comm.ok() ? std::move(*comm) : nullptr;
-}
-
-[[noreturn]] void PeerMain(const std::string& path, int rank, int size) {
-  at::set_num_threads(1);
-  auto comm = Join(path, rank, size);
-  if (comm == nullptr) _exit(1);
-  for (;;) {
-    at::Tensor command = at::zeros({3}, at::kLong);
-    if (!comm->Broadcast(command, 0).ok()) _exit(1);
-    const Op op = static_cast<Op>(command[0].item<int64_t>());
-    if (op == kStop) _exit(0);
-    at::Tensor payload = at::zeros({command[1].item<int64_t>()}, at::kByte);
-    for (int64_t i = 0, n = command[2].item<int64_t>(); i < n; ++i) {
-      if (!RunOp(*comm, op, payload).ok()) _exit(1);
-    }
-  }
+testing::CommandedGlooWorlds& Worlds() {
+  static auto* worlds = new testing::CommandedGlooWorlds(
+      [](collectives::Communicator& comm, int64_t op, at::Tensor& payload) {
+        return RunOp(comm, static_cast<Op>(op), payload);
+      });
+  return *worlds;
 }
 
 void BM_ModelStreamScope(benchmark::State& state) {
@@ -103,18 +76,15 @@ void BM_ModelStreamScope(benchmark::State& state) {
 BENCHMARK(BM_ModelStreamScope)->Unit(benchmark::kMicrosecond);
 
 void BM_Gloo(benchmark::State& state, Op op) {
-  collectives::GlooCommunicator* comm = Worlds()[static_cast<int>(state.range(0))].get();
-  if (comm == nullptr) {
-    state.SkipWithError("Gloo world did not start");
-    return;
-  }
+  const int size = static_cast<int>(state.range(0));
   const int64_t bytes = StateBytes();
-  at::Tensor command = at::tensor(
-      {static_cast<int64_t>(op), bytes, static_cast<int64_t>(state.max_iterations)}, at::kLong);
-  if (!comm->Broadcast(command, 0).ok()) {
-    state.SkipWithError("command broadcast failed");
+  absl::Status commanded =
+      Worlds().Command(size, op, bytes, static_cast<int64_t>(state.max_iterations));
+  if (!commanded.ok()) {
+    state.SkipWithError(std::string(commanded.message()).c_str());
     return;
   }
+  collectives::Communicator* comm = Worlds().rank0(size);
   at::Tensor payload = at::zeros({bytes}, at::kByte);
   for (auto _ : state) {
     if (!RunOp(*comm, op, payload).ok()) {
@@ -235,28 +205,11 @@ class RecordingReporter : public benchmark::ConsoleReporter {
 int main(int argc, char** argv) {
   using namespace lockstep::rng;
   benchmark::Initialize(&argc, argv);
-  std::map<int, std::string> paths;
-  std::vector<pid_t> peers;
-  for (int size : {2, 4}) {
-    char dir[] = "/tmp/lockstep_rng_bench.XXXXXX";
-    if (mkdtemp(dir) == nullptr) return 1;
-    paths[size] = std::string(dir) + "/store";
-    for (int rank = 1; rank < size; ++rank) {
-      const pid_t pid = fork();
-      if (pid == 0) PeerMain(paths[size], rank, size);
-      peers.push_back(pid);
-    }
-  }
-  at::set_num_threads(1);
-  for (int size : {2, 4}) Worlds()[size] = Join(paths[size], 0, size);
+  // Forks the peers before this process does any LibTorch work.
+  Worlds().Start({2, 4});
   RecordingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  for (auto& [size, comm] : Worlds()) {
-    if (comm == nullptr) continue;
-    at::Tensor stop = at::zeros({3}, at::kLong);
-    (void)comm->Broadcast(stop, 0);
-  }
-  for (pid_t pid : peers) waitpid(pid, nullptr, 0);
+  Worlds().Stop();
   for (int procs : {2, 4}) {
     reporter.PrintRatio(absl::StrCat("synchronize / bare broadcast, ", procs, " procs"),
                         absl::StrCat("BM_Gloo/synchronize/procs:", procs, "/real_time"),

@@ -1,0 +1,96 @@
+#include "testing/commanded_world.h"
+
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "ATen/Parallel.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/rendezvous.h"
+
+namespace lockstep {
+namespace testing {
+namespace {
+
+std::unique_ptr<collectives::Communicator> Join(const std::string& path, int rank, int size) {
+  auto rendezvous = collectives::Rendezvous::File(path, rank, size, absl::Seconds(60));
+  if (!rendezvous.ok()) {
+    std::cerr << "rank " << rank << ": " << rendezvous.status() << "\n";
+    return nullptr;
+  }
+  collectives::GlooCommunicator::Options options;
+  options.hostname = "127.0.0.1";
+  auto comm = collectives::GlooCommunicator::Create(*rendezvous, options);
+  if (!comm.ok()) {
+    std::cerr << "rank " << rank << ": " << comm.status() << "\n";
+    return nullptr;
+  }
+  return std::move(*comm);
+}
+
+[[noreturn]] void PeerMain(const CommandedGlooWorlds::Operation& operation,
+                           const std::string& path, int rank, int size) {
+  at::set_num_threads(1);
+  std::unique_ptr<collectives::Communicator> comm = Join(path, rank, size);
+  if (comm == nullptr) _exit(1);
+  for (;;) {
+    at::Tensor command = at::zeros({3}, at::kLong);
+    if (!comm->Broadcast(command, 0).ok()) _exit(1);
+    const int64_t op = command[0].item<int64_t>();
+    if (op == 0) _exit(0);
+    at::Tensor payload = at::zeros({command[1].item<int64_t>()}, at::kByte);
+    for (int64_t i = 0, n = command[2].item<int64_t>(); i < n; ++i) {
+      if (!operation(*comm, op, payload).ok()) _exit(1);
+    }
+  }
+}
+
+}  // namespace
+
+void CommandedGlooWorlds::Start(const std::vector<int>& sizes) {
+  std::map<int, std::string> paths;
+  for (int size : sizes) {
+    char dir[] = "/tmp/lockstep_commanded.XXXXXX";
+    if (mkdtemp(dir) == nullptr) continue;
+    paths[size] = std::string(dir) + "/store";
+    for (int rank = 1; rank < size; ++rank) {
+      const pid_t pid = fork();
+      if (pid == 0) PeerMain(operation_, paths[size], rank, size);
+      if (pid > 0) worlds_[size].peers.push_back(pid);
+    }
+  }
+  at::set_num_threads(1);
+  for (const auto& [size, path] : paths) worlds_[size].rank0 = Join(path, 0, size);
+}
+
+collectives::Communicator* CommandedGlooWorlds::rank0(int size) {
+  auto it = worlds_.find(size);
+  return it == worlds_.end() ? nullptr : it->second.rank0.get();
+}
+
+absl::Status CommandedGlooWorlds::Command(int size, int64_t op, int64_t bytes,
+                                          int64_t iterations) {
+  collectives::Communicator* comm = rank0(size);
+  if (comm == nullptr) return absl::FailedPreconditionError("the Gloo world did not start");
+  at::Tensor command = at::tensor({op, bytes, iterations}, at::kLong);
+  return comm->Broadcast(command, 0);
+}
+
+void CommandedGlooWorlds::Stop() {
+  for (auto& [size, world] : worlds_) {
+    if (world.rank0 != nullptr) {
+      at::Tensor stop = at::zeros({3}, at::kLong);
+      (void)world.rank0->Broadcast(stop, 0);
+      world.rank0.reset();
+    }
+    for (pid_t pid : world.peers) waitpid(pid, nullptr, 0);
+    world.peers.clear();
+  }
+}
+
+}  // namespace testing
+}  // namespace lockstep
