@@ -57,9 +57,20 @@ absl::Status RngSnapshot::RestoreParts(absl::string_view cpu_state,
   if (cuda.has_value()) {
     if (absl::Status s = NeedCuda(cuda->device); !s.ok()) return s;
   }
+  if (!cuda.has_value()) return WriteCpuState(cpu_state);
+  // Both or neither: if the CUDA half is refused (graph capture, bad offset), put the CPU
+  // generator back as it was.
+  std::string previous;
+  absl::Status read = CallTorch("reading the default CPU generator", [&] {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    previous = TensorBytes(gen.get_state());
+  });
+  if (!read.ok()) return read;
   if (absl::Status s = WriteCpuState(cpu_state); !s.ok()) return s;
-  if (cuda.has_value()) return cuda_hooks->restore(*cuda);
-  return absl::OkStatus();
+  absl::Status restored = cuda_hooks->restore(*cuda);
+  if (!restored.ok()) (void)WriteCpuState(previous);
+  return restored;
 }
 
 namespace internal {

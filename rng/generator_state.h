@@ -10,6 +10,10 @@
 // plus the CUDA generator of `cuda_device` only (other devices are out of scope). CUDA support
 // is linked in by --config=cuda builds; elsewhere asking for a CUDA device is kFailedPrecondition.
 //
+// Under CUDA graph capture the CUDA generator's offset is graph-relative; capturing or
+// restoring it then is refused (kFailedPrecondition) — graph-safe snapshots are not implemented
+// yet. Restore writes both generators or neither.
+//
 // Out of scope (not captured, not restored): Python and NumPy generators, generators passed
 // explicitly to operators, CUDA generators of other devices, and concurrent users of the
 // default generators (they are process-global; one thread at a time).

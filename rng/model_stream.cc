@@ -76,13 +76,29 @@ absl::Status ModelStreamScope::Close() {
     (void)caller_->Restore();
     return advanced.status();
   }
-  if (advanced->cpu_seed() != stream_.state_->cpu_seed()) {
-    // Explicitly reseeded inside the scope: that seed belongs to the caller. Keep the live state
-    // as the caller's, and the model stream as it was on entry.
-    return absl::OkStatus();
+  // A generator whose seed changed inside the scope was explicitly reseeded there: that seed
+  // belongs to the caller, so the caller keeps that generator's live state and the model stream
+  // keeps its entry state for it. Every other generator returns to the caller's state.
+  const RngSnapshot& entry = *stream_.state_;
+  const bool cpu_reseeded = advanced->cpu_seed() != entry.cpu_seed();
+  const bool cuda_reseeded = advanced->cuda().has_value() && entry.cuda().has_value() &&
+                             advanced->cuda()->seed != entry.cuda()->seed;
+  if (!cpu_reseeded && !cuda_reseeded) {
+    stream_.state_ = std::move(*advanced);
+    return caller_->Restore();
   }
-  stream_.state_ = std::move(*advanced);
-  return caller_->Restore();
+  const RngSnapshot& cpu_live = cpu_reseeded ? *advanced : *caller_;
+  const RngSnapshot& cuda_live = cuda_reseeded ? *advanced : *caller_;
+  const RngSnapshot& cpu_model = cpu_reseeded ? entry : *advanced;
+  const RngSnapshot& cuda_model = cuda_reseeded ? entry : *advanced;
+  absl::StatusOr<RngSnapshot> model =
+      RngSnapshot::FromParts(cpu_model.cpu_state(), cuda_model.cuda());
+  if (!model.ok()) {
+    (void)caller_->Restore();
+    return model.status();
+  }
+  stream_.state_ = std::move(*model);
+  return RngSnapshot::RestoreParts(cpu_live.cpu_state(), cuda_live.cuda());
 }
 
 ModelStreamScope::~ModelStreamScope() {

@@ -15,9 +15,11 @@
 // Nested scopes share the stream: entering while a scope of the same ModelStream is active is a
 // no-op, and only the outermost exit swaps back.
 //
-// The caller stays authoritative: if code inside the scope explicitly reseeds the default CPU
-// generator (manual_seed), that seed is the caller's and is kept on exit — the caller's state
-// after the scope is the reseeded one, and the model stream keeps the state it had on entry.
+// The caller stays authoritative: if code inside the scope explicitly reseeds a default
+// generator (manual_seed; detected per generator by its seed changing), that seed is the
+// caller's and is kept on exit — that generator's state after the scope is the reseeded one,
+// the model stream keeps its entry state for it, and every other generator returns to the
+// caller's state as usual.
 //
 // Thread-safety: one thread uses a ModelStream at a time; the default generators are
 // process-global (see generator_state.h for what is out of scope).

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "ATen/ATen.h"
+#include "base/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -130,7 +131,13 @@ TEST(ModelStreamScopeTest, DerivationIsSha256OfSaltAndCallerState) {
   ModelStream stream({});
   { ModelStreamScope scope(stream); }
   EXPECT_EQ(*stream.state(), *derived);
-  EXPECT_NE(derived->cpu_seed(), 3u);
+  // Computed independently: the CPU seed is the first 8 bytes (little endian) of
+  // SHA-256(framed salt, framed CPU state, framed empty CUDA part).
+  const Sha256Digest digest = Sha256Framed({kModelStreamSalt, caller.cpu_state(), ""});
+  EXPECT_EQ(derived->cpu_seed(), DigestWord(digest, 0));
+  EXPECT_EQ(*derived, *RngSnapshot::Seeded({}, DigestWord(digest, 0), DigestWord(digest, 8)));
+  // The salt matters: without it the seed would differ.
+  EXPECT_NE(derived->cpu_seed(), DigestWord(Sha256Framed({caller.cpu_state(), ""}), 0));
 }
 
 TEST(ModelStreamScopeTest, CallerReseedingOutsideIsRespected) {

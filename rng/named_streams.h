@@ -56,6 +56,9 @@ class NamedStreamTracker {
   // kAlreadyExists for a name or a seed already in use; kInvalidArgument for an empty name.
   absl::Status Add(absl::string_view name, uint64_t seed);
 
+  // Whether a Fork scope is active.
+  bool forked() const { return forked_; }
+
   bool Has(absl::string_view name) const { return streams_.count(std::string(name)) > 0; }
   std::vector<std::string> Names() const;
 

@@ -85,6 +85,12 @@ void ForEachElement(const PhiloxKey& key, absl::Span<const int64_t> shape,
   });
 }
 
+absl::Status CheckDevice(const c10::Device& device) {
+  if (device.is_cpu() || device.is_cuda()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("partitioned randomness runs on CPU or CUDA, not ", device.str()));
+}
+
 absl::Status CheckP(double p) {
   if (!(p >= 0.0 && p < 1.0)) {
     return absl::InvalidArgumentError(
@@ -138,6 +144,7 @@ absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_s
 absl::StatusOr<at::Tensor> PartitionedUniform(const PhiloxKey& key,
                                               absl::Span<const int64_t> global_shape,
                                               absl::Span<const Slice> box, c10::Device device) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   absl::StatusOr<std::vector<int64_t>> strides = internal::CheckBox(global_shape, box);
   if (!strides.ok()) return strides.status();
   if (device.is_cuda()) return internal::CudaPhilox(key, global_shape, *strides, box, device);
@@ -157,6 +164,7 @@ absl::StatusOr<at::Tensor> PartitionedDropoutMask(const PhiloxKey& key,
                                                   absl::Span<const Slice> box, double p,
                                                   c10::Device device) {
   if (absl::Status s = CheckP(p); !s.ok()) return s;
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   if (device.is_cuda()) {
     absl::StatusOr<at::Tensor> uniform = PartitionedUniform(key, global_shape, box, device);
     if (!uniform.ok()) return uniform;
@@ -191,6 +199,7 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
         absl::StrCat("shard shape [", shard.defined() ? c10::str(shard.sizes()) : "undefined",
                      "] is not the box's shape"));
   }
+  if (absl::Status s = CheckDevice(shard.device()); !s.ok()) return s;
   if (!at::isFloatingType(shard.scalar_type())) {
     return absl::InvalidArgumentError("dropout needs a floating-point shard");
   }

@@ -155,6 +155,8 @@ TEST(PartitionInvarianceTest, BadBoxesAndProbabilitiesAreNamed) {
               HasSubstr("dropout probability 1 is outside [0, 1)"));
   EXPECT_EQ(PartitionedDropout(at::ones({3}), key, {4}, {{0, 4}}, 0.5).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(PartitionedUniform(key, {4}, {{0, 4}}, c10::Device(c10::kMeta)).status().message(),
+              HasSubstr("runs on CPU or CUDA, not meta"));
   if (!LOCKSTEP_BUILT_WITH_CUDA) {
     EXPECT_EQ(PartitionedUniform(key, {4}, {{0, 4}}, c10::Device(c10::kCUDA, 0)).status().code(),
               absl::StatusCode::kFailedPrecondition);

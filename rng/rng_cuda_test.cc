@@ -1,8 +1,10 @@
 // gpu: the CUDA halves of rng/ — generator snapshots, the model stream and named streams over
 // the rank's CUDA generator, refusal under graph capture, and Philox on CUDA equal to CPU.
+#include <mutex>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/cuda/CUDAGeneratorImpl.h"
 #include "ATen/cuda/CUDAGraph.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -58,6 +60,25 @@ TEST(CudaGeneratorStateTest, ModelStreamLeavesTheCallersCudaDrawsUntouched) {
   EXPECT_FALSE(at::equal(first, second));  // the model stream advances on CUDA too
   EXPECT_FALSE(at::equal(first, expected));
   EXPECT_TRUE(at::equal(CudaDraws(), expected));
+}
+
+TEST(CudaGeneratorStateTest, CudaOnlyReseedInsideAScopeIsKeptAndCpuIsRestored) {
+  at::manual_seed(8);
+  const RngSnapshot caller = *RngSnapshot::Capture(kGpu);
+  at::Tensor cpu_expected = at::rand({8});
+  ASSERT_TRUE(caller.Restore().ok());
+  ModelStream model(kGpu);
+  {
+    ModelStreamScope scope(model);
+    (void)at::rand({5});
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(0);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(99);  // the caller's code reseeds only the CUDA generator
+  }
+  at::Tensor cuda_after = at::rand({16}, kCuda).cpu();
+  EXPECT_TRUE(at::equal(at::rand({8}), cpu_expected));  // CPU back to the caller's state
+  at::cuda::detail::getDefaultCUDAGenerator(0).set_current_seed(99);
+  EXPECT_TRUE(at::equal(at::rand({16}, kCuda).cpu(), cuda_after));  // CUDA reseed kept
 }
 
 TEST(CudaGeneratorStateTest, NamedStreamSeedsTheCudaGenerator) {

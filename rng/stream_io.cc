@@ -50,6 +50,18 @@ absl::StatusOr<RngStreamsProto> CaptureStreams(const DefaultGenerators& generato
   if (!(model.generators() == generators)) {
     return absl::InvalidArgumentError("the model stream uses other generators than the caller");
   }
+  if (tracker != nullptr) {
+    if (!(tracker->generators() == generators)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the named-stream tracker uses CUDA device ", tracker->generators().cuda_device,
+          ", the caller's generators ", generators.cuda_device));
+    }
+    if (tracker->forked()) {
+      return absl::FailedPreconditionError(
+          "cannot capture RNG streams during a named-stream fork: the live generators hold the "
+          "named stream, not the caller's state");
+    }
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot caller, RngSnapshot::Capture(generators));
   RngStreamsProto proto;
   proto.set_version(kRngStreamsVersion);
@@ -90,6 +102,7 @@ absl::Status RestoreStreams(const RngStreamsProto& saved, ModelStream& model,
     LOCKSTEP_ASSIGN_OR_RETURN(model_state, FromProto(saved.model(), device, "model stream"));
   }
   std::map<std::string, NamedStreamTracker::Stream> named;
+  std::map<uint64_t, std::string> seeds;
   for (const NamedStreamProto& stream : saved.named()) {
     LOCKSTEP_ASSIGN_OR_RETURN(
         RngSnapshot state,
@@ -98,17 +111,34 @@ absl::Status RestoreStreams(const RngStreamsProto& saved, ModelStream& model,
       return absl::InvalidArgumentError(
           absl::StrCat("named stream '", stream.name(), "' appears twice"));
     }
+    auto [other, fresh] = seeds.emplace(stream.seed(), stream.name());
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("named streams '", other->second, "' and '",
+                                                     stream.name(), "' share seed ",
+                                                     stream.seed()));
+    }
   }
   if (!named.empty() && tracker == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("the saved streams have ", named.size(),
                                                    " named stream(s) but no tracker was given"));
   }
+  if (tracker != nullptr && tracker->forked()) {
+    return absl::FailedPreconditionError("cannot restore RNG streams during a named-stream fork");
+  }
+  if (tracker != nullptr && !(tracker->generators() == model.generators())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the named-stream tracker uses CUDA device ", tracker->generators().cuda_device,
+        ", the model stream ", model.generators().cuda_device));
+  }
+  // The live generators first: the only step that can still fail (it writes both generators or
+  // neither). The model stream and tracker, validated above, then cannot fail.
+  LOCKSTEP_RETURN_IF_ERROR(caller.Restore());
+  LOCKSTEP_RETURN_IF_ERROR(model.Restore(std::move(model_state)));
   if (tracker != nullptr) {
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(tracker->Restore(std::move(named)),
                                           "while restoring named streams");
   }
-  LOCKSTEP_RETURN_IF_ERROR(model.Restore(std::move(model_state)));
-  return caller.Restore();
+  return absl::OkStatus();
 }
 
 }  // namespace rng

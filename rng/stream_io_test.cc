@@ -121,6 +121,37 @@ TEST(StreamIoTest, BadCheckpointsChangeNothing) {
   EXPECT_FALSE(model.state().has_value());
 }
 
+TEST(StreamIoTest, DuplicateSeedsAreInvalidAndChangeNothing) {
+  at::manual_seed(4);
+  ModelStream model({});
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("a", 1).ok());
+  ASSERT_TRUE(tracker.Add("b", 2).ok());
+  RngStreamsProto saved = *CaptureStreams({}, model, &tracker);
+  (void)at::rand({3});
+  const RngSnapshot live = *RngSnapshot::Capture({});
+  saved.mutable_named(1)->set_seed(1);
+  absl::Status s = RestoreStreams(saved, model, &tracker);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("share seed 1"));
+  EXPECT_EQ(*RngSnapshot::Capture({}), live);  // the caller was not rewound
+  EXPECT_EQ(tracker.Snapshot().at("b").seed, 2u);
+}
+
+TEST(StreamIoTest, CaptureDuringAForkOrWithAnotherTrackerIsRefused) {
+  ModelStream model({});
+  NamedStreamTracker tracker({});
+  ASSERT_TRUE(tracker.Add("tp", 1).ok());
+  {
+    auto fork = tracker.Fork("tp");
+    EXPECT_EQ(CaptureStreams({}, model, &tracker).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  NamedStreamTracker gpu_tracker({.cuda_device = 0});
+  EXPECT_EQ(CaptureStreams({}, model, &gpu_tracker).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(StreamIoTest, CaptureInsideAModelScopeIsRefused) {
   ModelStream model({});
   ModelStreamScope scope(model);

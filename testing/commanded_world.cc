@@ -32,8 +32,8 @@ std::unique_ptr<collectives::Communicator> Join(const std::string& path, int ran
   return std::move(*comm);
 }
 
-[[noreturn]] void PeerMain(const CommandedGlooWorlds::Operation& operation,
-                           const std::string& path, int rank, int size) {
+[[noreturn]] void PeerMain(const CommandedGlooWorlds::Operation& operation, const std::string& path,
+                           int rank, int size) {
   at::set_num_threads(1);
   std::unique_ptr<collectives::Communicator> comm = Join(path, rank, size);
   if (comm == nullptr) _exit(1);
@@ -72,8 +72,7 @@ collectives::Communicator* CommandedGlooWorlds::rank0(int size) {
   return it == worlds_.end() ? nullptr : it->second.rank0.get();
 }
 
-absl::Status CommandedGlooWorlds::Command(int size, int64_t op, int64_t bytes,
-                                          int64_t iterations) {
+absl::Status CommandedGlooWorlds::Command(int size, int64_t op, int64_t bytes, int64_t iterations) {
   collectives::Communicator* comm = rank0(size);
   if (comm == nullptr) return absl::FailedPreconditionError("the Gloo world did not start");
   at::Tensor command = at::tensor({op, bytes, iterations}, at::kLong);

@@ -288,6 +288,10 @@ int ParentMain(const Flags& flags, const char* self) {
   }
   const std::string log_path = absl::StrCat(dir, "/workers.log");
   FILE* log = std::fopen(log_path.c_str(), "w");
+  if (log == nullptr) {
+    std::perror(("qualify: " + log_path).c_str());
+    return 2;
+  }
   tools::LaunchOptions launch;
   launch.nproc = world;
   launch.output_fd = fileno(log);
@@ -320,8 +324,9 @@ int ParentMain(const Flags& flags, const char* self) {
   std::vector<std::string> errors;
   for (int r = 0; r < world; ++r) {
     std::ifstream in(absl::StrCat(dir, "/rank", r, ".json"));
-    json report;
-    if (!in || !(in >> report, true) || report.is_null()) {
+    // A rank stopped mid-write leaves an empty or truncated file: report it, do not throw.
+    const json report = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+    if (!in || report.is_discarded() || !report.is_object()) {
       errors.push_back(absl::StrCat("rank ", r, " wrote no report"));
       continue;
     }
