@@ -77,7 +77,11 @@ TEST(CudaGeneratorStateTest, CudaOnlyReseedInsideAScopeIsKeptAndCpuIsRestored) {
   }
   at::Tensor cuda_after = at::rand({16}, kCuda).cpu();
   EXPECT_TRUE(at::equal(at::rand({8}), cpu_expected));  // CPU back to the caller's state
-  at::cuda::detail::getDefaultCUDAGenerator(0).set_current_seed(99);
+  {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(0);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(99);
+  }
   EXPECT_TRUE(at::equal(at::rand({16}, kCuda).cpu(), cuda_after));  // CUDA reseed kept
 }
 
