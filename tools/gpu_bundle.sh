@@ -12,6 +12,7 @@ targets=(
   //rng:rng_cuda_test
   //rng:rng_cuda_sync_test
   //rng:rng_benchmark
+  //rng:rng_nccl_benchmark
   //rng:generator_state_test
   //rng:model_stream_test
   //rng:philox_test
