@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -53,7 +54,8 @@ absl::Status NcclError(const std::string& what, ncclResult_t result, ncclComm_t 
 // On timeout or error the communicator is aborted.
 absl::Status AwaitComm(ncclComm_t& comm, bool& broken, cudaStream_t stream, bool check_stream,
                        absl::Duration timeout, const std::string& what) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
   for (;;) {
     ncclResult_t state = ncclSuccess;
     ncclResult_t query = ncclCommGetAsyncError(comm, &state);
@@ -83,7 +85,13 @@ absl::Status AwaitComm(ncclComm_t& comm, bool& broken, cudaStream_t stream, bool
       return absl::DeadlineExceededError(absl::StrCat(
           what, " timed out after ", absl::FormatDuration(timeout), "; a peer did not arrive"));
     }
-    absl::SleepFor(absl::Microseconds(5));
+    // Spin first: small collectives finish in microseconds, and a sleep costs at least the
+    // kernel's timer slack (~50 us). Back off to sleeping once the wait is clearly long.
+    if (absl::Now() - start < absl::Milliseconds(2)) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(50));
+    }
   }
 }
 
