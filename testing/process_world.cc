@@ -17,6 +17,7 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
@@ -65,6 +66,11 @@ absl::Status RunRank(const ProcessWorldOptions& options, const std::string& stor
   gloo.hostname = "127.0.0.1";
   auto world = collectives::GlooCommunicator::Create(*rendezvous, gloo);
   if (!world.ok()) return world.status();
+  // Every rank is connected before any body runs: a rank whose body ends at once (and exits)
+  // must not close its connections while a slower peer is still setting up its own.
+  if (absl::Status s = (*world)->Barrier(); !s.ok()) {
+    return Annotate(s, "while waiting for every rank to join");
+  }
   return CallTorch(absl::StrCat("rank ", rank, "'s body"), [&] { return body(rank, **world); });
 }
 
