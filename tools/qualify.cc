@@ -378,6 +378,14 @@ int ParentMain(const Flags& flags, const char* self) {
     }
     std::cout << "evidence: " << flags.out << "\n";
   }
+  if (all_passed) {
+    // Keep the per-rank reports and worker log only when something needs looking into.
+    for (int r = 0; r < world; ++r) std::remove(absl::StrCat(dir, "/rank", r, ".json").c_str());
+    std::remove(log_path.c_str());
+    rmdir(dir);
+  } else {
+    std::cout << "per-rank reports and worker output: " << dir << "\n";
+  }
   return all_passed ? 0 : 1;
 }
 
