@@ -9,6 +9,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/posix_io.h"
 #include "collectives/agreement.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
@@ -177,7 +178,7 @@ TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
 
 TEST(RendezvousTest, EnvironmentRendezvousTimesOutWhenPeersNeverCome) {
   // Rank 1 of 2 with nobody serving the store: a clear error within the timeout, not a hang.
-  const int port = testing::PickFreePort();
+  const int port = *FreeLoopbackPort();
   const absl::Time start = absl::Now();
   auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 1, 2, absl::Seconds(2));
   EXPECT_FALSE(rendezvous.ok());

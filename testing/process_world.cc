@@ -1,11 +1,8 @@
 #include "testing/process_world.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +14,7 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/posix_io.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/gloo_communicator.h"
@@ -27,16 +25,6 @@ namespace testing {
 namespace {
 
 // A report is the status code (4 bytes, little endian) followed by the message.
-void WriteAll(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
 std::string EncodeStatus(const absl::Status& status) {
   const uint32_t code = static_cast<uint32_t>(status.code());
   std::string out(4, '\0');
@@ -76,21 +64,6 @@ absl::Status RunRank(const ProcessWorldOptions& options, const std::string& stor
 
 }  // namespace
 
-int PickFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK_GE(fd, 0) << "socket: " << std::strerror(errno);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  CHECK_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
-      << "bind: " << std::strerror(errno);
-  socklen_t len = sizeof(addr);
-  CHECK_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, ProcessBody body) {
   const int n = options.world_size;
   CHECK_GT(n, 0) << "world_size must be positive";
@@ -98,7 +71,12 @@ std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, Pr
   std::string dir_template = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/process_world.XXXXXX");
   CHECK(mkdtemp(dir_template.data()) != nullptr) << "mkdtemp: " << std::strerror(errno);
   const std::string store_path = dir_template + "/store";
-  const int port = options.tcp_store ? PickFreePort() : 0;
+  int port = 0;
+  if (options.tcp_store) {
+    absl::StatusOr<int> free_port = FreeLoopbackPort();
+    CHECK(free_port.ok()) << free_port.status();
+    port = *free_port;
+  }
 
   std::vector<pid_t> pids(n, -1);
   std::vector<int> fds(n, -1);

@@ -54,9 +54,6 @@ using ProcessBody = std::function<absl::Status(int rank, collectives::Communicat
 // body from running or reporting.
 std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, ProcessBody body);
 
-// Returns a TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
-int PickFreePort();
-
 }  // namespace testing
 }  // namespace lockstep
 

@@ -1,11 +1,8 @@
 #include "tools/launcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/posix_io.h"
 
 namespace lockstep {
 namespace tools {
@@ -23,33 +21,6 @@ namespace {
 volatile sig_atomic_t g_stop_signal = 0;
 
 void OnStopSignal(int signal) { g_stop_signal = signal; }
-
-absl::StatusOr<int> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrCat("finding a free port: ", std::strerror(err)));
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-void WriteAll(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
 
 struct Rank {
   pid_t pid = -1;
@@ -158,7 +129,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   if (options.command.empty()) return absl::InvalidArgumentError("no program given");
   int port = options.master_port;
   if (port == 0) {
-    absl::StatusOr<int> free_port = FreePort();
+    absl::StatusOr<int> free_port = FreeLoopbackPort();
     if (!free_port.ok()) return free_port.status();
     port = *free_port;
   }
