@@ -28,6 +28,16 @@ std::string TensorBytes(const at::Tensor& t) {
   return std::string(static_cast<const char*>(t.data_ptr()), t.numel());
 }
 
+// Reads the live default CPU generator's state bytes (and its seed, when asked).
+absl::Status ReadCpuState(std::string* bytes, uint64_t* seed) {
+  return CallTorch("reading the default CPU generator", [&] {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    *bytes = TensorBytes(gen.get_state());
+    if (seed != nullptr) *seed = gen.current_seed();
+  });
+}
+
 absl::Status WriteCpuState(absl::string_view cpu_state) {
   return CallTorch("restoring the default CPU generator", [&] {
     at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state.size())}, at::kByte);
@@ -36,6 +46,19 @@ absl::Status WriteCpuState(absl::string_view cpu_state) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(bytes);
   });
+}
+
+// Checks serialized parts before anything uses them: CPU state of this LibTorch's size, and a
+// CUDA half only where CUDA is built in.
+absl::Status CheckParts(absl::string_view cpu_state,
+                        const std::optional<CudaGeneratorState>& cuda) {
+  if (cpu_state.size() != RngSnapshot::CpuStateSize()) {
+    return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", cpu_state.size(),
+                                                   " bytes; this LibTorch's has ",
+                                                   RngSnapshot::CpuStateSize()));
+  }
+  if (cuda.has_value()) return NeedCuda(cuda->device);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -50,23 +73,12 @@ size_t RngSnapshot::CpuStateSize() {
 
 absl::Status RngSnapshot::RestoreParts(absl::string_view cpu_state,
                                        const std::optional<CudaGeneratorState>& cuda) {
-  if (cpu_state.size() != CpuStateSize()) {
-    return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", cpu_state.size(),
-                                                   " bytes; this LibTorch's has ", CpuStateSize()));
-  }
-  if (cuda.has_value()) {
-    if (absl::Status s = NeedCuda(cuda->device); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckParts(cpu_state, cuda); !s.ok()) return s;
   if (!cuda.has_value()) return WriteCpuState(cpu_state);
   // Both or neither: if the CUDA half is refused (graph capture, bad offset), put the CPU
   // generator back as it was.
   std::string previous;
-  absl::Status read = CallTorch("reading the default CPU generator", [&] {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    previous = TensorBytes(gen.get_state());
-  });
-  if (!read.ok()) return read;
+  if (absl::Status s = ReadCpuState(&previous, nullptr); !s.ok()) return s;
   if (absl::Status s = WriteCpuState(cpu_state); !s.ok()) return s;
   absl::Status restored = cuda_hooks->restore(*cuda);
   if (!restored.ok()) (void)WriteCpuState(previous);
@@ -80,21 +92,9 @@ void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks) {
 }
 }  // namespace internal
 
-uint64_t LiveCpuSeed() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.current_seed();
-}
-
 absl::StatusOr<RngSnapshot> RngSnapshot::Capture(const DefaultGenerators& generators) {
   RngSnapshot snapshot;
-  absl::Status status = CallTorch("capturing the default CPU generator", [&] {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    snapshot.cpu_state_ = TensorBytes(gen.get_state());
-    snapshot.cpu_seed_ = gen.current_seed();
-  });
-  if (!status.ok()) return status;
+  if (absl::Status s = ReadCpuState(&snapshot.cpu_state_, &snapshot.cpu_seed_); !s.ok()) return s;
   if (generators.has_cuda()) {
     if (absl::Status s = NeedCuda(generators.cuda_device); !s.ok()) return s;
     absl::StatusOr<CudaGeneratorState> cuda = cuda_hooks->capture(generators.cuda_device);
@@ -122,13 +122,7 @@ absl::StatusOr<RngSnapshot> RngSnapshot::Seeded(const DefaultGenerators& generat
 
 absl::StatusOr<RngSnapshot> RngSnapshot::FromParts(std::string cpu_state,
                                                    std::optional<CudaGeneratorState> cuda) {
-  if (cpu_state.size() != CpuStateSize()) {
-    return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", cpu_state.size(),
-                                                   " bytes; this LibTorch's has ", CpuStateSize()));
-  }
-  if (cuda.has_value()) {
-    if (absl::Status s = NeedCuda(cuda->device); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckParts(cpu_state, cuda); !s.ok()) return s;
   RngSnapshot snapshot;
   absl::Status status = CallTorch("reading a CPU generator state", [&] {
     at::Generator probe = at::make_generator<at::CPUGeneratorImpl>(0);

@@ -108,9 +108,6 @@ class RngSnapshot {
   std::optional<CudaGeneratorState> cuda_;
 };
 
-// Seed the live default CPU generator reports (its current_seed()).
-uint64_t LiveCpuSeed();
-
 // Hooks through which a CUDA-enabled build provides the CUDA half (rng/cuda_generator_state.cc
 // registers them at load time). Not for callers.
 namespace internal {
