@@ -80,50 +80,57 @@ __global__ void UniformKernel(float* out, int64_t total, PhiloxBox box, PhiloxKe
   });
 }
 
+// Element types and the type their scaling is computed in: double in double, the rest in float
+// (as the CPU path does), so both round alike.
 template <typename T>
-__device__ __forceinline__ float ToFloat(T v) {
-  return static_cast<float>(v);
-}
+struct Compute {
+  using type = float;
+  __device__ static float In(T v) { return static_cast<float>(v); }
+  __device__ static T Out(float v) { return static_cast<T>(v); }
+};
 template <>
-__device__ __forceinline__ float ToFloat(__half v) {
-  return __half2float(v);
-}
+struct Compute<double> {
+  using type = double;
+  __device__ static double In(double v) { return v; }
+  __device__ static double Out(double v) { return v; }
+};
 template <>
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v) {
-  return static_cast<T>(v);
-}
+struct Compute<__half> {
+  using type = float;
+  __device__ static float In(__half v) { return __half2float(v); }
+  __device__ static __half Out(float v) { return __float2half(v); }
+};
 template <>
-__device__ __forceinline__ __half FromFloat(float v) {
-  return __float2half(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat(float v) {
-  return __float2bfloat16(v);
-}
+struct Compute<__nv_bfloat16> {
+  using type = float;
+  __device__ static float In(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 Out(float v) { return __float2bfloat16(v); }
+};
 
 template <typename T>
 __global__ void DropoutKernel(const T* in, T* out, int64_t total, PhiloxBox box,
-                              PhiloxKernelKey key, uint32_t threshold, float scale) {
+                              PhiloxKernelKey key, uint32_t threshold,
+                              typename Compute<T>::type scale) {
+  using C = Compute<T>;
   ForOutputs(total, box, key, [&](int64_t o, uint32_t word) {
-    out[o] = (word >> 8) >= threshold ? FromFloat<T>(ToFloat(in[o]) * scale) : FromFloat<T>(0.0f);
-  });
-}
-
-__global__ void DropoutKernelDouble(const double* in, double* out, int64_t total, PhiloxBox box,
-                                    PhiloxKernelKey key, uint32_t threshold, double scale) {
-  ForOutputs(total, box, key, [&](int64_t o, uint32_t word) {
-    out[o] = (word >> 8) >= threshold ? in[o] * scale : 0.0;
+    out[o] = (word >> 8) >= threshold ? C::Out(C::In(in[o]) * scale) : C::Out(0);
   });
 }
 
 unsigned Blocks(int64_t total) {
   const int64_t blocks = (total + 256 * kPerThread - 1) / (256 * kPerThread);
   return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+}
+
+template <typename T>
+cudaError_t LaunchDropout(const void* in, void* out, int64_t total, const PhiloxBox& box,
+                          const PhiloxKernelKey& key, uint32_t threshold, double scale,
+                          cudaStream_t stream) {
+  if (total == 0) return cudaSuccess;
+  DropoutKernel<T><<<Blocks(total), 256, 0, stream>>>(
+      static_cast<const T*>(in), static_cast<T*>(out), total, box, key, threshold,
+      static_cast<typename Compute<T>::type>(scale));
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -138,31 +145,17 @@ cudaError_t LaunchPhiloxUniform(float* out, int64_t total, const PhiloxBox& box,
 cudaError_t LaunchPhiloxDropout(const void* in, void* out, DropoutType type, int64_t total,
                                 const PhiloxBox& box, const PhiloxKernelKey& key,
                                 uint32_t threshold, double scale, cudaStream_t stream) {
-  if (total == 0) return cudaSuccess;
-  const float scale_f = static_cast<float>(scale);
   switch (type) {
     case DropoutType::kFloat:
-      DropoutKernel<float><<<Blocks(total), 256, 0, stream>>>(static_cast<const float*>(in),
-                                                              static_cast<float*>(out), total, box,
-                                                              key, threshold, scale_f);
-      break;
+      return LaunchDropout<float>(in, out, total, box, key, threshold, scale, stream);
     case DropoutType::kDouble:
-      DropoutKernelDouble<<<Blocks(total), 256, 0, stream>>>(static_cast<const double*>(in),
-                                                             static_cast<double*>(out), total, box,
-                                                             key, threshold, scale);
-      break;
+      return LaunchDropout<double>(in, out, total, box, key, threshold, scale, stream);
     case DropoutType::kHalf:
-      DropoutKernel<__half><<<Blocks(total), 256, 0, stream>>>(static_cast<const __half*>(in),
-                                                               static_cast<__half*>(out), total,
-                                                               box, key, threshold, scale_f);
-      break;
+      return LaunchDropout<__half>(in, out, total, box, key, threshold, scale, stream);
     case DropoutType::kBFloat16:
-      DropoutKernel<__nv_bfloat16><<<Blocks(total), 256, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(in), static_cast<__nv_bfloat16*>(out), total, box, key,
-          threshold, scale_f);
-      break;
+      return LaunchDropout<__nv_bfloat16>(in, out, total, box, key, threshold, scale, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace internal
