@@ -1,21 +1,56 @@
 // The CUDA half of rng/generator_state.h, linked in by --config=cuda builds: captures and
-// restores the default CUDA generator of one device as (seed, Philox offset) values.
+// restores the default CUDA generator of one device as (seed, Philox offset) values, and during
+// CUDA graph capture as a graph-relative position.
 //
-// Under CUDA graph capture the generator's offset is graph-relative (see Note [CUDA Graph-safe
-// RNG states] in LibTorch's CUDAGeneratorImpl.h); capturing or restoring then is refused with
-// kFailedPrecondition rather than silently reading a value that replay would not reproduce.
+// Under capture (see Note [CUDA Graph-safe RNG states] in LibTorch's CUDAGeneratorImpl.h) kernels
+// take their seed and base offset from two device words that every replay fills, plus an
+// intragraph offset that the generator's state object hands out and advances. LibTorch exposes
+// that object only through graphsafe_get_state() (an alias) and graphsafe_set_state() (installs
+// an object). So an in-capture snapshot keeps the intragraph offset as a value, and its restore
+// installs either the very object that was live (when that object still sits at the recorded
+// offset: the usual "put the live state back" case) or a new capture-only object positioned at
+// the recorded offset and pointing at the same device words (the "rewind for recompute" case).
+// The graph's registered object is never written, so the graph's whole-graph offset increment,
+// and with it every later eager draw, is unaffected by a rewind.
 
+#include <cuda_runtime_api.h>
+
+#include <memory>
 #include <mutex>
 
 #include "ATen/cuda/CUDAGeneratorImpl.h"
+#include "ATen/ops/from_blob.h"
 #include "absl/strings/str_cat.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAFunctions.h"
-#include "c10/cuda/CUDAGraphsC10Utils.h"
+#include "c10/cuda/CUDAStream.h"
 #include "rng/generator_state.h"
+#include "torch/version.h"
+
+// graphsafe_get_state/graphsafe_set_state and the shared CUDAGeneratorState appeared in 2.4.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE 1
+#else
+#define LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE 0
+#endif
 
 namespace lockstep {
 namespace rng {
+namespace internal {
+
+struct GraphSafeCudaState {
+#if LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE
+  // Alias of the state object that was live; used to read its current offset and to reinstall
+  // it, never to write it.
+  c10::intrusive_ptr<c10::GeneratorImpl> handle;
+#endif
+  // The device words the captured kernels read their seed and base offset from.
+  int64_t* seed_word = nullptr;
+  int64_t* offset_word = nullptr;
+};
+
+}  // namespace internal
+
 namespace {
 
 absl::Status CheckDevice(int device, const char* what) {
@@ -25,33 +60,141 @@ absl::Status CheckDevice(int device, const char* what) {
                                                    " does not exist; this process sees ", count,
                                                    " device(s)"));
   }
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " during CUDA graph capture: the generator's offset is graph-relative there"));
-  }
   return absl::OkStatus();
 }
 
+// Whether the current stream of `device` is capturing a graph, and the capture's id.
+absl::StatusOr<std::optional<uint64_t>> CurrentCaptureId(int device, const char* what) {
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;  // NOLINT(runtime/int): the CUDA API's type
+  if (cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id); err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat(what, ": cudaStreamGetCaptureInfo failed: ",
+                                            cudaGetErrorString(err)));
+  }
+  switch (status) {
+    case cudaStreamCaptureStatusNone:
+      return std::optional<uint64_t>();
+    case cudaStreamCaptureStatusActive:
+      return std::optional<uint64_t>(id);
+    default:
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": the CUDA graph capture on device ", device, " was invalidated"));
+  }
+}
+
 absl::StatusOr<CudaGeneratorState> Capture(int device) {
-  if (absl::Status s = CheckDevice(device, "capturing the CUDA generator"); !s.ok()) return s;
+  constexpr char kWhat[] = "capturing the CUDA generator";
+  if (absl::Status s = CheckDevice(device, kWhat); !s.ok()) return s;
+  absl::StatusOr<std::optional<uint64_t>> capture = CurrentCaptureId(device, kWhat);
+  if (!capture.ok()) return capture.status();
   CudaGeneratorState state;
   state.device = device;
-  absl::Status status = CallTorch("capturing the CUDA generator", [&] {
+  absl::Status status = CallTorch(kWhat, [&] {
     at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* impl = gen.get<at::CUDAGeneratorImpl>();
-    state.seed = impl->current_seed();
-    state.offset = impl->philox_offset_per_thread();
+    if (!capture->has_value()) {
+      state.seed = impl->current_seed();
+      state.offset = impl->philox_offset_per_thread();
+      return;
+    }
+    // An increment of 0 reads the intragraph offset without moving it (and checks that the
+    // generator takes part in this capture).
+    const at::PhiloxCudaState position = impl->philox_cuda_state(0);
+    CudaCapturePosition in_capture;
+    in_capture.capture_id = **capture;
+    in_capture.offset_intragraph = position.offset_intragraph_;
+    if (internal::GraphSafeCudaStateAvailable()) {
+      auto live = std::make_shared<internal::GraphSafeCudaState>();
+#if LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE
+      live->handle = impl->graphsafe_get_state();
+#endif
+      live->seed_word = position.seed_.ptr;
+      live->offset_word = position.offset_.ptr;
+      in_capture.live = std::move(live);
+    }
+    state.in_capture = std::move(in_capture);
   });
   if (!status.ok()) return status;
   return state;
 }
 
-absl::Status Restore(const CudaGeneratorState& state) {
-  if (absl::Status s = CheckDevice(state.device, "restoring the CUDA generator"); !s.ok()) {
-    return s;
+absl::Status RestoreInCapture(const CudaGeneratorState& state, uint64_t current_capture) {
+  const CudaCapturePosition& saved = *state.in_capture;
+  if (saved.capture_id != current_capture) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restoring the CUDA generator of device ", state.device, ": the state was taken in CUDA ",
+        "graph capture ", saved.capture_id, ", but capture ", current_capture,
+        " is underway; graph-relative positions do not carry between captures"));
   }
-  return CallTorch("restoring the CUDA generator", [&] {
+  uint64_t moved_to = saved.offset_intragraph;
+  absl::Status status = CallTorch("restoring the CUDA generator during graph capture", [&] {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(state.device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* impl = gen.get<at::CUDAGeneratorImpl>();
+    if (saved.live == nullptr) {
+      // No graph-safe state to rewind: fine as long as nothing has drawn since the snapshot.
+      moved_to = impl->philox_cuda_state(0).offset_intragraph_;
+      return;
+    }
+#if LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE
+    auto* original = static_cast<at::CUDAGeneratorImpl*>(saved.live->handle.get());
+    if (original->philox_cuda_state(0).offset_intragraph_ == saved.offset_intragraph) {
+      impl->graphsafe_set_state(saved.live->handle);
+      return;
+    }
+    const at::TensorOptions word = at::TensorOptions().dtype(at::kLong).device(
+        at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(state.device)));
+    auto positioned =
+        c10::make_intrusive<at::CUDAGeneratorState>(0, 0, saved.offset_intragraph);
+    positioned->capturing_ = true;
+    // target_device() skips the pointer-attribute query, which capture forbids.
+    positioned->seed_extragraph_ = at::for_blob(saved.live->seed_word, {1})
+                                       .options(word)
+                                       .target_device(word.device())
+                                       .make_tensor();
+    positioned->offset_extragraph_ = at::for_blob(saved.live->offset_word, {1})
+                                         .options(word)
+                                         .target_device(word.device())
+                                         .make_tensor();
+    impl->graphsafe_set_state(c10::make_intrusive<at::CUDAGeneratorImpl>(
+        static_cast<c10::DeviceIndex>(state.device), std::move(positioned)));
+#endif
+  });
+  if (!status.ok()) return status;
+  if (moved_to != saved.offset_intragraph) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restoring the CUDA generator of device ", state.device, " during graph capture: ",
+        "stochastic CUDA ops ran since the snapshot (intragraph offset ", saved.offset_intragraph,
+        " -> ", moved_to, "), and this LibTorch build has no graph-safe generator state ",
+        "(graphsafe_get_state/graphsafe_set_state) to replay them; run them eagerly or use ",
+        "LibTorch 2.4 or later"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Restore(const CudaGeneratorState& state) {
+  constexpr char kWhat[] = "restoring the CUDA generator";
+  if (absl::Status s = CheckDevice(state.device, kWhat); !s.ok()) return s;
+  absl::StatusOr<std::optional<uint64_t>> capture = CurrentCaptureId(state.device, kWhat);
+  if (!capture.ok()) return capture.status();
+  if (state.in_capture.has_value()) {
+    if (!capture->has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          kWhat, " of device ", state.device, ": the state was taken during CUDA graph capture ",
+          state.in_capture->capture_id, " and is graph-relative; it cannot be restored after ",
+          "that capture ended"));
+    }
+    return RestoreInCapture(state, **capture);
+  }
+  if (capture->has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kWhat, " of device ", state.device, ": the state (seed ", state.seed, ", offset ",
+        state.offset, ") was taken outside CUDA graph capture and cannot be installed while ",
+        "capture ", **capture, " is underway (the graph's offsets are graph-relative)"));
+  }
+  return CallTorch(kWhat, [&] {
     at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(state.device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* impl = gen.get<at::CUDAGeneratorImpl>();
@@ -61,7 +204,7 @@ absl::Status Restore(const CudaGeneratorState& state) {
 }
 
 const bool registered = [] {
-  internal::RegisterCudaGeneratorHooks({&Capture, &Restore});
+  internal::RegisterCudaGeneratorHooks({&Capture, &Restore, LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE});
   return true;
 }();
 

@@ -1,5 +1,6 @@
 #include "rng/generator_state.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -89,6 +90,16 @@ namespace internal {
 void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks) {
   static CudaGeneratorHooks stored = hooks;
   cuda_hooks = &stored;
+}
+
+namespace {
+std::atomic<bool> graph_safe_enabled{true};
+}  // namespace
+
+void SetGraphSafeCudaStateEnabledForTesting(bool enabled) { graph_safe_enabled = enabled; }
+
+bool GraphSafeCudaStateAvailable() {
+  return cuda_hooks != nullptr && cuda_hooks->graph_safe_supported && graph_safe_enabled;
 }
 }  // namespace internal
 

@@ -10,9 +10,16 @@
 // plus the CUDA generator of `cuda_device` only (other devices are out of scope). CUDA support
 // is linked in by --config=cuda builds; elsewhere asking for a CUDA device is kFailedPrecondition.
 //
-// Under CUDA graph capture the CUDA generator's offset is graph-relative; capturing or
-// restoring it then is refused (kFailedPrecondition) — graph-safe snapshots are not implemented
-// yet. Restore writes both generators or neither.
+// Under CUDA graph capture on the rank's current stream, the CUDA generator's position is
+// graph-relative: kernels read the seed and base offset from device memory that each replay
+// fills, plus an intragraph offset fixed at capture time. A snapshot taken during capture
+// records that intragraph offset (CudaGeneratorState::in_capture) and its restore, in the same
+// capture, makes the following captured kernels draw from that position again, so replay
+// reproduces the draws of the captured region exactly (what activation-checkpoint recompute
+// inside a graph needs). Restoring an in-capture snapshot outside its capture, or an eager one
+// during a capture, is refused (kFailedPrecondition). A restore during capture must be followed,
+// before the capture ends, by restoring a snapshot taken after it (as scopes do) so that the
+// graph's own generator state is live again. Restore writes both generators or neither.
 //
 // Out of scope (not captured, not restored): Python and NumPy generators, generators passed
 // explicitly to operators, CUDA generators of other devices, and concurrent users of the
@@ -28,6 +35,7 @@
 #define LOCKSTEP_RNG_GENERATOR_STATE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -47,13 +55,37 @@ struct DefaultGenerators {
   bool operator==(const DefaultGenerators& o) const { return cuda_device == o.cuda_device; }
 };
 
-// State of one CUDA generator: Philox seed and offset.
+namespace internal {
+// The graph-safe generator state live when an in-capture snapshot was taken (opaque; defined in
+// rng/cuda_generator_state.cc).
+struct GraphSafeCudaState;
+}  // namespace internal
+
+// Position of a CUDA generator inside a graph being captured.
+struct CudaCapturePosition {
+  // cudaStreamGetCaptureInfo's id of the capture the snapshot was taken in.
+  uint64_t capture_id = 0;
+  // Philox offset relative to the start of the captured graph.
+  uint64_t offset_intragraph = 0;
+  // The generator state object that was live (shared, never written through).
+  std::shared_ptr<const internal::GraphSafeCudaState> live;
+
+  bool operator==(const CudaCapturePosition& o) const {
+    return capture_id == o.capture_id && offset_intragraph == o.offset_intragraph;
+  }
+};
+
+// State of one CUDA generator: Philox seed and offset, or, when taken during CUDA graph capture,
+// its graph-relative position (then `seed` and `offset` are 0: they are only known at replay).
 struct CudaGeneratorState {
   int device = 0;
   uint64_t seed = 0;
   uint64_t offset = 0;
+  std::optional<CudaCapturePosition> in_capture;
+
   bool operator==(const CudaGeneratorState& o) const {
-    return device == o.device && seed == o.seed && offset == o.offset;
+    return device == o.device && seed == o.seed && offset == o.offset &&
+           in_capture == o.in_capture;
   }
 };
 
@@ -114,8 +146,17 @@ namespace internal {
 struct CudaGeneratorHooks {
   absl::StatusOr<CudaGeneratorState> (*capture)(int device);
   absl::Status (*restore)(const CudaGeneratorState& state);
+  // Whether this LibTorch has graph-safe generator state (graphsafe_get_state/set_state).
+  bool graph_safe_supported = false;
 };
 void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks);
+
+// Pretends (false) that this LibTorch lacks graph-safe generator state, for tests of the refusal
+// path: in-capture snapshots then record only the intragraph offset, and restoring one is refused
+// unless the generator has not moved since (no stochastic op ran). Default: true where the
+// LibTorch build has the API (2.4 and later).
+void SetGraphSafeCudaStateEnabledForTesting(bool enabled);
+bool GraphSafeCudaStateAvailable();
 }  // namespace internal
 
 }  // namespace rng

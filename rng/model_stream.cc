@@ -12,6 +12,11 @@ namespace rng {
 
 absl::StatusOr<RngSnapshot> ModelStream::Derive(const RngSnapshot& caller) {
   std::string cuda_part;
+  if (caller.cuda().has_value() && caller.cuda()->in_capture.has_value()) {
+    return absl::FailedPreconditionError(
+        "cannot derive the model stream during CUDA graph capture: the caller's CUDA generator "
+        "position is graph-relative; enter the model stream once before capturing");
+  }
   if (caller.cuda().has_value()) {
     absl::StrAppend(&cuda_part, caller.cuda()->seed, "/", caller.cuda()->offset);
   }

@@ -21,6 +21,10 @@
 // the model stream keeps its entry state for it, and every other generator returns to the
 // caller's state as usual.
 //
+// Not inside CUDA graph capture: the model stream's state is an eager (seed, offset) value, which
+// cannot be installed while offsets are graph-relative; entering a scope then fails with
+// kFailedPrecondition and leaves the caller's state as it was.
+//
 // Thread-safety: one thread uses a ModelStream at a time; the default generators are
 // process-global (see generator_state.h for what is out of scope).
 //

@@ -1,6 +1,7 @@
 // gpu: the CUDA halves of rng/ — generator snapshots, the model stream and named streams over
-// the rank's CUDA generator, refusal under graph capture, and Philox on CUDA equal to CPU.
+// the rank's CUDA generator, graph-safe snapshots under graph capture, and Philox on CUDA equal to CPU.
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -9,6 +10,7 @@
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "gmock/gmock.h"
+#include "torch/cuda.h"
 #include "gtest/gtest.h"
 #include "rng/generator_state.h"
 #include "rng/model_stream.h"
@@ -98,17 +100,104 @@ TEST(CudaGeneratorStateTest, NamedStreamSeedsTheCudaGenerator) {
   EXPECT_TRUE(at::equal(at::rand({32}, kCuda).cpu(), forked));
 }
 
-TEST(CudaGeneratorStateTest, CaptureDuringGraphCaptureIsRefused) {
+// Captured sequence: a from the snapshot's position, rewind, b (must equal a), back to the live
+// position, c (must continue after a). Replay must equal the same draws made eagerly.
+TEST(CudaGeneratorStateTest, InCaptureSnapshotRewindsCapturedDrawsAndReplayMatchesEager) {
+  at::manual_seed(77);
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
-  c10::cuda::CUDAStreamGuard guard(side);
-  at::Tensor x = at::ones({16}, kCuda);
+  at::Tensor a, b, c;
+  absl::Status rewind, back;
+  std::optional<CudaCapturePosition> start_position, live_position;
   at::cuda::CUDAGraph graph;
-  graph.capture_begin();
-  absl::Status status = RngSnapshot::Capture(kGpu).status();
-  at::Tensor y = x * 2;  // deterministic capture still works
-  graph.capture_end();
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_THAT(status.message(), ::testing::HasSubstr("graph capture"));
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    graph.capture_begin();
+    absl::StatusOr<RngSnapshot> start = RngSnapshot::Capture(kGpu);
+    a = at::rand({1000}, kCuda);
+    absl::StatusOr<RngSnapshot> live = RngSnapshot::Capture(kGpu);
+    rewind = start->Restore();
+    b = at::rand({1000}, kCuda);
+    back = live->Restore();
+    c = at::rand({1000}, kCuda);
+    graph.capture_end();
+    ASSERT_TRUE(start.ok()) << start.status();
+    ASSERT_TRUE(live.ok()) << live.status();
+    start_position = start->cuda()->in_capture;
+    live_position = live->cuda()->in_capture;
+  }
+  ASSERT_TRUE(rewind.ok()) << rewind;
+  ASSERT_TRUE(back.ok()) << back;
+  ASSERT_TRUE(start_position.has_value());
+  ASSERT_TRUE(live_position.has_value());
+  EXPECT_LT(start_position->offset_intragraph, live_position->offset_intragraph);
+
+  const RngSnapshot before_replay = *RngSnapshot::Capture(kGpu);
+  graph.replay();
+  torch::cuda::synchronize();
+  const RngSnapshot after_replay = *RngSnapshot::Capture(kGpu);
+  EXPECT_TRUE(at::equal(a.cpu(), b.cpu())) << "the rewound draw differs from the original";
+  EXPECT_FALSE(at::equal(a.cpu(), c.cpu())) << "the live position was not put back";
+
+  ASSERT_TRUE(before_replay.Restore().ok());
+  at::Tensor eager_a = at::rand({1000}, kCuda);
+  at::Tensor eager_c = at::rand({1000}, kCuda);
+  EXPECT_TRUE(at::equal(a.cpu(), eager_a.cpu()));
+  EXPECT_TRUE(at::equal(c.cpu(), eager_c.cpu()));
+  // The rewind does not enlarge the graph's offset increment: replay advanced the live generator
+  // exactly as the two eager draws did.
+  EXPECT_EQ(*RngSnapshot::Capture(kGpu), after_replay);
+}
+
+TEST(CudaGeneratorStateTest, GraphRelativeAndEagerStatesDoNotCrossTheCaptureBoundary) {
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  const RngSnapshot eager = *RngSnapshot::Capture(kGpu);
+  ModelStream model(kGpu);
+  absl::StatusOr<RngSnapshot> in_capture;
+  absl::Status eager_in_capture, scope_in_capture;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    graph.capture_begin();
+    in_capture = RngSnapshot::Capture(kGpu);
+    eager_in_capture = eager.Restore();
+    scope_in_capture = ModelStreamScope::Enter(model).status();
+    graph.capture_end();
+  }
+  ASSERT_TRUE(in_capture.ok()) << in_capture.status();
+  EXPECT_EQ(eager_in_capture.code(), absl::StatusCode::kFailedPrecondition) << eager_in_capture;
+  EXPECT_THAT(eager_in_capture.message(), ::testing::HasSubstr("outside CUDA graph capture"));
+  EXPECT_EQ(scope_in_capture.code(), absl::StatusCode::kFailedPrecondition) << scope_in_capture;
+  absl::Status after = in_capture->Restore();
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+  EXPECT_THAT(after.message(), ::testing::HasSubstr("graph-relative"));
+  EXPECT_EQ(*RngSnapshot::Capture(kGpu), eager) << "a refused restore changed the generators";
+}
+
+// The refusal path of a LibTorch without graph-safe state, selected by the testing switch:
+// deterministic capture still works, a rewind over stochastic ops is refused by name.
+TEST(CudaGeneratorStateTest, WithoutGraphSafeStateOnlyStochasticRewindsAreRefused) {
+  ASSERT_TRUE(internal::GraphSafeCudaStateAvailable());
+  internal::SetGraphSafeCudaStateEnabledForTesting(false);
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  at::Tensor x = at::ones({16}, kCuda);
+  at::Tensor y;
+  absl::Status deterministic, stochastic;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    graph.capture_begin();
+    absl::StatusOr<RngSnapshot> first = RngSnapshot::Capture(kGpu);
+    y = x * 2;
+    deterministic = first.ok() ? first->Restore() : first.status();
+    absl::StatusOr<RngSnapshot> second = RngSnapshot::Capture(kGpu);
+    at::Tensor noise = at::rand({16}, kCuda);
+    stochastic = second.ok() ? second->Restore() : second.status();
+    graph.capture_end();
+  }
+  internal::SetGraphSafeCudaStateEnabledForTesting(true);
+  EXPECT_TRUE(deterministic.ok()) << deterministic;
+  EXPECT_EQ(stochastic.code(), absl::StatusCode::kFailedPrecondition) << stochastic;
+  EXPECT_THAT(stochastic.message(), ::testing::HasSubstr("no graph-safe generator state"));
   graph.replay();
   EXPECT_TRUE(at::equal(y.cpu(), at::full({16}, 2.0f)));
 }

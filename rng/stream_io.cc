@@ -63,6 +63,11 @@ absl::StatusOr<RngStreamsProto> CaptureStreams(const DefaultGenerators& generato
     }
   }
   LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot caller, RngSnapshot::Capture(generators));
+  if (caller.cuda().has_value() && caller.cuda()->in_capture.has_value()) {
+    return absl::FailedPreconditionError(
+        "cannot capture RNG streams for a checkpoint during CUDA graph capture: the CUDA "
+        "generator's position there is graph-relative and only known at replay");
+  }
   RngStreamsProto proto;
   proto.set_version(kRngStreamsVersion);
   proto.set_cuda_device(generators.cuda_device);

@@ -13,6 +13,9 @@
 // One broadcast of one byte tensor carries the whole state; it travels as a CPU tensor, which
 // the Gloo communicator sends as is and the NCCL communicator stages through the device.
 //
+// Not during CUDA graph capture: the CUDA generator's position is graph-relative there, so the
+// leader refuses (kFailedPrecondition) and the members refuse to install an eager state.
+//
 // Thread-safety: as the communicator's and the default generators'.
 //
 // Example:

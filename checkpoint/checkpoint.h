@@ -1,0 +1,88 @@
+// checkpoint/checkpoint.h
+//
+// Checkpoint(fn, inputs) is activation checkpointing for LibTorch autograd whose recompute
+// replays the forward pass's randomness exactly.
+//
+// Forward runs `fn` without recording a graph (no activations kept) and saves the values of
+// the RNG streams it may draw from (see rng_state_saver.h: by default the CPU generator and the
+// CUDA generator of the inputs' device; named streams when a tracker is given). The outputs get
+// one autograd node. Its backward:
+//   1. saves the live stream values,
+//   2. rewinds the streams to the forward values and recomputes `fn` with grad,
+//   3. restores the live values (also when the recompute throws),
+//   4. backpropagates the incoming gradients through the recomputed graph: parameters used by
+//      `fn` accumulate their .grad as usual; the inputs' gradients flow on.
+// So recomputed dropout masks equal the forward's, gradients are exactly those of the same block
+// run without checkpointing, and the live streams (including whatever the caller drew between
+// forward and backward, and an active model-stream scope's state) are left as they were.
+//
+// Lifetime: the saved stream values and the saved inputs belong to the autograd node. They are
+// released as soon as backward has run through it (unless backward was asked to retain the
+// graph), or when the graph is freed without backward — also while the outputs are still held.
+// A backward through a node whose state was released fails with an error naming the cause.
+// LiveCheckpointState() counts what is retained, for leak checks.
+//
+// What `fn` may be: any function of tensors that runs the same operations on recompute (no
+// rank- or time-dependent control flow). Non-tensor arguments travel in its captures. Inputs
+// may or may not require grad; parameters captured by `fn` get their gradients either way.
+// Outputs that are views of, or are, inputs are returned as copies, so that autograd history
+// can be attached to them. Checkpoints nest (a checkpointed `fn` may call Checkpoint).
+//
+// CUDA graphs: inside a capture, forward saves and backward rewinds the graph-safe generator
+// position (rng/generator_state.h), so replaying the graph replays the same masks in forward
+// and recompute. Where the LibTorch build has no graph-safe generator state, a checkpoint whose
+// `fn` runs stochastic CUDA ops inside a capture is refused in forward (kFailedPrecondition),
+// while deterministic `fn`s are captured normally.
+//
+// Thread-safety: the RNG streams are process-global; one thread at a time runs forward or
+// backward of checkpoints over the same streams.
+//
+// Example:
+//   auto block = [&](const std::vector<at::Tensor>& in) {
+//     return std::vector<at::Tensor>{at::dropout(mlp->forward(in[0]), 0.1, /*train=*/true)};
+//   };
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> out, checkpoint::Checkpoint(block, {x}));
+//   out[0].sum().backward();  // recompute sees the same dropout mask
+
+#ifndef LOCKSTEP_CHECKPOINT_CHECKPOINT_H_
+#define LOCKSTEP_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/rng_state_saver.h"
+
+namespace lockstep {
+namespace checkpoint {
+
+using CheckpointedFunction = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+struct CheckpointOptions {
+  // The RNG streams to replay. Null: StreamSnapshots over the CPU generator plus the CUDA
+  // generator of the first CUDA input's device (CPU only when no input is on CUDA).
+  std::shared_ptr<const RngStateSaver> rng_streams;
+};
+
+// Runs `fn(inputs)` as a checkpointed block (see above). Errors: what `fn` throws, converted
+// (kInternal, kResourceExhausted for out-of-memory, ...), and the saver's errors. When grad mode
+// is off, `fn` simply runs (nothing to recompute) and nothing is saved.
+absl::StatusOr<std::vector<at::Tensor>> Checkpoint(const CheckpointedFunction& fn,
+                                                   const std::vector<at::Tensor>& inputs,
+                                                   const CheckpointOptions& options = {});
+
+// What checkpoints currently retain for their backward: autograd nodes still holding saved
+// stream values, and the bytes of those values (from SavedRngState::ByteSize).
+struct RetainedCheckpointState {
+  int64_t nodes = 0;
+  int64_t rng_bytes = 0;
+};
+RetainedCheckpointState LiveCheckpointState();
+
+}  // namespace checkpoint
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_CHECKPOINT_CHECKPOINT_H_

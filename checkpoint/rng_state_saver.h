@@ -1,0 +1,85 @@
+// checkpoint/rng_state_saver.h
+//
+// What an activation checkpoint records about randomness. An RngStateSaver names a set of RNG
+// streams; Save() copies their current values into a SavedRngState, whose Restore() writes
+// exactly those values back into the live streams. Checkpoint (checkpoint/checkpoint.h) saves
+// once in forward, and in backward saves the live values, restores the forward values for the
+// recompute, and restores the live values afterwards.
+//
+// StreamSnapshots is the implementation to use: value snapshots (rng::RngSnapshot) of the rank's
+// default generators — the CPU generator and the rank's CUDA generator, graph-safe under CUDA
+// graph capture — and of the named streams of an rng::NamedStreamTracker (all of them, or only
+// the names given). The interface exists so that tests and qualify can substitute deliberately
+// wrong savers (negative controls) and callers can add streams lockstep does not know about.
+//
+// Contract for implementations: a SavedRngState is a value (later draws do not change it);
+// Restore writes all of its streams or none; ByteSize counts what it keeps alive.
+//
+// Thread-safety: as the streams' (one thread at a time).
+
+#ifndef LOCKSTEP_CHECKPOINT_RNG_STATE_SAVER_H_
+#define LOCKSTEP_CHECKPOINT_RNG_STATE_SAVER_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "rng/generator_state.h"
+#include "rng/named_streams.h"
+
+namespace lockstep {
+namespace checkpoint {
+
+class SavedRngState {
+ public:
+  virtual ~SavedRngState() = default;
+
+  // Writes the saved values into the live streams.
+  virtual absl::Status Restore() const = 0;
+
+  // OK if Restore() will be able to reproduce the draws made since Save(). Fails only where a
+  // stream cannot be rewound in the current context (stochastic CUDA ops inside a graph capture
+  // on a LibTorch without graph-safe generator state), so that a checkpoint can refuse in
+  // forward, naming the cause, instead of failing in backward.
+  virtual absl::Status CheckReplayable() const { return absl::OkStatus(); }
+
+  // Bytes this object keeps alive.
+  virtual size_t ByteSize() const = 0;
+};
+
+class RngStateSaver {
+ public:
+  virtual ~RngStateSaver() = default;
+
+  // The current values of the streams this saver covers.
+  virtual absl::StatusOr<std::unique_ptr<SavedRngState>> Save() const = 0;
+};
+
+class StreamSnapshots : public RngStateSaver {
+ public:
+  // Covers `generators` and, when `tracker` is not null, its streams named in `names` (every
+  // stream the tracker holds at Save() time when `names` is empty). The tracker must outlive
+  // this saver and use the same generators (checked by Save()).
+  explicit StreamSnapshots(rng::DefaultGenerators generators,
+                           rng::NamedStreamTracker* tracker = nullptr,
+                           std::vector<std::string> names = {});
+
+  // kNotFound for a name the tracker does not hold; kInvalidArgument for a tracker over other
+  // generators; the snapshot errors of rng::RngSnapshot::Capture.
+  absl::StatusOr<std::unique_ptr<SavedRngState>> Save() const override;
+
+  const rng::DefaultGenerators& generators() const { return generators_; }
+
+ private:
+  rng::DefaultGenerators generators_;
+  rng::NamedStreamTracker* tracker_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace checkpoint
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_CHECKPOINT_RNG_STATE_SAVER_H_
