@@ -183,8 +183,8 @@ TEST(CheckpointTest, OnlyTheNamedStreamsAskedForAreRewound) {
     return std::vector<at::Tensor>{at::dropout(in[0], 0.5, true)};
   };
   CheckpointOptions options;
-  options.rng_streams =
-      std::make_shared<StreamSnapshots>(kCpu, &tracker, std::vector<std::string>{"tensor-parallel"});
+  options.rng_streams = std::make_shared<StreamSnapshots>(
+      kCpu, &tracker, std::vector<std::string>{"tensor-parallel"});
   at::Tensor x = at::ones({64}).requires_grad_();
   at::Tensor out = (*Checkpoint(block, {x}, options))[0];
   out.sum().backward();
@@ -250,7 +250,7 @@ TEST(CheckpointTest, InsideAModelStreamScopeRecomputeSeesTheModelStream) {
     }
     Step step;
     step.outputs = out;
-    step.drawn_between = at::rand({3});  // the caller's stream
+    step.drawn_between = at::rand({3});               // the caller's stream
     (out[0] * LossWeights(out[0])).sum().backward();  // outside the scope
     step.x_grad = x.grad().clone();
     step.w1_grad = mlp.w1.grad().clone();

@@ -28,9 +28,9 @@ class SavedStreams : public SavedRngState {
       for (const auto& [name, stream] : named_) {
         auto it = merged.find(name);
         if (it == merged.end()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("named RNG stream '", name, "' was removed from the tracker after ",
-                           "its state was saved"));
+          return absl::FailedPreconditionError(absl::StrCat("named RNG stream '", name,
+                                                            "' was removed from the tracker after ",
+                                                            "its state was saved"));
         }
         it->second = stream;
       }
@@ -49,8 +49,8 @@ class SavedStreams : public SavedRngState {
     if (!cuda.has_value() || !cuda->in_capture.has_value() || cuda->in_capture->live != nullptr) {
       return absl::OkStatus();
     }
-    LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now, rng::RngSnapshot::Capture(
-                                                        defaults_.generators()));
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now,
+                              rng::RngSnapshot::Capture(defaults_.generators()));
     const uint64_t before = cuda->in_capture->offset_intragraph;
     const uint64_t after = now.cuda()->in_capture->offset_intragraph;
     if (before == after) return absl::OkStatus();
@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<SavedRngState>> StreamSnapshots::Save() const {
         auto it = named.find(name);
         if (it == named.end()) {
           return absl::NotFoundError(absl::StrCat("no named RNG stream '", name,
-                                                  "' in the tracker; it holds ",
-                                                  named.size(), " stream(s)"));
+                                                  "' in the tracker; it holds ", named.size(),
+                                                  " stream(s)"));
         }
         chosen.insert(*it);
       }

@@ -69,8 +69,8 @@ absl::StatusOr<std::optional<uint64_t>> CurrentCaptureId(int device, const char*
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;  // NOLINT(runtime/int): the CUDA API's type
   if (cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id); err != cudaSuccess) {
-    return absl::InternalError(absl::StrCat(what, ": cudaStreamGetCaptureInfo failed: ",
-                                            cudaGetErrorString(err)));
+    return absl::InternalError(
+        absl::StrCat(what, ": cudaStreamGetCaptureInfo failed: ", cudaGetErrorString(err)));
   }
   switch (status) {
     case cudaStreamCaptureStatusNone:
@@ -146,8 +146,7 @@ absl::Status RestoreInCapture(const CudaGeneratorState& state, uint64_t current_
     }
     const at::TensorOptions word = at::TensorOptions().dtype(at::kLong).device(
         at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(state.device)));
-    auto positioned =
-        c10::make_intrusive<at::CUDAGeneratorState>(0, 0, saved.offset_intragraph);
+    auto positioned = c10::make_intrusive<at::CUDAGeneratorState>(0, 0, saved.offset_intragraph);
     positioned->capturing_ = true;
     // target_device() skips the pointer-attribute query, which capture forbids.
     positioned->seed_extragraph_ = at::for_blob(saved.live->seed_word, {1})

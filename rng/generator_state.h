@@ -84,8 +84,7 @@ struct CudaGeneratorState {
   std::optional<CudaCapturePosition> in_capture;
 
   bool operator==(const CudaGeneratorState& o) const {
-    return device == o.device && seed == o.seed && offset == o.offset &&
-           in_capture == o.in_capture;
+    return device == o.device && seed == o.seed && offset == o.offset && in_capture == o.in_capture;
   }
 };
 

@@ -26,6 +26,7 @@
 #include "rng/philox.h"
 #include "rng/synchronize.h"
 #include "testing/commanded_world.h"
+#include "testing/ratio_reporter.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDAFunctions.h"
@@ -174,30 +175,6 @@ BENCHMARK(BM_PartitionedDropoutCuda)
     ->UseRealTime();
 #endif
 
-// Console output as usual, plus the real time of every run by name, for the ratios.
-class RecordingReporter : public benchmark::ConsoleReporter {
- public:
-  RecordingReporter() : ConsoleReporter(OO_Tabular) {}
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (!run.error_occurred) seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  void PrintRatio(const std::string& what, const std::string& numerator,
-                  const std::string& denominator, double target) const {
-    auto n = seconds_.find(numerator), d = seconds_.find(denominator);
-    if (n == seconds_.end() || d == seconds_.end()) return;
-    const double ratio = n->second / d->second;
-    std::cout << absl::StrCat("ratio ", what, ": ", ratio, " (target <= ", target, ": ",
-                              ratio <= target ? "met" : "NOT met", ")")
-              << std::endl;
-  }
-
- private:
-  std::map<std::string, double> seconds_;
-};
-
 }  // namespace
 }  // namespace rng
 }  // namespace lockstep
@@ -207,7 +184,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   // Forks the peers before this process does any LibTorch work.
   Worlds().Start({2, 4});
-  RecordingReporter reporter;
+  lockstep::testing::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   Worlds().Stop();
   for (int procs : {2, 4}) {

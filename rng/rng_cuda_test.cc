@@ -1,5 +1,6 @@
 // gpu: the CUDA halves of rng/ — generator snapshots, the model stream and named streams over
-// the rank's CUDA generator, graph-safe snapshots under graph capture, and Philox on CUDA equal to CPU.
+// the rank's CUDA generator, graph-safe snapshots under graph capture, and Philox on CUDA equal to
+// CPU.
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -10,12 +11,12 @@
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "gmock/gmock.h"
-#include "torch/cuda.h"
 #include "gtest/gtest.h"
 #include "rng/generator_state.h"
 #include "rng/model_stream.h"
 #include "rng/named_streams.h"
 #include "rng/philox.h"
+#include "torch/cuda.h"
 
 namespace lockstep {
 namespace rng {

@@ -38,9 +38,10 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
     // Only the leader reads its state; the others overwrite theirs.
     LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
     if (mine.cuda().has_value() && mine.cuda()->in_capture.has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          context, ": CUDA graph capture is underway; the generator's position is "
-                   "graph-relative there, so synchronize before capturing"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(context,
+                       ": CUDA graph capture is underway; the generator's position is "
+                       "graph-relative there, so synchronize before capturing"));
     }
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
       wire = at::empty({static_cast<int64_t>(total)}, at::kByte);

@@ -2,7 +2,7 @@
 # Builds lockstep's GPU tests and benchmarks against the LibTorch 2.11 + CUDA 13 SDK
 # (../shared/gpu-sdk) with --config=cuda, and packs them into .gpu-bundle/ for the H200:
 #   tools/gpu_bundle.sh            then, on the device:  ./.gpu-bundle/run.sh
-# The CPU tests of rng/collectives/testing/base are included too, so the 2.11 build of the CPU paths
+# The CPU tests of rng/collectives/testing/base/checkpoint are included too, so the 2.11 build of the CPU paths
 # runs there as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,9 @@ targets=(
   //collectives:agreement_test
   //testing:fake_communicator_test
   //base:torch_boundary_test
+  //checkpoint:checkpoint_cuda_test
+  //checkpoint:checkpoint_test
+  //checkpoint:checkpoint_benchmark
 )
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
 bins=()

@@ -1,0 +1,34 @@
+#include "testing/ratio_reporter.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace testing {
+
+void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
+  for (const Run& run : runs) {
+    if (!run.error_occurred) seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
+  }
+  ConsoleReporter::ReportRuns(runs);
+}
+
+std::optional<double> RatioReporter::Seconds(const std::string& name) const {
+  auto it = seconds_.find(name);
+  if (it == seconds_.end()) return std::nullopt;
+  return it->second;
+}
+
+void RatioReporter::PrintRatio(const std::string& what, const std::string& numerator,
+                               const std::string& denominator, double target) const {
+  std::optional<double> n = Seconds(numerator), d = Seconds(denominator);
+  if (!n.has_value() || !d.has_value()) return;
+  const double ratio = *n / *d;
+  std::cout << absl::StrCat("ratio ", what, ": ", ratio, " (target <= ", target, ": ",
+                            ratio <= target ? "met" : "NOT met", ")")
+            << std::endl;
+}
+
+}  // namespace testing
+}  // namespace lockstep

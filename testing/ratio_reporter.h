@@ -1,0 +1,47 @@
+// testing/ratio_reporter.h
+//
+// RatioReporter is Google Benchmark's console reporter that also remembers each run's real time
+// by benchmark name, so that a benchmark binary can print, after its runs, the ratios its targets
+// are stated in ("synchronize / bare broadcast <= 1.2") — both sides measured in the same run.
+//
+// Example:
+//   testing::RatioReporter reporter;
+//   benchmark::RunSpecifiedBenchmarks(&reporter);
+//   reporter.PrintRatio("ours / torch", "BM_Ours/real_time", "BM_Torch/real_time", 2.0);
+
+#ifndef LOCKSTEP_TESTING_RATIO_REPORTER_H_
+#define LOCKSTEP_TESTING_RATIO_REPORTER_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+
+namespace lockstep {
+namespace testing {
+
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  RatioReporter() : ConsoleReporter(OO_Tabular) {}
+
+  void ReportRuns(const std::vector<Run>& runs) override;
+
+  // Real time per iteration of the named run, in the run's time unit; nullopt if it did not run
+  // (filtered out, skipped, or failed).
+  std::optional<double> Seconds(const std::string& name) const;
+
+  // Prints "ratio <what>: <numerator / denominator> (target <= <target>: met|NOT met)" when both
+  // runs exist; prints nothing otherwise.
+  void PrintRatio(const std::string& what, const std::string& numerator,
+                  const std::string& denominator, double target) const;
+
+ private:
+  std::map<std::string, double> seconds_;
+};
+
+}  // namespace testing
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_TESTING_RATIO_REPORTER_H_
