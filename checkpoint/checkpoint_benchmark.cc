@@ -63,8 +63,9 @@ struct Block {
 
   explicit Block(bool on_cuda) : cuda(on_cuda) {
     const int64_t hidden = cuda ? 4096 : 1024;
-    const at::TensorOptions options = cuda ? at::TensorOptions().device(at::kCUDA, 0).dtype(at::kBFloat16)
-                                           : at::TensorOptions().dtype(at::kFloat);
+    const at::TensorOptions options =
+        cuda ? at::TensorOptions().device(at::kCUDA, 0).dtype(at::kBFloat16)
+             : at::TensorOptions().dtype(at::kFloat);
     at::manual_seed(1);
     w1 = (at::randn({hidden, 4 * hidden}, options) * 0.02).requires_grad_();
     w2 = (at::randn({4 * hidden, hidden}, options) * 0.02).requires_grad_();
@@ -155,8 +156,7 @@ int main(int argc, char** argv) {
     if (work.has_value() && without.has_value()) {
       const double share = (*work * 1e-3) / *without;  // microseconds over milliseconds
       std::cout << "RNG replay work / checkpointed step (" << device << "): " << share
-                << " (target <= 0.01: " << (share <= 0.01 ? "met" : "NOT met") << ")"
-                << std::endl;
+                << " (target <= 0.01: " << (share <= 0.01 ? "met" : "NOT met") << ")" << std::endl;
     }
   }
   const auto retained = LiveCheckpointState();

@@ -2,7 +2,8 @@
 // launcher) and checks lockstep's RNG contract on every rank, printing a table and writing JSON
 // evidence. Exits 0 when every check passes on every rank, 1 otherwise.
 //
-//   qualify --dp 2 --tp 1 --cp 2 [--out evidence.json] [--negative-control no-sync]
+//   qualify --dp 2 --tp 1 --cp 2 [--out evidence.json]
+//           [--negative-control no-sync|aliasing-snapshot]
 //
 // Checks (each on every rank):
 //   replica_agreement       after Synchronize on the TP x CP group, every replica of a DP
@@ -15,7 +16,13 @@
 //   exception_restoration   an exception inside a scope still restores the caller exactly
 //   partition_invariance    TP column x CP zigzag shards of a Philox dropout mask, gathered
 //                           over the TP x CP group, reassemble to the unsharded mask
-// Negative controls (qualify must then fail): no-sync skips Synchronize.
+//   checkpoint_recompute    a checkpointed MLP block with dropout: the recompute's mask equals
+//                           the forward's, input and parameter gradients are bit-identical to
+//                           the plain block's, the caller's draws and live generator are
+//                           untouched, nothing is retained after backward, and the replicas'
+//                           gradients agree
+// Negative controls (qualify must then fail): no-sync skips Synchronize; aliasing-snapshot
+// makes the checkpoint save handles to the live generator instead of values.
 
 #include <unistd.h>
 
@@ -24,6 +31,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,7 +43,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "checkpoint/checkpoint.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
@@ -43,6 +55,7 @@
 #include "rng/model_stream.h"
 #include "rng/philox.h"
 #include "rng/synchronize.h"
+#include "testing/aliasing_rng_saver.h"
 #include "tools/launcher.h"
 
 namespace lockstep {
@@ -55,7 +68,7 @@ using nlohmann::json;
 struct Flags {
   int dp = 1, tp = 1, cp = 1;
   std::string out;
-  std::string negative_control;  // "", "no-sync"
+  std::string negative_control;  // "", "no-sync", "aliasing-snapshot"
   bool worker = false;
   std::string results_dir;
   int timeout_seconds = 120;
@@ -84,17 +97,18 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (name == "--out") {
       flags.out = value;
     } else if (name == "--negative-control") {
-      if (value != "no-sync") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("unknown negative control '", value, "'; known: no-sync"));
+      if (value != "no-sync" && value != "aliasing-snapshot") {
+        return absl::InvalidArgumentError(absl::StrCat("unknown negative control '", value,
+                                                       "'; known: no-sync, aliasing-snapshot"));
       }
       flags.negative_control = value;
     } else if (name == "--results_dir") {
       flags.results_dir = value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag ", name,
-          "; usage: qualify --dp N --tp N --cp N [--out FILE] [--negative-control no-sync]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag ", name,
+                       "; usage: qualify --dp N --tp N --cp N [--out FILE] "
+                       "[--negative-control no-sync|aliasing-snapshot]"));
     }
   }
   return flags;
@@ -123,6 +137,82 @@ std::vector<int> DisagreeWithLeader(const Topology& topo, const std::vector<at::
     if (!at::equal(values[r], values[Topology::Leader(topo.TpCpGroup(r))])) bad.push_back(r);
   }
   return bad;
+}
+
+// One step of an MLP block with dropout from the synchronized state, plainly and checkpointed;
+// the block records the dropout mask of every call (forward, then recompute).
+struct RecomputeStep {
+  std::vector<at::Tensor> masks;
+  at::Tensor x_grad, w1_grad, w2_grad, drawn_between;
+  std::optional<rng::RngSnapshot> after;
+};
+
+absl::StatusOr<RecomputeStep> RunRecomputeStep(const rng::RngSnapshot& start, bool checkpointed,
+                                               const checkpoint::CheckpointOptions& options) {
+  at::manual_seed(4242);  // the same parameters on every rank
+  at::Tensor w1 = (at::randn({32, 64}) * 0.2).requires_grad_();
+  at::Tensor w2 = (at::randn({64, 16}) * 0.2).requires_grad_();
+  LOCKSTEP_RETURN_IF_ERROR(start.Restore());
+  at::Tensor x = at::randn({8, 32}).requires_grad_();
+  RecomputeStep step;
+  auto block = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::relu(at::matmul(in[0], w1));
+    at::Tensor mask = at::bernoulli(at::full_like(h, 0.7));
+    step.masks.push_back(mask.detach().clone());
+    return std::vector<at::Tensor>{at::matmul(h * mask / 0.7, w2)};
+  };
+  at::Tensor out;
+  if (checkpointed) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> outs,
+                              checkpoint::Checkpoint(block, {x}, options));
+    out = outs[0];
+  } else {
+    out = block({x})[0];
+  }
+  step.drawn_between = at::rand({8});
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("backward of the recompute check", [&] {
+    (out * at::linspace(-1, 1, out.numel()).reshape(out.sizes())).sum().backward();
+  }));
+  step.x_grad = x.grad();
+  step.w1_grad = w1.grad();
+  step.w2_grad = w2.grad();
+  step.after = *rng::RngSnapshot::Capture(rng::DefaultGenerators{});
+  return step;
+}
+
+absl::StatusOr<CheckResult> CheckRecompute(const Flags& flags, Communicator& world,
+                                           const Topology& topo, const rng::RngSnapshot& synced) {
+  const rng::DefaultGenerators generators;
+  checkpoint::CheckpointOptions options;
+  if (flags.negative_control == "aliasing-snapshot") {
+    options.rng_streams = std::make_shared<testing::AliasingRngSaver>(generators);
+  } else {
+    options.rng_streams = std::make_shared<checkpoint::StreamSnapshots>(generators);
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(RecomputeStep plain, RunRecomputeStep(synced, false, options));
+  LOCKSTEP_ASSIGN_OR_RETURN(RecomputeStep ckpt, RunRecomputeStep(synced, true, options));
+  std::vector<std::string> problems;
+  if (ckpt.masks.size() != 2 || !at::equal(ckpt.masks[0], ckpt.masks[1])) {
+    problems.push_back("recompute mask != forward mask");
+  }
+  if (!at::equal(plain.x_grad, ckpt.x_grad)) problems.push_back("input gradient differs");
+  if (!at::equal(plain.w1_grad, ckpt.w1_grad) || !at::equal(plain.w2_grad, ckpt.w2_grad)) {
+    problems.push_back("parameter gradients differ");
+  }
+  if (!at::equal(plain.drawn_between, ckpt.drawn_between) || !(*plain.after == *ckpt.after)) {
+    problems.push_back("live generator disturbed");
+  }
+  if (checkpoint::LiveCheckpointState().nodes != 0) problems.push_back("state retained");
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<at::Tensor> grads,
+      world.AllGather(at::cat({ckpt.x_grad.flatten(), ckpt.w1_grad.flatten()})));
+  const std::vector<int> bad = DisagreeWithLeader(topo, grads);
+  if (!bad.empty()) problems.push_back(absl::StrCat(bad.size(), " replica(s) disagree"));
+  LOCKSTEP_RETURN_IF_ERROR(synced.Restore());
+  return CheckResult{"checkpoint_recompute", problems.empty(),
+                     problems.empty() ? "mask replayed; gradients bit-identical to plain; live "
+                                        "RNG untouched; 0 retained; replicas agree"
+                                      : absl::StrJoin(problems, "; ")};
 }
 
 absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communicator& world,
@@ -242,6 +332,8 @@ absl::StatusOr<std::vector<CheckResult>> RunChecks(const Flags& flags, Communica
          absl::StrCat(tpcp->size(), " shard(s) of a [", shape[0], ", ", shape[1], "] mask ",
                       equal ? "reassemble" : "DO NOT reassemble", " to the unsharded mask")});
   }
+  LOCKSTEP_ASSIGN_OR_RETURN(CheckResult recompute, CheckRecompute(flags, world, topo, synced));
+  results.push_back(std::move(recompute));
   LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
   return results;
 }
