@@ -15,7 +15,7 @@
 //     microbatch, exactly once across the CP shards;
 //   - shards: exactly cp_size, in rank order, every piece inside one packed sequence, on a chunk
 //     the rank owns (i or 2 * cp_size - 1 - i), chunks in position order, num_tokens equal to the
-//     pieces' sum, an empty shard with no pieces, per-rank token counts differing by at most 1;
+//     pieces' sum, an empty shard with no pieces, per-rank token counts differing by at most 2;
 //   - loss scales: equal to what the plan's normalisation gives for the batch (relative 1e-12).
 //
 // Thread-safety: stateless.

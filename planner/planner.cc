@@ -343,8 +343,11 @@ void BuildMicrobatch(const std::vector<Part>& parts, int cp, Microbatch& mb) {
     shards[r] = mb.add_shards();
     shards[r]->set_cp_rank(r);
   }
-  // Leftover tokens go to ranks round-robin from `rotation`, continuing across sequences.
-  int rotation = 0;
+  // Leftover tokens lengthen chunks in the order F(0), B(0), F(1), B(1), ... (F(r): rank r's
+  // front chunk r, B(r): its back chunk 2cp-1-r), continuing from sequence to sequence. A rank
+  // thus gets its leftovers in mirrored pairs, which keeps a sequence's chunk layout symmetric
+  // (so causal work stays proportional to tokens), and the ranks take turns across sequences.
+  int turn = 0;  // position in the cycle of 2 * cp leftover slots
   std::vector<int64_t> shard_tokens(cp, 0);
   for (int k = 0; k < n; ++k) {
     const int64_t length = parts[k].num_tokens;
@@ -354,8 +357,8 @@ void BuildMicrobatch(const std::vector<Part>& parts, int cp, Microbatch& mb) {
     for (int j = 0; j < chunks; ++j) {
       const bool front = j < cp;
       const int rank = front ? j : chunks - 1 - j;
-      const int turn = (rank - rotation + cp) % cp + (front ? 0 : cp);
-      const int64_t size = base + (turn < remainder ? 1 : 0);
+      const int slot = 2 * rank + (front ? 0 : 1);
+      const int64_t size = base + ((slot - turn + chunks) % chunks < remainder ? 1 : 0);
       if (size > 0) {
         CpShard& shard = *shards[rank];
         shard.add_piece_sequence(k);
@@ -366,7 +369,7 @@ void BuildMicrobatch(const std::vector<Part>& parts, int cp, Microbatch& mb) {
       }
       begin += size;
     }
-    rotation = (rotation + remainder) % cp;
+    turn = (turn + remainder) % chunks;
   }
   for (int r = 0; r < cp; ++r) shards[r]->set_num_tokens(shard_tokens[r]);
 }

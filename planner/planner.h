@@ -19,11 +19,13 @@
 // CP sharding (load balance for causal attention): each packed sequence of n tokens is cut into
 // 2 * cp_size contiguous chunks of n / (2 * cp_size) tokens, and rank i owns chunks i and
 // 2 * cp_size - 1 - i (an early, cheap chunk with a late, expensive one). The n % (2 * cp_size)
-// leftover tokens lengthen chunks by one token each, given to ranks round-robin, continuing
-// across the microbatch's sequences: rank i's front chunk first, its back chunk once every rank
-// got one. So per-rank token counts of a microbatch differ by at most one, and sequences shorter
-// than 2 * cp_size still spread over ranks. A rank can own nothing (a microbatch with fewer
-// tokens than CP ranks); its shard is then present and empty.
+// leftover tokens lengthen chunks by one token each, in the order: rank 0's front chunk, rank
+// 0's back chunk, rank 1's front, rank 1's back, ..., continuing across the microbatch's
+// sequences. So a rank gets leftovers in mirrored pairs (the chunk layout stays symmetric and
+// causal work proportional to tokens), the ranks take turns, per-rank token counts of a
+// microbatch differ by at most 2, and sequences shorter than 2 * cp_size still spread over the
+// ranks. A rank can own nothing (e.g. a microbatch with fewer tokens than CP ranks); its shard is
+// then present and empty.
 //
 // Loss normalisation: Microbatch.loss_scale[k] times the caller's per-token weight (1 if none)
 // is the token's loss weight; summing weight * per-token loss over every microbatch and shard
