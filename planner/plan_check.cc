@@ -155,10 +155,6 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
       min_tokens = std::min(min_tokens, tokens);
       max_tokens = std::max(max_tokens, tokens);
     }
-    if (max_tokens - min_tokens > 2) {
-      return Invalid(m, absl::StrCat("CP ranks own between ", min_tokens, " and ", max_tokens,
-                                     " tokens; the balance allows a difference of 2"));
-    }
     std::sort(pieces.begin(), pieces.end());
     int64_t covered = 0;
     for (size_t p = 0; p < pieces.size(); ++p) {
@@ -176,6 +172,10 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
     if (covered != mb.num_tokens()) {
       return Invalid(m, absl::StrCat("packed tokens [", covered, ", ", mb.num_tokens(),
                                      ") are owned by no CP rank"));
+    }
+    if (max_tokens - min_tokens > 2) {
+      return Invalid(m, absl::StrCat("CP ranks own between ", min_tokens, " and ", max_tokens,
+                                     " tokens; the balance allows a difference of 2"));
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
