@@ -54,7 +54,8 @@ absl::Status ValidateOptions(const PlanOptions& options) {
   return absl::OkStatus();
 }
 
-// Checks every sequence and computes each sequence's loss scale (see LossNormalization).
+// Checks every sequence and computes the loss scales (see LossNormalization): one per sequence
+// for LOSS_SEQUENCE_MEAN, else a single one shared by every sequence.
 absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanOptions& options,
                                    std::vector<double>& scale, int64_t& total_tokens,
                                    double& weight_total) {
@@ -120,10 +121,10 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
             absl::StrCat("the batch's loss weights sum to 0 (", batch.size(), " sequences, ",
                          total_tokens, " tokens); token-mean normalisation divides by that sum"));
       }
-      scale.assign(batch.size(), 1.0 / weight_total);
+      scale.assign(1, 1.0 / weight_total);
       break;
     case LOSS_SUM:
-      scale.assign(batch.size(), 1.0);
+      scale.assign(1, 1.0);
       break;
     default:  // LOSS_SEQUENCE_MEAN
       scale.resize(batch.size());
@@ -338,10 +339,17 @@ void BuildMicrobatch(const std::vector<Part>& parts, int cp, Microbatch& mb) {
     mb.add_loss_scale(part.loss_scale);
   }
   mb.set_num_tokens(offset);
+  // A rank owns at most two pieces per sequence, and at most `offset` pieces in all: reserving
+  // that once per field avoids regrowing them (allocation dominates the cost of large plans).
+  const int max_pieces = static_cast<int>(std::min<int64_t>(2 * int64_t{n}, offset));
   std::vector<CpShard*> shards(cp);
   for (int r = 0; r < cp; ++r) {
     shards[r] = mb.add_shards();
     shards[r]->set_cp_rank(r);
+    shards[r]->mutable_piece_sequence()->Reserve(max_pieces);
+    shards[r]->mutable_piece_chunk()->Reserve(max_pieces);
+    shards[r]->mutable_piece_begin()->Reserve(max_pieces);
+    shards[r]->mutable_piece_end()->Reserve(max_pieces);
   }
   // Leftover tokens lengthen chunks in the order F(0), B(0), F(1), B(1), ... (F(r): rank r's
   // front chunk r, B(r): its back chunk 2cp-1-r), continuing from sequence to sequence. A rank
@@ -415,7 +423,7 @@ absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch,
     parts.clear();
     for (int64_t x = packing.bin_start[b]; x < packing.bin_start[b + 1]; ++x) {
       const int32_t i = packing.items[x];
-      parts.push_back({i, batch[i].id, 0, batch[i].num_tokens, scale[i]});
+      parts.push_back({i, batch[i].id, 0, batch[i].num_tokens, scale[scale.size() == 1 ? 0 : i]});
     }
     BuildMicrobatch(parts, options.cp_size, *plan.add_microbatches());
   }
