@@ -3,27 +3,39 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/escaping.h"
-#include "base/logging.h"
 
 namespace lockstep {
+namespace {
+
+// A failed OpenSSL call or a misuse of DigestWord is a broken invariant. This file checks with
+// its own abort instead of base/logging.h so that libraries without LibTorch (planner) can hash.
+void Check(bool condition, const char* what) {
+  if (condition) return;
+  std::fprintf(stderr, "base/sha256: check failed: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
 
 Sha256Digest Sha256Framed(std::initializer_list<absl::string_view> parts) {
   Sha256Digest digest;
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  CHECK(ctx != nullptr);
-  CHECK_EQ(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr), 1);
+  Check(ctx != nullptr, "EVP_MD_CTX_new");
+  Check(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1, "EVP_DigestInit_ex");
   for (absl::string_view part : parts) {
     const uint64_t length = part.size();
     uint8_t frame[8];
     for (int i = 0; i < 8; ++i) frame[i] = static_cast<uint8_t>(length >> (8 * i));
-    CHECK_EQ(EVP_DigestUpdate(ctx, frame, sizeof(frame)), 1);
-    CHECK_EQ(EVP_DigestUpdate(ctx, part.data(), part.size()), 1);
+    Check(EVP_DigestUpdate(ctx, frame, sizeof(frame)) == 1, "EVP_DigestUpdate");
+    Check(EVP_DigestUpdate(ctx, part.data(), part.size()) == 1, "EVP_DigestUpdate");
   }
   unsigned int length = 0;
-  CHECK_EQ(EVP_DigestFinal_ex(ctx, digest.data(), &length), 1);
-  CHECK_EQ(length, digest.size());
+  Check(EVP_DigestFinal_ex(ctx, digest.data(), &length) == 1, "EVP_DigestFinal_ex");
+  Check(length == digest.size(), "digest length");
   EVP_MD_CTX_free(ctx);
   return digest;
 }
@@ -35,7 +47,8 @@ std::string DigestHex(const Sha256Digest& digest, int bytes) {
 }
 
 uint64_t DigestWord(const Sha256Digest& digest, int byte_offset) {
-  CHECK(byte_offset >= 0 && byte_offset + 8 <= static_cast<int>(digest.size()));
+  Check(byte_offset >= 0 && byte_offset + 8 <= static_cast<int>(digest.size()),
+        "DigestWord: byte_offset in [0, 24]");
   uint64_t word = 0;
   for (int i = 0; i < 8; ++i) word |= static_cast<uint64_t>(digest[byte_offset + i]) << (8 * i);
   return word;

@@ -1,0 +1,107 @@
+// CheckPlanAgreement, and determinism of plan bytes across processes: on a FakeWorld (threads)
+// and on real forked processes joined by Gloo (testing/process_world.h), every rank builds the
+// plan from the same seeded input and the group's digests must agree and equal the digest this
+// test process computed; negative controls perturb one rank's input and expect every rank to
+// get kFailedPrecondition naming the odd rank.
+
+#include "planner/plan_agreement.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/planner.h"
+#include "planner/planner_testutil.h"
+#include "testing/fake_communicator.h"
+#include "testing/process_world.h"
+
+namespace lockstep {
+namespace planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr PlanOptions kOptions{.max_tokens_per_microbatch = 65536, .cp_size = 2};
+
+std::vector<Sequence> Batch(uint64_t seed) {
+  return RandomBatch({.distribution = LengthDistribution::kLongTail,
+                      .num_sequences = 2000,
+                      .max_length = 32768,
+                      .seed = seed,
+                      .weighted_fraction = 0.1});
+}
+
+// Plans the seeded batch (perturbed on `odd_rank`: one sequence a token shorter).
+absl::StatusOr<Plan> RankPlan(int rank, int odd_rank) {
+  std::vector<Sequence> batch = Batch(42);
+  if (rank == odd_rank) {
+    batch[17].num_tokens -= 1;
+    batch[17].loss_weights.clear();
+  }
+  return PlanMicrobatches(batch, kOptions);
+}
+
+TEST(PlanAgreementTest, SameBytesAcrossRunsInOneProcess) {
+  const std::string first = SerializePlan(*RankPlan(0, -1));
+  for (int run = 0; run < 3; ++run) EXPECT_EQ(SerializePlan(*RankPlan(0, -1)), first);
+}
+
+TEST(PlanAgreementTest, FakeWorldAgreesAndNamesTheOddRank) {
+  for (int odd_rank : {-1, 2}) {
+    testing::FakeWorld world(4);
+    std::vector<absl::Status> results = world.Run([&](collectives::Communicator& comm) {
+      absl::StatusOr<Plan> plan = RankPlan(comm.rank(), odd_rank);
+      if (!plan.ok()) return plan.status();
+      return CheckPlanAgreement(comm, *plan);
+    });
+    for (int r = 0; r < 4; ++r) {
+      if (odd_rank < 0) {
+        EXPECT_TRUE(results[r].ok()) << results[r];
+      } else {
+        EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+        EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [0, 1, 3] hold"));
+        EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [2] hold"));
+        EXPECT_THAT(results[r].message(), HasSubstr(kPlanAgreementOperation));
+      }
+    }
+  }
+}
+
+TEST(PlanAgreementTest, ForkedProcessesBuildIdenticalPlanBytes) {
+  // The digest this process computes; every forked rank must compute the same.
+  const std::string expected = DigestHex(PlanDigest(*RankPlan(0, -1)));
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld({.world_size = 4}, [&](int rank, collectives::Communicator& world) {
+        absl::StatusOr<Plan> plan = RankPlan(rank, -1);
+        if (!plan.ok()) return plan.status();
+        const std::string digest = DigestHex(PlanDigest(*plan));
+        if (digest != expected) {
+          return absl::InternalError(
+              absl::StrCat("rank ", rank, " digest ", digest, ", parent ", expected));
+        }
+        return CheckPlanAgreement(world, *plan);
+      });
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST(PlanAgreementTest, ForkedProcessWithPerturbedInputIsNamed) {
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld({.world_size = 4}, [](int rank, collectives::Communicator& world) {
+        absl::StatusOr<Plan> plan = RankPlan(rank, /*odd_rank=*/1);
+        if (!plan.ok()) return plan.status();
+        return CheckPlanAgreement(world, *plan);
+      });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [0, 2, 3] hold"));
+    EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [1] hold"));
+  }
+}
+
+}  // namespace
+}  // namespace planner
+}  // namespace lockstep

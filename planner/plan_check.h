@@ -1,0 +1,43 @@
+// planner/plan_check.h
+//
+// VerifyPlan checks a Plan against the batch it claims to cover, independently of how the plan
+// was made: the property tests run it on every plan they build, and a trainer can run it on a
+// plan it received instead of computed. It works on token ranges, not tokens, so it costs
+// O(pieces log pieces) even for long sequences.
+//
+// What it checks (the first violation is returned as kInvalidArgument naming the microbatch,
+// the packed sequence or CP rank, and the values):
+//   - limits: positive budget and CP size; totals match the batch;
+//   - every microbatch: consistent per-sequence arrays, cu_seqlens starting at 0 and strictly
+//     increasing, at least one sequence, at most max_tokens_per_microbatch tokens, ids and token
+//     ranges matching the batch;
+//   - every token of every sequence appears exactly once across microbatches, and, within each
+//     microbatch, exactly once across the CP shards;
+//   - shards: exactly cp_size, in rank order, every piece inside one packed sequence, on a chunk
+//     the rank owns (i or 2 * cp_size - 1 - i), chunks in position order, num_tokens equal to the
+//     pieces' sum, an empty shard with no pieces, per-rank token counts differing by at most 2;
+//   - loss scales: equal to what the plan's normalisation gives for the batch (relative 1e-12).
+//
+// Thread-safety: stateless.
+//
+// Example:
+//   LOCKSTEP_RETURN_IF_ERROR(planner::VerifyPlan(received_plan, batch));
+
+#ifndef LOCKSTEP_PLANNER_PLAN_CHECK_H_
+#define LOCKSTEP_PLANNER_PLAN_CHECK_H_
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "planner/plan.pb.h"
+#include "planner/planner.h"
+
+namespace lockstep {
+namespace planner {
+
+// OK when `plan` is a valid plan of `batch` (see above); otherwise the first violation found.
+absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch);
+
+}  // namespace planner
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_PLANNER_PLAN_CHECK_H_

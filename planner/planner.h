@@ -1,0 +1,131 @@
+// planner/planner.h
+//
+// Deterministic microbatch plans. PlanMicrobatches turns one DP rank's batch of sequences into
+// a Plan (planner/plan.proto): microbatches that each hold at most a token budget, packed
+// sequences with their offsets, position ids and cumulative boundaries for variable-length
+// attention, each context-parallel (CP) rank's shard, and per-token loss weights under which the
+// step's loss equals the loss of the unpacked, unsplit batch. The same input gives the same
+// plan bytes on every replica (no hashing, no pointer order, ties broken by input order), which
+// the trainer verifies with CheckPlanAgreement (planner/plan_agreement.h).
+//
+// The caller owns DP partitioning and gradient-accumulation boundaries: a plan covers exactly
+// the batch it is given, every token once, and never moves a token across batches.
+//
+// Packing: first-fit-decreasing by default, computed by bucketing sequences by length (O(n +
+// microbatches + distinct lengths), see Note [FFD by length buckets] in planner.cc); if filling
+// in input order needs strictly fewer microbatches, that packing is used instead, so the default
+// never needs more microbatches than in-order filling. PACKING_IN_ORDER keeps input order.
+//
+// CP sharding (load balance for causal attention): each packed sequence of n tokens is cut into
+// 2 * cp_size contiguous chunks of n / (2 * cp_size) tokens, and rank i owns chunks i and
+// 2 * cp_size - 1 - i (an early, cheap chunk with a late, expensive one). The n % (2 * cp_size)
+// leftover tokens lengthen chunks by one token each, in the order: rank 0's front chunk, rank
+// 0's back chunk, rank 1's front, rank 1's back, ..., continuing across the microbatch's
+// sequences. So a rank gets leftovers in mirrored pairs (the chunk layout stays symmetric and
+// causal work proportional to tokens), the ranks take turns, per-rank token counts of a
+// microbatch differ by at most 2, and sequences shorter than 2 * cp_size still spread over the
+// ranks. A rank can own nothing (e.g. a microbatch with fewer tokens than CP ranks); its shard is
+// then present and empty.
+//
+// Loss normalisation: Microbatch.loss_scale[k] times the caller's per-token weight (1 if none)
+// is the token's loss weight; summing weight * per-token loss over every microbatch and shard
+// gives the unsplit loss of the chosen normalisation (token mean over the batch by default).
+//
+// Re-planning: SplitMicrobatch replaces one microbatch by two smaller ones (at a sequence
+// boundary; a single sequence at a CP-compatible cut) with every token's loss weight unchanged,
+// so that out-of-memory recovery can shrink work without changing the step's loss.
+//
+// Thread-safety: stateless functions; concurrent calls are safe.
+//
+// Example:
+//   std::vector<planner::Sequence> batch = {{.num_tokens = 900, .id = 17}, ...};
+//   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(
+//       batch, {.max_tokens_per_microbatch = 65536, .cp_size = 2}));
+//   LOCKSTEP_RETURN_IF_ERROR(planner::CheckPlanAgreement(tp_cp_group, plan));
+//   for (const planner::Microbatch& mb : plan.microbatches()) {
+//     std::vector<int64_t> mine = planner::ShardTokenIndices(mb, cp_rank);  // packed offsets
+//     ...
+//   }
+
+#ifndef LOCKSTEP_PLANNER_PLANNER_H_
+#define LOCKSTEP_PLANNER_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "base/sha256.h"
+#include "planner/plan.pb.h"
+
+namespace lockstep {
+namespace planner {
+
+// One sequence of the DP-local batch.
+struct Sequence {
+  // Number of tokens. Must be positive and at most the microbatch budget.
+  int64_t num_tokens = 0;
+  // The caller's identifier, carried into the plan and named in errors.
+  int64_t id = 0;
+  // Per-token loss weights (e.g. 0 for prompt tokens). Empty: every token weighs 1. Otherwise
+  // num_tokens finite, non-negative values.
+  std::vector<float> loss_weights;
+};
+
+struct PlanOptions {
+  // Most tokens a microbatch may hold. Required: positive and at least 2 * cp_size.
+  int64_t max_tokens_per_microbatch = 0;
+  // Size of the context-parallel group. Default: 1 (no CP).
+  int cp_size = 1;
+  // Default: first-fit-decreasing (never more microbatches than in-order filling).
+  PackingPolicy packing = PACKING_FIRST_FIT_DECREASING;
+  // Default: token mean over the whole batch.
+  LossNormalization loss_normalization = LOSS_TOKEN_MEAN;
+};
+
+// Plans `batch` under `options`. kInvalidArgument, naming the sequence (index and id) and the
+// limit, for: a non-positive budget or CP size; a budget under 2 * cp_size (a microbatch could
+// not give every CP rank its two chunks); an empty batch; a sequence with no tokens, more tokens
+// than the budget, or loss weights of the wrong count, negative or not finite; loss weights that
+// sum to 0 where the normalisation divides by that sum (the batch for token mean, a sequence for
+// sequence mean). Nothing is dropped or truncated.
+absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options);
+
+// Returns `plan` with microbatch `microbatch` replaced by two microbatches holding its tokens
+// (later microbatches move up by one): if it packs two or more sequences, at the sequence
+// boundary closest to half its tokens (the earlier one on a tie); if it holds a single sequence
+// (or part of one) of n tokens, at the largest multiple of 2 * cp_size not above n / 2, but at
+// least 2 * cp_size tokens, so that both parts shard evenly. Every token keeps its loss weight;
+// a part of a split sequence keeps its position ids (attention to the earlier part is the
+// caller's concern). kInvalidArgument for an index out of range; kFailedPrecondition for a
+// single sequence of at most 2 * cp_size tokens, which cannot be split further.
+absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch);
+
+// The plan's bytes: deterministic protobuf serialization, identical for identical plans.
+std::string SerializePlan(const Plan& plan);
+
+// SHA-256 of SerializePlan(plan) (framed as in base/sha256.h): the plan digest replicas compare.
+Sha256Digest PlanDigest(const Plan& plan);
+
+// Position ids of the microbatch's packed tokens, restarting at each sequence (continuing from
+// token_begin for the later part of a split sequence).
+std::vector<int64_t> PositionIds(const Microbatch& microbatch);
+
+// Offsets into the microbatch's packed token buffer of the tokens `cp_rank` owns, in shard order
+// (piece by piece). Empty for a rank that owns nothing. Precondition: 0 <= cp_rank < shard count.
+std::vector<int64_t> ShardTokenIndices(const Microbatch& microbatch, int cp_rank);
+
+// Loss weight of each packed token of `microbatch` (caller weight times loss_scale), in packed
+// order. `batch` is the batch the plan was made from; kInvalidArgument if the microbatch does not
+// match it (unknown batch index, different id, tokens beyond the sequence).
+absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
+                                                     absl::Span<const Sequence> batch);
+
+// tokens / (microbatches x budget): how full the plan's microbatches are, in (0, 1].
+double PackingEfficiency(const Plan& plan);
+
+}  // namespace planner
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_PLANNER_PLANNER_H_

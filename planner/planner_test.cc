@@ -1,0 +1,382 @@
+// Example-based tests of the planner: packing policies and their tie-breaking, CP sharding
+// (chunk layout, leftovers, tiny sequences, empty ownership), positions and boundaries, loss
+// normalisation, re-planning, determinism, and every bad-input error.
+
+#include "planner/planner.h"
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/plan_check.h"
+
+namespace lockstep {
+namespace planner {
+namespace {
+
+using ::testing::DoubleEq;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<Sequence> Lengths(std::vector<int64_t> lengths) {
+  std::vector<Sequence> batch;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    batch.push_back({.num_tokens = lengths[i], .id = 100 + static_cast<int64_t>(i)});
+  }
+  return batch;
+}
+
+std::vector<int32_t> Indices(const Microbatch& mb) {
+  return std::vector<int32_t>(mb.batch_index().begin(), mb.batch_index().end());
+}
+
+// (begin, end, chunk) of every piece of `rank`'s shard.
+std::vector<std::vector<int64_t>> Pieces(const Microbatch& mb, int rank) {
+  std::vector<std::vector<int64_t>> out;
+  const CpShard& s = mb.shards(rank);
+  for (int p = 0; p < s.piece_begin_size(); ++p) {
+    out.push_back({s.piece_begin(p), s.piece_end(p), s.piece_chunk(p)});
+  }
+  return out;
+}
+
+Plan MustPlan(const std::vector<Sequence>& batch, const PlanOptions& options) {
+  absl::StatusOr<Plan> plan = PlanMicrobatches(batch, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return Plan();
+  EXPECT_TRUE(VerifyPlan(*plan, batch).ok()) << VerifyPlan(*plan, batch);
+  return *std::move(plan);
+}
+
+TEST(PackingTest, FirstFitDecreasingPlacesLongestFirst) {
+  // In order: [6] [5 4] [3 2] = 3 microbatches; FFD: [6 4] [5 3 2] = 2.
+  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}), {.max_tokens_per_microbatch = 10});
+  EXPECT_EQ(plan.packing_applied(), PACKING_FIRST_FIT_DECREASING);
+  ASSERT_EQ(plan.microbatches_size(), 2);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 2));
+  EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(1, 3, 4));
+}
+
+TEST(PackingTest, EqualLengthsKeepInputOrder) {
+  Plan plan = MustPlan(Lengths({5, 7, 5, 5, 7}), {.max_tokens_per_microbatch = 12});
+  ASSERT_EQ(plan.microbatches_size(), 3);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(1, 0));
+  EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(4, 2));
+  EXPECT_THAT(Indices(plan.microbatches(2)), ElementsAre(3));
+}
+
+TEST(PackingTest, DefaultFallsBackToInOrderWhenThatNeedsFewerMicrobatches) {
+  // FFD: [4 4] [3 3 3] [3] = 3 microbatches; in order: [4 3 3] [4 3 3] = 2.
+  Plan plan = MustPlan(Lengths({4, 3, 3, 4, 3, 3}), {.max_tokens_per_microbatch = 10});
+  EXPECT_EQ(plan.limits().packing(), PACKING_FIRST_FIT_DECREASING);
+  EXPECT_EQ(plan.packing_applied(), PACKING_IN_ORDER);
+  ASSERT_EQ(plan.microbatches_size(), 2);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 1, 2));
+  EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(3, 4, 5));
+}
+
+TEST(PackingTest, InOrderPolicyNeverReorders) {
+  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}),
+                       {.max_tokens_per_microbatch = 10, .packing = PACKING_IN_ORDER});
+  EXPECT_EQ(plan.packing_applied(), PACKING_IN_ORDER);
+  ASSERT_EQ(plan.microbatches_size(), 3);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0));
+  EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(1, 2));
+  EXPECT_THAT(Indices(plan.microbatches(2)), ElementsAre(3, 4));
+}
+
+TEST(PackingTest, HugeLengthsUseRankedBuckets) {
+  // Lengths above the direct-indexing bound take the sorted-distinct-lengths path.
+  const int64_t g = int64_t{1} << 30;
+  Plan plan = MustPlan(Lengths({3 * g, g, 2 * g, g, 5}), {.max_tokens_per_microbatch = 4 * g});
+  ASSERT_EQ(plan.microbatches_size(), 2);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 1));
+  EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(2, 3, 4));
+}
+
+TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
+  Plan plan =
+      MustPlan(Lengths({3, 2, 4}), {.max_tokens_per_microbatch = 16, .packing = PACKING_IN_ORDER});
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  const Microbatch& mb = plan.microbatches(0);
+  EXPECT_EQ(mb.num_tokens(), 9);
+  EXPECT_THAT(mb.cu_seqlens(), ElementsAre(0, 3, 5, 9));
+  EXPECT_THAT(mb.sequence_id(), ElementsAre(100, 101, 102));
+  EXPECT_THAT(mb.token_begin(), ElementsAre(0, 0, 0));
+  EXPECT_THAT(PositionIds(mb), ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
+}
+
+TEST(CpShardTest, RankOwnsChunksIAnd2CpMinus1MinusI) {
+  Plan plan = MustPlan(Lengths({8}), {.max_tokens_per_microbatch = 8, .cp_size = 2});
+  const Microbatch& mb = plan.microbatches(0);
+  using P = std::vector<int64_t>;
+  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 2, 0}, P{6, 8, 3}));
+  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{2, 4, 1}, P{4, 6, 2}));
+  EXPECT_THAT(ShardTokenIndices(mb, 0), ElementsAre(0, 1, 6, 7));
+  EXPECT_THAT(ShardTokenIndices(mb, 1), ElementsAre(2, 3, 4, 5));
+}
+
+TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
+  // Three sequences of 9 tokens, CP 2: 9 = 4 chunks x 2 + 1 leftover. Leftover slots in order:
+  // rank 0 front (chunk 0), rank 0 back (chunk 3), rank 1 front (chunk 1), ...
+  Plan plan = MustPlan(Lengths({9, 9, 9}), {.max_tokens_per_microbatch = 32, .cp_size = 2});
+  const Microbatch& mb = plan.microbatches(0);
+  using P = std::vector<int64_t>;
+  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 3, 0}, P{7, 9, 3}, P{9, 11, 0}, P{15, 18, 3},
+                                         P{18, 20, 0}, P{25, 27, 3}));
+  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{3, 5, 1}, P{5, 7, 2}, P{11, 13, 1}, P{13, 15, 2},
+                                         P{20, 23, 1}, P{23, 25, 2}));
+  EXPECT_EQ(mb.shards(0).num_tokens(), 14);
+  EXPECT_EQ(mb.shards(1).num_tokens(), 13);
+}
+
+TEST(CpShardTest, TinySequencesSpreadOverRanks) {
+  // Sequences shorter than 2 x CP: chunks of 0 or 1 token; the leftover slots continue across
+  // sequences: F0 | B0 | F1 B1 F2 | B2 F3 (Fr: rank r's front chunk r, Br: its back chunk 7 - r).
+  Plan plan =
+      MustPlan(Lengths({1, 1, 3, 2}),
+               {.max_tokens_per_microbatch = 64, .cp_size = 4, .packing = PACKING_IN_ORDER});
+  const Microbatch& mb = plan.microbatches(0);
+  using P = std::vector<int64_t>;
+  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 1, 0}, P{1, 2, 7}));
+  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{2, 3, 1}, P{4, 5, 6}));
+  EXPECT_THAT(Pieces(mb, 2), ElementsAre(P{3, 4, 2}, P{6, 7, 5}));
+  EXPECT_THAT(Pieces(mb, 3), ElementsAre(P{5, 6, 3}));
+}
+
+TEST(CpShardTest, RankWithNothingHasAnExplicitEmptyShard) {
+  // 3 tokens, CP 4: rank 0 takes chunks 0 and 7, rank 1 chunk 1; ranks 2 and 3 own nothing.
+  Plan plan = MustPlan(Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4});
+  const Microbatch& mb = plan.microbatches(0);
+  ASSERT_EQ(mb.shards_size(), 4);
+  using P = std::vector<int64_t>;
+  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 1, 0}, P{2, 3, 7}));
+  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{1, 2, 1}));
+  for (int r : {2, 3}) {
+    const CpShard& empty = mb.shards(r);
+    EXPECT_EQ(empty.cp_rank(), r);
+    EXPECT_EQ(empty.num_tokens(), 0);
+    EXPECT_EQ(empty.piece_begin_size(), 0);
+    EXPECT_TRUE(ShardTokenIndices(mb, r).empty());
+  }
+}
+
+TEST(CpShardTest, OneTokenSequenceWithLargeCp) {
+  Plan plan = MustPlan(Lengths({1}), {.max_tokens_per_microbatch = 16, .cp_size = 8});
+  const Microbatch& mb = plan.microbatches(0);
+  ASSERT_EQ(mb.shards_size(), 8);
+  EXPECT_EQ(mb.shards(0).num_tokens(), 1);
+  for (int r = 1; r < 8; ++r) EXPECT_EQ(mb.shards(r).num_tokens(), 0) << r;
+}
+
+// Weights of every packed token, over the whole plan, by (batch index, token).
+std::vector<std::vector<double>> WeightsByToken(const Plan& plan,
+                                                const std::vector<Sequence>& batch) {
+  std::vector<std::vector<double>> w(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) w[i].assign(batch[i].num_tokens, 0.0);
+  for (const Microbatch& mb : plan.microbatches()) {
+    std::vector<double> tw = *TokenLossWeights(mb, batch);
+    std::vector<int64_t> pos = PositionIds(mb);
+    for (int k = 0; k < mb.batch_index_size(); ++k) {
+      for (int64_t t = mb.cu_seqlens(k); t < mb.cu_seqlens(k + 1); ++t) {
+        w[mb.batch_index(k)][pos[t]] += tw[t];
+      }
+    }
+  }
+  return w;
+}
+
+TEST(LossTest, NormalisationsGiveTheDocumentedWeights) {
+  std::vector<Sequence> batch = Lengths({2, 3});
+  batch[1].loss_weights = {0.0f, 1.0f, 3.0f};  // weight total: 2 + 4 = 6
+  auto weights = [&](LossNormalization norm) {
+    return WeightsByToken(
+        MustPlan(batch, {.max_tokens_per_microbatch = 4, .loss_normalization = norm}), batch);
+  };
+  auto mean = weights(LOSS_TOKEN_MEAN);
+  EXPECT_THAT(mean[0], ElementsAre(DoubleEq(1.0 / 6), DoubleEq(1.0 / 6)));
+  EXPECT_THAT(mean[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0 / 6), DoubleEq(3.0 / 6)));
+  auto sum = weights(LOSS_SUM);
+  EXPECT_THAT(sum[0], ElementsAre(DoubleEq(1.0), DoubleEq(1.0)));
+  EXPECT_THAT(sum[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0), DoubleEq(3.0)));
+  auto per_sequence = weights(LOSS_SEQUENCE_MEAN);
+  EXPECT_THAT(per_sequence[0], ElementsAre(DoubleEq(0.25), DoubleEq(0.25)));
+  EXPECT_THAT(per_sequence[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0 / 8), DoubleEq(3.0 / 8)));
+}
+
+TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
+  std::vector<Sequence> batch = Lengths({2, 3});
+  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8});
+  std::vector<Sequence> other = batch;
+  other[1].id = 7;
+  absl::StatusOr<std::vector<double>> w = TokenLossWeights(plan.microbatches(0), other);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(w.status().message(), HasSubstr("id 7"));
+}
+
+TEST(SplitTest, SplitsAtTheSequenceBoundaryNearestHalf) {
+  std::vector<Sequence> batch = Lengths({4, 2, 3, 5});
+  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 14, .packing = PACKING_IN_ORDER});
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_TRUE(VerifyPlan(*split, batch).ok()) << VerifyPlan(*split, batch);
+  EXPECT_EQ(split->splits(), 1);
+  ASSERT_EQ(split->microbatches_size(), 2);
+  // Boundaries at 4, 6, 9 of 14 tokens: 6 is nearest to 7.
+  EXPECT_THAT(Indices(split->microbatches(0)), ElementsAre(0, 1));
+  EXPECT_THAT(Indices(split->microbatches(1)), ElementsAre(2, 3));
+  EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
+}
+
+TEST(SplitTest, SplitsOneSequenceAtACpCompatibleCut) {
+  std::vector<Sequence> batch = Lengths({21});
+  batch[0].loss_weights.assign(21, 0.5f);
+  batch[0].loss_weights[20] = 2.0f;
+  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 32, .cp_size = 2});
+  absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_TRUE(VerifyPlan(*split, batch).ok()) << VerifyPlan(*split, batch);
+  ASSERT_EQ(split->microbatches_size(), 2);
+  // 21 / 2 = 10, rounded down to a multiple of 2 x CP = 4: 8.
+  EXPECT_EQ(split->microbatches(0).num_tokens(), 8);
+  EXPECT_THAT(split->microbatches(1).token_begin(), ElementsAre(8));
+  EXPECT_EQ(PositionIds(split->microbatches(1)).front(), 8);
+  EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
+}
+
+TEST(SplitTest, KeepsOtherMicrobatchesAndOrder) {
+  std::vector<Sequence> batch = Lengths({6, 6, 6, 6});
+  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 12});
+  ASSERT_EQ(plan.microbatches_size(), 2);
+  absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
+  ASSERT_TRUE(split.ok());
+  ASSERT_EQ(split->microbatches_size(), 3);
+  EXPECT_THAT(Indices(split->microbatches(0)), ElementsAre(0));
+  EXPECT_THAT(Indices(split->microbatches(1)), ElementsAre(1));
+  EXPECT_EQ(split->microbatches(2).SerializeAsString(), plan.microbatches(1).SerializeAsString());
+}
+
+TEST(SplitTest, RefusesWhatCannotBeSplit) {
+  std::vector<Sequence> batch = Lengths({4});
+  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8, .cp_size = 2});
+  absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(split.status().message(), HasSubstr("only 4 tokens of sequence 0 (id 100)"));
+  EXPECT_THAT(split.status().message(), HasSubstr("2 x cp_size = 4"));
+  EXPECT_EQ(SplitMicrobatch(plan, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitMicrobatch(plan, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DeterminismTest, SameInputSameBytesAndDigest) {
+  std::vector<Sequence> batch = Lengths({9, 1, 30, 7, 7, 12, 3, 25, 2});
+  const PlanOptions options{.max_tokens_per_microbatch = 32, .cp_size = 2};
+  Plan a = MustPlan(batch, options);
+  std::vector<Sequence> copy = batch;
+  Plan b = MustPlan(copy, options);
+  EXPECT_EQ(SerializePlan(a), SerializePlan(b));
+  EXPECT_EQ(PlanDigest(a), PlanDigest(b));
+  // Negative control: one token more in one sequence changes the digest.
+  copy[4].num_tokens += 1;
+  EXPECT_NE(PlanDigest(MustPlan(copy, options)), PlanDigest(a));
+}
+
+struct BadInput {
+  const char* name;
+  std::vector<Sequence> batch;
+  PlanOptions options;
+  std::vector<const char*> message_parts;
+};
+
+class BadInputTest : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadInputTest, IsRefusedWithAClearError) {
+  const BadInput& bad = GetParam();
+  absl::StatusOr<Plan> plan = PlanMicrobatches(bad.batch, bad.options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* part : bad.message_parts) {
+    EXPECT_THAT(plan.status().message(), HasSubstr(part));
+  }
+}
+
+std::vector<Sequence> WithWeights(std::vector<int64_t> lengths, int which,
+                                  std::vector<float> weights) {
+  std::vector<Sequence> batch = Lengths(lengths);
+  batch[which].loss_weights = std::move(weights);
+  return batch;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCases, BadInputTest,
+    ::testing::Values(
+        BadInput{"ZeroBudget",
+                 Lengths({4}),
+                 {.max_tokens_per_microbatch = 0},
+                 {"max_tokens_per_microbatch is 0", "must be positive"}},
+        BadInput{"NegativeBudget",
+                 Lengths({4}),
+                 {.max_tokens_per_microbatch = -5},
+                 {"max_tokens_per_microbatch is -5"}},
+        BadInput{"ZeroCp",
+                 Lengths({4}),
+                 {.max_tokens_per_microbatch = 8, .cp_size = 0},
+                 {"cp_size is 0"}},
+        BadInput{"NegativeCp",
+                 Lengths({4}),
+                 {.max_tokens_per_microbatch = 8, .cp_size = -2},
+                 {"cp_size is -2"}},
+        BadInput{"BudgetCannotServeCp",
+                 Lengths({4}),
+                 {.max_tokens_per_microbatch = 7, .cp_size = 4},
+                 {"max_tokens_per_microbatch 7 cannot serve cp_size 4", "2 x cp_size = 8"}},
+        BadInput{"EmptyBatch", {}, {.max_tokens_per_microbatch = 8}, {"no sequences"}},
+        BadInput{"SequenceLongerThanBudget",
+                 Lengths({5, 70000, 3}),
+                 {.max_tokens_per_microbatch = 65536},
+                 {"sequence 1 (id 101) has 70000 tokens", "at most 65536"}},
+        BadInput{"ZeroLengthSequence",
+                 Lengths({5, 0}),
+                 {.max_tokens_per_microbatch = 8},
+                 {"sequence 1 (id 101) has 0 tokens"}},
+        BadInput{"NegativeLengthSequence",
+                 Lengths({-3}),
+                 {.max_tokens_per_microbatch = 8},
+                 {"sequence 0 (id 100) has -3 tokens"}},
+        BadInput{"WeightCountMismatch",
+                 WithWeights({3, 4}, 1, {1, 1, 1}),
+                 {.max_tokens_per_microbatch = 8},
+                 {"sequence 1 (id 101) has 3 loss weights for 4 tokens"}},
+        BadInput{"NegativeWeight",
+                 WithWeights({3}, 0, {1, -1, 1}),
+                 {.max_tokens_per_microbatch = 8},
+                 {"sequence 0 (id 100): loss weight of token 1 is -1"}},
+        BadInput{"NanWeight",
+                 WithWeights({2}, 0, {1, std::numeric_limits<float>::quiet_NaN()}),
+                 {.max_tokens_per_microbatch = 8},
+                 {"loss weight of token 1 is nan"}},
+        BadInput{"AllWeightsZeroForTokenMean",
+                 WithWeights({2}, 0, {0, 0}),
+                 {.max_tokens_per_microbatch = 8},
+                 {"loss weights sum to 0", "token-mean"}},
+        BadInput{"SequenceWeightsZeroForSequenceMean",
+                 WithWeights({2, 3}, 1, {0, 0, 0}),
+                 {.max_tokens_per_microbatch = 8, .loss_normalization = LOSS_SEQUENCE_MEAN},
+                 {"sequence 1 (id 101): its loss weights sum to 0", "per-sequence-mean"}},
+        BadInput{"UnspecifiedPacking",
+                 Lengths({2}),
+                 {.max_tokens_per_microbatch = 8, .packing = PACKING_POLICY_UNSPECIFIED},
+                 {"packing policy 0"}},
+        BadInput{
+            "UnspecifiedNormalisation",
+            Lengths({2}),
+            {.max_tokens_per_microbatch = 8, .loss_normalization = LOSS_NORMALIZATION_UNSPECIFIED},
+            {"loss normalization 0"}}),
+    [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace planner
+}  // namespace lockstep
