@@ -9,7 +9,11 @@ namespace testing {
 
 void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
   for (const Run& run : runs) {
-    if (!run.error_occurred) seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
+    if (run.error_occurred) continue;
+    seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
+    for (const auto& [key, counter] : run.counters) {
+      counters_[run.benchmark_name()][key] = counter.value;
+    }
   }
   ConsoleReporter::ReportRuns(runs);
 }
@@ -24,7 +28,19 @@ void RatioReporter::PrintRatio(const std::string& what, const std::string& numer
                                const std::string& denominator, double target) const {
   std::optional<double> n = Seconds(numerator), d = Seconds(denominator);
   if (!n.has_value() || !d.has_value()) return;
-  const double ratio = *n / *d;
+  PrintLine(what, *n / *d, target);
+}
+
+void RatioReporter::PrintCounter(const std::string& what, const std::string& name,
+                                 const std::string& counter, double target) const {
+  auto run = counters_.find(name);
+  if (run == counters_.end()) return;
+  auto value = run->second.find(counter);
+  if (value == run->second.end()) return;
+  PrintLine(what, value->second, target);
+}
+
+void RatioReporter::PrintLine(const std::string& what, double ratio, double target) {
   std::cout << absl::StrCat("ratio ", what, ": ", ratio, " (target <= ", target, ": ",
                             ratio <= target ? "met" : "NOT met", ")")
             << std::endl;

@@ -32,13 +32,21 @@ class RatioReporter : public benchmark::ConsoleReporter {
   // (filtered out, skipped, or failed).
   std::optional<double> Seconds(const std::string& name) const;
 
+  // Prints "ratio <what>: <value of counter `counter` of run `name`> (target <= <target>: ...)"
+  // for benchmarks that compute their own ratio (e.g. of paired medians); nothing if absent.
+  void PrintCounter(const std::string& what, const std::string& name, const std::string& counter,
+                    double target) const;
+
   // Prints "ratio <what>: <numerator / denominator> (target <= <target>: met|NOT met)" when both
   // runs exist; prints nothing otherwise.
   void PrintRatio(const std::string& what, const std::string& numerator,
                   const std::string& denominator, double target) const;
 
  private:
+  static void PrintLine(const std::string& what, double ratio, double target);
+
   std::map<std::string, double> seconds_;
+  std::map<std::string, std::map<std::string, double>> counters_;
 };
 
 }  // namespace testing
