@@ -32,7 +32,9 @@
 // position (rng/generator_state.h), so replaying the graph replays the same masks in forward
 // and recompute. Where the LibTorch build has no graph-safe generator state, a checkpoint whose
 // `fn` runs stochastic CUDA ops inside a capture is refused in forward (kFailedPrecondition),
-// while deterministic `fn`s are captured normally.
+// while deterministic `fn`s are captured normally. Named streams hold eager (seed, offset)
+// states, which cannot be installed during a capture, so inside a capture `fn` draws from the
+// default generators only.
 //
 // Thread-safety: the RNG streams are process-global; one thread at a time runs forward or
 // backward of checkpoints over the same streams.

@@ -1,5 +1,5 @@
 // checkpoint benchmarks: an MLP block with dropout (hidden -> 4 x hidden -> hidden), one
-// forward + backward step,
+// forward + backward step (64 tokens on CPU, 4096 on CUDA),
 //   - plain (activations kept),
 //   - checkpointed with RNG replay (StreamSnapshots: save, rewind, restore every step),
 //   - checkpointed without RNG replay (a saver that saves nothing: the recompute cost alone),
@@ -26,8 +26,6 @@
 namespace lockstep {
 namespace checkpoint {
 namespace {
-
-constexpr int64_t kTokens = 256;
 
 class SavesNothing : public SavedRngState {
  public:
@@ -69,7 +67,7 @@ struct Block {
     at::manual_seed(1);
     w1 = (at::randn({hidden, 4 * hidden}, options) * 0.02).requires_grad_();
     w2 = (at::randn({4 * hidden, hidden}, options) * 0.02).requires_grad_();
-    x = at::randn({(cuda ? 16 : 1) * kTokens, hidden}, options).requires_grad_();
+    x = at::randn({cuda ? 4096 : 64, hidden}, options).requires_grad_();
     grad = at::ones({x.size(0), hidden}, options);
     generators.cuda_device = cuda ? 0 : -1;
   }
