@@ -5,10 +5,13 @@
 #include <string>
 #include <utility>
 
+#include "ATen/Context.h"
+#include "ATen/detail/CUDAHooksInterface.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "rng/generator_state.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/function.h"
 #include "torch/csrc/autograd/functions/utils.h"
@@ -20,6 +23,15 @@ namespace checkpoint {
 namespace {
 
 std::atomic<int64_t> live_nodes{0};
+
+// The default generators are process-wide, and one backward may run checkpoint nodes on the
+// calling thread (CPU) and on device threads (CUDA) at once: only one recompute at a time may
+// hold them rewound. Held from saving the live state until it is restored, not during the
+// inner backward (nested checkpoints take it in turn).
+std::mutex& RewindMutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
 std::atomic<int64_t> live_rng_bytes{0};
 
 // The forward's saved stream values, counted while alive.
@@ -65,8 +77,9 @@ class LiveRestorer {
     }
   }
   absl::Status RestoreNow() {
-    done_ = true;
-    return live_.Restore();
+    absl::Status restored = live_.Restore();
+    done_ = restored.ok();  // on failure the destructor tries once more
+    return restored;
   }
 
  private:
@@ -94,14 +107,17 @@ class CheckpointBackward : public torch::autograd::Node {
   void AddOutput(size_t index) { output_index_.push_back(index); }
 
   void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(state_mutex_);
     forward_rng_.reset();
     saved_inputs_.clear();
     fn_ = nullptr;
   }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "lockstep::Checkpoint backward: create_graph=true (higher-order gradients) is not "
+                "supported; the gradients it returns would carry no history");
     if (forward_rng_ == nullptr) {
       TORCH_CHECK(false,
                   "lockstep::Checkpoint backward: this checkpoint's saved RNG state and inputs "
@@ -112,11 +128,12 @@ class CheckpointBackward : public torch::autograd::Node {
     inputs.reserve(saved_inputs_.size());
     for (auto& saved : saved_inputs_) inputs.push_back(saved.unpack());
 
-    absl::StatusOr<std::unique_ptr<SavedRngState>> live = saver_->Save();
-    if (!live.ok()) Fail(Annotate(live.status(), "saving the live RNG streams"));
     std::vector<at::Tensor> detached;
     std::vector<at::Tensor> outputs;
     {
+      std::lock_guard<std::mutex> rewind(RewindMutex());
+      absl::StatusOr<std::unique_ptr<SavedRngState>> live = saver_->Save();
+      if (!live.ok()) Fail(Annotate(live.status(), "saving the live RNG streams"));
       LiveRestorer restorer(**live);
       if (absl::Status s = forward_rng_->saved().Restore(); !s.ok()) {
         Fail(Annotate(s, "rewinding the RNG streams to the forward pass"));
@@ -155,7 +172,7 @@ class CheckpointBackward : public torch::autograd::Node {
   }
 
  private:
-  std::mutex mutex_;
+  std::mutex state_mutex_;  // apply vs release_variables
   CheckpointedFunction fn_;
   std::shared_ptr<const RngStateSaver> saver_;
   std::unique_ptr<RetainedRng> forward_rng_;
@@ -171,6 +188,10 @@ std::shared_ptr<const RngStateSaver> DefaultSaver(const std::vector<at::Tensor>&
       generators.cuda_device = input.get_device();
       break;
     }
+  }
+  // No CUDA input, but `fn` may still draw on the current device (e.g. it creates CUDA tensors).
+  if (!generators.has_cuda() && rng::internal::CudaGeneratorsLinked() && at::hasCUDA()) {
+    generators.cuda_device = static_cast<int>(at::detail::getCUDAHooks().current_device());
   }
   return std::make_shared<StreamSnapshots>(generators);
 }
@@ -213,9 +234,10 @@ absl::StatusOr<std::vector<at::Tensor>> Checkpoint(const CheckpointedFunction& f
     for (size_t i = 0; i < outputs.size(); ++i) {
       at::Tensor& output = outputs[i];
       if (!IsDifferentiable(output)) continue;
-      // History cannot be attached to a view, to an input itself, or twice to one tensor; a copy
+      // History cannot be attached to a view, to an input itself, twice to one tensor, or to a
+      // tensor `fn` did not create under no-grad (a captured parameter returned as is); a copy
       // can take it.
-      if (output.is_view() || AliasesAny(output, inputs, inputs.size()) ||
+      if (output.is_view() || output.requires_grad() || AliasesAny(output, inputs, inputs.size()) ||
           AliasesAny(output, outputs, i)) {
         at::NoGradGuard no_grad;
         output = output.clone();

@@ -18,15 +18,23 @@
 //
 // Lifetime: the saved stream values and the saved inputs belong to the autograd node. They are
 // released as soon as backward has run through it (unless backward was asked to retain the
-// graph), or when the graph is freed without backward — also while the outputs are still held.
+// graph) — also while the outputs are still held — or, without backward, when the last output
+// (and with it the graph) is freed.
 // A backward through a node whose state was released fails with an error naming the cause.
 // LiveCheckpointState() counts what is retained, for leak checks.
 //
 // What `fn` may be: any function of tensors that runs the same operations on recompute (no
 // rank- or time-dependent control flow). Non-tensor arguments travel in its captures. Inputs
-// may or may not require grad; parameters captured by `fn` get their gradients either way.
-// Outputs that are views of, or are, inputs are returned as copies, so that autograd history
-// can be attached to them. Checkpoints nest (a checkpointed `fn` may call Checkpoint).
+// may or may not require grad; leaf tensors captured by `fn` (parameters) get their gradients
+// either way. Outputs that are views, inputs, captured tensors that require grad, or repeats
+// of another output are returned as copies, so that autograd history can be attached to them.
+// Checkpoints nest (a checkpointed `fn` may call Checkpoint).
+//
+// Limits (as with torch.utils.checkpoint's reentrant form): backward through a checkpoint
+// accumulates into the .grad of the leaves `fn` uses, also under torch::autograd::grad or
+// backward(inputs=...); create_graph=true (higher-order gradients) is refused in backward;
+// tensors captured by `fn` that have autograd history of their own (non-leaves) must be passed
+// as inputs instead, since the recompute's backward consumes their upstream graph.
 //
 // CUDA graphs: inside a capture, forward saves and backward rewinds the graph-safe generator
 // position (rng/generator_state.h), so replaying the graph replays the same masks in forward
@@ -36,8 +44,9 @@
 // states, which cannot be installed during a capture, so inside a capture `fn` draws from the
 // default generators only.
 //
-// Thread-safety: the RNG streams are process-global; one thread at a time runs forward or
-// backward of checkpoints over the same streams.
+// Thread-safety: the RNG streams are process-global. Recomputes are serialized process-wide
+// (one backward may run checkpoint nodes on several engine threads); the caller must not draw
+// from the same streams on other threads while a backward runs.
 //
 // Example:
 //   auto block = [&](const std::vector<at::Tensor>& in) {
@@ -65,7 +74,8 @@ using CheckpointedFunction = std::function<std::vector<at::Tensor>(const std::ve
 
 struct CheckpointOptions {
   // The RNG streams to replay. Null: StreamSnapshots over the CPU generator plus the CUDA
-  // generator of the first CUDA input's device (CPU only when no input is on CUDA).
+  // generator of the first CUDA input's device, or of the current CUDA device when no input is
+  // on CUDA (CPU only in builds or processes without CUDA).
   std::shared_ptr<const RngStateSaver> rng_streams;
 };
 

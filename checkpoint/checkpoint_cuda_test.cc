@@ -97,48 +97,80 @@ TEST(CheckpointCudaTest, GradientsAndLiveGeneratorMatchThePlainBlock) {
   EXPECT_EQ(LiveCheckpointState().nodes, 0);
 }
 
+// Turns graph-safe generator state off for a scope (the refusal path of older LibTorch builds),
+// and back on however the scope is left.
+class WithoutGraphSafeState {
+ public:
+  WithoutGraphSafeState() { rng::internal::SetGraphSafeCudaStateEnabledForTesting(false); }
+  ~WithoutGraphSafeState() { rng::internal::SetGraphSafeCudaStateEnabledForTesting(true); }
+};
+
+// The captured region: a checkpointed block (optionally with a nested checkpoint inside, so
+// that snapshots are also taken while a rewound position is installed), a draw between forward
+// and backward, and backward.
+struct CapturedStep {
+  at::Tensor out, between;
+};
+
+absl::StatusOr<CapturedStep> CheckpointedStep(const Params& p, bool nested) {
+  Fn inner = [p](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{at::dropout(at::relu(at::matmul(in[0], p.w1)), 0.4, true)};
+  };
+  Fn block = [p, inner, nested](const std::vector<at::Tensor>& in) {
+    at::Tensor h = nested ? (*Checkpoint(inner, in))[0] : inner(in)[0];
+    return std::vector<at::Tensor>{at::matmul(h, p.w2) + 0.01 * at::rand({32, 64}, kCuda)};
+  };
+  absl::StatusOr<std::vector<at::Tensor>> out = Checkpoint(block, {p.x});
+  if (!out.ok()) return out.status();
+  CapturedStep step{(*out)[0], at::rand({16}, kCuda)};
+  step.out.backward(p.grad);
+  return step;
+}
+
+CapturedStep PlainStep(const Params& p) {
+  at::Tensor h = at::dropout(at::relu(at::matmul(p.x, p.w1)), 0.4, true);
+  CapturedStep step{at::matmul(h, p.w2) + 0.01 * at::rand({32, 64}, kCuda), at::rand({16}, kCuda)};
+  step.out.backward(p.grad);
+  return step;
+}
+
 // Captures forward + backward of a checkpointed dropout block in one graph. Each replay must
 // equal the plain block run eagerly from the generator state the replay started from.
-TEST(CheckpointCudaTest, CapturedCheckpointReplaysLikeTheEagerPlainBlock) {
+void CaptureAndReplay(bool nested) {
   const Params captured = Params::Make();
-  Fn block = DropoutBlock(captured);
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
-  at::Tensor out;
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    for (int i = 0; i < 2; ++i) {  // warm-up outside capture (library handles, workspaces)
-      (*Checkpoint(block, {captured.x}))[0].backward(captured.grad);
-    }
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(CheckpointedStep(captured, nested).ok());  // warm-up
     for (at::Tensor t : {captured.w1, captured.w2, captured.x}) t.mutable_grad() = at::Tensor();
     torch::cuda::synchronize();
   }
   at::cuda::CUDAGraph graph;
+  absl::StatusOr<CapturedStep> step;
   {
     c10::cuda::CUDAStreamGuard guard(side);
     graph.capture_begin();
-    absl::StatusOr<std::vector<at::Tensor>> result = Checkpoint(block, {captured.x});
-    ASSERT_TRUE(result.ok()) << result.status();
-    out = (*result)[0];
-    out.backward(captured.grad);
+    step = CheckpointedStep(captured, nested);
     graph.capture_end();
   }
+  ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(LiveCheckpointState().nodes, 0) << "backward in the graph released its state";
 
   auto replay_and_compare = [&](const char* when) {
     const rng::RngSnapshot before = *rng::RngSnapshot::Capture(kGpu);
     graph.replay();
     torch::cuda::synchronize();
-    const Result replayed{out.detach().cpu(), captured.x.grad().cpu(), captured.w1.grad().cpu(),
-                          captured.w2.grad().cpu()};
+    const Result replayed{step->out.detach().cpu(), captured.x.grad().cpu(),
+                          captured.w1.grad().cpu(), captured.w2.grad().cpu()};
+    const at::Tensor replayed_between = step->between.cpu();
     const rng::RngSnapshot after_replay = *rng::RngSnapshot::Capture(kGpu);
     ASSERT_TRUE(before.Restore().ok());
     Params eager = captured.Copy();
-    Fn eager_block = DropoutBlock(eager);
-    at::Tensor eager_out = eager_block({eager.x})[0];
-    eager_out.backward(eager.grad);
-    const Result reference{eager_out.detach().cpu(), eager.x.grad().cpu(), eager.w1.grad().cpu(),
-                           eager.w2.grad().cpu()};
+    const CapturedStep reference_step = PlainStep(eager);
+    const Result reference{reference_step.out.detach().cpu(), eager.x.grad().cpu(),
+                           eager.w1.grad().cpu(), eager.w2.grad().cpu()};
     EXPECT_TRUE(Same(replayed, reference)) << when;
+    EXPECT_TRUE(at::equal(replayed_between, reference_step.between.cpu())) << when;
     EXPECT_EQ(*rng::RngSnapshot::Capture(kGpu), after_replay)
         << when << ": the graph advanced the generator unlike the eager block";
   };
@@ -149,8 +181,16 @@ TEST(CheckpointCudaTest, CapturedCheckpointReplaysLikeTheEagerPlainBlock) {
   replay_and_compare("replay after an eager checkpoint");
 }
 
+TEST(CheckpointCudaTest, CapturedCheckpointReplaysLikeTheEagerPlainBlock) {
+  CaptureAndReplay(false);
+}
+
+TEST(CheckpointCudaTest, CapturedNestedCheckpointReplaysLikeTheEagerPlainBlock) {
+  CaptureAndReplay(true);
+}
+
 TEST(CheckpointCudaTest, WithoutGraphSafeStateStochasticCaptureIsRefusedDeterministicWorks) {
-  rng::internal::SetGraphSafeCudaStateEnabledForTesting(false);
+  WithoutGraphSafeState switch_off;
   const Params p = Params::Make();
   Fn stochastic = DropoutBlock(p);
   Fn deterministic = DeterministicBlock(p);
@@ -162,23 +202,30 @@ TEST(CheckpointCudaTest, WithoutGraphSafeStateStochasticCaptureIsRefusedDetermin
     torch::cuda::synchronize();
   }
   absl::Status refused;
+  absl::StatusOr<std::vector<at::Tensor>> accepted;
   at::Tensor out;
+  bool backward_threw = false;
   at::cuda::CUDAGraph graph;
   {
     c10::cuda::CUDAStreamGuard guard(side);
     graph.capture_begin();
     refused = Checkpoint(stochastic, {p.x}).status();
-    absl::StatusOr<std::vector<at::Tensor>> ok = Checkpoint(deterministic, {p.x});
-    if (ok.ok()) {
-      out = (*ok)[0];
-      out.backward(p.grad);
+    accepted = Checkpoint(deterministic, {p.x});
+    if (accepted.ok()) {
+      out = (*accepted)[0];
+      (void)at::rand({16}, kCuda);  // a draw between forward and backward, outside the block
+      try {
+        out.backward(p.grad);
+      } catch (const std::exception&) {
+        backward_threw = true;
+      }
     }
     graph.capture_end();
-    ASSERT_TRUE(ok.ok()) << ok.status();
   }
-  rng::internal::SetGraphSafeCudaStateEnabledForTesting(true);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_THAT(refused.message(), ::testing::HasSubstr("no graph-safe generator state"));
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSERT_FALSE(backward_threw) << "a deterministic checkpoint failed in backward";
   graph.replay();
   torch::cuda::synchronize();
   Params eager = p.Copy();
@@ -187,6 +234,18 @@ TEST(CheckpointCudaTest, WithoutGraphSafeStateStochasticCaptureIsRefusedDetermin
   EXPECT_TRUE(at::allclose(out.cpu(), eager_out.detach().cpu()));
   EXPECT_TRUE(at::allclose(p.w1.grad().cpu(), eager.w1.grad().cpu()));
   EXPECT_EQ(LiveCheckpointState().nodes, 0);
+}
+
+// No input on CUDA, but the block draws on the current device: the default saver covers it.
+TEST(CheckpointCudaTest, DefaultStreamsCoverTheCurrentDeviceWithoutCudaInputs) {
+  at::Tensor scale = at::ones({64}).requires_grad_();  // a CPU input
+  Fn block = [](const std::vector<at::Tensor>& in) {
+    at::Tensor mask = at::dropout(at::ones({64}, kCuda), 0.5, true).cpu();
+    return std::vector<at::Tensor>{in[0] * mask};
+  };
+  at::Tensor out = (*Checkpoint(block, {scale}))[0];
+  out.sum().backward();
+  EXPECT_TRUE(at::equal(scale.grad(), out.detach())) << "recompute drew another CUDA mask";
 }
 
 }  // namespace

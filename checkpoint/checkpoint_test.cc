@@ -16,6 +16,7 @@
 #include "rng/model_stream.h"
 #include "rng/named_streams.h"
 #include "testing/aliasing_rng_saver.h"
+#include "torch/csrc/autograd/autograd.h"
 
 namespace lockstep {
 namespace checkpoint {
@@ -320,6 +321,31 @@ TEST(CheckpointTest, RetainedGraphReplaysTheSameMaskOnASecondBackward) {
   out.backward(grad);
   EXPECT_TRUE(at::equal(mlp.w1.grad(), once * 2));
   EXPECT_EQ(LiveCheckpointState().nodes, 0);
+}
+
+TEST(CheckpointTest, ReturnedParametersAndViewsGetHistoryOnCopies) {
+  Mlp mlp;
+  Block block = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::dropout(at::matmul(in[0], mlp.w1), 0.2, true);
+    return std::vector<at::Tensor>{h.view({-1}), mlp.w2, h.select(0, 1)};
+  };
+  const Step plain = RunStep(mlp, block, false, 9);
+  const Step checkpointed = RunStep(mlp, block, true, 9);
+  ExpectBitIdentical(plain, checkpointed);
+  EXPECT_TRUE(mlp.w2.is_leaf()) << "a returned parameter must not get the checkpoint's history";
+  EXPECT_EQ(mlp.w2.grad_fn(), nullptr);
+}
+
+TEST(CheckpointTest, HigherOrderGradientsAreRefused) {
+  Mlp mlp;
+  at::Tensor x = at::randn({4, 16}).requires_grad_();
+  at::Tensor out = (*Checkpoint(MlpBlock(mlp), {x}))[0];
+  try {
+    (void)torch::autograd::grad({out.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+    FAIL() << "create_graph=true was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("create_graph=true"));
+  }
 }
 
 TEST(CheckpointTest, RecomputeThatThrowsRestoresTheLiveStreams) {

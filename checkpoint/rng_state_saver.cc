@@ -37,7 +37,15 @@ class SavedStreams : public SavedRngState {
       LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(tracker_->Restore(std::move(merged)),
                                             "while restoring named RNG streams");
     }
-    absl::Status restored = defaults_.Restore();
+    absl::Status restored;
+    const auto& cuda = defaults_.cuda();
+    if (cuda.has_value() && cuda->in_capture.has_value() && cuda->in_capture->live == nullptr) {
+      // Inside a capture without graph-safe state the CUDA generator cannot be rewound; what was
+      // saved is only a draw detector (CheckReplayable), so restore the CPU half alone.
+      restored = rng::RngSnapshot::RestoreParts(defaults_.cpu_state(), std::nullopt);
+    } else {
+      restored = defaults_.Restore();
+    }
     if (!restored.ok() && tracker_ != nullptr && !named_.empty()) {
       (void)tracker_->Restore(std::move(previous));  // all or nothing
     }

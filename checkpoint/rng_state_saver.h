@@ -9,8 +9,11 @@
 // StreamSnapshots is the implementation to use: value snapshots (rng::RngSnapshot) of the rank's
 // default generators — the CPU generator and the rank's CUDA generator, graph-safe under CUDA
 // graph capture — and of the named streams of an rng::NamedStreamTracker (all of them, or only
-// the names given). The interface exists so that tests and qualify can substitute deliberately
-// wrong savers (negative controls) and callers can add streams lockstep does not know about.
+// the names given). Inside a CUDA graph capture on a LibTorch without graph-safe generator
+// state, the CUDA half is not rewound (it cannot be): Save() records its position only so that
+// CheckReplayable() can refuse stochastic work. The interface exists so that tests and qualify can
+// substitute deliberately wrong savers (negative controls) and callers can add streams lockstep
+// does not know about.
 //
 // Contract for implementations: a SavedRngState is a value (later draws do not change it);
 // Restore writes all of its streams or none; ByteSize counts what it keeps alive.

@@ -58,8 +58,14 @@ absl::Status CheckParts(absl::string_view cpu_state,
                                                    " bytes; this LibTorch's has ",
                                                    RngSnapshot::CpuStateSize()));
   }
-  if (cuda.has_value()) return NeedCuda(cuda->device);
-  return absl::OkStatus();
+  if (!cuda.has_value()) return absl::OkStatus();
+  if (!cuda->in_capture.has_value() && cuda->offset % 4 != 0) {
+    // LibTorch keeps Philox offsets at multiples of 4; checked here so nothing is half written.
+    return absl::InvalidArgumentError(absl::StrCat("CUDA generator offset ", cuda->offset,
+                                                   " of device ", cuda->device,
+                                                   " is not a multiple of 4"));
+  }
+  return NeedCuda(cuda->device);
 }
 
 }  // namespace
@@ -97,6 +103,8 @@ std::atomic<bool> graph_safe_enabled{true};
 }  // namespace
 
 void SetGraphSafeCudaStateEnabledForTesting(bool enabled) { graph_safe_enabled = enabled; }
+
+bool CudaGeneratorsLinked() { return cuda_hooks != nullptr; }
 
 bool GraphSafeCudaStateAvailable() {
   return cuda_hooks != nullptr && cuda_hooks->graph_safe_supported && graph_safe_enabled;

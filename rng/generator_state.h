@@ -18,8 +18,10 @@
 // reproduces the draws of the captured region exactly (what activation-checkpoint recompute
 // inside a graph needs). Restoring an in-capture snapshot outside its capture, or an eager one
 // during a capture, is refused (kFailedPrecondition). A restore during capture must be followed,
-// before the capture ends, by restoring a snapshot taken after it (as scopes do) so that the
-// graph's own generator state is live again. Restore writes both generators or neither.
+// before the capture ends, by restoring a snapshot taken after it (as scopes and checkpoints
+// do) so that the graph's own generator state is live again; a rewound position left installed
+// past the end of the capture makes every later CUDA draw on that device fail. Restore writes
+// both generators or neither.
 //
 // Out of scope (not captured, not restored): Python and NumPy generators, generators passed
 // explicitly to operators, CUDA generators of other devices, and concurrent users of the
@@ -156,6 +158,9 @@ void RegisterCudaGeneratorHooks(const CudaGeneratorHooks& hooks);
 // LibTorch build has the API (2.4 and later).
 void SetGraphSafeCudaStateEnabledForTesting(bool enabled);
 bool GraphSafeCudaStateAvailable();
+
+// Whether the CUDA half is linked in (a --config=cuda build).
+bool CudaGeneratorsLinked();
 }  // namespace internal
 
 }  // namespace rng

@@ -54,9 +54,10 @@ ModelStream& Model() {
   return *model;
 }
 
-// The bytes Synchronize moves: CPU state, plus seed and offset of the CUDA generator.
+// The bytes Synchronize moves: a status byte, the CPU state, plus seed and offset of the CUDA
+// generator.
 int64_t StateBytes() {
-  return static_cast<int64_t>(RngSnapshot::CpuStateSize()) + (kGenerators.has_cuda() ? 16 : 0);
+  return 1 + static_cast<int64_t>(RngSnapshot::CpuStateSize()) + (kGenerators.has_cuda() ? 16 : 0);
 }
 
 absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) {

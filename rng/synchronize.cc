@@ -15,7 +15,7 @@ namespace lockstep {
 namespace rng {
 namespace {
 
-// Wire layout: CPU state bytes, then (with CUDA) seed and offset as two little-endian uint64.
+// Seed and offset of the CUDA generator, as two little-endian uint64 after the CPU state.
 constexpr size_t kCudaBytes = 16;
 
 void PutWord(uint8_t* out, uint64_t v) {
@@ -28,6 +28,39 @@ uint64_t GetWord(const uint8_t* in) {
   return v;
 }
 
+// Writes the leader's state after the status byte of `data`: CPU state, then (with CUDA) seed
+// and offset.
+absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::string& context,
+                              uint8_t* data, size_t cpu_bytes) {
+  std::optional<CudaGeneratorState> cuda;
+  if (generators.has_cuda()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
+    if (mine.cuda()->in_capture.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(context,
+                       ": CUDA graph capture is underway; the generator's position is "
+                       "graph-relative there, so synchronize before capturing"));
+    }
+    cuda = mine.cuda();
+  }
+  return CallTorch(context, [&] {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor cpu_state;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      cpu_state = gen.get_state();
+    }
+    TORCH_CHECK(static_cast<size_t>(cpu_state.numel()) == cpu_bytes,
+                "the CPU generator's state has ", cpu_state.numel(), " bytes, expected ",
+                cpu_bytes);
+    std::memcpy(data + 1, cpu_state.data_ptr(), cpu_bytes);
+    if (cuda.has_value()) {
+      PutWord(data + 1 + cpu_bytes, cuda->seed);
+      PutWord(data + 1 + cpu_bytes + 8, cuda->offset);
+    }
+  });
+}
+
 }  // namespace
 
 absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators) {
@@ -35,63 +68,38 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   const std::string context =
       absl::StrCat("while synchronizing RNG state across ", group->DebugName());
   const size_t cpu_bytes = RngSnapshot::CpuStateSize();
-  const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0);
+  // Wire: one status byte (the leader could read its state, or not), the CPU state, and with
+  // CUDA the seed and offset. The leader always broadcasts, so a failure on its side reaches
+  // the members at once instead of leaving them waiting for a broadcast that never comes.
+  const size_t total = 1 + cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0);
   at::Tensor wire;
-  if (group->rank() == 0) {
-    // Only the leader reads its state; the others overwrite theirs. The CPU generator's state
-    // tensor is the wire itself when there is no CUDA half (no copies on the hot path).
-    std::optional<CudaGeneratorState> cuda;
-    if (generators.has_cuda()) {
-      LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
-      if (mine.cuda()->in_capture.has_value()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(context,
-                         ": CUDA graph capture is underway; the generator's position is "
-                         "graph-relative there, so synchronize before capturing"));
-      }
-      cuda = mine.cuda();
-    }
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      at::Tensor cpu_state;
-      {
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        cpu_state = gen.get_state();
-      }
-      if (!cuda.has_value()) {
-        wire = cpu_state;
-        return;
-      }
-      wire = at::empty({static_cast<int64_t>(total)}, at::kByte);
-      uint8_t* data = wire.data_ptr<uint8_t>();
-      std::memcpy(data, cpu_state.data_ptr(), cpu_bytes);
-      PutWord(data + cpu_bytes, cuda->seed);
-      PutWord(data + cpu_bytes + 8, cuda->offset);
-    }));
-    if (static_cast<size_t>(wire.numel()) != total) {
-      return absl::InternalError(absl::StrCat(context, ": the CPU generator's state has ",
-                                              wire.numel(), " bytes, expected ", cpu_bytes));
-    }
-  } else {
-    LOCKSTEP_RETURN_IF_ERROR(
-        CallTorch(context, [&] { wire = at::empty({static_cast<int64_t>(total)}, at::kByte); }));
-  }
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
+    wire = at::empty({static_cast<int64_t>(total)}, at::kByte);
+    wire.data_ptr<uint8_t>()[0] = 0;
+  }));
+  uint8_t* data = wire.data_ptr<uint8_t>();
+  absl::Status leader_status;
+  if (group->rank() == 0) leader_status = WriteLeaderState(generators, context, data, cpu_bytes);
+  if (group->rank() == 0 && leader_status.ok()) data[0] = 1;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(wire, 0), context);
-  if (group->rank() == 0) return absl::OkStatus();
+  if (group->rank() == 0) return leader_status;
+  if (data[0] != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(context, ": the group's leader (global rank ", group->global_ranks()[0],
+                     ") could not read its RNG state; its own error says why"));
+  }
   if (!generators.has_cuda()) {
-    // The received tensor has exactly a CPU state's size; the generator checks its content.
     return CallTorch(absl::StrCat(context, ": installing the leader's CPU generator state"), [&] {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(wire);
+      gen.set_state(wire.slice(0, 1, 1 + static_cast<int64_t>(cpu_bytes)));
     });
   }
-  const uint8_t* data = wire.data_ptr<uint8_t>();
   const std::optional<CudaGeneratorState> cuda = CudaGeneratorState{
-      generators.cuda_device, GetWord(data + cpu_bytes), GetWord(data + cpu_bytes + 8)};
+      generators.cuda_device, GetWord(data + 1 + cpu_bytes), GetWord(data + 1 + cpu_bytes + 8)};
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      RngSnapshot::RestoreParts(absl::string_view(reinterpret_cast<const char*>(data), cpu_bytes),
-                                cuda),
+      RngSnapshot::RestoreParts(
+          absl::string_view(reinterpret_cast<const char*>(data + 1), cpu_bytes), cuda),
       context);
   return absl::OkStatus();
 }

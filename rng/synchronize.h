@@ -10,11 +10,14 @@
 // means "the whole world" — so different DP workers (different groups) are never coupled:
 // identically seeded DP workers stay identical and differently seeded ones stay different.
 //
-// One broadcast of one byte tensor carries the whole state; it travels as a CPU tensor, which
-// the Gloo communicator sends as is and the NCCL communicator stages through the device.
+// One broadcast of one byte tensor (a status byte, then the state) carries it all; it travels as a
+// CPU tensor, which the Gloo communicator sends as is and the NCCL communicator stages through the
+// device.
 //
 // Not during CUDA graph capture: the CUDA generator's position is graph-relative there, so the
-// leader refuses (kFailedPrecondition) and the members refuse to install an eager state.
+// leader refuses (kFailedPrecondition). Whenever the leader cannot read its state it still
+// broadcasts, marked as failed, and every member returns kFailedPrecondition naming it — no
+// member is left waiting.
 //
 // Thread-safety: as the communicator's and the default generators'.
 //

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -124,6 +126,31 @@ TEST(SynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
     EXPECT_THAT(s.message(), ::testing::HasSubstr("disagrees with its leader"));
   }
+}
+
+// The leader cannot read its state (here: a CUDA device that does not exist): it still
+// broadcasts, and every member fails at once naming the leader instead of waiting for a
+// broadcast that never comes (the 60 s process-world timeout would otherwise fire).
+TEST(SynchronizeTest, LeaderFailureReachesEveryMemberWithoutAHang) {
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> results =
+      testing::RunProcessWorld({3}, [](int rank, Communicator& comm) -> absl::Status {
+        if (rank == 0) return absl::OkStatus();  // not a member
+        auto group = comm.NewGroup({1, 2});      // leader: global rank 1
+        if (!group.ok()) return group.status();
+        const absl::Status s = Synchronize(group->get(), {.cuda_device = 99});
+        if (rank == 1) {
+          return s.ok() ? absl::InternalError("the leader's failure was not reported")
+                        : absl::OkStatus();
+        }
+        if (s.code() != absl::StatusCode::kFailedPrecondition ||
+            !absl::StrContains(s.message(), "leader (global rank 1)")) {
+          return absl::InternalError(absl::StrCat("member got: ", s.ToString()));
+        }
+        return absl::OkStatus();
+      });
+  ExpectAllOk(results);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
 TEST(SynchronizeTest, NoGroupAndSingleMemberGroupAreNoOps) {
