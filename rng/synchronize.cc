@@ -28,8 +28,7 @@ uint64_t GetWord(const uint8_t* in) {
   return v;
 }
 
-// Writes the leader's state after the status byte of `data`: CPU state, then (with CUDA) seed
-// and offset.
+// Writes the leader's state into `data`: CPU state, then (with CUDA) seed and offset.
 absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::string& context,
                               uint8_t* data, size_t cpu_bytes) {
   std::optional<CudaGeneratorState> cuda;
@@ -53,10 +52,10 @@ absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::st
     TORCH_CHECK(static_cast<size_t>(cpu_state.numel()) == cpu_bytes,
                 "the CPU generator's state has ", cpu_state.numel(), " bytes, expected ",
                 cpu_bytes);
-    std::memcpy(data + 1, cpu_state.data_ptr(), cpu_bytes);
+    std::memcpy(data, cpu_state.data_ptr(), cpu_bytes);
     if (cuda.has_value()) {
-      PutWord(data + 1 + cpu_bytes, cuda->seed);
-      PutWord(data + 1 + cpu_bytes + 8, cuda->offset);
+      PutWord(data + cpu_bytes, cuda->seed);
+      PutWord(data + cpu_bytes + 8, cuda->offset);
     }
   });
 }
@@ -68,22 +67,25 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   const std::string context =
       absl::StrCat("while synchronizing RNG state across ", group->DebugName());
   const size_t cpu_bytes = RngSnapshot::CpuStateSize();
-  // Wire: one status byte (the leader could read its state, or not), the CPU state, and with
-  // CUDA the seed and offset. The leader always broadcasts, so a failure on its side reaches
-  // the members at once instead of leaving them waiting for a broadcast that never comes.
-  const size_t total = 1 + cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0);
+  // Wire: the CPU state (first: LibTorch 2.x reads a state tensor from its storage's start, so
+  // only a prefix view of the wire can be installed as is), with CUDA the seed and offset, and
+  // last a status byte: whether the leader could read its state. The leader always broadcasts,
+  // so a failure on its side reaches the members at once instead of leaving them waiting for a
+  // broadcast that never comes.
+  const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0) + 1;
+  const size_t status_byte = total - 1;
   at::Tensor wire;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {
     wire = at::empty({static_cast<int64_t>(total)}, at::kByte);
-    wire.data_ptr<uint8_t>()[0] = 0;
+    wire.data_ptr<uint8_t>()[status_byte] = 0;
   }));
   uint8_t* data = wire.data_ptr<uint8_t>();
   absl::Status leader_status;
   if (group->rank() == 0) leader_status = WriteLeaderState(generators, context, data, cpu_bytes);
-  if (group->rank() == 0 && leader_status.ok()) data[0] = 1;
+  if (group->rank() == 0 && leader_status.ok()) data[status_byte] = 1;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(wire, 0), context);
   if (group->rank() == 0) return leader_status;
-  if (data[0] != 1) {
+  if (data[status_byte] != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat(context, ": the group's leader (global rank ", group->global_ranks()[0],
                      ") could not read its RNG state; its own error says why"));
@@ -92,14 +94,14 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
     return CallTorch(absl::StrCat(context, ": installing the leader's CPU generator state"), [&] {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(wire.slice(0, 1, 1 + static_cast<int64_t>(cpu_bytes)));
+      gen.set_state(wire.slice(0, 0, static_cast<int64_t>(cpu_bytes)));
     });
   }
   const std::optional<CudaGeneratorState> cuda = CudaGeneratorState{
-      generators.cuda_device, GetWord(data + 1 + cpu_bytes), GetWord(data + 1 + cpu_bytes + 8)};
+      generators.cuda_device, GetWord(data + cpu_bytes), GetWord(data + cpu_bytes + 8)};
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      RngSnapshot::RestoreParts(
-          absl::string_view(reinterpret_cast<const char*>(data + 1), cpu_bytes), cuda),
+      RngSnapshot::RestoreParts(absl::string_view(reinterpret_cast<const char*>(data), cpu_bytes),
+                                cuda),
       context);
   return absl::OkStatus();
 }

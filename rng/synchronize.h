@@ -10,7 +10,7 @@
 // means "the whole world" — so different DP workers (different groups) are never coupled:
 // identically seeded DP workers stay identical and differently seeded ones stay different.
 //
-// One broadcast of one byte tensor (a status byte, then the state) carries it all; it travels as a
+// One broadcast of one byte tensor (the state, then a status byte) carries it all; it travels as a
 // CPU tensor, which the Gloo communicator sends as is and the NCCL communicator stages through the
 // device.
 //
