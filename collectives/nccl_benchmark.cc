@@ -51,6 +51,58 @@ void BM_LockstepNcclBroadcast(benchmark::State& state) {
   }
 }
 
+NcclCommunicator* WorldOfOne() {
+  static NcclCommunicator* comm = [] {
+    auto rendezvous = Rendezvous::File(absl::StrCat("/tmp/lockstep_nccl_bench_cpu_", getpid()), 0,
+                                       1, absl::Seconds(30));
+    auto created = NcclCommunicator::Create(*rendezvous, {});
+    if (!created.ok()) return static_cast<NcclCommunicator*>(nullptr);
+    return created->release();
+  }();
+  return comm;
+}
+
+// A CPU tensor through the communicator's pinned staging (one wait for upload, broadcast and
+// download) ...
+void BM_LockstepNcclBroadcastCpuTensor(benchmark::State& state) {
+  NcclCommunicator* comm = WorldOfOne();
+  if (comm == nullptr) {
+    state.SkipWithError("NcclCommunicator::Create failed");
+    return;
+  }
+  at::Tensor payload = at::zeros({state.range(0)}, at::kByte);
+  for (auto _ : state) {
+    if (!comm->Broadcast(payload, 0).ok()) {
+      state.SkipWithError("broadcast failed");
+      break;
+    }
+  }
+}
+
+// ... against staging it by hand the plain way: a pageable copy to the device, the broadcast,
+// and a pageable copy back (what lockstep did before pinned staging).
+void BM_PageableStagedNcclBroadcast(benchmark::State& state) {
+  NcclCommunicator* comm = WorldOfOne();
+  if (comm == nullptr) {
+    state.SkipWithError("NcclCommunicator::Create failed");
+    return;
+  }
+  at::Tensor payload = at::zeros({state.range(0)}, at::kByte);
+  for (auto _ : state) {
+    at::Tensor on_device = payload.to(at::Device(at::kCUDA, 0));
+    if (!comm->Broadcast(on_device, 0).ok()) {
+      state.SkipWithError("broadcast failed");
+      break;
+    }
+    payload.copy_(on_device);
+  }
+}
+
+void StateSizes(benchmark::internal::Benchmark* b) {
+  for (int64_t bytes : {16, 5073, 65536}) b->Arg(bytes);  // 5073: Synchronize's wire with CUDA
+  b->ArgName("bytes")->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
 void BM_C10dNcclBroadcast(benchmark::State& state) {
   static c10::intrusive_ptr<c10d::ProcessGroupNCCL>* pg = [] {
     auto store = c10::make_intrusive<c10d::FileStore>(
@@ -70,6 +122,8 @@ void BM_C10dNcclBroadcast(benchmark::State& state) {
 
 BENCHMARK(BM_LockstepNcclBroadcast)->Apply(Sizes);
 BENCHMARK(BM_C10dNcclBroadcast)->Apply(Sizes);
+BENCHMARK(BM_LockstepNcclBroadcastCpuTensor)->Apply(StateSizes);
+BENCHMARK(BM_PageableStagedNcclBroadcast)->Apply(StateSizes);
 
 }  // namespace
 }  // namespace collectives

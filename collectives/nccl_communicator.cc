@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -24,6 +25,12 @@ struct NcclCommunicator::Shared {
   Options options;
   int device = 0;
   internal::GroupRegistry groups;
+  // Staging of CPU tensors: a pinned host buffer and a device buffer, grown on demand and reused
+  // (each collective completes before the next may use them). Pinned memory lets the copies be
+  // asynchronous on the collective's stream, so one wait covers upload, collective and download.
+  std::mutex staging_mutex;
+  at::Tensor host_staging;
+  at::Tensor device_staging;
 };
 
 struct NcclCommunicator::Group {
@@ -258,11 +265,12 @@ absl::StatusOr<at::Tensor> OnDevice(const at::Tensor& tensor, int device, const 
 }  // namespace
 
 absl::Status NcclCommunicator::InPlace(const std::string& what, at::Tensor& tensor,
-                                       const InPlaceLaunch& launch) {
+                                       const InPlaceLaunch& launch, bool upload) {
   if (group_->broken) return absl::FailedPreconditionError(what + ": communicator was aborted");
   absl::StatusOr<ncclDataType_t> type = NcclType(tensor.scalar_type());
   if (!type.ok()) return type.status();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(shared_->device));
+  if (tensor.is_cpu()) return StagedInPlace(what, tensor, launch, *type, upload);
   absl::StatusOr<at::Tensor> buffer = OnDevice(tensor, shared_->device, what);
   if (!buffer.ok()) return buffer.status();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
@@ -271,9 +279,49 @@ absl::Status NcclCommunicator::InPlace(const std::string& what, at::Tensor& tens
   if (result != ncclSuccess && result != ncclInProgress) {
     return NcclError(what, result, group_->comm);
   }
-  absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
-  if (!done.ok()) return done;
-  if (!tensor.is_cuda()) return CallTorch(what + ": copying back", [&] { tensor.copy_(*buffer); });
+  return AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
+}
+
+absl::Status NcclCommunicator::StagedInPlace(const std::string& what, at::Tensor& tensor,
+                                             const InPlaceLaunch& launch, ncclDataType_t type,
+                                             bool upload) {
+  if (!tensor.defined()) return absl::InvalidArgumentError(what + ": tensor is undefined");
+  if (!tensor.is_contiguous()) {
+    return absl::InvalidArgumentError(what + ": tensor must be contiguous");
+  }
+  std::lock_guard<std::mutex> lock(shared_->staging_mutex);
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  if (bytes == 0) return absl::OkStatus();
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating staging buffers", [&] {
+    if (!shared_->host_staging.defined() || shared_->host_staging.numel() < bytes) {
+      shared_->host_staging =
+          at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      shared_->device_staging =
+          at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(
+                                 at::kCUDA, static_cast<c10::DeviceIndex>(shared_->device)));
+    }
+  }));
+  void* host = shared_->host_staging.data_ptr();
+  void* device = shared_->device_staging.data_ptr();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
+  if (upload) {
+    std::memcpy(host, tensor.data_ptr(), bytes);
+    if (cudaError_t e = cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat(what, ": staging to the device: ", cudaGetErrorString(e)));
+    }
+  }
+  const ncclResult_t result = launch(device, tensor.numel(), type, group_->comm, stream);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    return NcclError(what, result, group_->comm);
+  }
+  if (cudaError_t e = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream);
+      e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat(what, ": copying back: ", cudaGetErrorString(e)));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what));
+  std::memcpy(tensor.data_ptr(), host, bytes);
   return absl::OkStatus();
 }
 
@@ -282,11 +330,13 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
   }
+  // Only the root's bytes matter: the others' staging buffer is overwritten.
   return InPlace(
       what, tensor,
       [root](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
         return ncclBroadcast(data, data, count, type, root, comm, stream);
-      });
+      },
+      /*upload=*/rank() == root);
 }
 
 absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {

@@ -2,8 +2,9 @@
 //
 // NcclCommunicator implements Communicator with the NCCL API directly, one NCCL communicator
 // per group, on this process's CUDA device (LOCAL_RANK by default). CUDA tensors of that device
-// move without copies; CPU tensors (such as BroadcastBytes's buffers) are staged through the
-// device and copied back.
+// move without copies; CPU tensors (such as BroadcastBytes's buffers and RNG states) are staged
+// through a reused pinned host buffer and device buffer, with the upload, the collective and the
+// download queued on one stream and waited for once (a broadcast's receivers skip the upload).
 //
 // Why the NCCL API rather than c10d's ProcessGroupNCCL: lockstep's collectives are small and
 // latency-bound (RNG states, plan digests); the direct calls skip c10d's work objects and
@@ -84,7 +85,12 @@ class NcclCommunicator : public Communicator {
 
   NcclCommunicator(std::shared_ptr<Shared> shared, std::unique_ptr<Group> group);
   // Runs `launch` on `tensor` (staged through the device when on the CPU) and waits for it.
-  absl::Status InPlace(const std::string& what, at::Tensor& tensor, const InPlaceLaunch& launch);
+  // `upload`: whether a CPU tensor's current contents are needed on the device (not for the
+  // receivers of a broadcast).
+  absl::Status InPlace(const std::string& what, at::Tensor& tensor, const InPlaceLaunch& launch,
+                       bool upload = true);
+  absl::Status StagedInPlace(const std::string& what, at::Tensor& tensor,
+                             const InPlaceLaunch& launch, ncclDataType_t type, bool upload);
 
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<Group> group_;

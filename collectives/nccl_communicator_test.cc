@@ -59,6 +59,13 @@ TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
   std::string bytes = "lockstep";
   ASSERT_TRUE(BroadcastBytes(world, &bytes, 0).ok());
   EXPECT_EQ(bytes, "lockstep");
+  // The reused staging buffers grow for a larger tensor and keep working for a smaller one.
+  for (int64_t n : {5073, 300000, 17}) {
+    at::Tensor staged = at::randint(0, 255, {n}, at::kByte);
+    const at::Tensor expected = staged.clone();
+    ASSERT_TRUE(world.Broadcast(staged, 0).ok()) << n;
+    EXPECT_TRUE(at::equal(staged, expected)) << n;
+  }
 
   ASSERT_TRUE(world.Barrier().ok());
   auto group = world.NewGroup({0});
