@@ -3,6 +3,7 @@
 // (replay equals eager, again after later replays and after an eager checkpoint), plus the
 // refusal path of a LibTorch without graph-safe generator state (selected by a switch).
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -234,6 +235,51 @@ TEST(CheckpointCudaTest, WithoutGraphSafeStateStochasticCaptureIsRefusedDetermin
   EXPECT_TRUE(at::allclose(out.cpu(), eager_out.detach().cpu()));
   EXPECT_TRUE(at::allclose(p.w1.grad().cpu(), eager.w1.grad().cpu()));
   EXPECT_EQ(LiveCheckpointState().nodes, 0);
+}
+
+// A recompute that throws inside a capture still puts the graph's own generator state back:
+// after the capture ends, eager CUDA draws work and continue where the graph leaves them.
+TEST(CheckpointCudaTest, RecomputeErrorInsideACaptureRestoresTheGraphsGeneratorState) {
+  const Params p = Params::Make();
+  int calls = 0;
+  Fn block = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::dropout(at::relu(at::matmul(in[0], p.w1)), 0.4, true);
+    if (++calls == 4) throw std::runtime_error("recompute failed on purpose");
+    return std::vector<at::Tensor>{at::matmul(h, p.w2)};
+  };
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    (*Checkpoint(block, {p.x}))[0].backward(p.grad);  // warm-up: calls 1 and 2
+    torch::cuda::synchronize();
+  }
+  bool threw = false;
+  absl::Status forward;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    graph.capture_begin();
+    absl::StatusOr<std::vector<at::Tensor>> out = Checkpoint(block, {p.x});  // call 3
+    forward = out.status();
+    if (out.ok()) {
+      try {
+        (*out)[0].backward(p.grad);  // call 4 throws
+      } catch (const std::exception&) {
+        threw = true;
+      }
+    }
+    graph.capture_end();
+  }
+  ASSERT_TRUE(forward.ok()) << forward;
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(LiveCheckpointState().nodes, 0);
+  const rng::RngSnapshot before = *rng::RngSnapshot::Capture(kGpu);
+  at::Tensor eager;
+  EXPECT_NO_THROW(eager = at::rand({8}, kCuda)) << "a rewound capture-only state was left live";
+  graph.replay();
+  torch::cuda::synchronize();
+  ASSERT_TRUE(before.Restore().ok());
+  EXPECT_TRUE(at::equal(at::rand({8}, kCuda).cpu(), eager.cpu()));
 }
 
 // No input on CUDA, but the block draws on the current device: the default saver covers it.
