@@ -1,6 +1,7 @@
-// Negative controls for VerifyPlan: a valid plan passes, and each kind of corruption that the
-// property tests rely on it to catch (a dropped or duplicated token, an over-budget microbatch,
-// broken boundaries, a missing or wrong shard, a changed loss scale) is reported.
+// Negative controls for VerifyPlan: a valid plan passes, and each corruption of what a compact
+// plan stores (a dropped or duplicated microbatch or sequence, an over-budget microbatch, broken
+// boundaries, shifted token ranges, a missing or mislabelled shard, wrong shard counts, an
+// unknown chunk rule, a changed loss scale or loss weights digest) is reported.
 
 #include "planner/plan_check.h"
 
@@ -54,6 +55,18 @@ TEST_P(VerifyPlanTest, ValidPlanPassesAndCorruptionIsReported) {
 
 CpShard& Shard(Plan& p, int m, int r) { return *p.mutable_microbatches(m)->mutable_shards(r); }
 
+// Sets microbatch m's shard counts to what ShardPieces derives, so that a corruption of the
+// packed sequences is caught by the coverage checks rather than by the shard counts.
+void Recount(Plan& p, int m) {
+  for (int r = 0; r < p.microbatches(m).shards_size(); ++r) {
+    const std::vector<ShardPiece> pieces = *ShardPieces(p, m, r);
+    int64_t tokens = 0;
+    for (const ShardPiece& piece : pieces) tokens += piece.end - piece.begin;
+    Shard(p, m, r).set_num_tokens(tokens);
+    Shard(p, m, r).set_num_pieces(static_cast<int>(pieces.size()));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Corruptions, VerifyPlanTest,
     ::testing::Values(
@@ -61,34 +74,43 @@ INSTANTIATE_TEST_SUITE_P(
                    "in no microbatch"},
         Corruption{"DuplicatedMicrobatch",
                    [](Plan& p) { *p.add_microbatches() = p.microbatches(0); }, "planned twice"},
-        Corruption{"DroppedPiece",
+        Corruption{"DroppedSequence",
                    [](Plan& p) {
-                     CpShard& s = Shard(p, 1, 0);
-                     s.set_num_tokens(s.num_tokens() - (s.piece_end(0) - s.piece_begin(0)));
-                     s.mutable_piece_sequence()->erase(s.mutable_piece_sequence()->begin());
-                     s.mutable_piece_chunk()->erase(s.mutable_piece_chunk()->begin());
-                     s.mutable_piece_begin()->erase(s.mutable_piece_begin()->begin());
-                     s.mutable_piece_end()->erase(s.mutable_piece_end()->begin());
+                     // The last packed sequence of microbatch 0 goes, consistently everywhere.
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.mutable_batch_index()->RemoveLast();
+                     mb.mutable_sequence_id()->RemoveLast();
+                     mb.mutable_token_begin()->RemoveLast();
+                     mb.mutable_loss_scale()->RemoveLast();
+                     mb.mutable_cu_seqlens()->RemoveLast();
+                     mb.set_num_tokens(mb.cu_seqlens(mb.cu_seqlens_size() - 1));
+                     Recount(p, 0);
                    },
-                   "owned by no CP rank"},
-        Corruption{"PieceOwnedTwice",
-                   [](Plan& p) {
-                     CpShard& s = Shard(p, 0, 1);
-                     s.add_piece_sequence(s.piece_sequence(0));
-                     s.add_piece_chunk(s.piece_chunk(0));
-                     s.add_piece_begin(s.piece_begin(0));
-                     s.add_piece_end(s.piece_end(0));
-                     s.set_num_tokens(s.num_tokens() + s.piece_end(0) - s.piece_begin(0));
-                   },
-                   "owned twice"},
+                   "in no microbatch"},
         Corruption{"ShardTokenCountWrong",
                    [](Plan& p) { Shard(p, 0, 0).set_num_tokens(Shard(p, 0, 0).num_tokens() + 1); },
                    "its pieces hold"},
-        Corruption{"MissingEmptyShard",
+        Corruption{"TokensMovedBetweenShards",
+                   [](Plan& p) {
+                     // Same microbatch total, but rank 1 claims 3 of rank 0's tokens.
+                     Shard(p, 0, 0).set_num_tokens(Shard(p, 0, 0).num_tokens() - 3);
+                     Shard(p, 0, 1).set_num_tokens(Shard(p, 0, 1).num_tokens() + 3);
+                   },
+                   "CP rank 0 says"},
+        Corruption{"ShardPieceCountWrong",
+                   [](Plan& p) { Shard(p, 1, 1).set_num_pieces(Shard(p, 1, 1).num_pieces() - 1); },
+                   "pieces; the chunk rule gives it"},
+        Corruption{"MissingShard",
                    [](Plan& p) { p.mutable_microbatches(0)->mutable_shards()->RemoveLast(); },
                    "1 CP shards for cp_size 2"},
-        Corruption{"ChunkOfAnotherRank", [](Plan& p) { Shard(p, 0, 0).set_piece_chunk(0, 1); },
-                   "may own only 0 and 3"},
+        Corruption{"ShardsSwapped",
+                   [](Plan& p) { p.mutable_microbatches(0)->mutable_shards()->SwapElements(0, 1); },
+                   "shard 0 has cp_rank 1"},
+        Corruption{"UnknownChunkRule",
+                   [](Plan& p) { p.set_cp_chunk_rule(CP_CHUNK_RULE_UNSPECIFIED); },
+                   "CP chunk rule is 0"},
+        Corruption{"CpSizeChanged", [](Plan& p) { p.mutable_limits()->set_cp_size(4); },
+                   "2 CP shards for cp_size 4"},
         Corruption{"OverBudget",
                    [](Plan& p) { p.mutable_limits()->set_max_tokens_per_microbatch(10); },
                    "the budget is 10"},
@@ -98,6 +120,20 @@ INSTANTIATE_TEST_SUITE_P(
                      mb.set_cu_seqlens(1, mb.cu_seqlens(2));
                    },
                    "strictly increasing"},
+        Corruption{"ShiftedBoundary",
+                   [](Plan& p) {
+                     // One token moves from packed sequence 1 to packed sequence 0.
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.set_cu_seqlens(1, mb.cu_seqlens(1) + 1);
+                     Recount(p, 0);
+                   },
+                   "does not match sequence"},
+        Corruption{"WrongNumTokens",
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(1);
+                     mb.set_num_tokens(mb.num_tokens() - 1);
+                   },
+                   "but cu_seqlens ends at"},
         Corruption{"WrongId", [](Plan& p) { p.mutable_microbatches(0)->set_sequence_id(0, 99999); },
                    "does not match sequence"},
         Corruption{"ShiftedTokenBegin",
@@ -109,20 +145,15 @@ INSTANTIATE_TEST_SUITE_P(
                      mb.set_loss_scale(0, mb.loss_scale(0) * (1 + 1e-9));
                    },
                    "loss scale"},
-        Corruption{"WrongTotals", [](Plan& p) { p.set_num_tokens(p.num_tokens() + 1); },
-                   "the batch has 40"},
-        Corruption{"Imbalanced",
+        Corruption{"ChangedLossWeightsDigest",
                    [](Plan& p) {
-                     // Move the boundary between chunk 0 (rank 0) and chunk 1 (rank 1) of the
-                     // first, longest sequence by 3 tokens: still a tiling, but 6 tokens apart.
-                     CpShard& r0 = Shard(p, 0, 0);
-                     CpShard& r1 = Shard(p, 0, 1);
-                     r0.set_piece_end(0, r0.piece_end(0) + 3);
-                     r1.set_piece_begin(0, r1.piece_begin(0) + 3);
-                     r0.set_num_tokens(r0.num_tokens() + 3);
-                     r1.set_num_tokens(r1.num_tokens() - 3);
+                     std::string digest = p.loss_weights_digest();
+                     digest[31] = static_cast<char>(digest[31] ^ 1);
+                     p.set_loss_weights_digest(digest);
                    },
-                   "the balance allows a difference of 2"}),
+                   "does not match the batch's per-token loss weights"},
+        Corruption{"WrongTotals", [](Plan& p) { p.set_num_tokens(p.num_tokens() + 1); },
+                   "the batch has 40"}),
     [](const ::testing::TestParamInfo<Corruption>& info) { return info.param.name; });
 
 }  // namespace

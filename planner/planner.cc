@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace lockstep {
@@ -319,68 +320,129 @@ struct Part {
   double loss_scale;
 };
 
-// Fills `mb` with `parts` packed in order and sharded over `cp` ranks (see planner.h).
-void BuildMicrobatch(const std::vector<Part>& parts, int cp, Microbatch& mb) {
+// Slot of chunk j of 2 * cp in the leftover order F(0), B(0), F(1), B(1), ... (F(r): rank r's
+// front chunk r, B(r): its back chunk 2cp-1-r).
+inline int ChunkSlot(int j, int cp) { return j < cp ? 2 * j : 4 * cp - 1 - 2 * j; }
+
+// Note [Shard counts without pieces]
+// Under CP_CHUNK_MIRRORED_PAIRS_V1 a packed sequence of n tokens gives every chunk
+// base = n / (2cp) tokens, and its n % (2cp) leftovers one each to the next slots of a cycle
+// that continues from sequence to sequence and starts at slot 0 with the microbatch. So the
+// leftover slots of a whole microbatch are its first E = sum(n % (2cp)) slots of that cycle: slot
+// s gets E / (2cp) + (s < E % (2cp)) of them, and rank r (slots 2r, 2r+1) owns
+// 2 * sum(base) + those of its two slots, tokens. A sequence with base > 0 gives every rank two
+// pieces; one with base 0 (n < 2cp) gives a one-token piece to each of its n leftover slots.
+// That is O(sequences + cp) per microbatch; ShardPieces derives the ranges chunk by chunk, and
+// VerifyPlan checks that the two agree.
+
+// Fills `mb` with the `n` parts part_at(0 .. n-1) packed in order, and its `cp` shards' counts.
+// `scratch` is reused across calls (cp entries).
+template <typename PartAt>
+void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>& scratch,
+                     Microbatch& mb) {
   const int chunks = 2 * cp;
-  const int n = static_cast<int>(parts.size());
-  mb.mutable_batch_index()->Reserve(n);
-  mb.mutable_sequence_id()->Reserve(n);
-  mb.mutable_token_begin()->Reserve(n);
-  mb.mutable_cu_seqlens()->Reserve(n + 1);
-  mb.mutable_loss_scale()->Reserve(n);
-  mb.add_cu_seqlens(0);
-  int64_t offset = 0;
-  for (const Part& part : parts) {
-    mb.add_batch_index(part.batch_index);
-    mb.add_sequence_id(part.id);
-    mb.add_token_begin(part.token_begin);
+  auto& batch_index = *mb.mutable_batch_index();
+  auto& sequence_id = *mb.mutable_sequence_id();
+  auto& token_begin = *mb.mutable_token_begin();
+  auto& cu_seqlens = *mb.mutable_cu_seqlens();
+  auto& loss_scale = *mb.mutable_loss_scale();
+  batch_index.Resize(n, 0);
+  sequence_id.Resize(n, 0);
+  token_begin.Resize(n, 0);
+  cu_seqlens.Resize(n + 1, 0);
+  loss_scale.Resize(n, 0.0);
+  int32_t* bi = batch_index.mutable_data();
+  int64_t* id = sequence_id.mutable_data();
+  int64_t* tb = token_begin.mutable_data();
+  int64_t* cu = cu_seqlens.mutable_data();
+  double* ls = loss_scale.mutable_data();
+  std::vector<int64_t>& short_pieces = scratch;  // per rank, from sequences shorter than 2cp
+  short_pieces.assign(cp, 0);
+  int64_t offset = 0, base_sum = 0, long_sequences = 0, leftovers = 0;
+  cu[0] = 0;
+  for (int k = 0; k < n; ++k) {
+    const Part part = part_at(k);
+    bi[k] = part.batch_index;
+    id[k] = part.id;
+    tb[k] = part.token_begin;
+    ls[k] = part.loss_scale;
     offset += part.num_tokens;
-    mb.add_cu_seqlens(offset);
-    mb.add_loss_scale(part.loss_scale);
+    cu[k + 1] = offset;
+    const int64_t base = part.num_tokens / chunks;
+    const int remainder = static_cast<int>(part.num_tokens - base * chunks);
+    if (base > 0) {
+      base_sum += base;
+      ++long_sequences;
+    } else {
+      const int turn = static_cast<int>(leftovers % chunks);
+      for (int i = 0; i < remainder; ++i) ++short_pieces[((turn + i) % chunks) / 2];
+    }
+    leftovers += remainder;
   }
   mb.set_num_tokens(offset);
-  // A rank owns at most two pieces per sequence, and at most `offset` pieces in all: reserving
-  // that once per field avoids regrowing them (allocation dominates the cost of large plans).
-  const int max_pieces = static_cast<int>(std::min<int64_t>(2 * int64_t{n}, offset));
-  std::vector<CpShard*> shards(cp);
+  auto& shards = *mb.mutable_shards();
+  shards.Reserve(cp);
+  const int64_t rounds = leftovers / chunks;
+  const int64_t partial = leftovers % chunks;
   for (int r = 0; r < cp; ++r) {
-    shards[r] = mb.add_shards();
-    shards[r]->set_cp_rank(r);
-    shards[r]->mutable_piece_sequence()->Reserve(max_pieces);
-    shards[r]->mutable_piece_chunk()->Reserve(max_pieces);
-    shards[r]->mutable_piece_begin()->Reserve(max_pieces);
-    shards[r]->mutable_piece_end()->Reserve(max_pieces);
+    CpShard& shard = *shards.Add();
+    shard.set_cp_rank(r);
+    const int64_t extra = 2 * rounds + (2 * r < partial ? 1 : 0) + (2 * r + 1 < partial ? 1 : 0);
+    shard.set_num_tokens(2 * base_sum + extra);
+    shard.set_num_pieces(static_cast<int32_t>(2 * long_sequences + short_pieces[r]));
   }
-  // Leftover tokens lengthen chunks in the order F(0), B(0), F(1), B(1), ... (F(r): rank r's
-  // front chunk r, B(r): its back chunk 2cp-1-r), continuing from sequence to sequence. A rank
-  // thus gets its leftovers in mirrored pairs, which keeps a sequence's chunk layout symmetric
-  // (so causal work stays proportional to tokens), and the ranks take turns across sequences.
-  int turn = 0;  // position in the cycle of 2 * cp leftover slots
-  std::vector<int64_t> shard_tokens(cp, 0);
+}
+
+// Appends to `out` the pieces rank `rank` owns of the packed sequences with boundaries
+// cu[0 .. n] (strictly increasing), chunk by chunk under CP_CHUNK_MIRRORED_PAIRS_V1.
+void AppendRankPieces(const int64_t* cu, int n, int cp, int rank, std::vector<ShardPiece>& out) {
+  const int chunks = 2 * cp;
+  const int back = chunks - 1 - rank;
+  int turn = 0;  // the leftover slot that comes next
   for (int k = 0; k < n; ++k) {
-    const int64_t length = parts[k].num_tokens;
+    const int64_t length = cu[k + 1] - cu[k];
     const int64_t base = length / chunks;
     const int remainder = static_cast<int>(length % chunks);
-    int64_t begin = mb.cu_seqlens(k);
-    for (int j = 0; j < chunks; ++j) {
-      const bool front = j < cp;
-      const int rank = front ? j : chunks - 1 - j;
-      const int slot = 2 * rank + (front ? 0 : 1);
-      const int64_t size = base + ((slot - turn + chunks) % chunks < remainder ? 1 : 0);
-      if (size > 0) {
-        CpShard& shard = *shards[rank];
-        shard.add_piece_sequence(k);
-        shard.add_piece_chunk(j);
-        shard.add_piece_begin(begin);
-        shard.add_piece_end(begin + size);
-        shard_tokens[rank] += size;
+    int64_t begin = cu[k];
+    for (int j = 0; j <= back; ++j) {
+      const int64_t size = base + ((ChunkSlot(j, cp) - turn + chunks) % chunks < remainder ? 1 : 0);
+      if ((j == rank || j == back) && size > 0) {
+        out.push_back({k, j, begin, begin + size});
       }
       begin += size;
     }
     turn = (turn + remainder) % chunks;
   }
-  for (int r = 0; r < cp; ++r) shards[r]->set_num_tokens(shard_tokens[r]);
 }
+
+// Feeds what a CodedOutputStream writes into a Sha256Hasher, one buffer at a time.
+class HashingOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  explicit HashingOutputStream(Sha256Hasher& hasher) : hasher_(hasher), buffer_(1 << 16) {}
+
+  bool Next(void** data, int* size) override {
+    Flush();
+    pending_ = static_cast<int>(buffer_.size());
+    *data = buffer_.data();
+    *size = pending_;
+    return true;
+  }
+  void BackUp(int count) override { pending_ -= count; }
+  int64_t ByteCount() const override { return hashed_ + pending_; }
+
+  // Hashes what the last buffer handed out holds.
+  void Flush() {
+    if (pending_ > 0) hasher_.Append(absl::string_view(buffer_.data(), pending_));
+    hashed_ += pending_;
+    pending_ = 0;
+  }
+
+ private:
+  Sha256Hasher& hasher_;
+  std::vector<char> buffer_;
+  int pending_ = 0;
+  int64_t hashed_ = 0;
+};
 
 }  // namespace
 
@@ -417,15 +479,22 @@ absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch,
   plan.set_num_sequences(static_cast<int32_t>(batch.size()));
   plan.set_num_tokens(total_tokens);
   plan.set_loss_weight_total(weight_total);
+  plan.set_cp_chunk_rule(kCpChunkRule);
+  const Sha256Digest weights_digest = LossWeightsDigest(batch);
+  plan.set_loss_weights_digest(weights_digest.data(), weights_digest.size());
   plan.mutable_microbatches()->Reserve(static_cast<int>(packing.bins()));
-  std::vector<Part> parts;
+  std::vector<int64_t> scratch;
+  const bool shared_scale = scale.size() == 1;
   for (int64_t b = 0; b < packing.bins(); ++b) {
-    parts.clear();
-    for (int64_t x = packing.bin_start[b]; x < packing.bin_start[b + 1]; ++x) {
-      const int32_t i = packing.items[x];
-      parts.push_back({i, batch[i].id, 0, batch[i].num_tokens, scale[scale.size() == 1 ? 0 : i]});
-    }
-    BuildMicrobatch(parts, options.cp_size, *plan.add_microbatches());
+    const int32_t* items = packing.items.data() + packing.bin_start[b];
+    const int n = static_cast<int>(packing.bin_start[b + 1] - packing.bin_start[b]);
+    BuildMicrobatch(
+        n,
+        [&](int k) {
+          const int32_t i = items[k];
+          return Part{i, batch[i].id, 0, batch[i].num_tokens, scale[shared_scale ? 0 : i]};
+        },
+        options.cp_size, scratch, *plan.add_microbatches());
   }
   return plan;
 }
@@ -480,6 +549,11 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
     second.back().token_begin += cut;
     second.back().num_tokens -= cut;
   }
+  if (plan.cp_chunk_rule() != kCpChunkRule) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan's CP chunk rule is ", plan.cp_chunk_rule(),
+                     "; this library re-plans only under rule ", kCpChunkRule));
+  }
   Plan out;
   *out.mutable_limits() = plan.limits();
   out.set_packing_applied(plan.packing_applied());
@@ -487,11 +561,17 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   out.set_num_tokens(plan.num_tokens());
   out.set_loss_weight_total(plan.loss_weight_total());
   out.set_splits(plan.splits() + 1);
+  out.set_cp_chunk_rule(plan.cp_chunk_rule());
+  out.set_loss_weights_digest(plan.loss_weights_digest());
   out.mutable_microbatches()->Reserve(plan.microbatches_size() + 1);
+  std::vector<int64_t> scratch;
   for (int m = 0; m < plan.microbatches_size(); ++m) {
     if (m == microbatch) {
-      BuildMicrobatch(first, cp, *out.add_microbatches());
-      BuildMicrobatch(second, cp, *out.add_microbatches());
+      for (const std::vector<Part>* half : {&first, &second}) {
+        BuildMicrobatch(
+            static_cast<int>(half->size()), [&](int k) { return (*half)[k]; }, cp, scratch,
+            *out.add_microbatches());
+      }
     } else {
       *out.add_microbatches() = plan.microbatches(m);
     }
@@ -500,18 +580,48 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
 }
 
 std::string SerializePlan(const Plan& plan) {
-  std::string bytes;
+  std::string bytes(plan.ByteSizeLong(), '\0');
   {
-    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::ArrayOutputStream stream(bytes.data(), static_cast<int>(bytes.size()));
     google::protobuf::io::CodedOutputStream out(&stream);
     out.SetSerializationDeterministic(true);
-    plan.SerializeToCodedStream(&out);
+    plan.SerializeWithCachedSizes(&out);
   }
   return bytes;
 }
 
 Sha256Digest PlanDigest(const Plan& plan) {
-  return Sha256Framed({"lockstep/planner/plan/v1", SerializePlan(plan)});
+  Sha256Hasher hasher;
+  hasher.AppendLength(kPlanDigestTag.size());
+  hasher.Append(kPlanDigestTag);
+  hasher.AppendLength(plan.ByteSizeLong());
+  HashingOutputStream stream(hasher);
+  {
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    plan.SerializeWithCachedSizes(&out);
+  }
+  stream.Flush();
+  return hasher.Finish();
+}
+
+Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
+  static_assert(std::numeric_limits<float>::is_iec559 && sizeof(float) == 4,
+                "loss weights are hashed as IEEE-754 binary32");
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+                "loss weights are hashed as their little-endian in-memory bytes");
+  Sha256Hasher hasher;
+  hasher.AppendLength(kLossWeightsDigestTag.size());
+  hasher.Append(kLossWeightsDigestTag);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::vector<float>& weights = batch[i].loss_weights;
+    if (weights.empty()) continue;
+    hasher.AppendLength(i);
+    hasher.AppendLength(weights.size());
+    hasher.Append(absl::string_view(reinterpret_cast<const char*>(weights.data()),
+                                    weights.size() * sizeof(float)));
+  }
+  return hasher.Finish();
 }
 
 std::vector<int64_t> PositionIds(const Microbatch& microbatch) {
@@ -526,12 +636,57 @@ std::vector<int64_t> PositionIds(const Microbatch& microbatch) {
   return positions;
 }
 
-std::vector<int64_t> ShardTokenIndices(const Microbatch& microbatch, int cp_rank) {
-  const CpShard& shard = microbatch.shards(cp_rank);
+absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microbatch, int cp_rank) {
+  if (plan.cp_chunk_rule() != kCpChunkRule) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan's CP chunk rule is ", plan.cp_chunk_rule(),
+                     "; this library derives shards only under rule ", kCpChunkRule,
+                     " (CP_CHUNK_MIRRORED_PAIRS_V1)"));
+  }
+  const int cp = plan.limits().cp_size();
+  if (cp <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan's cp_size is ", cp, "; it must be positive"));
+  }
+  if (microbatch < 0 || microbatch >= plan.microbatches_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
+                                                   " is not in the plan, which has ",
+                                                   plan.microbatches_size(), " microbatches"));
+  }
+  if (cp_rank < 0 || cp_rank >= cp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CP rank ", cp_rank, " is not in [0, ", cp, ") (cp_size ", cp, ")"));
+  }
+  const Microbatch& mb = plan.microbatches(microbatch);
+  const int n = mb.cu_seqlens_size() - 1;
+  if (n < 0 || mb.cu_seqlens(0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatch ", microbatch, ": cu_seqlens does not start at 0"));
+  }
+  const int64_t* cu = mb.cu_seqlens().data();
+  for (int k = 0; k < n; ++k) {
+    if (cu[k + 1] <= cu[k]) {
+      return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
+                                                     ": cu_seqlens is not strictly increasing at ",
+                                                     k + 1, " (", cu[k], " then ", cu[k + 1], ")"));
+    }
+  }
+  std::vector<ShardPiece> pieces;
+  pieces.reserve(2 * static_cast<size_t>(n));
+  AppendRankPieces(cu, n, cp, cp_rank, pieces);
+  return pieces;
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int microbatch,
+                                                       int cp_rank) {
+  absl::StatusOr<std::vector<ShardPiece>> pieces = ShardPieces(plan, microbatch, cp_rank);
+  if (!pieces.ok()) return pieces.status();
+  int64_t tokens = 0;
+  for (const ShardPiece& p : *pieces) tokens += p.end - p.begin;
   std::vector<int64_t> indices;
-  indices.reserve(shard.num_tokens());
-  for (int p = 0; p < shard.piece_begin_size(); ++p) {
-    for (int64_t t = shard.piece_begin(p); t < shard.piece_end(p); ++t) indices.push_back(t);
+  indices.reserve(tokens);
+  for (const ShardPiece& p : *pieces) {
+    for (int64_t t = p.begin; t < p.end; ++t) indices.push_back(t);
   }
   return indices;
 }

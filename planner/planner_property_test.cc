@@ -95,8 +95,18 @@ double CheckTokens(const Plan& plan, const std::vector<Sequence>& batch,
     std::vector<std::vector<double>> work(n, std::vector<double>(cp, 0.0));
     for (int r = 0; r < cp; ++r) {
       const CpShard& shard = mb.shards(r);
-      const std::vector<int64_t> mine = ShardTokenIndices(mb, r);
+      const std::vector<int64_t> mine = *ShardTokenIndices(plan, m, r);
       EXPECT_EQ(static_cast<int64_t>(mine.size()), shard.num_tokens());
+      // The stored piece count: a sequence of at least 2 x CP tokens gives every rank two
+      // non-empty chunks; a shorter one has chunks of at most one token, one piece per token.
+      std::vector<int64_t> owned(mb.batch_index_size(), 0);
+      for (int64_t t : mine) ++owned[owner[t]];
+      int64_t expected_pieces = 0;
+      for (int k = 0; k < mb.batch_index_size(); ++k) {
+        const bool long_sequence = mb.cu_seqlens(k + 1) - mb.cu_seqlens(k) >= 2 * cp;
+        expected_pieces += long_sequence ? 2 : owned[k];
+      }
+      EXPECT_EQ(shard.num_pieces(), expected_pieces) << "microbatch " << m << " rank " << r;
       // Token balance: at most one token past the optimum ceil(mean) (a chunk has >= 1 token).
       EXPECT_LE(shard.num_tokens(), (total + cp - 1) / cp + 1)
           << "microbatch " << m << " rank " << r;
