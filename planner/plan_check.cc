@@ -138,15 +138,17 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
     }
     // Shards: the stored counts against the pieces ShardPieces derives, and the pieces against
     // the tiling (every packed token owned exactly once, chunks in order within a sequence).
-    if (mb.shards_size() != cp) {
-      return Invalid(m, absl::StrCat(mb.shards_size(), " CP shards for cp_size ", cp));
+    if (mb.shard_cp_rank_size() != cp || mb.shard_num_tokens_size() != cp ||
+        mb.shard_num_pieces_size() != cp) {
+      return Invalid(m, absl::StrCat(mb.shard_cp_rank_size(), "/", mb.shard_num_tokens_size(), "/",
+                                     mb.shard_num_pieces_size(),
+                                     " CP shard entries (ranks/tokens/pieces) for cp_size ", cp));
     }
     pieces.clear();
     int64_t min_tokens = mb.num_tokens(), max_tokens = 0;
     for (int r = 0; r < cp; ++r) {
-      const CpShard& shard = mb.shards(r);
-      if (shard.cp_rank() != r) {
-        return Invalid(m, absl::StrCat("shard ", r, " has cp_rank ", shard.cp_rank()));
+      if (mb.shard_cp_rank(r) != r) {
+        return Invalid(m, absl::StrCat("shard entry ", r, " has cp_rank ", mb.shard_cp_rank(r)));
       }
       absl::StatusOr<std::vector<ShardPiece>> mine = ShardPieces(plan, m, r);
       if (!mine.ok()) return Invalid(m, std::string(mine.status().message()));
@@ -166,12 +168,12 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
         tokens += piece.end - piece.begin;
         pieces.push_back(piece);
       }
-      if (tokens != shard.num_tokens()) {
-        return Invalid(m, absl::StrCat("CP rank ", r, " says ", shard.num_tokens(),
+      if (tokens != mb.shard_num_tokens(r)) {
+        return Invalid(m, absl::StrCat("CP rank ", r, " says ", mb.shard_num_tokens(r),
                                        " tokens; its pieces hold ", tokens));
       }
-      if (static_cast<int64_t>(mine->size()) != shard.num_pieces()) {
-        return Invalid(m, absl::StrCat("CP rank ", r, " says ", shard.num_pieces(),
+      if (static_cast<int64_t>(mine->size()) != mb.shard_num_pieces(r)) {
+        return Invalid(m, absl::StrCat("CP rank ", r, " says ", mb.shard_num_pieces(r),
                                        " pieces; the chunk rule gives it ", mine->size()));
       }
       min_tokens = std::min(min_tokens, tokens);

@@ -14,10 +14,11 @@
 //     ranges matching the batch;
 //   - every token of every sequence appears exactly once across microbatches, and, within each
 //     microbatch, exactly once across the pieces that ShardPieces derives for the CP ranks;
-//   - shards: exactly cp_size, in rank order; every derived piece inside one packed sequence, on
-//     a chunk the rank owns (i or 2 * cp_size - 1 - i), chunks in position order; each shard's
-//     stored num_tokens and num_pieces equal to its derived pieces' token sum and count (0 and 0
-//     for a rank that owns nothing); per-rank token counts differing by at most 2;
+//   - shards: exactly cp_size entries (rank, tokens, pieces), in rank order; every derived piece
+//     inside one packed sequence, on a chunk the rank owns (i or 2 * cp_size - 1 - i), chunks in
+//     position order; each entry's stored token and piece counts equal to its derived pieces'
+//     token sum and count (0 and 0 for a rank that owns nothing); per-rank token counts
+//     differing by at most 2;
 //   - loss scales: equal to what the plan's normalisation gives for the batch (relative 1e-12).
 //
 // Thread-safety: stateless.

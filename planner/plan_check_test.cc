@@ -53,17 +53,17 @@ TEST_P(VerifyPlanTest, ValidPlanPassesAndCorruptionIsReported) {
   EXPECT_THAT(status.message(), HasSubstr(GetParam().message_part));
 }
 
-CpShard& Shard(Plan& p, int m, int r) { return *p.mutable_microbatches(m)->mutable_shards(r); }
+Microbatch& Mb(Plan& p, int m) { return *p.mutable_microbatches(m); }
 
 // Sets microbatch m's shard counts to what ShardPieces derives, so that a corruption of the
 // packed sequences is caught by the coverage checks rather than by the shard counts.
 void Recount(Plan& p, int m) {
-  for (int r = 0; r < p.microbatches(m).shards_size(); ++r) {
+  for (int r = 0; r < p.microbatches(m).shard_cp_rank_size(); ++r) {
     const std::vector<ShardPiece> pieces = *ShardPieces(p, m, r);
     int64_t tokens = 0;
     for (const ShardPiece& piece : pieces) tokens += piece.end - piece.begin;
-    Shard(p, m, r).set_num_tokens(tokens);
-    Shard(p, m, r).set_num_pieces(static_cast<int>(pieces.size()));
+    Mb(p, m).set_shard_num_tokens(r, tokens);
+    Mb(p, m).set_shard_num_pieces(r, static_cast<int>(pieces.size()));
   }
 }
 
@@ -87,30 +87,43 @@ INSTANTIATE_TEST_SUITE_P(
                      Recount(p, 0);
                    },
                    "in no microbatch"},
-        Corruption{"ShardTokenCountWrong",
-                   [](Plan& p) { Shard(p, 0, 0).set_num_tokens(Shard(p, 0, 0).num_tokens() + 1); },
-                   "its pieces hold"},
+        Corruption{
+            "ShardTokenCountWrong",
+            [](Plan& p) { Mb(p, 0).set_shard_num_tokens(0, Mb(p, 0).shard_num_tokens(0) + 1); },
+            "its pieces hold"},
         Corruption{"TokensMovedBetweenShards",
                    [](Plan& p) {
                      // Same microbatch total, but rank 1 claims 3 of rank 0's tokens.
-                     Shard(p, 0, 0).set_num_tokens(Shard(p, 0, 0).num_tokens() - 3);
-                     Shard(p, 0, 1).set_num_tokens(Shard(p, 0, 1).num_tokens() + 3);
+                     Mb(p, 0).set_shard_num_tokens(0, Mb(p, 0).shard_num_tokens(0) - 3);
+                     Mb(p, 0).set_shard_num_tokens(1, Mb(p, 0).shard_num_tokens(1) + 3);
                    },
                    "CP rank 0 says"},
-        Corruption{"ShardPieceCountWrong",
-                   [](Plan& p) { Shard(p, 1, 1).set_num_pieces(Shard(p, 1, 1).num_pieces() - 1); },
-                   "pieces; the chunk rule gives it"},
+        Corruption{
+            "ShardPieceCountWrong",
+            [](Plan& p) { Mb(p, 1).set_shard_num_pieces(1, Mb(p, 1).shard_num_pieces(1) - 1); },
+            "pieces; the chunk rule gives it"},
         Corruption{"MissingShard",
-                   [](Plan& p) { p.mutable_microbatches(0)->mutable_shards()->RemoveLast(); },
-                   "1 CP shards for cp_size 2"},
+                   [](Plan& p) {
+                     Mb(p, 0).mutable_shard_cp_rank()->RemoveLast();
+                     Mb(p, 0).mutable_shard_num_tokens()->RemoveLast();
+                     Mb(p, 0).mutable_shard_num_pieces()->RemoveLast();
+                   },
+                   "1/1/1 CP shard entries (ranks/tokens/pieces) for cp_size 2"},
+        Corruption{"MissingShardTokenCount",
+                   [](Plan& p) { Mb(p, 2).mutable_shard_num_tokens()->RemoveLast(); },
+                   "2/1/2 CP shard entries"},
         Corruption{"ShardsSwapped",
-                   [](Plan& p) { p.mutable_microbatches(0)->mutable_shards()->SwapElements(0, 1); },
-                   "shard 0 has cp_rank 1"},
+                   [](Plan& p) {
+                     Mb(p, 0).mutable_shard_cp_rank()->SwapElements(0, 1);
+                     Mb(p, 0).mutable_shard_num_tokens()->SwapElements(0, 1);
+                     Mb(p, 0).mutable_shard_num_pieces()->SwapElements(0, 1);
+                   },
+                   "shard entry 0 has cp_rank 1"},
         Corruption{"UnknownChunkRule",
                    [](Plan& p) { p.set_cp_chunk_rule(CP_CHUNK_RULE_UNSPECIFIED); },
                    "CP chunk rule is 0"},
         Corruption{"CpSizeChanged", [](Plan& p) { p.mutable_limits()->set_cp_size(4); },
-                   "2 CP shards for cp_size 4"},
+                   "2/2/2 CP shard entries (ranks/tokens/pieces) for cp_size 4"},
         Corruption{"OverBudget",
                    [](Plan& p) { p.mutable_limits()->set_max_tokens_per_microbatch(10); },
                    "the budget is 10"},

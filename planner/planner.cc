@@ -55,11 +55,19 @@ absl::Status ValidateOptions(const PlanOptions& options) {
   return absl::OkStatus();
 }
 
+// What one pass over the batch finds besides its validity.
+struct BatchSummary {
+  int64_t total_tokens = 0;
+  double weight_total = 0;
+  int64_t max_length = 0;
+  // Microbatches that filling in input order needs (see PackInOrder).
+  int64_t in_order_bins = 0;
+};
+
 // Checks every sequence and computes the loss scales (see LossNormalization): one per sequence
 // for LOSS_SEQUENCE_MEAN, else a single one shared by every sequence.
 absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanOptions& options,
-                                   std::vector<double>& scale, int64_t& total_tokens,
-                                   double& weight_total) {
+                                   std::vector<double>& scale, BatchSummary& summary) {
   if (batch.empty()) {
     return absl::InvalidArgumentError("the batch has no sequences; a plan needs at least one");
   }
@@ -70,9 +78,10 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
   }
   const int64_t budget = options.max_tokens_per_microbatch;
   const bool per_sequence = options.loss_normalization == LOSS_SEQUENCE_MEAN;
-  std::vector<double> sequence_weight(per_sequence ? batch.size() : 0);
-  total_tokens = 0;
-  weight_total = 0;
+  // Per sequence: its weight sum first, turned into its scale at the end.
+  if (per_sequence) scale.resize(batch.size());
+  int64_t total_tokens = 0, max_length = 0, in_order_bins = 0, fill = budget;
+  double weight_total = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Sequence& s = batch[i];
     if (s.num_tokens <= 0) {
@@ -85,6 +94,12 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
                                                      " (max_tokens_per_microbatch)"));
     }
     total_tokens += s.num_tokens;
+    max_length = std::max(max_length, s.num_tokens);
+    if (fill + s.num_tokens > budget) {
+      ++in_order_bins;
+      fill = 0;
+    }
+    fill += s.num_tokens;
     double w = 0;
     if (s.loss_weights.empty()) {
       w = static_cast<double>(s.num_tokens);
@@ -111,10 +126,11 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
                          ": its loss weights sum to 0; per-sequence-mean normalisation divides "
                          "by each sequence's sum"));
       }
-      sequence_weight[i] = w;
+      scale[i] = w;
     }
     weight_total += w;
   }
+  summary = {total_tokens, weight_total, max_length, in_order_bins};
   switch (options.loss_normalization) {
     case LOSS_TOKEN_MEAN:
       if (weight_total == 0) {
@@ -128,49 +144,46 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
       scale.assign(1, 1.0);
       break;
     default:  // LOSS_SEQUENCE_MEAN
-      scale.resize(batch.size());
       for (size_t i = 0; i < batch.size(); ++i) {
-        scale[i] = 1.0 / (sequence_weight[i] * static_cast<double>(batch.size()));
+        scale[i] = 1.0 / (scale[i] * static_cast<double>(batch.size()));
       }
       break;
   }
   return absl::OkStatus();
 }
 
-// A packing: bin b holds items[bin_start[b] .. bin_start[b + 1]) (indices into the batch).
-struct Packing {
-  std::vector<int32_t> items;
-  std::vector<int64_t> bin_start{0};
-  int64_t bins() const { return static_cast<int64_t>(bin_start.size()) - 1; }
+// One packed sequence (or part of one) of a microbatch under construction.
+struct Part {
+  int32_t batch_index;
+  int64_t id;
+  int64_t token_begin;
+  int64_t num_tokens;
+  double loss_scale;
 };
 
-// Number of microbatches that filling in input order needs (see PackInOrder).
-int64_t InOrderBins(absl::Span<const Sequence> batch, int64_t budget) {
-  int64_t bins = 0, fill = budget;
-  for (const Sequence& s : batch) {
-    if (fill + s.num_tokens > budget) {
-      ++bins;
-      fill = 0;
-    }
-    fill += s.num_tokens;
-  }
-  return bins;
+// Loss scale of sequence i: one shared value, or one per sequence.
+inline double ScaleOf(const std::vector<double>& scale, int32_t i) {
+  return scale[scale.size() == 1 ? 0 : i];
 }
 
-Packing PackInOrder(absl::Span<const Sequence> batch, int64_t budget) {
-  Packing p;
-  p.items.reserve(batch.size());
+// Fills microbatches in input order, closing one when the next sequence does not fit, and
+// passes each one's parts to emit(const std::vector<Part>&). `parts` is scratch.
+template <typename Emit>
+void PackInOrder(absl::Span<const Sequence> batch, int64_t budget, const std::vector<double>& scale,
+                 std::vector<Part>& parts, const Emit& emit) {
+  parts.clear();
   int64_t fill = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (fill + batch[i].num_tokens > budget) {
-      p.bin_start.push_back(static_cast<int64_t>(p.items.size()));
+      emit(parts);
+      parts.clear();
       fill = 0;
     }
     fill += batch[i].num_tokens;
-    p.items.push_back(static_cast<int32_t>(i));
+    const int32_t index = static_cast<int32_t>(i);
+    parts.push_back({index, batch[i].id, 0, batch[i].num_tokens, ScaleOf(scale, index)});
   }
-  p.bin_start.push_back(static_cast<int64_t>(p.items.size()));
-  return p;
+  emit(parts);
 }
 
 // A set of keys in [0, size) answering "largest member <= k" in a few word operations: a bitset
@@ -239,10 +252,21 @@ class KeySet {
 // stable, so each bucket is a queue in input order), keep the set of non-empty lengths in a
 // KeySet, and fill one bin at a time by asking for the largest non-empty length <= the bin's
 // room. That is one query per item plus one per bin: O(n + bins + distinct lengths).
-Packing PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget) {
+// An entry of the FFD length queues: the batch index with the id, so that filling the bins does
+// not have to reach back into the batch.
+struct Queued {
+  int64_t id;
+  int32_t index;
+};
+
+// Fills first-fit-decreasing microbatches one at a time (see the Note) and passes each one's
+// parts to emit(const std::vector<Part>&). Returns false, having emitted max_bins microbatches,
+// if it would need more than max_bins. `parts` is scratch.
+template <typename Emit>
+bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, int64_t max_length,
+                            int64_t max_bins, const std::vector<double>& scale,
+                            std::vector<Part>& parts, const Emit& emit) {
   const size_t n = batch.size();
-  int64_t max_length = 0;
-  for (const Sequence& s : batch) max_length = std::max(max_length, s.num_tokens);
   // Keys: the length itself, or its rank among the distinct lengths when lengths are huge.
   const bool direct = max_length <= kMaxDirectLength;
   std::vector<int64_t> distinct;
@@ -280,45 +304,37 @@ Packing PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget)
     next += count;
     if (count > 0) nonempty.Insert(k);
   }
-  std::vector<int32_t> order(n);
+  // Buckets lie longest first, so bucket k ends where bucket k - 1 (the next shorter) starts.
+  std::vector<int64_t> bucket_end(keys);
+  for (int64_t k = 0; k < keys; ++k) bucket_end[k] = k == 0 ? static_cast<int64_t>(n) : head[k - 1];
+  std::vector<Queued> order(n);
   {
     std::vector<int64_t> fill = head;
     for (size_t i = 0; i < n; ++i) {
       const int64_t k = direct ? batch[i].num_tokens : item_key[i];
-      order[fill[k]++] = static_cast<int32_t>(i);
+      order[fill[k]++] = {batch[i].id, static_cast<int32_t>(i)};
     }
   }
-  // Buckets lie longest first, so bucket k ends where bucket k - 1 (the next shorter) starts.
-  std::vector<int64_t> bucket_end(keys);
-  for (int64_t k = 0; k < keys; ++k) bucket_end[k] = k == 0 ? static_cast<int64_t>(n) : head[k - 1];
 
-  Packing p;
-  p.items.reserve(n);
   size_t placed = 0;
-  while (placed < n) {
+  for (int64_t bins = 0; placed < n; ++bins) {
+    if (bins == max_bins) return false;
+    parts.clear();
     int64_t room = budget;
     while (room > 0) {
       const int64_t k = nonempty.FindPrev(key_for_room(room));
       if (k < 0) break;
-      const int32_t item = order[head[k]++];
+      const Queued item = order[head[k]++];
       if (head[k] == bucket_end[k]) nonempty.Erase(k);
-      p.items.push_back(item);
-      room -= length_of(k);
+      const int64_t length = length_of(k);
+      parts.push_back({item.index, item.id, 0, length, ScaleOf(scale, item.index)});
+      room -= length;
       ++placed;
     }
-    p.bin_start.push_back(static_cast<int64_t>(p.items.size()));
+    emit(parts);
   }
-  return p;
+  return true;
 }
-
-// One packed sequence (or part of one) of a microbatch under construction.
-struct Part {
-  int32_t batch_index;
-  int64_t id;
-  int64_t token_begin;
-  int64_t num_tokens;
-  double loss_scale;
-};
 
 // Slot of chunk j of 2 * cp in the leftover order F(0), B(0), F(1), B(1), ... (F(r): rank r's
 // front chunk r, B(r): its back chunk 2cp-1-r).
@@ -380,16 +396,19 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
     leftovers += remainder;
   }
   mb.set_num_tokens(offset);
-  auto& shards = *mb.mutable_shards();
-  shards.Reserve(cp);
+  auto& cp_rank = *mb.mutable_shard_cp_rank();
+  auto& shard_tokens = *mb.mutable_shard_num_tokens();
+  auto& shard_pieces = *mb.mutable_shard_num_pieces();
+  cp_rank.Resize(cp, 0);
+  shard_tokens.Resize(cp, 0);
+  shard_pieces.Resize(cp, 0);
   const int64_t rounds = leftovers / chunks;
   const int64_t partial = leftovers % chunks;
   for (int r = 0; r < cp; ++r) {
-    CpShard& shard = *shards.Add();
-    shard.set_cp_rank(r);
+    cp_rank.Set(r, r);
     const int64_t extra = 2 * rounds + (2 * r < partial ? 1 : 0) + (2 * r + 1 < partial ? 1 : 0);
-    shard.set_num_tokens(2 * base_sum + extra);
-    shard.set_num_pieces(static_cast<int32_t>(2 * long_sequences + short_pieces[r]));
+    shard_tokens.Set(r, 2 * base_sum + extra);
+    shard_pieces.Set(r, static_cast<int32_t>(2 * long_sequences + short_pieces[r]));
   }
 }
 
@@ -448,55 +467,54 @@ class HashingOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
 
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch,
                                       const PlanOptions& options) {
+  Plan plan;
+  if (absl::Status s = PlanMicrobatches(batch, options, plan); !s.ok()) return s;
+  return plan;
+}
+
+absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options,
+                              Plan& plan) {
+  // Clear keeps the microbatch messages and their arrays' capacity for reuse.
+  plan.Clear();
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   std::vector<double> scale;
-  int64_t total_tokens = 0;
-  double weight_total = 0;
-  if (absl::Status s = ValidateBatchAndScale(batch, options, scale, total_tokens, weight_total);
-      !s.ok()) {
-    return s;
-  }
+  BatchSummary summary;
+  if (absl::Status s = ValidateBatchAndScale(batch, options, scale, summary); !s.ok()) return s;
   const int64_t budget = options.max_tokens_per_microbatch;
-  Packing packing;
-  PackingPolicy applied = options.packing;
-  if (options.packing == PACKING_IN_ORDER) {
-    packing = PackInOrder(batch, budget);
-  } else {
-    packing = PackFirstFitDecreasing(batch, budget);
-    if (InOrderBins(batch, budget) < packing.bins()) {
-      packing = PackInOrder(batch, budget);
-      applied = PACKING_IN_ORDER;
-    }
-  }
-
-  Plan plan;
   PlanLimits& limits = *plan.mutable_limits();
   limits.set_max_tokens_per_microbatch(budget);
   limits.set_cp_size(options.cp_size);
   limits.set_packing(options.packing);
   limits.set_loss_normalization(options.loss_normalization);
-  plan.set_packing_applied(applied);
   plan.set_num_sequences(static_cast<int32_t>(batch.size()));
-  plan.set_num_tokens(total_tokens);
-  plan.set_loss_weight_total(weight_total);
+  plan.set_num_tokens(summary.total_tokens);
+  plan.set_loss_weight_total(summary.weight_total);
   plan.set_cp_chunk_rule(kCpChunkRule);
   const Sha256Digest weights_digest = LossWeightsDigest(batch);
   plan.set_loss_weights_digest(weights_digest.data(), weights_digest.size());
-  plan.mutable_microbatches()->Reserve(static_cast<int>(packing.bins()));
+
+  // Either policy needs at most as many microbatches as in-order filling (the default falls
+  // back to it otherwise), so one reservation holds them all.
+  auto& microbatches = *plan.mutable_microbatches();
+  microbatches.Reserve(static_cast<int>(summary.in_order_bins));
   std::vector<int64_t> scratch;
-  const bool shared_scale = scale.size() == 1;
-  for (int64_t b = 0; b < packing.bins(); ++b) {
-    const int32_t* items = packing.items.data() + packing.bin_start[b];
-    const int n = static_cast<int>(packing.bin_start[b + 1] - packing.bin_start[b]);
+  std::vector<Part> parts;
+  auto emit = [&](const std::vector<Part>& bin) {
     BuildMicrobatch(
-        n,
-        [&](int k) {
-          const int32_t i = items[k];
-          return Part{i, batch[i].id, 0, batch[i].num_tokens, scale[shared_scale ? 0 : i]};
-        },
-        options.cp_size, scratch, *plan.add_microbatches());
+        static_cast<int>(bin.size()), [&](int k) { return bin[k]; }, options.cp_size, scratch,
+        *microbatches.Add());
+  };
+  PackingPolicy applied = options.packing;
+  if (options.packing == PACKING_FIRST_FIT_DECREASING &&
+      !PackFirstFitDecreasing(batch, budget, summary.max_length, summary.in_order_bins, scale,
+                              parts, emit)) {
+    // First-fit-decreasing needs more microbatches than in-order filling.
+    microbatches.Clear();
+    applied = PACKING_IN_ORDER;
   }
-  return plan;
+  if (applied == PACKING_IN_ORDER) PackInOrder(batch, budget, scale, parts, emit);
+  plan.set_packing_applied(applied);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {

@@ -25,11 +25,12 @@
 // stays symmetric and causal work proportional to tokens), the ranks take turns, per-rank token
 // counts of a microbatch differ by at most 2, and sequences shorter than 2 * cp_size still spread
 // over the ranks. A rank can own nothing (e.g. a microbatch with fewer tokens than CP ranks); its
-// shard is then present, with 0 tokens and 0 pieces.
+// shard entry is then present, with 0 tokens and 0 pieces.
 //
-// Compact plans: a shard stores its rank, token count and piece count only; the token ranges it
-// owns are derived on demand from cu_seqlens by the rule the plan names (Plan.cp_chunk_rule), with
-// ShardPieces / ShardTokenIndices. Planning is O(sequences + per-token weights + microbatches x
+// Compact plans: a shard entry (Microbatch.shard_cp_rank, shard_num_tokens, shard_num_pieces)
+// stores its rank, token count and piece count only; the token ranges it owns are derived on
+// demand from cu_seqlens by the rule the plan names (Plan.cp_chunk_rule), with ShardPieces /
+// ShardTokenIndices. Planning is O(sequences + per-token weights + microbatches x
 // cp_size + distinct lengths); the plan holds O(sequences + microbatches x cp_size) values.
 //
 // Loss normalisation: Microbatch.loss_scale[k] times the caller's per-token weight (1 if none)
@@ -99,6 +100,13 @@ struct PlanOptions {
 // sequence mean). Nothing is dropped or truncated.
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options);
 
+// As above, but plans into `plan`, replacing its contents and reusing its storage: a trainer
+// that plans every step can keep one Plan and skip re-allocating (and, where the allocator has
+// returned the memory to the system, re-faulting) the plan's arrays each step. On error `plan`
+// is left cleared.
+absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options,
+                              Plan& plan);
+
 // Returns `plan` with microbatch `microbatch` replaced by two microbatches holding its tokens
 // (later microbatches move up by one): if it packs two or more sequences, at the sequence
 // boundary closest to half its tokens (the earlier one on a tie); if it holds a single sequence
@@ -149,11 +157,11 @@ struct ShardPiece {
 
 // The token ranges `cp_rank` owns of microbatch `microbatch` of `plan`, derived from its
 // cu_seqlens by the plan's CP chunk rule, ordered by packed sequence, then chunk (so by offset).
-// Empty for a rank that owns nothing; its count and token sum are the shard's num_pieces and
-// num_tokens in a valid plan. O(packed sequences x cp_size). kInvalidArgument, naming the value
-// and the range, for a microbatch or rank out of range, a non-positive cp_size or malformed
-// cu_seqlens (not starting at 0, not strictly increasing); kFailedPrecondition for a CP chunk
-// rule this library does not know.
+// Empty for a rank that owns nothing; its count and token sum are the shard entry's
+// shard_num_pieces and shard_num_tokens in a valid plan. O(packed sequences x cp_size).
+// kInvalidArgument, naming the value and the range, for a microbatch or rank out of range, a
+// non-positive cp_size or malformed cu_seqlens (not starting at 0, not strictly increasing);
+// kFailedPrecondition for a CP chunk rule this library does not know.
 absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microbatch, int cp_rank);
 
 // Offsets into the microbatch's packed token buffer of the tokens `cp_rank` owns, in piece order

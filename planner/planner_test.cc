@@ -47,10 +47,10 @@ std::vector<std::vector<int64_t>> Pieces(const Plan& plan, int m, int rank) {
     out.push_back({p.begin, p.end, p.chunk});
     tokens += p.end - p.begin;
   }
-  const CpShard& shard = plan.microbatches(m).shards(rank);
-  EXPECT_EQ(shard.cp_rank(), rank);
-  EXPECT_EQ(shard.num_tokens(), tokens) << "microbatch " << m << " rank " << rank;
-  EXPECT_EQ(shard.num_pieces(), static_cast<int>(out.size())) << "microbatch " << m;
+  const Microbatch& mb = plan.microbatches(m);
+  EXPECT_EQ(mb.shard_cp_rank(rank), rank);
+  EXPECT_EQ(mb.shard_num_tokens(rank), tokens) << "microbatch " << m << " rank " << rank;
+  EXPECT_EQ(mb.shard_num_pieces(rank), static_cast<int>(out.size())) << "microbatch " << m;
   return out;
 }
 
@@ -146,8 +146,8 @@ TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
                                               P{18, 20, 0}, P{25, 27, 3}));
   EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{3, 5, 1}, P{5, 7, 2}, P{11, 13, 1}, P{13, 15, 2},
                                               P{20, 23, 1}, P{23, 25, 2}));
-  EXPECT_EQ(mb.shards(0).num_tokens(), 14);
-  EXPECT_EQ(mb.shards(1).num_tokens(), 13);
+  EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(14, 13));
+  EXPECT_THAT(mb.shard_num_pieces(), ElementsAre(6, 6));
 }
 
 TEST(CpShardTest, TinySequencesSpreadOverRanks) {
@@ -167,15 +167,13 @@ TEST(CpShardTest, RankWithNothingHasAnExplicitEmptyShard) {
   // 3 tokens, CP 4: rank 0 takes chunks 0 and 7, rank 1 chunk 1; ranks 2 and 3 own nothing.
   Plan plan = MustPlan(Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4});
   const Microbatch& mb = plan.microbatches(0);
-  ASSERT_EQ(mb.shards_size(), 4);
+  EXPECT_THAT(mb.shard_cp_rank(), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(2, 1, 0, 0));
+  EXPECT_THAT(mb.shard_num_pieces(), ElementsAre(2, 1, 0, 0));
   using P = std::vector<int64_t>;
   EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 1, 0}, P{2, 3, 7}));
   EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{1, 2, 1}));
   for (int r : {2, 3}) {
-    const CpShard& empty = mb.shards(r);
-    EXPECT_EQ(empty.cp_rank(), r);
-    EXPECT_EQ(empty.num_tokens(), 0);
-    EXPECT_EQ(empty.num_pieces(), 0);
     EXPECT_TRUE(Pieces(plan, 0, r).empty());
     EXPECT_TRUE(Indices(plan, 0, r).empty());
   }
@@ -184,9 +182,9 @@ TEST(CpShardTest, RankWithNothingHasAnExplicitEmptyShard) {
 TEST(CpShardTest, OneTokenSequenceWithLargeCp) {
   Plan plan = MustPlan(Lengths({1}), {.max_tokens_per_microbatch = 16, .cp_size = 8});
   const Microbatch& mb = plan.microbatches(0);
-  ASSERT_EQ(mb.shards_size(), 8);
-  EXPECT_EQ(mb.shards(0).num_tokens(), 1);
-  for (int r = 1; r < 8; ++r) EXPECT_EQ(mb.shards(r).num_tokens(), 0) << r;
+  EXPECT_THAT(mb.shard_cp_rank(), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(1, 0, 0, 0, 0, 0, 0, 0));
+  EXPECT_THAT(mb.shard_num_pieces(), ElementsAre(1, 0, 0, 0, 0, 0, 0, 0));
 }
 
 TEST(CpShardTest, ShardPiecesRefusesBadArguments) {
@@ -340,6 +338,36 @@ TEST(DeterminismTest, SameInputSameBytesAndDigest) {
   // Negative control: one token more in one sequence changes the digest.
   copy[4].num_tokens += 1;
   EXPECT_NE(PlanDigest(MustPlan(copy, options)), PlanDigest(a));
+}
+
+TEST(DeterminismTest, PlanningIntoAReusedPlanGivesTheSameBytes) {
+  // A large plan, then smaller ones, with other CP sizes and policies, the in-order fallback
+  // and a failure: the reused plan always equals a fresh one.
+  std::vector<int64_t> many;
+  for (int64_t i = 0; i < 500; ++i) many.push_back(1 + (i * 31) % 40);
+  struct Case {
+    std::vector<Sequence> batch;
+    PlanOptions options;
+  };
+  const std::vector<Case> cases = {
+      {Lengths(many), {.max_tokens_per_microbatch = 64, .cp_size = 4}},
+      {Lengths({9, 1, 30, 7}), {.max_tokens_per_microbatch = 32, .cp_size = 2}},
+      {Lengths({4, 3, 3, 4, 3, 3}), {.max_tokens_per_microbatch = 10}},  // falls back
+      {Lengths(many), {.max_tokens_per_microbatch = 128, .packing = PACKING_IN_ORDER}},
+      {Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4}},
+  };
+  Plan reused;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    ASSERT_TRUE(PlanMicrobatches(cases[c].batch, cases[c].options, reused).ok()) << c;
+    EXPECT_TRUE(VerifyPlan(reused, cases[c].batch).ok()) << c;
+    EXPECT_EQ(SerializePlan(reused), SerializePlan(MustPlan(cases[c].batch, cases[c].options)))
+        << "case " << c;
+  }
+  const absl::Status bad =
+      PlanMicrobatches(Lengths({5, 0}), {.max_tokens_per_microbatch = 8}, reused);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reused.microbatches_size(), 0);
+  EXPECT_EQ(reused.num_sequences(), 0);
 }
 
 TEST(DeterminismTest, DigestIsTheFramedHashOfThePlanBytes) {
