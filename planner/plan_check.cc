@@ -96,11 +96,13 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
     const Microbatch& mb = plan.microbatches(m);
     const int n = mb.batch_index_size();
     if (n == 0) return Invalid(m, "it packs no sequence");
-    if (mb.sequence_id_size() != n || mb.token_begin_size() != n || mb.loss_scale_size() != n ||
-        mb.cu_seqlens_size() != n + 1) {
+    if (mb.sequence_id_size() != n || (mb.token_begin_size() != 0 && mb.token_begin_size() != n) ||
+        (mb.loss_scale_size() != 1 && mb.loss_scale_size() != n) || mb.cu_seqlens_size() != n + 1) {
       return Invalid(m, absl::StrCat(n, " batch indices but ", mb.sequence_id_size(), " ids, ",
                                      mb.token_begin_size(), " token begins, ", mb.loss_scale_size(),
-                                     " loss scales, ", mb.cu_seqlens_size(), " boundaries"));
+                                     " loss scales, ", mb.cu_seqlens_size(),
+                                     " boundaries (token begins: 0 or ", n, "; loss scales: 1 or ",
+                                     n, "; boundaries: ", n + 1, ")"));
     }
     if (mb.cu_seqlens(0) != 0) return Invalid(m, "cu_seqlens does not start at 0");
     for (int k = 0; k < n; ++k) {
@@ -121,7 +123,7 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
       if (i < 0 || static_cast<size_t>(i) >= batch.size()) {
         return Invalid(m, absl::StrCat("packed sequence ", k, " refers to sequence ", i));
       }
-      const int64_t begin = mb.token_begin(k);
+      const int64_t begin = TokenBegin(mb, k);
       const int64_t end = begin + mb.cu_seqlens(k + 1) - mb.cu_seqlens(k);
       if (mb.sequence_id(k) != batch[i].id || begin < 0 || end > batch[i].num_tokens) {
         return Invalid(
@@ -130,8 +132,8 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
                             batch[i].num_tokens, " tokens)"));
       }
       const double want = expected_scale[i];
-      if (!(std::abs(mb.loss_scale(k) - want) <= 1e-12 * std::abs(want))) {
-        return Invalid(m, absl::StrCat("packed sequence ", k, " has loss scale ", mb.loss_scale(k),
+      if (!(std::abs(LossScale(mb, k) - want) <= 1e-12 * std::abs(want))) {
+        return Invalid(m, absl::StrCat("packed sequence ", k, " has loss scale ", LossScale(mb, k),
                                        "; the normalisation gives ", want));
       }
       parts[i].emplace_back(begin, end, m);

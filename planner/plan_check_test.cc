@@ -80,8 +80,7 @@ INSTANTIATE_TEST_SUITE_P(
                      Microbatch& mb = *p.mutable_microbatches(0);
                      mb.mutable_batch_index()->RemoveLast();
                      mb.mutable_sequence_id()->RemoveLast();
-                     mb.mutable_token_begin()->RemoveLast();
-                     mb.mutable_loss_scale()->RemoveLast();
+                     // (A fresh plan stores no token begins and one shared loss scale.)
                      mb.mutable_cu_seqlens()->RemoveLast();
                      mb.set_num_tokens(mb.cu_seqlens(mb.cu_seqlens_size() - 1));
                      Recount(p, 0);
@@ -150,8 +149,30 @@ INSTANTIATE_TEST_SUITE_P(
         Corruption{"WrongId", [](Plan& p) { p.mutable_microbatches(0)->set_sequence_id(0, 99999); },
                    "does not match sequence"},
         Corruption{"ShiftedTokenBegin",
-                   [](Plan& p) { p.mutable_microbatches(0)->set_token_begin(0, 1); },
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.mutable_token_begin()->Resize(mb.batch_index_size(), 0);
+                     mb.set_token_begin(0, 1);
+                   },
                    "does not match sequence"},
+        Corruption{"TokenBeginCountWrong",
+                   [](Plan& p) { p.mutable_microbatches(1)->add_token_begin(0); },
+                   "token begins: 0 or"},
+        Corruption{"LossScaleCountWrong",
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(1);
+                     mb.add_loss_scale(mb.loss_scale(0));
+                   },
+                   "loss scales: 1 or"},
+        Corruption{"ChangedOneOfPerSequenceLossScales",
+                   [](Plan& p) {
+                     // Spelled out per sequence, equal values are valid; one changed is not.
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     const double shared = mb.loss_scale(0);
+                     mb.mutable_loss_scale()->Resize(mb.batch_index_size(), shared);
+                     mb.set_loss_scale(1, shared * 2);
+                   },
+                   "packed sequence 1 has loss scale"},
         Corruption{"ChangedLossScale",
                    [](Plan& p) {
                      Microbatch& mb = *p.mutable_microbatches(2);

@@ -161,6 +161,13 @@ struct Part {
   double loss_scale;
 };
 
+// Whether the compact per-sequence arrays of a microbatch of n packed sequences have a size
+// plan.proto allows: token_begin 0 or n entries, loss_scale 1 or n.
+bool ValidCompactSizes(const Microbatch& mb, int n) {
+  return (mb.token_begin_size() == 0 || mb.token_begin_size() == n) &&
+         (mb.loss_scale_size() == 1 || mb.loss_scale_size() == n);
+}
+
 // Loss scale of sequence i: one shared value, or one per sequence.
 inline double ScaleOf(const std::vector<double>& scale, int32_t i) {
   return scale[scale.size() == 1 ? 0 : i];
@@ -359,29 +366,25 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
   const int chunks = 2 * cp;
   auto& batch_index = *mb.mutable_batch_index();
   auto& sequence_id = *mb.mutable_sequence_id();
-  auto& token_begin = *mb.mutable_token_begin();
   auto& cu_seqlens = *mb.mutable_cu_seqlens();
-  auto& loss_scale = *mb.mutable_loss_scale();
   batch_index.Resize(n, 0);
   sequence_id.Resize(n, 0);
-  token_begin.Resize(n, 0);
   cu_seqlens.Resize(n + 1, 0);
-  loss_scale.Resize(n, 0.0);
   int32_t* bi = batch_index.mutable_data();
   int64_t* id = sequence_id.mutable_data();
-  int64_t* tb = token_begin.mutable_data();
   int64_t* cu = cu_seqlens.mutable_data();
-  double* ls = loss_scale.mutable_data();
   std::vector<int64_t>& short_pieces = scratch;  // per rank, from sequences shorter than 2cp
   short_pieces.assign(cp, 0);
   int64_t offset = 0, base_sum = 0, long_sequences = 0, leftovers = 0;
+  bool all_begin_at_0 = true, one_scale = true;
+  const double scale0 = n > 0 ? part_at(0).loss_scale : 0.0;
   cu[0] = 0;
   for (int k = 0; k < n; ++k) {
     const Part part = part_at(k);
     bi[k] = part.batch_index;
     id[k] = part.id;
-    tb[k] = part.token_begin;
-    ls[k] = part.loss_scale;
+    all_begin_at_0 = all_begin_at_0 && part.token_begin == 0;
+    one_scale = one_scale && part.loss_scale == scale0;
     offset += part.num_tokens;
     cu[k + 1] = offset;
     const int64_t base = part.num_tokens / chunks;
@@ -395,6 +398,16 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
     }
     leftovers += remainder;
   }
+  // The compact forms of plan.proto: no token_begin when all are 0, one shared loss scale.
+  auto& token_begin = *mb.mutable_token_begin();
+  token_begin.Clear();
+  if (!all_begin_at_0) {
+    token_begin.Resize(n, 0);
+    for (int k = 0; k < n; ++k) token_begin.Set(k, part_at(k).token_begin);
+  }
+  auto& loss_scale = *mb.mutable_loss_scale();
+  loss_scale.Resize(one_scale ? 1 : n, 0.0);
+  for (int k = 0; k < loss_scale.size(); ++k) loss_scale.Set(k, part_at(k).loss_scale);
   mb.set_num_tokens(offset);
   auto& cp_rank = *mb.mutable_shard_cp_rank();
   auto& shard_tokens = *mb.mutable_shard_num_tokens();
@@ -530,7 +543,7 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   const Microbatch& mb = plan.microbatches(microbatch);
   const int n = mb.batch_index_size();
   if (n == 0 || mb.cu_seqlens_size() != n + 1 || mb.sequence_id_size() != n ||
-      mb.token_begin_size() != n || mb.loss_scale_size() != n) {
+      !ValidCompactSizes(mb, n)) {
     return absl::InvalidArgumentError(
         absl::StrCat("microbatch ", microbatch, " is malformed: ", n, " batch indices, ",
                      mb.sequence_id_size(), " ids, ", mb.token_begin_size(), " token begins, ",
@@ -538,8 +551,8 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   }
   std::vector<Part> first, second;
   auto part = [&](int k) {
-    return Part{mb.batch_index(k), mb.sequence_id(k), mb.token_begin(k),
-                mb.cu_seqlens(k + 1) - mb.cu_seqlens(k), mb.loss_scale(k)};
+    return Part{mb.batch_index(k), mb.sequence_id(k), TokenBegin(mb, k),
+                mb.cu_seqlens(k + 1) - mb.cu_seqlens(k), LossScale(mb, k)};
   };
   if (n >= 2) {
     // The sequence boundary closest to half the tokens; the earlier one on a tie.
@@ -642,10 +655,19 @@ Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
   return hasher.Finish();
 }
 
+int64_t TokenBegin(const Microbatch& microbatch, int k) {
+  return microbatch.token_begin_size() == 0 ? 0 : microbatch.token_begin(k);
+}
+
+double LossScale(const Microbatch& microbatch, int k) {
+  return microbatch.loss_scale(microbatch.loss_scale_size() == 1 ? 0 : k);
+}
+
 std::vector<int64_t> PositionIds(const Microbatch& microbatch) {
   std::vector<int64_t> positions;
   positions.reserve(microbatch.num_tokens());
   for (int k = 0; k + 1 < microbatch.cu_seqlens_size(); ++k) {
+    // An empty token_begin means 0 for every sequence; a malformed one is read as far as it goes.
     const int64_t start = k < microbatch.token_begin_size() ? microbatch.token_begin(k) : 0;
     for (int64_t t = microbatch.cu_seqlens(k); t < microbatch.cu_seqlens(k + 1); ++t) {
       positions.push_back(start + t - microbatch.cu_seqlens(k));
@@ -713,7 +735,7 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                                                      absl::Span<const Sequence> batch) {
   const int n = microbatch.batch_index_size();
   if (microbatch.cu_seqlens_size() != n + 1 || microbatch.sequence_id_size() != n ||
-      microbatch.token_begin_size() != n || microbatch.loss_scale_size() != n) {
+      !ValidCompactSizes(microbatch, n)) {
     return absl::InvalidArgumentError("the microbatch's per-sequence arrays differ in length");
   }
   std::vector<double> weights;
@@ -725,7 +747,7 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                                                      i, "; the batch has ", batch.size()));
     }
     const Sequence& s = batch[i];
-    const int64_t begin = microbatch.token_begin(k);
+    const int64_t begin = TokenBegin(microbatch, k);
     const int64_t count = microbatch.cu_seqlens(k + 1) - microbatch.cu_seqlens(k);
     if (s.id != microbatch.sequence_id(k) || begin < 0 || count < 0 ||
         begin + count > s.num_tokens) {
@@ -734,7 +756,7 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                        microbatch.sequence_id(k), ") does not match ", Name(batch, i), " with ",
                        s.num_tokens, " tokens"));
     }
-    const double scale = microbatch.loss_scale(k);
+    const double scale = LossScale(microbatch, k);
     for (int64_t t = begin; t < begin + count; ++t) {
       weights.push_back((s.loss_weights.empty() ? 1.0 : s.loss_weights[t]) * scale);
     }

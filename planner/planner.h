@@ -33,7 +33,7 @@
 // ShardTokenIndices. Planning is O(sequences + per-token weights + microbatches x
 // cp_size + distinct lengths); the plan holds O(sequences + microbatches x cp_size) values.
 //
-// Loss normalisation: Microbatch.loss_scale[k] times the caller's per-token weight (1 if none)
+// Loss normalisation: LossScale(microbatch, k) times the caller's per-token weight (1 if none)
 // is the token's loss weight; summing weight * per-token loss over every microbatch and shard
 // gives the unsplit loss of the chosen normalisation (token mean over the batch by default).
 //
@@ -141,6 +141,15 @@ inline constexpr absl::string_view kLossWeightsDigestTag = "lockstep/planner/los
 // explicit all-ones vector differs from none, and 0.0 from -0.0. Costs one pass over the weights;
 // nothing for a batch without weights. PlanMicrobatches stores it in Plan.loss_weights_digest.
 Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch);
+
+// The first token of the input sequence that packed sequence k of `microbatch` holds:
+// token_begin[k], or 0 when token_begin is empty (see plan.proto). Precondition: 0 <= k < number
+// of packed sequences.
+int64_t TokenBegin(const Microbatch& microbatch, int k);
+
+// The loss scale of packed sequence k of `microbatch`: loss_scale[k], or the single shared
+// loss_scale[0] (see plan.proto). Precondition: 0 <= k < number of packed sequences.
+double LossScale(const Microbatch& microbatch, int k);
 
 // Position ids of the microbatch's packed tokens, restarting at each sequence (continuing from
 // token_begin for the later part of a split sequence).

@@ -84,7 +84,7 @@ double CheckTokens(const Plan& plan, const std::vector<Sequence>& batch,
     for (int k = 0; k < mb.batch_index_size(); ++k) {
       for (int64_t t = mb.cu_seqlens(k); t < mb.cu_seqlens(k + 1); ++t) {
         owner[t] = k;
-        EXPECT_EQ(positions[t], mb.token_begin(k) + (t - mb.cu_seqlens(k)));
+        EXPECT_EQ(positions[t], TokenBegin(mb, k) + (t - mb.cu_seqlens(k)));
       }
     }
     EXPECT_EQ(mb.shard_cp_rank_size(), cp);

@@ -122,7 +122,11 @@ TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
   EXPECT_EQ(mb.num_tokens(), 9);
   EXPECT_THAT(mb.cu_seqlens(), ElementsAre(0, 3, 5, 9));
   EXPECT_THAT(mb.sequence_id(), ElementsAre(100, 101, 102));
-  EXPECT_THAT(mb.token_begin(), ElementsAre(0, 0, 0));
+  // Compact forms: nothing split, so no token begins; one loss scale shared by all.
+  EXPECT_THAT(mb.token_begin(), ElementsAre());
+  EXPECT_THAT(mb.loss_scale(), ElementsAre(DoubleEq(1.0 / 9)));
+  EXPECT_EQ(TokenBegin(mb, 2), 0);
+  EXPECT_THAT(LossScale(mb, 2), DoubleEq(1.0 / 9));
   EXPECT_THAT(PositionIds(mb), ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
 }
 
@@ -263,6 +267,21 @@ TEST(LossTest, NormalisationsGiveTheDocumentedWeights) {
   EXPECT_THAT(per_sequence[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0 / 8), DoubleEq(3.0 / 8)));
 }
 
+TEST(LossTest, LossScaleIsStoredOncePerMicrobatchUnlessItDiffers) {
+  const PlanOptions per_sequence{.max_tokens_per_microbatch = 8,
+                                 .loss_normalization = LOSS_SEQUENCE_MEAN};
+  // Longest first: sequence 1 (3 tokens), then sequence 0 (2 tokens).
+  Plan plan = MustPlan(Lengths({2, 3}), per_sequence);
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  const Microbatch& mb = plan.microbatches(0);
+  EXPECT_THAT(mb.loss_scale(), ElementsAre(DoubleEq(1.0 / 6), DoubleEq(1.0 / 4)));
+  EXPECT_THAT(LossScale(mb, 1), DoubleEq(1.0 / 4));
+  // Equal per-sequence scales collapse to one entry.
+  Plan equal = MustPlan(Lengths({3, 3}), per_sequence);
+  EXPECT_THAT(equal.microbatches(0).loss_scale(), ElementsAre(DoubleEq(1.0 / 6)));
+  EXPECT_THAT(LossScale(equal.microbatches(0), 1), DoubleEq(1.0 / 6));
+}
+
 TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
   std::vector<Sequence> batch = Lengths({2, 3});
   Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8});
@@ -299,7 +318,9 @@ TEST(SplitTest, SplitsOneSequenceAtACpCompatibleCut) {
   ASSERT_EQ(split->microbatches_size(), 2);
   // 21 / 2 = 10, rounded down to a multiple of 2 x CP = 4: 8.
   EXPECT_EQ(split->microbatches(0).num_tokens(), 8);
+  EXPECT_THAT(split->microbatches(0).token_begin(), ElementsAre());
   EXPECT_THAT(split->microbatches(1).token_begin(), ElementsAre(8));
+  EXPECT_EQ(TokenBegin(split->microbatches(1), 0), 8);
   EXPECT_EQ(PositionIds(split->microbatches(1)).front(), 8);
   EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
 }
