@@ -200,27 +200,36 @@ int main(int argc, char** argv) {
 
   std::printf("\n1M long-tail sequences (max %ld tokens, budget %ld), target < 200 ms:\n",
               static_cast<long>(kMaxLength), static_cast<long>(kBudget));
-  bool all_met = true;
-  auto report = [&](const std::string& what, double ms) {
-    if (ms < 0) return;
-    const bool met = ms < 200;
-    all_met = all_met && met;
-    std::printf("  %-52s %8.1f ms  %s\n", what.c_str(), ms, met ? "met" : "NOT met");
+  // The target: warm planning with a fresh Plan per call at every CP size. The reused-Plan and
+  // first-call figures are reported against the same 200 ms, but separately.
+  bool target_met = true;
+  int target_cases = 0;
+  auto report = [](const std::string& what, double ms) {
+    std::printf("  %-62s %8.1f ms  %s\n", what.c_str(), ms, ms < 200 ? "< 200 ms" : ">= 200 ms");
   };
-  report(absl::StrCat("first call of the process, cp 1 (", first_faults, " page faults)"),
-         first_ok ? first_ms : 1e9);
   for (int cp : {1, 2, 4, 8}) {
-    report(absl::StrCat("planning, fresh Plan, cp ", cp),
-           reporter.Time(absl::StrCat("BM_PlanLongTail/sequences:1000000/cp:", cp,
-                                      "/min_time:2.000/real_time")));
+    const double ms = reporter.Time(
+        absl::StrCat("BM_PlanLongTail/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
+    if (ms < 0) continue;
+    report(absl::StrCat("planning (warm), fresh Plan, cp ", cp), ms);
+    target_met = target_met && ms < 200;
+    ++target_cases;
   }
   for (int cp : {1, 4, 8}) {
-    report(absl::StrCat("planning into a reused Plan, cp ", cp),
-           reporter.Time(absl::StrCat("BM_PlanLongTailReusingPlan/sequences:1000000/cp:", cp,
-                                      "/min_time:2.000/real_time")));
+    const double ms = reporter.Time(absl::StrCat(
+        "BM_PlanLongTailReusingPlan/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
+    if (ms >= 0) report(absl::StrCat("planning (warm) into a reused Plan, cp ", cp), ms);
   }
-  std::printf("1M planning target (< 200 ms, every case above): %s\n",
-              all_met ? "target met" : "target NOT met");
+  report(absl::StrCat("first call of the process (cold), cp 1, ", first_faults, " page faults"),
+         first_ok ? first_ms : 1e9);
+  if (target_cases == 4) {
+    std::printf("1M planning target (warm, fresh Plan, cp 1/2/4/8 all < 200 ms): %s\n",
+                target_met ? "target met" : "target NOT met");
+  } else {
+    std::printf("1M planning target: not measured (the filter skipped some cases)\n");
+  }
+  std::printf("1M first call (cold) < 200 ms: %s\n",
+              first_ok && first_ms < 200 ? "met" : "NOT met");
   for (int cp : {1, 8}) {
     const double digest = reporter.Time(
         absl::StrCat("BM_PlanDigest/sequences:1000000/cp:", cp, "/min_time:1.000/real_time"));
