@@ -30,8 +30,11 @@
 // Compact plans: a shard entry (Microbatch.shard_cp_rank, shard_num_tokens, shard_num_pieces)
 // stores its rank, token count and piece count only; the token ranges it owns are derived on
 // demand from cu_seqlens by the rule the plan names (Plan.cp_chunk_rule), with ShardPieces /
-// ShardTokenIndices. Planning is O(sequences + per-token weights + microbatches x
-// cp_size + distinct lengths); the plan holds O(sequences + microbatches x cp_size) values.
+// ShardTokenIndices. Per packed sequence a microbatch stores its batch index, id and boundary;
+// token_begin only where re-planning split a sequence, and loss_scale once per microbatch unless
+// the scales differ (TokenBegin and LossScale read both forms). Planning is O(sequences +
+// per-token weights + microbatches x cp_size + distinct lengths); the plan holds O(sequences +
+// microbatches x cp_size) values.
 //
 // Loss normalisation: LossScale(microbatch, k) times the caller's per-token weight (1 if none)
 // is the token's loss weight; summing weight * per-token loss over every microbatch and shard
@@ -148,7 +151,8 @@ Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch);
 int64_t TokenBegin(const Microbatch& microbatch, int k);
 
 // The loss scale of packed sequence k of `microbatch`: loss_scale[k], or the single shared
-// loss_scale[0] (see plan.proto). Precondition: 0 <= k < number of packed sequences.
+// loss_scale[0] (see plan.proto). Precondition: 0 <= k < number of packed sequences, and
+// loss_scale has 1 or that many entries (VerifyPlan checks both).
 double LossScale(const Microbatch& microbatch, int k);
 
 // Position ids of the microbatch's packed tokens, restarting at each sequence (continuing from
@@ -179,7 +183,7 @@ absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microb
 absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int microbatch,
                                                        int cp_rank);
 
-// Loss weight of each packed token of `microbatch` (caller weight times loss_scale), in packed
+// Loss weight of each packed token of `microbatch` (caller weight times LossScale), in packed
 // order. `batch` is the batch the plan was made from; kInvalidArgument if the microbatch does not
 // match it (unknown batch index, different id, tokens beyond the sequence).
 absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
