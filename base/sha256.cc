@@ -21,23 +21,42 @@ void Check(bool condition, const char* what) {
 
 }  // namespace
 
-Sha256Digest Sha256Framed(std::initializer_list<absl::string_view> parts) {
-  Sha256Digest digest;
+Sha256Hasher::Sha256Hasher() {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   Check(ctx != nullptr, "EVP_MD_CTX_new");
   Check(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1, "EVP_DigestInit_ex");
-  for (absl::string_view part : parts) {
-    const uint64_t length = part.size();
-    uint8_t frame[8];
-    for (int i = 0; i < 8; ++i) frame[i] = static_cast<uint8_t>(length >> (8 * i));
-    Check(EVP_DigestUpdate(ctx, frame, sizeof(frame)) == 1, "EVP_DigestUpdate");
-    Check(EVP_DigestUpdate(ctx, part.data(), part.size()) == 1, "EVP_DigestUpdate");
-  }
+  ctx_ = ctx;
+}
+
+Sha256Hasher::~Sha256Hasher() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+
+void Sha256Hasher::Append(absl::string_view bytes) {
+  Check(EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), bytes.data(), bytes.size()) == 1,
+        "EVP_DigestUpdate");
+}
+
+void Sha256Hasher::AppendLength(uint64_t length) {
+  char frame[8];
+  for (int i = 0; i < 8; ++i) frame[i] = static_cast<char>(length >> (8 * i));
+  Append(absl::string_view(frame, sizeof(frame)));
+}
+
+Sha256Digest Sha256Hasher::Finish() {
+  Sha256Digest digest;
   unsigned int length = 0;
-  Check(EVP_DigestFinal_ex(ctx, digest.data(), &length) == 1, "EVP_DigestFinal_ex");
+  Check(EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), digest.data(), &length) == 1,
+        "EVP_DigestFinal_ex");
   Check(length == digest.size(), "digest length");
-  EVP_MD_CTX_free(ctx);
   return digest;
+}
+
+Sha256Digest Sha256Framed(std::initializer_list<absl::string_view> parts) {
+  Sha256Hasher hasher;
+  for (absl::string_view part : parts) {
+    hasher.AppendLength(part.size());
+    hasher.Append(part);
+  }
+  return hasher.Finish();
 }
 
 std::string DigestHex(const Sha256Digest& digest, int bytes) {

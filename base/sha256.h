@@ -4,7 +4,10 @@
 // little-endian length, so that ("ab", "c") and ("a", "bc") hash differently. Used wherever
 // lockstep derives or compares state by digest: agreement checks, model-stream derivation.
 //
-// Thread-safety: stateless.
+// Sha256Hasher computes the same digests incrementally, for inputs too large to gather into one
+// string first (e.g. a plan serialized block by block).
+//
+// Thread-safety: the functions are stateless; a Sha256Hasher is not thread-safe.
 //
 // Example:
 //   Sha256Digest d = Sha256Framed({"lockstep/model-stream/v1", caller_state});
@@ -24,6 +27,26 @@ namespace lockstep {
 using Sha256Digest = std::array<uint8_t, 32>;
 
 Sha256Digest Sha256Framed(std::initializer_list<absl::string_view> parts);
+
+// Incremental SHA-256. Sha256Framed({a, b}) equals the digest of
+//   h.AppendLength(a.size()); h.Append(a); h.AppendLength(b.size()); h.Append(b); h.Finish();
+class Sha256Hasher {
+ public:
+  Sha256Hasher();
+  ~Sha256Hasher();
+  Sha256Hasher(const Sha256Hasher&) = delete;
+  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
+
+  // Hashes `bytes` as they are.
+  void Append(absl::string_view bytes);
+  // Hashes `length` as 8 little-endian bytes (the frame Sha256Framed puts before each part).
+  void AppendLength(uint64_t length);
+  // The digest of everything appended. Precondition: called once; nothing is appended after.
+  Sha256Digest Finish();
+
+ private:
+  void* ctx_;  // EVP_MD_CTX, kept out of this header
+};
 
 // Lowercase hex of the first `bytes` bytes of a digest.
 std::string DigestHex(const Sha256Digest& digest, int bytes = 32);

@@ -2,9 +2,10 @@
 //
 // CheckPlanAgreement: the check the trainer runs across a TP x CP group before it executes a
 // plan. Every member computed its plan from what should be the same input; if any member's plan
-// differs (a different batch, different limits, a different library build), the replicas would
-// compute different losses and backward would mix their gradients silently. Each member
-// contributes its plan's digest (PlanDigest) to a collective agreement check
+// differs (a different batch, including a single different per-token loss weight, which the plan
+// covers through Plan.loss_weights_digest; different limits; a different library build), the
+// replicas would compute different losses and backward would mix their gradients silently. Each
+// member contributes its plan's digest (PlanDigest) to a collective agreement check
 // (collectives/agreement.h), so either every member gets OK or every member gets the same
 // kFailedPrecondition naming which global ranks hold which digest.
 //

@@ -7,6 +7,7 @@
 #include "planner/plan_agreement.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,6 +69,34 @@ TEST(PlanAgreementTest, FakeWorldAgreesAndNamesTheOddRank) {
         EXPECT_THAT(results[r].message(), HasSubstr(kPlanAgreementOperation));
       }
     }
+  }
+}
+
+TEST(PlanAgreementTest, OneDifferentPerTokenWeightIsNamed) {
+  // Rank 1 holds the same batch except that one token's weight moved to another token of the
+  // same sequence: same lengths, ids and weight totals, so the same packing and loss scales.
+  const std::vector<Sequence> batch = Batch(42);
+  size_t weighted = 0;
+  while (weighted < batch.size() &&
+         (batch[weighted].loss_weights.size() < 2 ||
+          batch[weighted].loss_weights[0] == batch[weighted].loss_weights[1])) {
+    ++weighted;
+  }
+  ASSERT_LT(weighted, batch.size());
+  testing::FakeWorld world(4);
+  std::vector<absl::Status> results = world.Run([&](collectives::Communicator& comm) {
+    std::vector<Sequence> mine = batch;
+    if (comm.rank() == 1) {
+      std::swap(mine[weighted].loss_weights[0], mine[weighted].loss_weights[1]);
+    }
+    absl::StatusOr<Plan> plan = PlanMicrobatches(mine, kOptions);
+    if (!plan.ok()) return plan.status();
+    return CheckPlanAgreement(comm, *plan);
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [0, 2, 3] hold"));
+    EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [1] hold"));
   }
 }
 

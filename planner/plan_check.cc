@@ -7,7 +7,9 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 
 namespace lockstep {
 namespace planner {
@@ -70,18 +72,37 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
         absl::StrCat("the plan covers ", plan.num_sequences(), " sequences of ", plan.num_tokens(),
                      " tokens; the batch has ", batch.size(), " of ", batch_tokens));
   }
+  if (plan.cp_chunk_rule() != kCpChunkRule) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan's CP chunk rule is ", plan.cp_chunk_rule(), "; this library knows only rule ",
+        kCpChunkRule, " (CP_CHUNK_MIRRORED_PAIRS_V1)"));
+  }
+  const Sha256Digest weights_digest = LossWeightsDigest(batch);
+  const std::string expected_digest(reinterpret_cast<const char*>(weights_digest.data()),
+                                    weights_digest.size());
+  if (plan.loss_weights_digest() != expected_digest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan's loss weights digest ",
+        absl::BytesToHexString(plan.loss_weights_digest()).substr(0, 16),
+        " does not match the batch's per-token loss weights (", DigestHex(weights_digest, 8), ")"));
+  }
   const std::vector<double> expected_scale = ExpectedScales(plan, batch);
+  // Scratch for the shard checks, reused across microbatches.
+  std::vector<ShardPiece> pieces, ordered;
+  std::vector<int64_t> bucket_start, bucket_fill;
   // (token_begin, end, microbatch) of every packed part, per batch sequence.
   std::vector<std::vector<std::tuple<int64_t, int64_t, int>>> parts(batch.size());
   for (int m = 0; m < plan.microbatches_size(); ++m) {
     const Microbatch& mb = plan.microbatches(m);
     const int n = mb.batch_index_size();
     if (n == 0) return Invalid(m, "it packs no sequence");
-    if (mb.sequence_id_size() != n || mb.token_begin_size() != n || mb.loss_scale_size() != n ||
-        mb.cu_seqlens_size() != n + 1) {
+    if (mb.sequence_id_size() != n || (mb.token_begin_size() != 0 && mb.token_begin_size() != n) ||
+        (mb.loss_scale_size() != 1 && mb.loss_scale_size() != n) || mb.cu_seqlens_size() != n + 1) {
       return Invalid(m, absl::StrCat(n, " batch indices but ", mb.sequence_id_size(), " ids, ",
                                      mb.token_begin_size(), " token begins, ", mb.loss_scale_size(),
-                                     " loss scales, ", mb.cu_seqlens_size(), " boundaries"));
+                                     " loss scales, ", mb.cu_seqlens_size(),
+                                     " boundaries (token begins: 0 or ", n, "; loss scales: 1 or ",
+                                     n, "; boundaries: ", n + 1, ")"));
     }
     if (mb.cu_seqlens(0) != 0) return Invalid(m, "cu_seqlens does not start at 0");
     for (int k = 0; k < n; ++k) {
@@ -102,7 +123,7 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
       if (i < 0 || static_cast<size_t>(i) >= batch.size()) {
         return Invalid(m, absl::StrCat("packed sequence ", k, " refers to sequence ", i));
       }
-      const int64_t begin = mb.token_begin(k);
+      const int64_t begin = TokenBegin(mb, k);
       const int64_t end = begin + mb.cu_seqlens(k + 1) - mb.cu_seqlens(k);
       if (mb.sequence_id(k) != batch[i].id || begin < 0 || end > batch[i].num_tokens) {
         return Invalid(
@@ -111,63 +132,84 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
                             batch[i].num_tokens, " tokens)"));
       }
       const double want = expected_scale[i];
-      if (!(std::abs(mb.loss_scale(k) - want) <= 1e-12 * std::abs(want))) {
-        return Invalid(m, absl::StrCat("packed sequence ", k, " has loss scale ", mb.loss_scale(k),
+      if (!(std::abs(LossScale(mb, k) - want) <= 1e-12 * std::abs(want))) {
+        return Invalid(m, absl::StrCat("packed sequence ", k, " has loss scale ", LossScale(mb, k),
                                        "; the normalisation gives ", want));
       }
       parts[i].emplace_back(begin, end, m);
     }
-    // Shards: (begin, end, packed sequence, chunk) of every piece, to check the tiling.
-    if (mb.shards_size() != cp) {
-      return Invalid(m, absl::StrCat(mb.shards_size(), " CP shards for cp_size ", cp));
+    // Shards: the stored counts against the pieces ShardPieces derives, and the pieces against
+    // the tiling (every packed token owned exactly once, chunks in order within a sequence).
+    if (mb.shard_cp_rank_size() != cp || mb.shard_num_tokens_size() != cp ||
+        mb.shard_num_pieces_size() != cp) {
+      return Invalid(m, absl::StrCat(mb.shard_cp_rank_size(), "/", mb.shard_num_tokens_size(), "/",
+                                     mb.shard_num_pieces_size(),
+                                     " CP shard entries (ranks/tokens/pieces) for cp_size ", cp));
     }
-    std::vector<std::tuple<int64_t, int64_t, int, int>> pieces;
+    pieces.clear();
     int64_t min_tokens = mb.num_tokens(), max_tokens = 0;
     for (int r = 0; r < cp; ++r) {
-      const CpShard& shard = mb.shards(r);
-      const int np = shard.piece_begin_size();
-      if (shard.cp_rank() != r || shard.piece_sequence_size() != np ||
-          shard.piece_chunk_size() != np || shard.piece_end_size() != np) {
-        return Invalid(m, absl::StrCat("shard ", r, " has cp_rank ", shard.cp_rank(), " and ",
-                                       shard.piece_sequence_size(), "/", shard.piece_chunk_size(),
-                                       "/", np, "/", shard.piece_end_size(), " piece entries"));
+      if (mb.shard_cp_rank(r) != r) {
+        return Invalid(m, absl::StrCat("shard entry ", r, " has cp_rank ", mb.shard_cp_rank(r)));
       }
+      absl::StatusOr<std::vector<ShardPiece>> mine = ShardPieces(plan, m, r);
+      if (!mine.ok()) return Invalid(m, std::string(mine.status().message()));
       int64_t tokens = 0;
-      for (int p = 0; p < np; ++p) {
-        const int k = shard.piece_sequence(p);
-        const int chunk = shard.piece_chunk(p);
-        const int64_t b = shard.piece_begin(p), e = shard.piece_end(p);
-        if (k < 0 || k >= n || b >= e || b < mb.cu_seqlens(k) || e > mb.cu_seqlens(k + 1)) {
-          return Invalid(m, absl::StrCat("CP rank ", r, " piece ", p, " [", b, ", ", e,
-                                         ") is empty or outside packed sequence ", k));
+      for (size_t p = 0; p < mine->size(); ++p) {
+        const ShardPiece& piece = (*mine)[p];
+        const int k = piece.sequence;
+        if (k < 0 || k >= n || piece.begin >= piece.end || piece.begin < mb.cu_seqlens(k) ||
+            piece.end > mb.cu_seqlens(k + 1)) {
+          return Invalid(m, absl::StrCat("CP rank ", r, " piece ", p, " [", piece.begin, ", ",
+                                         piece.end, ") is empty or outside packed sequence ", k));
         }
-        if (chunk != r && chunk != 2 * cp - 1 - r) {
-          return Invalid(m, absl::StrCat("CP rank ", r, " owns chunk ", chunk, "; it may own only ",
-                                         r, " and ", 2 * cp - 1 - r));
+        if (piece.chunk != r && piece.chunk != 2 * cp - 1 - r) {
+          return Invalid(m, absl::StrCat("CP rank ", r, " owns chunk ", piece.chunk,
+                                         "; it may own only ", r, " and ", 2 * cp - 1 - r));
         }
-        tokens += e - b;
-        pieces.emplace_back(b, e, k, chunk);
+        tokens += piece.end - piece.begin;
+        pieces.push_back(piece);
       }
-      if (tokens != shard.num_tokens()) {
-        return Invalid(m, absl::StrCat("CP rank ", r, " says ", shard.num_tokens(),
+      if (tokens != mb.shard_num_tokens(r)) {
+        return Invalid(m, absl::StrCat("CP rank ", r, " says ", mb.shard_num_tokens(r),
                                        " tokens; its pieces hold ", tokens));
+      }
+      if (static_cast<int64_t>(mine->size()) != mb.shard_num_pieces(r)) {
+        return Invalid(m, absl::StrCat("CP rank ", r, " says ", mb.shard_num_pieces(r),
+                                       " pieces; the chunk rule gives it ", mine->size()));
       }
       min_tokens = std::min(min_tokens, tokens);
       max_tokens = std::max(max_tokens, tokens);
     }
-    std::sort(pieces.begin(), pieces.end());
+    // Order the pieces by offset: bucket them by packed sequence (a counting sort; each rank's
+    // pieces are already in sequence order), then sort each sequence's at most 2 x cp pieces.
+    bucket_start.assign(n + 1, 0);
+    for (const ShardPiece& piece : pieces) ++bucket_start[piece.sequence + 1];
+    for (int k = 0; k < n; ++k) bucket_start[k + 1] += bucket_start[k];
+    ordered.resize(pieces.size());
+    {
+      std::vector<int64_t>& fill = bucket_fill;
+      fill.assign(bucket_start.begin(), bucket_start.end() - 1);
+      for (const ShardPiece& piece : pieces) ordered[fill[piece.sequence]++] = piece;
+    }
     int64_t covered = 0;
-    for (size_t p = 0; p < pieces.size(); ++p) {
-      const auto& [b, e, k, chunk] = pieces[p];
-      if (b != covered) {
-        return Invalid(
-            m, absl::StrCat("packed tokens [", std::min(b, covered), ", ", std::max(b, covered),
-                            ") are ", b > covered ? "owned by no CP rank" : "owned twice"));
+    for (int k = 0; k < n; ++k) {
+      const auto first = ordered.begin() + bucket_start[k];
+      const auto last = ordered.begin() + bucket_start[k + 1];
+      std::sort(first, last,
+                [](const ShardPiece& a, const ShardPiece& b) { return a.begin < b.begin; });
+      for (auto it = first; it != last; ++it) {
+        if (it->begin != covered) {
+          return Invalid(m,
+                         absl::StrCat("packed tokens [", std::min(it->begin, covered), ", ",
+                                      std::max(it->begin, covered), ") are ",
+                                      it->begin > covered ? "owned by no CP rank" : "owned twice"));
+        }
+        if (it != first && (it - 1)->chunk >= it->chunk) {
+          return Invalid(m, absl::StrCat("chunks of packed sequence ", k, " are out of order"));
+        }
+        covered = it->end;
       }
-      if (p > 0 && std::get<2>(pieces[p - 1]) == k && std::get<3>(pieces[p - 1]) >= chunk) {
-        return Invalid(m, absl::StrCat("chunks of packed sequence ", k, " are out of order"));
-      }
-      covered = e;
     }
     if (covered != mb.num_tokens()) {
       return Invalid(m, absl::StrCat("packed tokens [", covered, ", ", mb.num_tokens(),

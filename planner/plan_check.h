@@ -2,20 +2,23 @@
 //
 // VerifyPlan checks a Plan against the batch it claims to cover, independently of how the plan
 // was made: the property tests run it on every plan they build, and a trainer can run it on a
-// plan it received instead of computed. It works on token ranges, not tokens, so it costs
-// O(pieces log pieces) even for long sequences.
+// plan it received instead of computed. It works on token ranges, not tokens: O(sequences x
+// cp_size^2 + per-token weights), even for long sequences.
 //
 // What it checks (the first violation is returned as kInvalidArgument naming the microbatch,
 // the packed sequence or CP rank, and the values):
-//   - limits: positive budget and CP size; totals match the batch;
+//   - limits: positive budget and CP size, a known normalisation and CP chunk rule; totals match
+//     the batch; the loss weights digest matches the batch's weights (LossWeightsDigest);
 //   - every microbatch: consistent per-sequence arrays, cu_seqlens starting at 0 and strictly
 //     increasing, at least one sequence, at most max_tokens_per_microbatch tokens, ids and token
 //     ranges matching the batch;
 //   - every token of every sequence appears exactly once across microbatches, and, within each
-//     microbatch, exactly once across the CP shards;
-//   - shards: exactly cp_size, in rank order, every piece inside one packed sequence, on a chunk
-//     the rank owns (i or 2 * cp_size - 1 - i), chunks in position order, num_tokens equal to the
-//     pieces' sum, an empty shard with no pieces, per-rank token counts differing by at most 2;
+//     microbatch, exactly once across the pieces that ShardPieces derives for the CP ranks;
+//   - shards: exactly cp_size entries (rank, tokens, pieces), in rank order; every derived piece
+//     inside one packed sequence, on a chunk the rank owns (i or 2 * cp_size - 1 - i), chunks in
+//     position order; each entry's stored token and piece counts equal to its derived pieces'
+//     token sum and count (0 and 0 for a rank that owns nothing); per-rank token counts
+//     differing by at most 2;
 //   - loss scales: equal to what the plan's normalisation gives for the batch (relative 1e-12).
 //
 // Thread-safety: stateless.

@@ -1,6 +1,7 @@
-// Negative controls for VerifyPlan: a valid plan passes, and each kind of corruption that the
-// property tests rely on it to catch (a dropped or duplicated token, an over-budget microbatch,
-// broken boundaries, a missing or wrong shard, a changed loss scale) is reported.
+// Negative controls for VerifyPlan: a valid plan passes, and each corruption of what a compact
+// plan stores (a dropped or duplicated microbatch or sequence, an over-budget microbatch, broken
+// boundaries, shifted token ranges, a missing or mislabelled shard, wrong shard counts, an
+// unknown chunk rule, a changed loss scale or loss weights digest) is reported.
 
 #include "planner/plan_check.h"
 
@@ -52,7 +53,19 @@ TEST_P(VerifyPlanTest, ValidPlanPassesAndCorruptionIsReported) {
   EXPECT_THAT(status.message(), HasSubstr(GetParam().message_part));
 }
 
-CpShard& Shard(Plan& p, int m, int r) { return *p.mutable_microbatches(m)->mutable_shards(r); }
+Microbatch& Mb(Plan& p, int m) { return *p.mutable_microbatches(m); }
+
+// Sets microbatch m's shard counts to what ShardPieces derives, so that a corruption of the
+// packed sequences is caught by the coverage checks rather than by the shard counts.
+void Recount(Plan& p, int m) {
+  for (int r = 0; r < p.microbatches(m).shard_cp_rank_size(); ++r) {
+    const std::vector<ShardPiece> pieces = *ShardPieces(p, m, r);
+    int64_t tokens = 0;
+    for (const ShardPiece& piece : pieces) tokens += piece.end - piece.begin;
+    Mb(p, m).set_shard_num_tokens(r, tokens);
+    Mb(p, m).set_shard_num_pieces(r, static_cast<int>(pieces.size()));
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Corruptions, VerifyPlanTest,
@@ -61,34 +74,55 @@ INSTANTIATE_TEST_SUITE_P(
                    "in no microbatch"},
         Corruption{"DuplicatedMicrobatch",
                    [](Plan& p) { *p.add_microbatches() = p.microbatches(0); }, "planned twice"},
-        Corruption{"DroppedPiece",
+        Corruption{"DroppedSequence",
                    [](Plan& p) {
-                     CpShard& s = Shard(p, 1, 0);
-                     s.set_num_tokens(s.num_tokens() - (s.piece_end(0) - s.piece_begin(0)));
-                     s.mutable_piece_sequence()->erase(s.mutable_piece_sequence()->begin());
-                     s.mutable_piece_chunk()->erase(s.mutable_piece_chunk()->begin());
-                     s.mutable_piece_begin()->erase(s.mutable_piece_begin()->begin());
-                     s.mutable_piece_end()->erase(s.mutable_piece_end()->begin());
+                     // The last packed sequence of microbatch 0 goes, consistently everywhere.
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.mutable_batch_index()->RemoveLast();
+                     mb.mutable_sequence_id()->RemoveLast();
+                     // (A fresh plan stores no token begins and one shared loss scale.)
+                     mb.mutable_cu_seqlens()->RemoveLast();
+                     mb.set_num_tokens(mb.cu_seqlens(mb.cu_seqlens_size() - 1));
+                     Recount(p, 0);
                    },
-                   "owned by no CP rank"},
-        Corruption{"PieceOwnedTwice",
+                   "in no microbatch"},
+        Corruption{
+            "ShardTokenCountWrong",
+            [](Plan& p) { Mb(p, 0).set_shard_num_tokens(0, Mb(p, 0).shard_num_tokens(0) + 1); },
+            "its pieces hold"},
+        Corruption{"TokensMovedBetweenShards",
                    [](Plan& p) {
-                     CpShard& s = Shard(p, 0, 1);
-                     s.add_piece_sequence(s.piece_sequence(0));
-                     s.add_piece_chunk(s.piece_chunk(0));
-                     s.add_piece_begin(s.piece_begin(0));
-                     s.add_piece_end(s.piece_end(0));
-                     s.set_num_tokens(s.num_tokens() + s.piece_end(0) - s.piece_begin(0));
+                     // Same microbatch total, but rank 1 claims 3 of rank 0's tokens.
+                     Mb(p, 0).set_shard_num_tokens(0, Mb(p, 0).shard_num_tokens(0) - 3);
+                     Mb(p, 0).set_shard_num_tokens(1, Mb(p, 0).shard_num_tokens(1) + 3);
                    },
-                   "owned twice"},
-        Corruption{"ShardTokenCountWrong",
-                   [](Plan& p) { Shard(p, 0, 0).set_num_tokens(Shard(p, 0, 0).num_tokens() + 1); },
-                   "its pieces hold"},
-        Corruption{"MissingEmptyShard",
-                   [](Plan& p) { p.mutable_microbatches(0)->mutable_shards()->RemoveLast(); },
-                   "1 CP shards for cp_size 2"},
-        Corruption{"ChunkOfAnotherRank", [](Plan& p) { Shard(p, 0, 0).set_piece_chunk(0, 1); },
-                   "may own only 0 and 3"},
+                   "CP rank 0 says"},
+        Corruption{
+            "ShardPieceCountWrong",
+            [](Plan& p) { Mb(p, 1).set_shard_num_pieces(1, Mb(p, 1).shard_num_pieces(1) - 1); },
+            "pieces; the chunk rule gives it"},
+        Corruption{"MissingShard",
+                   [](Plan& p) {
+                     Mb(p, 0).mutable_shard_cp_rank()->RemoveLast();
+                     Mb(p, 0).mutable_shard_num_tokens()->RemoveLast();
+                     Mb(p, 0).mutable_shard_num_pieces()->RemoveLast();
+                   },
+                   "1/1/1 CP shard entries (ranks/tokens/pieces) for cp_size 2"},
+        Corruption{"MissingShardTokenCount",
+                   [](Plan& p) { Mb(p, 2).mutable_shard_num_tokens()->RemoveLast(); },
+                   "2/1/2 CP shard entries"},
+        Corruption{"ShardsSwapped",
+                   [](Plan& p) {
+                     Mb(p, 0).mutable_shard_cp_rank()->SwapElements(0, 1);
+                     Mb(p, 0).mutable_shard_num_tokens()->SwapElements(0, 1);
+                     Mb(p, 0).mutable_shard_num_pieces()->SwapElements(0, 1);
+                   },
+                   "shard entry 0 has cp_rank 1"},
+        Corruption{"UnknownChunkRule",
+                   [](Plan& p) { p.set_cp_chunk_rule(CP_CHUNK_RULE_UNSPECIFIED); },
+                   "CP chunk rule is 0"},
+        Corruption{"CpSizeChanged", [](Plan& p) { p.mutable_limits()->set_cp_size(4); },
+                   "2/2/2 CP shard entries (ranks/tokens/pieces) for cp_size 4"},
         Corruption{"OverBudget",
                    [](Plan& p) { p.mutable_limits()->set_max_tokens_per_microbatch(10); },
                    "the budget is 10"},
@@ -98,31 +132,62 @@ INSTANTIATE_TEST_SUITE_P(
                      mb.set_cu_seqlens(1, mb.cu_seqlens(2));
                    },
                    "strictly increasing"},
+        Corruption{"ShiftedBoundary",
+                   [](Plan& p) {
+                     // One token moves from packed sequence 1 to packed sequence 0.
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.set_cu_seqlens(1, mb.cu_seqlens(1) + 1);
+                     Recount(p, 0);
+                   },
+                   "does not match sequence"},
+        Corruption{"WrongNumTokens",
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(1);
+                     mb.set_num_tokens(mb.num_tokens() - 1);
+                   },
+                   "but cu_seqlens ends at"},
         Corruption{"WrongId", [](Plan& p) { p.mutable_microbatches(0)->set_sequence_id(0, 99999); },
                    "does not match sequence"},
         Corruption{"ShiftedTokenBegin",
-                   [](Plan& p) { p.mutable_microbatches(0)->set_token_begin(0, 1); },
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.mutable_token_begin()->Resize(mb.batch_index_size(), 0);
+                     mb.set_token_begin(0, 1);
+                   },
                    "does not match sequence"},
+        Corruption{"TokenBeginCountWrong",
+                   [](Plan& p) { p.mutable_microbatches(1)->add_token_begin(0); },
+                   "token begins: 0 or"},
+        Corruption{"LossScaleCountWrong",
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(1);
+                     mb.add_loss_scale(mb.loss_scale(0));
+                   },
+                   "loss scales: 1 or"},
+        Corruption{"ChangedOneOfPerSequenceLossScales",
+                   [](Plan& p) {
+                     // Spelled out per sequence, equal values are valid; one changed is not.
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     const double shared = mb.loss_scale(0);
+                     mb.mutable_loss_scale()->Resize(mb.batch_index_size(), shared);
+                     mb.set_loss_scale(1, shared * 2);
+                   },
+                   "packed sequence 1 has loss scale"},
         Corruption{"ChangedLossScale",
                    [](Plan& p) {
                      Microbatch& mb = *p.mutable_microbatches(2);
                      mb.set_loss_scale(0, mb.loss_scale(0) * (1 + 1e-9));
                    },
                    "loss scale"},
-        Corruption{"WrongTotals", [](Plan& p) { p.set_num_tokens(p.num_tokens() + 1); },
-                   "the batch has 40"},
-        Corruption{"Imbalanced",
+        Corruption{"ChangedLossWeightsDigest",
                    [](Plan& p) {
-                     // Move the boundary between chunk 0 (rank 0) and chunk 1 (rank 1) of the
-                     // first, longest sequence by 3 tokens: still a tiling, but 6 tokens apart.
-                     CpShard& r0 = Shard(p, 0, 0);
-                     CpShard& r1 = Shard(p, 0, 1);
-                     r0.set_piece_end(0, r0.piece_end(0) + 3);
-                     r1.set_piece_begin(0, r1.piece_begin(0) + 3);
-                     r0.set_num_tokens(r0.num_tokens() + 3);
-                     r1.set_num_tokens(r1.num_tokens() - 3);
+                     std::string digest = p.loss_weights_digest();
+                     digest[31] = static_cast<char>(digest[31] ^ 1);
+                     p.set_loss_weights_digest(digest);
                    },
-                   "the balance allows a difference of 2"}),
+                   "does not match the batch's per-token loss weights"},
+        Corruption{"WrongTotals", [](Plan& p) { p.set_num_tokens(p.num_tokens() + 1); },
+                   "the batch has 40"}),
     [](const ::testing::TestParamInfo<Corruption>& info) { return info.param.name; });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace lockstep {
@@ -54,11 +55,19 @@ absl::Status ValidateOptions(const PlanOptions& options) {
   return absl::OkStatus();
 }
 
+// What one pass over the batch finds besides its validity.
+struct BatchSummary {
+  int64_t total_tokens = 0;
+  double weight_total = 0;
+  int64_t max_length = 0;
+  // Microbatches that filling in input order needs (see PackInOrder).
+  int64_t in_order_bins = 0;
+};
+
 // Checks every sequence and computes the loss scales (see LossNormalization): one per sequence
 // for LOSS_SEQUENCE_MEAN, else a single one shared by every sequence.
 absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanOptions& options,
-                                   std::vector<double>& scale, int64_t& total_tokens,
-                                   double& weight_total) {
+                                   std::vector<double>& scale, BatchSummary& summary) {
   if (batch.empty()) {
     return absl::InvalidArgumentError("the batch has no sequences; a plan needs at least one");
   }
@@ -69,9 +78,10 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
   }
   const int64_t budget = options.max_tokens_per_microbatch;
   const bool per_sequence = options.loss_normalization == LOSS_SEQUENCE_MEAN;
-  std::vector<double> sequence_weight(per_sequence ? batch.size() : 0);
-  total_tokens = 0;
-  weight_total = 0;
+  // Per sequence: its weight sum first, turned into its scale at the end.
+  if (per_sequence) scale.resize(batch.size());
+  int64_t total_tokens = 0, max_length = 0, in_order_bins = 0, fill = budget;
+  double weight_total = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Sequence& s = batch[i];
     if (s.num_tokens <= 0) {
@@ -84,6 +94,12 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
                                                      " (max_tokens_per_microbatch)"));
     }
     total_tokens += s.num_tokens;
+    max_length = std::max(max_length, s.num_tokens);
+    if (fill + s.num_tokens > budget) {
+      ++in_order_bins;
+      fill = 0;
+    }
+    fill += s.num_tokens;
     double w = 0;
     if (s.loss_weights.empty()) {
       w = static_cast<double>(s.num_tokens);
@@ -110,10 +126,11 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
                          ": its loss weights sum to 0; per-sequence-mean normalisation divides "
                          "by each sequence's sum"));
       }
-      sequence_weight[i] = w;
+      scale[i] = w;
     }
     weight_total += w;
   }
+  summary = {total_tokens, weight_total, max_length, in_order_bins};
   switch (options.loss_normalization) {
     case LOSS_TOKEN_MEAN:
       if (weight_total == 0) {
@@ -127,49 +144,53 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
       scale.assign(1, 1.0);
       break;
     default:  // LOSS_SEQUENCE_MEAN
-      scale.resize(batch.size());
       for (size_t i = 0; i < batch.size(); ++i) {
-        scale[i] = 1.0 / (sequence_weight[i] * static_cast<double>(batch.size()));
+        scale[i] = 1.0 / (scale[i] * static_cast<double>(batch.size()));
       }
       break;
   }
   return absl::OkStatus();
 }
 
-// A packing: bin b holds items[bin_start[b] .. bin_start[b + 1]) (indices into the batch).
-struct Packing {
-  std::vector<int32_t> items;
-  std::vector<int64_t> bin_start{0};
-  int64_t bins() const { return static_cast<int64_t>(bin_start.size()) - 1; }
+// One packed sequence (or part of one) of a microbatch under construction.
+struct Part {
+  int32_t batch_index;
+  int64_t id;
+  int64_t token_begin;
+  int64_t num_tokens;
+  double loss_scale;
 };
 
-// Number of microbatches that filling in input order needs (see PackInOrder).
-int64_t InOrderBins(absl::Span<const Sequence> batch, int64_t budget) {
-  int64_t bins = 0, fill = budget;
-  for (const Sequence& s : batch) {
-    if (fill + s.num_tokens > budget) {
-      ++bins;
-      fill = 0;
-    }
-    fill += s.num_tokens;
-  }
-  return bins;
+// Whether the compact per-sequence arrays of a microbatch of n packed sequences have a size
+// plan.proto allows: token_begin 0 or n entries, loss_scale 1 or n.
+bool ValidCompactSizes(const Microbatch& mb, int n) {
+  return (mb.token_begin_size() == 0 || mb.token_begin_size() == n) &&
+         (mb.loss_scale_size() == 1 || mb.loss_scale_size() == n);
 }
 
-Packing PackInOrder(absl::Span<const Sequence> batch, int64_t budget) {
-  Packing p;
-  p.items.reserve(batch.size());
+// Loss scale of sequence i: one shared value, or one per sequence.
+inline double ScaleOf(const std::vector<double>& scale, int32_t i) {
+  return scale[scale.size() == 1 ? 0 : i];
+}
+
+// Fills microbatches in input order, closing one when the next sequence does not fit, and
+// passes each one's parts to emit(const std::vector<Part>&). `parts` is scratch.
+template <typename Emit>
+void PackInOrder(absl::Span<const Sequence> batch, int64_t budget, const std::vector<double>& scale,
+                 std::vector<Part>& parts, const Emit& emit) {
+  parts.clear();
   int64_t fill = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (fill + batch[i].num_tokens > budget) {
-      p.bin_start.push_back(static_cast<int64_t>(p.items.size()));
+      emit(parts);
+      parts.clear();
       fill = 0;
     }
     fill += batch[i].num_tokens;
-    p.items.push_back(static_cast<int32_t>(i));
+    const int32_t index = static_cast<int32_t>(i);
+    parts.push_back({index, batch[i].id, 0, batch[i].num_tokens, ScaleOf(scale, index)});
   }
-  p.bin_start.push_back(static_cast<int64_t>(p.items.size()));
-  return p;
+  emit(parts);
 }
 
 // A set of keys in [0, size) answering "largest member <= k" in a few word operations: a bitset
@@ -238,10 +259,21 @@ class KeySet {
 // stable, so each bucket is a queue in input order), keep the set of non-empty lengths in a
 // KeySet, and fill one bin at a time by asking for the largest non-empty length <= the bin's
 // room. That is one query per item plus one per bin: O(n + bins + distinct lengths).
-Packing PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget) {
+// An entry of the FFD length queues: the batch index with the id, so that filling the bins does
+// not have to reach back into the batch.
+struct Queued {
+  int64_t id;
+  int32_t index;
+};
+
+// Fills first-fit-decreasing microbatches one at a time (see the Note) and passes each one's
+// parts to emit(const std::vector<Part>&). Returns false, having emitted max_bins microbatches,
+// if it would need more than max_bins. `parts` is scratch.
+template <typename Emit>
+bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, int64_t max_length,
+                            int64_t max_bins, const std::vector<double>& scale,
+                            std::vector<Part>& parts, const Emit& emit) {
   const size_t n = batch.size();
-  int64_t max_length = 0;
-  for (const Sequence& s : batch) max_length = std::max(max_length, s.num_tokens);
   // Keys: the length itself, or its rank among the distinct lengths when lengths are huge.
   const bool direct = max_length <= kMaxDirectLength;
   std::vector<int64_t> distinct;
@@ -279,155 +311,223 @@ Packing PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget)
     next += count;
     if (count > 0) nonempty.Insert(k);
   }
-  std::vector<int32_t> order(n);
+  // Buckets lie longest first, so bucket k ends where bucket k - 1 (the next shorter) starts.
+  std::vector<int64_t> bucket_end(keys);
+  for (int64_t k = 0; k < keys; ++k) bucket_end[k] = k == 0 ? static_cast<int64_t>(n) : head[k - 1];
+  std::vector<Queued> order(n);
   {
     std::vector<int64_t> fill = head;
     for (size_t i = 0; i < n; ++i) {
       const int64_t k = direct ? batch[i].num_tokens : item_key[i];
-      order[fill[k]++] = static_cast<int32_t>(i);
+      order[fill[k]++] = {batch[i].id, static_cast<int32_t>(i)};
     }
   }
-  // Buckets lie longest first, so bucket k ends where bucket k - 1 (the next shorter) starts.
-  std::vector<int64_t> bucket_end(keys);
-  for (int64_t k = 0; k < keys; ++k) bucket_end[k] = k == 0 ? static_cast<int64_t>(n) : head[k - 1];
 
-  Packing p;
-  p.items.reserve(n);
   size_t placed = 0;
-  while (placed < n) {
+  for (int64_t bins = 0; placed < n; ++bins) {
+    if (bins == max_bins) return false;
+    parts.clear();
     int64_t room = budget;
     while (room > 0) {
       const int64_t k = nonempty.FindPrev(key_for_room(room));
       if (k < 0) break;
-      const int32_t item = order[head[k]++];
+      const Queued item = order[head[k]++];
       if (head[k] == bucket_end[k]) nonempty.Erase(k);
-      p.items.push_back(item);
-      room -= length_of(k);
+      const int64_t length = length_of(k);
+      parts.push_back({item.index, item.id, 0, length, ScaleOf(scale, item.index)});
+      room -= length;
       ++placed;
     }
-    p.bin_start.push_back(static_cast<int64_t>(p.items.size()));
+    emit(parts);
   }
-  return p;
+  return true;
 }
 
-// One packed sequence (or part of one) of a microbatch under construction.
-struct Part {
-  int32_t batch_index;
-  int64_t id;
-  int64_t token_begin;
-  int64_t num_tokens;
-  double loss_scale;
-};
+// Slot of chunk j of 2 * cp in the leftover order F(0), B(0), F(1), B(1), ... (F(r): rank r's
+// front chunk r, B(r): its back chunk 2cp-1-r).
+inline int ChunkSlot(int j, int cp) { return j < cp ? 2 * j : 4 * cp - 1 - 2 * j; }
 
-// Fills `mb` with `parts` packed in order and sharded over `cp` ranks (see planner.h).
-void BuildMicrobatch(const std::vector<Part>& parts, int cp, Microbatch& mb) {
+// Note [Shard counts without pieces]
+// Under CP_CHUNK_MIRRORED_PAIRS_V1 a packed sequence of n tokens gives every chunk
+// base = n / (2cp) tokens, and its n % (2cp) leftovers one each to the next slots of a cycle
+// that continues from sequence to sequence and starts at slot 0 with the microbatch. So the
+// leftover slots of a whole microbatch are its first E = sum(n % (2cp)) slots of that cycle: slot
+// s gets E / (2cp) + (s < E % (2cp)) of them, and rank r (slots 2r, 2r+1) owns
+// 2 * sum(base) + those of its two slots, tokens. A sequence with base > 0 gives every rank two
+// pieces; one with base 0 (n < 2cp) gives a one-token piece to each of its n leftover slots.
+// That is O(sequences + cp) per microbatch; ShardPieces derives the ranges chunk by chunk, and
+// VerifyPlan checks that the two agree.
+
+// Fills `mb` with the `n` parts part_at(0 .. n-1) packed in order, and its `cp` shards' counts.
+// `scratch` is reused across calls (cp entries).
+template <typename PartAt>
+void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>& scratch,
+                     Microbatch& mb) {
   const int chunks = 2 * cp;
-  const int n = static_cast<int>(parts.size());
-  mb.mutable_batch_index()->Reserve(n);
-  mb.mutable_sequence_id()->Reserve(n);
-  mb.mutable_token_begin()->Reserve(n);
-  mb.mutable_cu_seqlens()->Reserve(n + 1);
-  mb.mutable_loss_scale()->Reserve(n);
-  mb.add_cu_seqlens(0);
-  int64_t offset = 0;
-  for (const Part& part : parts) {
-    mb.add_batch_index(part.batch_index);
-    mb.add_sequence_id(part.id);
-    mb.add_token_begin(part.token_begin);
-    offset += part.num_tokens;
-    mb.add_cu_seqlens(offset);
-    mb.add_loss_scale(part.loss_scale);
-  }
-  mb.set_num_tokens(offset);
-  // A rank owns at most two pieces per sequence, and at most `offset` pieces in all: reserving
-  // that once per field avoids regrowing them (allocation dominates the cost of large plans).
-  const int max_pieces = static_cast<int>(std::min<int64_t>(2 * int64_t{n}, offset));
-  std::vector<CpShard*> shards(cp);
-  for (int r = 0; r < cp; ++r) {
-    shards[r] = mb.add_shards();
-    shards[r]->set_cp_rank(r);
-    shards[r]->mutable_piece_sequence()->Reserve(max_pieces);
-    shards[r]->mutable_piece_chunk()->Reserve(max_pieces);
-    shards[r]->mutable_piece_begin()->Reserve(max_pieces);
-    shards[r]->mutable_piece_end()->Reserve(max_pieces);
-  }
-  // Leftover tokens lengthen chunks in the order F(0), B(0), F(1), B(1), ... (F(r): rank r's
-  // front chunk r, B(r): its back chunk 2cp-1-r), continuing from sequence to sequence. A rank
-  // thus gets its leftovers in mirrored pairs, which keeps a sequence's chunk layout symmetric
-  // (so causal work stays proportional to tokens), and the ranks take turns across sequences.
-  int turn = 0;  // position in the cycle of 2 * cp leftover slots
-  std::vector<int64_t> shard_tokens(cp, 0);
+  auto& batch_index = *mb.mutable_batch_index();
+  auto& sequence_id = *mb.mutable_sequence_id();
+  auto& cu_seqlens = *mb.mutable_cu_seqlens();
+  batch_index.Resize(n, 0);
+  sequence_id.Resize(n, 0);
+  cu_seqlens.Resize(n + 1, 0);
+  int32_t* bi = batch_index.mutable_data();
+  int64_t* id = sequence_id.mutable_data();
+  int64_t* cu = cu_seqlens.mutable_data();
+  std::vector<int64_t>& short_pieces = scratch;  // per rank, from sequences shorter than 2cp
+  short_pieces.assign(cp, 0);
+  int64_t offset = 0, base_sum = 0, long_sequences = 0, leftovers = 0;
+  bool all_begin_at_0 = true, one_scale = true;
+  const double scale0 = n > 0 ? part_at(0).loss_scale : 0.0;
+  cu[0] = 0;
   for (int k = 0; k < n; ++k) {
-    const int64_t length = parts[k].num_tokens;
+    const Part part = part_at(k);
+    bi[k] = part.batch_index;
+    id[k] = part.id;
+    all_begin_at_0 = all_begin_at_0 && part.token_begin == 0;
+    one_scale = one_scale && part.loss_scale == scale0;
+    offset += part.num_tokens;
+    cu[k + 1] = offset;
+    const int64_t base = part.num_tokens / chunks;
+    const int remainder = static_cast<int>(part.num_tokens - base * chunks);
+    if (base > 0) {
+      base_sum += base;
+      ++long_sequences;
+    } else {
+      const int turn = static_cast<int>(leftovers % chunks);
+      for (int i = 0; i < remainder; ++i) ++short_pieces[((turn + i) % chunks) / 2];
+    }
+    leftovers += remainder;
+  }
+  // The compact forms of plan.proto: no token_begin when all are 0, one shared loss scale.
+  auto& token_begin = *mb.mutable_token_begin();
+  token_begin.Clear();
+  if (!all_begin_at_0) {
+    token_begin.Resize(n, 0);
+    for (int k = 0; k < n; ++k) token_begin.Set(k, part_at(k).token_begin);
+  }
+  auto& loss_scale = *mb.mutable_loss_scale();
+  loss_scale.Resize(one_scale ? 1 : n, 0.0);
+  for (int k = 0; k < loss_scale.size(); ++k) loss_scale.Set(k, part_at(k).loss_scale);
+  mb.set_num_tokens(offset);
+  auto& cp_rank = *mb.mutable_shard_cp_rank();
+  auto& shard_tokens = *mb.mutable_shard_num_tokens();
+  auto& shard_pieces = *mb.mutable_shard_num_pieces();
+  cp_rank.Resize(cp, 0);
+  shard_tokens.Resize(cp, 0);
+  shard_pieces.Resize(cp, 0);
+  const int64_t rounds = leftovers / chunks;
+  const int64_t partial = leftovers % chunks;
+  for (int r = 0; r < cp; ++r) {
+    cp_rank.Set(r, r);
+    const int64_t extra = 2 * rounds + (2 * r < partial ? 1 : 0) + (2 * r + 1 < partial ? 1 : 0);
+    shard_tokens.Set(r, 2 * base_sum + extra);
+    shard_pieces.Set(r, static_cast<int32_t>(2 * long_sequences + short_pieces[r]));
+  }
+}
+
+// Appends to `out` the pieces rank `rank` owns of the packed sequences with boundaries
+// cu[0 .. n] (strictly increasing), chunk by chunk under CP_CHUNK_MIRRORED_PAIRS_V1.
+void AppendRankPieces(const int64_t* cu, int n, int cp, int rank, std::vector<ShardPiece>& out) {
+  const int chunks = 2 * cp;
+  const int back = chunks - 1 - rank;
+  int turn = 0;  // the leftover slot that comes next
+  for (int k = 0; k < n; ++k) {
+    const int64_t length = cu[k + 1] - cu[k];
     const int64_t base = length / chunks;
     const int remainder = static_cast<int>(length % chunks);
-    int64_t begin = mb.cu_seqlens(k);
-    for (int j = 0; j < chunks; ++j) {
-      const bool front = j < cp;
-      const int rank = front ? j : chunks - 1 - j;
-      const int slot = 2 * rank + (front ? 0 : 1);
-      const int64_t size = base + ((slot - turn + chunks) % chunks < remainder ? 1 : 0);
-      if (size > 0) {
-        CpShard& shard = *shards[rank];
-        shard.add_piece_sequence(k);
-        shard.add_piece_chunk(j);
-        shard.add_piece_begin(begin);
-        shard.add_piece_end(begin + size);
-        shard_tokens[rank] += size;
+    int64_t begin = cu[k];
+    for (int j = 0; j <= back; ++j) {
+      const int64_t size = base + ((ChunkSlot(j, cp) - turn + chunks) % chunks < remainder ? 1 : 0);
+      if ((j == rank || j == back) && size > 0) {
+        out.push_back({k, j, begin, begin + size});
       }
       begin += size;
     }
     turn = (turn + remainder) % chunks;
   }
-  for (int r = 0; r < cp; ++r) shards[r]->set_num_tokens(shard_tokens[r]);
 }
+
+// Feeds what a CodedOutputStream writes into a Sha256Hasher, one buffer at a time.
+class HashingOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  explicit HashingOutputStream(Sha256Hasher& hasher) : hasher_(hasher), buffer_(1 << 16) {}
+
+  bool Next(void** data, int* size) override {
+    Flush();
+    pending_ = static_cast<int>(buffer_.size());
+    *data = buffer_.data();
+    *size = pending_;
+    return true;
+  }
+  void BackUp(int count) override { pending_ -= count; }
+  int64_t ByteCount() const override { return hashed_ + pending_; }
+
+  // Hashes what the last buffer handed out holds.
+  void Flush() {
+    if (pending_ > 0) hasher_.Append(absl::string_view(buffer_.data(), pending_));
+    hashed_ += pending_;
+    pending_ = 0;
+  }
+
+ private:
+  Sha256Hasher& hasher_;
+  std::vector<char> buffer_;
+  int pending_ = 0;
+  int64_t hashed_ = 0;
+};
 
 }  // namespace
 
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch,
                                       const PlanOptions& options) {
+  Plan plan;
+  if (absl::Status s = PlanMicrobatches(batch, options, plan); !s.ok()) return s;
+  return plan;
+}
+
+absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options,
+                              Plan& plan) {
+  // Clear keeps the microbatch messages and their arrays' capacity for reuse.
+  plan.Clear();
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   std::vector<double> scale;
-  int64_t total_tokens = 0;
-  double weight_total = 0;
-  if (absl::Status s = ValidateBatchAndScale(batch, options, scale, total_tokens, weight_total);
-      !s.ok()) {
-    return s;
-  }
+  BatchSummary summary;
+  if (absl::Status s = ValidateBatchAndScale(batch, options, scale, summary); !s.ok()) return s;
   const int64_t budget = options.max_tokens_per_microbatch;
-  Packing packing;
-  PackingPolicy applied = options.packing;
-  if (options.packing == PACKING_IN_ORDER) {
-    packing = PackInOrder(batch, budget);
-  } else {
-    packing = PackFirstFitDecreasing(batch, budget);
-    if (InOrderBins(batch, budget) < packing.bins()) {
-      packing = PackInOrder(batch, budget);
-      applied = PACKING_IN_ORDER;
-    }
-  }
-
-  Plan plan;
   PlanLimits& limits = *plan.mutable_limits();
   limits.set_max_tokens_per_microbatch(budget);
   limits.set_cp_size(options.cp_size);
   limits.set_packing(options.packing);
   limits.set_loss_normalization(options.loss_normalization);
-  plan.set_packing_applied(applied);
   plan.set_num_sequences(static_cast<int32_t>(batch.size()));
-  plan.set_num_tokens(total_tokens);
-  plan.set_loss_weight_total(weight_total);
-  plan.mutable_microbatches()->Reserve(static_cast<int>(packing.bins()));
+  plan.set_num_tokens(summary.total_tokens);
+  plan.set_loss_weight_total(summary.weight_total);
+  plan.set_cp_chunk_rule(kCpChunkRule);
+  const Sha256Digest weights_digest = LossWeightsDigest(batch);
+  plan.set_loss_weights_digest(weights_digest.data(), weights_digest.size());
+
+  // Either policy needs at most as many microbatches as in-order filling (the default falls
+  // back to it otherwise), so one reservation holds them all.
+  auto& microbatches = *plan.mutable_microbatches();
+  microbatches.Reserve(static_cast<int>(summary.in_order_bins));
+  std::vector<int64_t> scratch;
   std::vector<Part> parts;
-  for (int64_t b = 0; b < packing.bins(); ++b) {
-    parts.clear();
-    for (int64_t x = packing.bin_start[b]; x < packing.bin_start[b + 1]; ++x) {
-      const int32_t i = packing.items[x];
-      parts.push_back({i, batch[i].id, 0, batch[i].num_tokens, scale[scale.size() == 1 ? 0 : i]});
-    }
-    BuildMicrobatch(parts, options.cp_size, *plan.add_microbatches());
+  auto emit = [&](const std::vector<Part>& bin) {
+    BuildMicrobatch(
+        static_cast<int>(bin.size()), [&](int k) { return bin[k]; }, options.cp_size, scratch,
+        *microbatches.Add());
+  };
+  PackingPolicy applied = options.packing;
+  if (options.packing == PACKING_FIRST_FIT_DECREASING &&
+      !PackFirstFitDecreasing(batch, budget, summary.max_length, summary.in_order_bins, scale,
+                              parts, emit)) {
+    // First-fit-decreasing needs more microbatches than in-order filling.
+    microbatches.Clear();
+    applied = PACKING_IN_ORDER;
   }
-  return plan;
+  if (applied == PACKING_IN_ORDER) PackInOrder(batch, budget, scale, parts, emit);
+  plan.set_packing_applied(applied);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
@@ -443,7 +543,7 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   const Microbatch& mb = plan.microbatches(microbatch);
   const int n = mb.batch_index_size();
   if (n == 0 || mb.cu_seqlens_size() != n + 1 || mb.sequence_id_size() != n ||
-      mb.token_begin_size() != n || mb.loss_scale_size() != n) {
+      !ValidCompactSizes(mb, n)) {
     return absl::InvalidArgumentError(
         absl::StrCat("microbatch ", microbatch, " is malformed: ", n, " batch indices, ",
                      mb.sequence_id_size(), " ids, ", mb.token_begin_size(), " token begins, ",
@@ -451,8 +551,8 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   }
   std::vector<Part> first, second;
   auto part = [&](int k) {
-    return Part{mb.batch_index(k), mb.sequence_id(k), mb.token_begin(k),
-                mb.cu_seqlens(k + 1) - mb.cu_seqlens(k), mb.loss_scale(k)};
+    return Part{mb.batch_index(k), mb.sequence_id(k), TokenBegin(mb, k),
+                mb.cu_seqlens(k + 1) - mb.cu_seqlens(k), LossScale(mb, k)};
   };
   if (n >= 2) {
     // The sequence boundary closest to half the tokens; the earlier one on a tie.
@@ -480,6 +580,11 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
     second.back().token_begin += cut;
     second.back().num_tokens -= cut;
   }
+  if (plan.cp_chunk_rule() != kCpChunkRule) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan's CP chunk rule is ", plan.cp_chunk_rule(),
+                     "; this library re-plans only under rule ", kCpChunkRule));
+  }
   Plan out;
   *out.mutable_limits() = plan.limits();
   out.set_packing_applied(plan.packing_applied());
@@ -487,11 +592,17 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   out.set_num_tokens(plan.num_tokens());
   out.set_loss_weight_total(plan.loss_weight_total());
   out.set_splits(plan.splits() + 1);
+  out.set_cp_chunk_rule(plan.cp_chunk_rule());
+  out.set_loss_weights_digest(plan.loss_weights_digest());
   out.mutable_microbatches()->Reserve(plan.microbatches_size() + 1);
+  std::vector<int64_t> scratch;
   for (int m = 0; m < plan.microbatches_size(); ++m) {
     if (m == microbatch) {
-      BuildMicrobatch(first, cp, *out.add_microbatches());
-      BuildMicrobatch(second, cp, *out.add_microbatches());
+      for (const std::vector<Part>* half : {&first, &second}) {
+        BuildMicrobatch(
+            static_cast<int>(half->size()), [&](int k) { return (*half)[k]; }, cp, scratch,
+            *out.add_microbatches());
+      }
     } else {
       *out.add_microbatches() = plan.microbatches(m);
     }
@@ -500,24 +611,63 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
 }
 
 std::string SerializePlan(const Plan& plan) {
-  std::string bytes;
+  std::string bytes(plan.ByteSizeLong(), '\0');
   {
-    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::ArrayOutputStream stream(bytes.data(), static_cast<int>(bytes.size()));
     google::protobuf::io::CodedOutputStream out(&stream);
     out.SetSerializationDeterministic(true);
-    plan.SerializeToCodedStream(&out);
+    plan.SerializeWithCachedSizes(&out);
   }
   return bytes;
 }
 
 Sha256Digest PlanDigest(const Plan& plan) {
-  return Sha256Framed({"lockstep/planner/plan/v1", SerializePlan(plan)});
+  Sha256Hasher hasher;
+  hasher.AppendLength(kPlanDigestTag.size());
+  hasher.Append(kPlanDigestTag);
+  hasher.AppendLength(plan.ByteSizeLong());
+  HashingOutputStream stream(hasher);
+  {
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    plan.SerializeWithCachedSizes(&out);
+  }
+  stream.Flush();
+  return hasher.Finish();
+}
+
+Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
+  static_assert(std::numeric_limits<float>::is_iec559 && sizeof(float) == 4,
+                "loss weights are hashed as IEEE-754 binary32");
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+                "loss weights are hashed as their little-endian in-memory bytes");
+  Sha256Hasher hasher;
+  hasher.AppendLength(kLossWeightsDigestTag.size());
+  hasher.Append(kLossWeightsDigestTag);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::vector<float>& weights = batch[i].loss_weights;
+    if (weights.empty()) continue;
+    hasher.AppendLength(i);
+    hasher.AppendLength(weights.size());
+    hasher.Append(absl::string_view(reinterpret_cast<const char*>(weights.data()),
+                                    weights.size() * sizeof(float)));
+  }
+  return hasher.Finish();
+}
+
+int64_t TokenBegin(const Microbatch& microbatch, int k) {
+  return microbatch.token_begin_size() == 0 ? 0 : microbatch.token_begin(k);
+}
+
+double LossScale(const Microbatch& microbatch, int k) {
+  return microbatch.loss_scale(microbatch.loss_scale_size() == 1 ? 0 : k);
 }
 
 std::vector<int64_t> PositionIds(const Microbatch& microbatch) {
   std::vector<int64_t> positions;
   positions.reserve(microbatch.num_tokens());
   for (int k = 0; k + 1 < microbatch.cu_seqlens_size(); ++k) {
+    // An empty token_begin means 0 for every sequence; a malformed one is read as far as it goes.
     const int64_t start = k < microbatch.token_begin_size() ? microbatch.token_begin(k) : 0;
     for (int64_t t = microbatch.cu_seqlens(k); t < microbatch.cu_seqlens(k + 1); ++t) {
       positions.push_back(start + t - microbatch.cu_seqlens(k));
@@ -526,12 +676,57 @@ std::vector<int64_t> PositionIds(const Microbatch& microbatch) {
   return positions;
 }
 
-std::vector<int64_t> ShardTokenIndices(const Microbatch& microbatch, int cp_rank) {
-  const CpShard& shard = microbatch.shards(cp_rank);
+absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microbatch, int cp_rank) {
+  if (plan.cp_chunk_rule() != kCpChunkRule) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan's CP chunk rule is ", plan.cp_chunk_rule(),
+                     "; this library derives shards only under rule ", kCpChunkRule,
+                     " (CP_CHUNK_MIRRORED_PAIRS_V1)"));
+  }
+  const int cp = plan.limits().cp_size();
+  if (cp <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan's cp_size is ", cp, "; it must be positive"));
+  }
+  if (microbatch < 0 || microbatch >= plan.microbatches_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
+                                                   " is not in the plan, which has ",
+                                                   plan.microbatches_size(), " microbatches"));
+  }
+  if (cp_rank < 0 || cp_rank >= cp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CP rank ", cp_rank, " is not in [0, ", cp, ") (cp_size ", cp, ")"));
+  }
+  const Microbatch& mb = plan.microbatches(microbatch);
+  const int n = mb.cu_seqlens_size() - 1;
+  if (n < 0 || mb.cu_seqlens(0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatch ", microbatch, ": cu_seqlens does not start at 0"));
+  }
+  const int64_t* cu = mb.cu_seqlens().data();
+  for (int k = 0; k < n; ++k) {
+    if (cu[k + 1] <= cu[k]) {
+      return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
+                                                     ": cu_seqlens is not strictly increasing at ",
+                                                     k + 1, " (", cu[k], " then ", cu[k + 1], ")"));
+    }
+  }
+  std::vector<ShardPiece> pieces;
+  pieces.reserve(2 * static_cast<size_t>(n));
+  AppendRankPieces(cu, n, cp, cp_rank, pieces);
+  return pieces;
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int microbatch,
+                                                       int cp_rank) {
+  absl::StatusOr<std::vector<ShardPiece>> pieces = ShardPieces(plan, microbatch, cp_rank);
+  if (!pieces.ok()) return pieces.status();
+  int64_t tokens = 0;
+  for (const ShardPiece& p : *pieces) tokens += p.end - p.begin;
   std::vector<int64_t> indices;
-  indices.reserve(shard.num_tokens());
-  for (int p = 0; p < shard.piece_begin_size(); ++p) {
-    for (int64_t t = shard.piece_begin(p); t < shard.piece_end(p); ++t) indices.push_back(t);
+  indices.reserve(tokens);
+  for (const ShardPiece& p : *pieces) {
+    for (int64_t t = p.begin; t < p.end; ++t) indices.push_back(t);
   }
   return indices;
 }
@@ -540,7 +735,7 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                                                      absl::Span<const Sequence> batch) {
   const int n = microbatch.batch_index_size();
   if (microbatch.cu_seqlens_size() != n + 1 || microbatch.sequence_id_size() != n ||
-      microbatch.token_begin_size() != n || microbatch.loss_scale_size() != n) {
+      !ValidCompactSizes(microbatch, n)) {
     return absl::InvalidArgumentError("the microbatch's per-sequence arrays differ in length");
   }
   std::vector<double> weights;
@@ -552,7 +747,7 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                                                      i, "; the batch has ", batch.size()));
     }
     const Sequence& s = batch[i];
-    const int64_t begin = microbatch.token_begin(k);
+    const int64_t begin = TokenBegin(microbatch, k);
     const int64_t count = microbatch.cu_seqlens(k + 1) - microbatch.cu_seqlens(k);
     if (s.id != microbatch.sequence_id(k) || begin < 0 || count < 0 ||
         begin + count > s.num_tokens) {
@@ -561,7 +756,7 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                        microbatch.sequence_id(k), ") does not match ", Name(batch, i), " with ",
                        s.num_tokens, " tokens"));
     }
-    const double scale = microbatch.loss_scale(k);
+    const double scale = LossScale(microbatch, k);
     for (int64_t t = begin; t < begin + count; ++t) {
       weights.push_back((s.loss_weights.empty() ? 1.0 : s.loss_weights[t]) * scale);
     }

@@ -16,18 +16,27 @@
 // in input order needs strictly fewer microbatches, that packing is used instead, so the default
 // never needs more microbatches than in-order filling. PACKING_IN_ORDER keeps input order.
 //
-// CP sharding (load balance for causal attention): each packed sequence of n tokens is cut into
-// 2 * cp_size contiguous chunks of n / (2 * cp_size) tokens, and rank i owns chunks i and
-// 2 * cp_size - 1 - i (an early, cheap chunk with a late, expensive one). The n % (2 * cp_size)
-// leftover tokens lengthen chunks by one token each, in the order: rank 0's front chunk, rank
-// 0's back chunk, rank 1's front, rank 1's back, ..., continuing across the microbatch's
-// sequences. So a rank gets leftovers in mirrored pairs (the chunk layout stays symmetric and
-// causal work proportional to tokens), the ranks take turns, per-rank token counts of a
-// microbatch differ by at most 2, and sequences shorter than 2 * cp_size still spread over the
-// ranks. A rank can own nothing (e.g. a microbatch with fewer tokens than CP ranks); its shard is
-// then present and empty.
+// CP sharding (load balance for causal attention; CP_CHUNK_MIRRORED_PAIRS_V1 in plan.proto): each
+// packed sequence of n tokens is cut into 2 * cp_size contiguous chunks of n / (2 * cp_size)
+// tokens, and rank i owns chunks i and 2 * cp_size - 1 - i (an early, cheap chunk with a late,
+// expensive one). The n % (2 * cp_size) leftover tokens lengthen chunks by one token each, in the
+// order: rank 0's front chunk, rank 0's back chunk, rank 1's front, rank 1's back, ..., continuing
+// across the microbatch's sequences. So a rank gets leftovers in mirrored pairs (the chunk layout
+// stays symmetric and causal work proportional to tokens), the ranks take turns, per-rank token
+// counts of a microbatch differ by at most 2, and sequences shorter than 2 * cp_size still spread
+// over the ranks. A rank can own nothing (e.g. a microbatch with fewer tokens than CP ranks); its
+// shard entry is then present, with 0 tokens and 0 pieces.
 //
-// Loss normalisation: Microbatch.loss_scale[k] times the caller's per-token weight (1 if none)
+// Compact plans: a shard entry (Microbatch.shard_cp_rank, shard_num_tokens, shard_num_pieces)
+// stores its rank, token count and piece count only; the token ranges it owns are derived on
+// demand from cu_seqlens by the rule the plan names (Plan.cp_chunk_rule), with ShardPieces /
+// ShardTokenIndices. Per packed sequence a microbatch stores its batch index, id and boundary;
+// token_begin only where re-planning split a sequence, and loss_scale once per microbatch unless
+// the scales differ (TokenBegin and LossScale read both forms). Planning is O(sequences +
+// per-token weights + microbatches x cp_size + distinct lengths); the plan holds O(sequences +
+// microbatches x cp_size) values.
+//
+// Loss normalisation: LossScale(microbatch, k) times the caller's per-token weight (1 if none)
 // is the token's loss weight; summing weight * per-token loss over every microbatch and shard
 // gives the unsplit loss of the chosen normalisation (token mean over the batch by default).
 //
@@ -42,8 +51,9 @@
 //   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(
 //       batch, {.max_tokens_per_microbatch = 65536, .cp_size = 2}));
 //   LOCKSTEP_RETURN_IF_ERROR(planner::CheckPlanAgreement(tp_cp_group, plan));
-//   for (const planner::Microbatch& mb : plan.microbatches()) {
-//     std::vector<int64_t> mine = planner::ShardTokenIndices(mb, cp_rank);  // packed offsets
+//   for (int m = 0; m < plan.microbatches_size(); ++m) {
+//     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<planner::ShardPiece> mine,
+//                               planner::ShardPieces(plan, m, cp_rank));  // packed token ranges
 //     ...
 //   }
 
@@ -55,6 +65,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/sha256.h"
 #include "planner/plan.pb.h"
@@ -92,6 +103,13 @@ struct PlanOptions {
 // sequence mean). Nothing is dropped or truncated.
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options);
 
+// As above, but plans into `plan`, replacing its contents and reusing its storage: a trainer
+// that plans every step can keep one Plan and skip re-allocating (and, where the allocator has
+// returned the memory to the system, re-faulting) the plan's arrays each step. On error `plan`
+// is left cleared.
+absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options,
+                              Plan& plan);
+
 // Returns `plan` with microbatch `microbatch` replaced by two microbatches holding its tokens
 // (later microbatches move up by one): if it packs two or more sequences, at the sequence
 // boundary closest to half its tokens (the earlier one on a tie); if it holds a single sequence
@@ -102,21 +120,70 @@ absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch, const Pl
 // single sequence of at most 2 * cp_size tokens, which cannot be split further.
 absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch);
 
+// The CP chunk rule this library plans and derives shards with.
+inline constexpr CpChunkRule kCpChunkRule = CP_CHUNK_MIRRORED_PAIRS_V1;
+
 // The plan's bytes: deterministic protobuf serialization, identical for identical plans.
 std::string SerializePlan(const Plan& plan);
 
-// SHA-256 of SerializePlan(plan) (framed as in base/sha256.h): the plan digest replicas compare.
+// The tag framed before the plan bytes in PlanDigest.
+inline constexpr absl::string_view kPlanDigestTag = "lockstep/planner/plan/v2";
+
+// The plan digest replicas compare: Sha256Framed({kPlanDigestTag, SerializePlan(plan)})
+// (base/sha256.h), computed by streaming the serialization through the hash in blocks, without
+// building the bytes. It covers the per-token loss weights through Plan.loss_weights_digest.
 Sha256Digest PlanDigest(const Plan& plan);
+
+// The tag hashed first in LossWeightsDigest.
+inline constexpr absl::string_view kLossWeightsDigestTag = "lockstep/planner/loss-weights/v1";
+
+// SHA-256 of the batch's per-token loss weights: after the framed kLossWeightsDigestTag, for
+// each sequence that has weights, in batch order, its batch index and weight count (8-byte
+// little-endian each) and its weights (IEEE-754 binary32, little-endian, bit for bit). Sequences
+// without weights contribute nothing (the plan records their lengths and ids itself), so an
+// explicit all-ones vector differs from none, and 0.0 from -0.0. Costs one pass over the weights;
+// nothing for a batch without weights. PlanMicrobatches stores it in Plan.loss_weights_digest.
+Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch);
+
+// The first token of the input sequence that packed sequence k of `microbatch` holds:
+// token_begin[k], or 0 when token_begin is empty (see plan.proto). Precondition: 0 <= k < number
+// of packed sequences.
+int64_t TokenBegin(const Microbatch& microbatch, int k);
+
+// The loss scale of packed sequence k of `microbatch`: loss_scale[k], or the single shared
+// loss_scale[0] (see plan.proto). Precondition: 0 <= k < number of packed sequences, and
+// loss_scale has 1 or that many entries (VerifyPlan checks both).
+double LossScale(const Microbatch& microbatch, int k);
 
 // Position ids of the microbatch's packed tokens, restarting at each sequence (continuing from
 // token_begin for the later part of a split sequence).
 std::vector<int64_t> PositionIds(const Microbatch& microbatch);
 
-// Offsets into the microbatch's packed token buffer of the tokens `cp_rank` owns, in shard order
-// (piece by piece). Empty for a rank that owns nothing. Precondition: 0 <= cp_rank < shard count.
-std::vector<int64_t> ShardTokenIndices(const Microbatch& microbatch, int cp_rank);
+// One token range a CP rank owns: packed sequence `sequence` of the microbatch, its chunk
+// `chunk` in [0, 2 * cp_size), packed-buffer offsets [begin, end), begin < end.
+struct ShardPiece {
+  int32_t sequence = 0;
+  int32_t chunk = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
 
-// Loss weight of each packed token of `microbatch` (caller weight times loss_scale), in packed
+// The token ranges `cp_rank` owns of microbatch `microbatch` of `plan`, derived from its
+// cu_seqlens by the plan's CP chunk rule, ordered by packed sequence, then chunk (so by offset).
+// Empty for a rank that owns nothing; its count and token sum are the shard entry's
+// shard_num_pieces and shard_num_tokens in a valid plan. O(packed sequences x cp_size).
+// kInvalidArgument, naming the value and the range, for a microbatch or rank out of range, a
+// non-positive cp_size or malformed cu_seqlens (not starting at 0, not strictly increasing);
+// kFailedPrecondition for a CP chunk rule this library does not know.
+absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microbatch, int cp_rank);
+
+// Offsets into the microbatch's packed token buffer of the tokens `cp_rank` owns, in piece order
+// (ShardPieces expanded token by token). Empty for a rank that owns nothing. Errors as
+// ShardPieces.
+absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int microbatch,
+                                                       int cp_rank);
+
+// Loss weight of each packed token of `microbatch` (caller weight times LossScale), in packed
 // order. `batch` is the batch the plan was made from; kInvalidArgument if the microbatch does not
 // match it (unknown batch index, different id, tokens beyond the sequence).
 absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,

@@ -1,13 +1,19 @@
 // planner benchmarks, with the targets printed at the end:
-//   - planning time (PlanMicrobatches, the whole Plan proto included) for 10k, 100k and 1M
-//     long-tail sequences (max 32k tokens, 64k-token budget), CP 1 and CP 4; target: 1M under
-//     200 ms. Each case runs for at least 2 s and reports the mean over calls, as a trainer that
-//     plans every step sees it; the process's very first call also pays page faults on fresh
-//     heap memory (main() times that one call separately and prints it);
-//   - the plan digest (deterministic serialization + SHA-256) of the 1M-sequence plan;
+//   - planning time (PlanMicrobatches, the whole compact Plan proto included, a fresh Plan per
+//     call) for 10k, 100k and 1M long-tail sequences (max 32k tokens, 64k-token budget), CP 1, 2,
+//     4 and 8; target: 1M under 200 ms. Each case runs for at least 2 s and reports the mean
+//     over calls, as a trainer that plans every step sees it. Also 1M planned into one reused
+//     Plan (the overload that keeps the plan's storage);
+//   - the process's very first call (1M, CP 1), timed by main() before any benchmark warmed the
+//     heap, with its minor page faults: on a VM each fault on fresh memory costs tens of
+//     microseconds, so this call is dominated by how many bytes the plan touches;
+//   - the plan digest (serialization streamed through SHA-256) of the 1M-sequence plan, CP 1
+//     and 8, against the planning time;
 //   - packing efficiency, tokens / (microbatches x budget), of the default policy against naive
 //     in-order filling on the same batches (uniform, long-tail, all-equal lengths; 100k
 //     sequences, 3 seeds each); targets: default never below in-order, long-tail >= 95%.
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -59,22 +65,48 @@ void BM_PlanLongTail(benchmark::State& state) {
   state.counters["microbatches"] = microbatches;
 }
 BENCHMARK(BM_PlanLongTail)
-    ->ArgsProduct({{10000, 100000, 1000000}, {1, 4}})
+    ->ArgsProduct({{10000, 100000, 1000000}, {1, 2, 4, 8}})
+    ->ArgNames({"sequences", "cp"})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0)
+    ->UseRealTime();
+
+// The same, planning into one Plan that every call reuses.
+void BM_PlanLongTailReusingPlan(benchmark::State& state) {
+  const std::vector<Sequence>& batch = LongTail(state.range(0));
+  const PlanOptions options{.max_tokens_per_microbatch = kBudget,
+                            .cp_size = static_cast<int>(state.range(1))};
+  Plan plan;
+  for (auto _ : state) {
+    absl::Status status = PlanMicrobatches(batch, options, plan);
+    if (!status.ok()) {
+      state.SkipWithError(std::string(status.message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(plan);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+  state.counters["microbatches"] = plan.microbatches_size();
+}
+BENCHMARK(BM_PlanLongTailReusingPlan)
+    ->ArgsProduct({{1000000}, {1, 4, 8}})
     ->ArgNames({"sequences", "cp"})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0)
     ->UseRealTime();
 
 void BM_PlanDigest(benchmark::State& state) {
-  const Plan plan = *PlanMicrobatches(LongTail(state.range(0)),
-                                      {.max_tokens_per_microbatch = kBudget, .cp_size = 1});
+  const Plan plan = *PlanMicrobatches(
+      LongTail(state.range(0)),
+      {.max_tokens_per_microbatch = kBudget, .cp_size = static_cast<int>(state.range(1))});
   for (auto _ : state) benchmark::DoNotOptimize(PlanDigest(plan));
   state.counters["plan_bytes"] = static_cast<double>(SerializePlan(plan).size());
 }
 BENCHMARK(BM_PlanDigest)
-    ->Arg(1000000)
-    ->ArgName("sequences")
+    ->ArgsProduct({{1000000}, {1, 8}})
+    ->ArgNames({"sequences", "cp"})
     ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0)
     ->UseRealTime();
 
 // Console output as usual, plus the real time of every run by name, for the targets.
@@ -142,6 +174,13 @@ void PrintEfficiencyTable() {
   std::printf("packing efficiency targets: %s\n", all_met ? "met" : "NOT met");
 }
 
+// Minor page faults of this process so far.
+long MinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 }  // namespace
 }  // namespace planner
 }  // namespace lockstep
@@ -151,19 +190,54 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   // The process's first plan of 1M sequences, before any benchmark warmed the heap.
   const std::vector<Sequence>& million = LongTail(1000000);
+  const long faults_before = MinorFaults();
   const absl::Time start = absl::Now();
   const bool first_ok = PlanMicrobatches(million, {.max_tokens_per_microbatch = kBudget}).ok();
   const double first_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  const long first_faults = MinorFaults() - faults_before;
   RecordingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  std::printf("first call of the process, 1M long-tail sequences, cp 1 (cold heap): %.1f ms%s\n",
-              first_ms, first_ok ? "" : " (FAILED)");
-  for (int cp : {1, 4}) {
+
+  std::printf("\n1M long-tail sequences (max %ld tokens, budget %ld), target < 200 ms:\n",
+              static_cast<long>(kMaxLength), static_cast<long>(kBudget));
+  // The target: warm planning with a fresh Plan per call at every CP size. The reused-Plan and
+  // first-call figures are reported against the same 200 ms, but separately.
+  bool target_met = true;
+  int target_cases = 0;
+  auto report = [](const std::string& what, double ms) {
+    std::printf("  %-62s %8.1f ms  %s\n", what.c_str(), ms, ms < 200 ? "< 200 ms" : ">= 200 ms");
+  };
+  for (int cp : {1, 2, 4, 8}) {
     const double ms = reporter.Time(
         absl::StrCat("BM_PlanLongTail/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
-    if (ms >= 0) {
-      std::printf("planning 1M long-tail sequences, cp %d: %.1f ms (target < 200 ms: %s)\n", cp, ms,
-                  ms < 200 ? "met" : "NOT met");
+    if (ms < 0) continue;
+    report(absl::StrCat("planning (warm), fresh Plan, cp ", cp), ms);
+    target_met = target_met && ms < 200;
+    ++target_cases;
+  }
+  for (int cp : {1, 4, 8}) {
+    const double ms = reporter.Time(absl::StrCat(
+        "BM_PlanLongTailReusingPlan/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
+    if (ms >= 0) report(absl::StrCat("planning (warm) into a reused Plan, cp ", cp), ms);
+  }
+  report(absl::StrCat("first call of the process (cold), cp 1, ", first_faults, " page faults"),
+         first_ok ? first_ms : 1e9);
+  if (target_cases == 4) {
+    std::printf("1M planning target (warm, fresh Plan, cp 1/2/4/8 all < 200 ms): %s\n",
+                target_met ? "target met" : "target NOT met");
+  } else {
+    std::printf("1M planning target: not measured (the filter skipped some cases)\n");
+  }
+  std::printf("1M first call (cold) < 200 ms: %s\n",
+              first_ok && first_ms < 200 ? "met" : "NOT met");
+  for (int cp : {1, 8}) {
+    const double digest = reporter.Time(
+        absl::StrCat("BM_PlanDigest/sequences:1000000/cp:", cp, "/min_time:1.000/real_time"));
+    const double plan = reporter.Time(
+        absl::StrCat("BM_PlanLongTail/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
+    if (digest >= 0 && plan > 0) {
+      std::printf("plan digest, 1M, cp %d: %.1f ms (%.0f%% of its planning time)\n", cp, digest,
+                  100 * digest / plan);
     }
   }
   PrintEfficiencyTable();

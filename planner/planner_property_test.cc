@@ -84,24 +84,36 @@ double CheckTokens(const Plan& plan, const std::vector<Sequence>& batch,
     for (int k = 0; k < mb.batch_index_size(); ++k) {
       for (int64_t t = mb.cu_seqlens(k); t < mb.cu_seqlens(k + 1); ++t) {
         owner[t] = k;
-        EXPECT_EQ(positions[t], mb.token_begin(k) + (t - mb.cu_seqlens(k)));
+        EXPECT_EQ(positions[t], TokenBegin(mb, k) + (t - mb.cu_seqlens(k)));
       }
     }
-    EXPECT_EQ(mb.shards_size(), cp);
+    EXPECT_EQ(mb.shard_cp_rank_size(), cp);
+    EXPECT_EQ(mb.shard_num_tokens_size(), cp);
+    EXPECT_EQ(mb.shard_num_pieces_size(), cp);
     const int64_t total = mb.num_tokens();
     int64_t min_tokens = total, max_tokens = 0;
     // Causal work per packed sequence and rank.
     const int n = mb.batch_index_size();
     std::vector<std::vector<double>> work(n, std::vector<double>(cp, 0.0));
     for (int r = 0; r < cp; ++r) {
-      const CpShard& shard = mb.shards(r);
-      const std::vector<int64_t> mine = ShardTokenIndices(mb, r);
-      EXPECT_EQ(static_cast<int64_t>(mine.size()), shard.num_tokens());
+      EXPECT_EQ(mb.shard_cp_rank(r), r);
+      const int64_t shard_tokens = mb.shard_num_tokens(r);
+      const std::vector<int64_t> mine = *ShardTokenIndices(plan, m, r);
+      EXPECT_EQ(static_cast<int64_t>(mine.size()), shard_tokens);
+      // The stored piece count: a sequence of at least 2 x CP tokens gives every rank two
+      // non-empty chunks; a shorter one has chunks of at most one token, one piece per token.
+      std::vector<int64_t> owned(mb.batch_index_size(), 0);
+      for (int64_t t : mine) ++owned[owner[t]];
+      int64_t expected_pieces = 0;
+      for (int k = 0; k < mb.batch_index_size(); ++k) {
+        const bool long_sequence = mb.cu_seqlens(k + 1) - mb.cu_seqlens(k) >= 2 * cp;
+        expected_pieces += long_sequence ? 2 : owned[k];
+      }
+      EXPECT_EQ(mb.shard_num_pieces(r), expected_pieces) << "microbatch " << m << " rank " << r;
       // Token balance: at most one token past the optimum ceil(mean) (a chunk has >= 1 token).
-      EXPECT_LE(shard.num_tokens(), (total + cp - 1) / cp + 1)
-          << "microbatch " << m << " rank " << r;
-      min_tokens = std::min(min_tokens, shard.num_tokens());
-      max_tokens = std::max(max_tokens, shard.num_tokens());
+      EXPECT_LE(shard_tokens, (total + cp - 1) / cp + 1) << "microbatch " << m << " rank " << r;
+      min_tokens = std::min(min_tokens, shard_tokens);
+      max_tokens = std::max(max_tokens, shard_tokens);
       for (int64_t t : mine) {
         const int k = owner[t];
         const int32_t i = mb.batch_index(k);

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_check.h"
@@ -33,14 +35,29 @@ std::vector<int32_t> Indices(const Microbatch& mb) {
   return std::vector<int32_t>(mb.batch_index().begin(), mb.batch_index().end());
 }
 
-// (begin, end, chunk) of every piece of `rank`'s shard.
-std::vector<std::vector<int64_t>> Pieces(const Microbatch& mb, int rank) {
+// (begin, end, chunk) of every piece of `rank`'s shard of microbatch `m`, as ShardPieces
+// derives them; also checks them against the shard's stored counts.
+std::vector<std::vector<int64_t>> Pieces(const Plan& plan, int m, int rank) {
   std::vector<std::vector<int64_t>> out;
-  const CpShard& s = mb.shards(rank);
-  for (int p = 0; p < s.piece_begin_size(); ++p) {
-    out.push_back({s.piece_begin(p), s.piece_end(p), s.piece_chunk(p)});
+  absl::StatusOr<std::vector<ShardPiece>> pieces = ShardPieces(plan, m, rank);
+  EXPECT_TRUE(pieces.ok()) << pieces.status();
+  if (!pieces.ok()) return out;
+  int64_t tokens = 0;
+  for (const ShardPiece& p : *pieces) {
+    out.push_back({p.begin, p.end, p.chunk});
+    tokens += p.end - p.begin;
   }
+  const Microbatch& mb = plan.microbatches(m);
+  EXPECT_EQ(mb.shard_cp_rank(rank), rank);
+  EXPECT_EQ(mb.shard_num_tokens(rank), tokens) << "microbatch " << m << " rank " << rank;
+  EXPECT_EQ(mb.shard_num_pieces(rank), static_cast<int>(out.size())) << "microbatch " << m;
   return out;
+}
+
+std::vector<int64_t> Indices(const Plan& plan, int m, int rank) {
+  absl::StatusOr<std::vector<int64_t>> indices = ShardTokenIndices(plan, m, rank);
+  EXPECT_TRUE(indices.ok()) << indices.status();
+  return indices.ok() ? *indices : std::vector<int64_t>{};
 }
 
 Plan MustPlan(const std::vector<Sequence>& batch, const PlanOptions& options) {
@@ -105,18 +122,22 @@ TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
   EXPECT_EQ(mb.num_tokens(), 9);
   EXPECT_THAT(mb.cu_seqlens(), ElementsAre(0, 3, 5, 9));
   EXPECT_THAT(mb.sequence_id(), ElementsAre(100, 101, 102));
-  EXPECT_THAT(mb.token_begin(), ElementsAre(0, 0, 0));
+  // Compact forms: nothing split, so no token begins; one loss scale shared by all.
+  EXPECT_THAT(mb.token_begin(), ElementsAre());
+  EXPECT_THAT(mb.loss_scale(), ElementsAre(DoubleEq(1.0 / 9)));
+  EXPECT_EQ(TokenBegin(mb, 2), 0);
+  EXPECT_THAT(LossScale(mb, 2), DoubleEq(1.0 / 9));
   EXPECT_THAT(PositionIds(mb), ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
 }
 
 TEST(CpShardTest, RankOwnsChunksIAnd2CpMinus1MinusI) {
   Plan plan = MustPlan(Lengths({8}), {.max_tokens_per_microbatch = 8, .cp_size = 2});
-  const Microbatch& mb = plan.microbatches(0);
+  EXPECT_EQ(plan.cp_chunk_rule(), CP_CHUNK_MIRRORED_PAIRS_V1);
   using P = std::vector<int64_t>;
-  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 2, 0}, P{6, 8, 3}));
-  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{2, 4, 1}, P{4, 6, 2}));
-  EXPECT_THAT(ShardTokenIndices(mb, 0), ElementsAre(0, 1, 6, 7));
-  EXPECT_THAT(ShardTokenIndices(mb, 1), ElementsAre(2, 3, 4, 5));
+  EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 2, 0}, P{6, 8, 3}));
+  EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{2, 4, 1}, P{4, 6, 2}));
+  EXPECT_THAT(Indices(plan, 0, 0), ElementsAre(0, 1, 6, 7));
+  EXPECT_THAT(Indices(plan, 0, 1), ElementsAre(2, 3, 4, 5));
 }
 
 TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
@@ -125,12 +146,12 @@ TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
   Plan plan = MustPlan(Lengths({9, 9, 9}), {.max_tokens_per_microbatch = 32, .cp_size = 2});
   const Microbatch& mb = plan.microbatches(0);
   using P = std::vector<int64_t>;
-  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 3, 0}, P{7, 9, 3}, P{9, 11, 0}, P{15, 18, 3},
-                                         P{18, 20, 0}, P{25, 27, 3}));
-  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{3, 5, 1}, P{5, 7, 2}, P{11, 13, 1}, P{13, 15, 2},
-                                         P{20, 23, 1}, P{23, 25, 2}));
-  EXPECT_EQ(mb.shards(0).num_tokens(), 14);
-  EXPECT_EQ(mb.shards(1).num_tokens(), 13);
+  EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 3, 0}, P{7, 9, 3}, P{9, 11, 0}, P{15, 18, 3},
+                                              P{18, 20, 0}, P{25, 27, 3}));
+  EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{3, 5, 1}, P{5, 7, 2}, P{11, 13, 1}, P{13, 15, 2},
+                                              P{20, 23, 1}, P{23, 25, 2}));
+  EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(14, 13));
+  EXPECT_THAT(mb.shard_num_pieces(), ElementsAre(6, 6));
 }
 
 TEST(CpShardTest, TinySequencesSpreadOverRanks) {
@@ -139,37 +160,76 @@ TEST(CpShardTest, TinySequencesSpreadOverRanks) {
   Plan plan =
       MustPlan(Lengths({1, 1, 3, 2}),
                {.max_tokens_per_microbatch = 64, .cp_size = 4, .packing = PACKING_IN_ORDER});
-  const Microbatch& mb = plan.microbatches(0);
   using P = std::vector<int64_t>;
-  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 1, 0}, P{1, 2, 7}));
-  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{2, 3, 1}, P{4, 5, 6}));
-  EXPECT_THAT(Pieces(mb, 2), ElementsAre(P{3, 4, 2}, P{6, 7, 5}));
-  EXPECT_THAT(Pieces(mb, 3), ElementsAre(P{5, 6, 3}));
+  EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 1, 0}, P{1, 2, 7}));
+  EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{2, 3, 1}, P{4, 5, 6}));
+  EXPECT_THAT(Pieces(plan, 0, 2), ElementsAre(P{3, 4, 2}, P{6, 7, 5}));
+  EXPECT_THAT(Pieces(plan, 0, 3), ElementsAre(P{5, 6, 3}));
 }
 
 TEST(CpShardTest, RankWithNothingHasAnExplicitEmptyShard) {
   // 3 tokens, CP 4: rank 0 takes chunks 0 and 7, rank 1 chunk 1; ranks 2 and 3 own nothing.
   Plan plan = MustPlan(Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4});
   const Microbatch& mb = plan.microbatches(0);
-  ASSERT_EQ(mb.shards_size(), 4);
+  EXPECT_THAT(mb.shard_cp_rank(), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(2, 1, 0, 0));
+  EXPECT_THAT(mb.shard_num_pieces(), ElementsAre(2, 1, 0, 0));
   using P = std::vector<int64_t>;
-  EXPECT_THAT(Pieces(mb, 0), ElementsAre(P{0, 1, 0}, P{2, 3, 7}));
-  EXPECT_THAT(Pieces(mb, 1), ElementsAre(P{1, 2, 1}));
+  EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 1, 0}, P{2, 3, 7}));
+  EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{1, 2, 1}));
   for (int r : {2, 3}) {
-    const CpShard& empty = mb.shards(r);
-    EXPECT_EQ(empty.cp_rank(), r);
-    EXPECT_EQ(empty.num_tokens(), 0);
-    EXPECT_EQ(empty.piece_begin_size(), 0);
-    EXPECT_TRUE(ShardTokenIndices(mb, r).empty());
+    EXPECT_TRUE(Pieces(plan, 0, r).empty());
+    EXPECT_TRUE(Indices(plan, 0, r).empty());
   }
 }
 
 TEST(CpShardTest, OneTokenSequenceWithLargeCp) {
   Plan plan = MustPlan(Lengths({1}), {.max_tokens_per_microbatch = 16, .cp_size = 8});
   const Microbatch& mb = plan.microbatches(0);
-  ASSERT_EQ(mb.shards_size(), 8);
-  EXPECT_EQ(mb.shards(0).num_tokens(), 1);
-  for (int r = 1; r < 8; ++r) EXPECT_EQ(mb.shards(r).num_tokens(), 0) << r;
+  EXPECT_THAT(mb.shard_cp_rank(), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(1, 0, 0, 0, 0, 0, 0, 0));
+  EXPECT_THAT(mb.shard_num_pieces(), ElementsAre(1, 0, 0, 0, 0, 0, 0, 0));
+}
+
+TEST(CpShardTest, ShardPiecesRefusesBadArguments) {
+  Plan plan = MustPlan(Lengths({9, 5}), {.max_tokens_per_microbatch = 16, .cp_size = 2});
+  auto code_and_message = [&](const Plan& p, int m, int r) {
+    absl::Status status = ShardPieces(p, m, r).status();
+    EXPECT_EQ(ShardTokenIndices(p, m, r).status(), status);
+    return status;
+  };
+  absl::Status s = code_and_message(plan, 1, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("microbatch 1 is not in the plan, which has 1"));
+  s = code_and_message(plan, 0, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("CP rank 2 is not in [0, 2)"));
+  EXPECT_EQ(code_and_message(plan, 0, -1).code(), absl::StatusCode::kInvalidArgument);
+  Plan broken = plan;
+  broken.mutable_microbatches(0)->set_cu_seqlens(1, 14);
+  s = code_and_message(broken, 0, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("not strictly increasing at 2 (14 then 14)"));
+  Plan unknown = plan;
+  unknown.set_cp_chunk_rule(static_cast<CpChunkRule>(7));
+  s = code_and_message(unknown, 0, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("CP chunk rule is 7"));
+  EXPECT_EQ(SplitMicrobatch(unknown, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CpShardTest, StoredCountsMatchDerivedPiecesForManyShapes) {
+  // Mixed long and short sequences, CP 1 to 8: the counts PlanMicrobatches computes without
+  // pieces (Note [Shard counts without pieces]) equal what ShardPieces derives (Pieces checks).
+  for (int cp : {1, 2, 3, 4, 8}) {
+    std::vector<int64_t> lengths;
+    for (int64_t i = 1; i <= 40; ++i) lengths.push_back((i * 37) % 53 + 1);
+    const std::vector<Sequence> batch = Lengths(lengths);
+    Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 200, .cp_size = cp});
+    for (int m = 0; m < plan.microbatches_size(); ++m) {
+      for (int r = 0; r < cp; ++r) Pieces(plan, m, r);
+    }
+  }
 }
 
 // Weights of every packed token, over the whole plan, by (batch index, token).
@@ -205,6 +265,21 @@ TEST(LossTest, NormalisationsGiveTheDocumentedWeights) {
   auto per_sequence = weights(LOSS_SEQUENCE_MEAN);
   EXPECT_THAT(per_sequence[0], ElementsAre(DoubleEq(0.25), DoubleEq(0.25)));
   EXPECT_THAT(per_sequence[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0 / 8), DoubleEq(3.0 / 8)));
+}
+
+TEST(LossTest, LossScaleIsStoredOncePerMicrobatchUnlessItDiffers) {
+  const PlanOptions per_sequence{.max_tokens_per_microbatch = 8,
+                                 .loss_normalization = LOSS_SEQUENCE_MEAN};
+  // Longest first: sequence 1 (3 tokens), then sequence 0 (2 tokens).
+  Plan plan = MustPlan(Lengths({2, 3}), per_sequence);
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  const Microbatch& mb = plan.microbatches(0);
+  EXPECT_THAT(mb.loss_scale(), ElementsAre(DoubleEq(1.0 / 6), DoubleEq(1.0 / 4)));
+  EXPECT_THAT(LossScale(mb, 1), DoubleEq(1.0 / 4));
+  // Equal per-sequence scales collapse to one entry.
+  Plan equal = MustPlan(Lengths({3, 3}), per_sequence);
+  EXPECT_THAT(equal.microbatches(0).loss_scale(), ElementsAre(DoubleEq(1.0 / 6)));
+  EXPECT_THAT(LossScale(equal.microbatches(0), 1), DoubleEq(1.0 / 6));
 }
 
 TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
@@ -243,7 +318,9 @@ TEST(SplitTest, SplitsOneSequenceAtACpCompatibleCut) {
   ASSERT_EQ(split->microbatches_size(), 2);
   // 21 / 2 = 10, rounded down to a multiple of 2 x CP = 4: 8.
   EXPECT_EQ(split->microbatches(0).num_tokens(), 8);
+  EXPECT_THAT(split->microbatches(0).token_begin(), ElementsAre());
   EXPECT_THAT(split->microbatches(1).token_begin(), ElementsAre(8));
+  EXPECT_EQ(TokenBegin(split->microbatches(1), 0), 8);
   EXPECT_EQ(PositionIds(split->microbatches(1)).front(), 8);
   EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
 }
@@ -282,6 +359,91 @@ TEST(DeterminismTest, SameInputSameBytesAndDigest) {
   // Negative control: one token more in one sequence changes the digest.
   copy[4].num_tokens += 1;
   EXPECT_NE(PlanDigest(MustPlan(copy, options)), PlanDigest(a));
+}
+
+TEST(DeterminismTest, PlanningIntoAReusedPlanGivesTheSameBytes) {
+  // A large plan, then smaller ones, with other CP sizes and policies, the in-order fallback
+  // and a failure: the reused plan always equals a fresh one.
+  std::vector<int64_t> many;
+  for (int64_t i = 0; i < 500; ++i) many.push_back(1 + (i * 31) % 40);
+  struct Case {
+    std::vector<Sequence> batch;
+    PlanOptions options;
+  };
+  const std::vector<Case> cases = {
+      {Lengths(many), {.max_tokens_per_microbatch = 64, .cp_size = 4}},
+      {Lengths({9, 1, 30, 7}), {.max_tokens_per_microbatch = 32, .cp_size = 2}},
+      {Lengths({4, 3, 3, 4, 3, 3}), {.max_tokens_per_microbatch = 10}},  // falls back
+      {Lengths(many), {.max_tokens_per_microbatch = 128, .packing = PACKING_IN_ORDER}},
+      {Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4}},
+  };
+  Plan reused;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    ASSERT_TRUE(PlanMicrobatches(cases[c].batch, cases[c].options, reused).ok()) << c;
+    EXPECT_TRUE(VerifyPlan(reused, cases[c].batch).ok()) << c;
+    EXPECT_EQ(SerializePlan(reused), SerializePlan(MustPlan(cases[c].batch, cases[c].options)))
+        << "case " << c;
+  }
+  const absl::Status bad =
+      PlanMicrobatches(Lengths({5, 0}), {.max_tokens_per_microbatch = 8}, reused);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reused.microbatches_size(), 0);
+  EXPECT_EQ(reused.num_sequences(), 0);
+}
+
+TEST(DeterminismTest, DigestIsTheFramedHashOfThePlanBytes) {
+  // Large enough that the streamed serialization crosses many hash buffers.
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 20000; ++i) lengths.push_back(1 + (i * 7919) % 500);
+  Plan plan = MustPlan(Lengths(lengths), {.max_tokens_per_microbatch = 1024, .cp_size = 4});
+  const std::string bytes = SerializePlan(plan);
+  ASSERT_GT(bytes.size(), size_t{200000});
+  EXPECT_EQ(PlanDigest(plan), Sha256Framed({kPlanDigestTag, bytes}));
+  Plan parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  EXPECT_EQ(SerializePlan(parsed), bytes);
+}
+
+TEST(DeterminismTest, OneDifferentLossWeightWithTheSameTotalsChangesTheDigest) {
+  std::vector<Sequence> batch = Lengths({5, 8, 3});
+  batch[1].loss_weights = {1, 0, 1, 1, 0.5f, 1, 1, 1};
+  std::vector<Sequence> other = batch;
+  // One token's weight differs; moving the difference to another token keeps every total (so
+  // every loss scale) the same.
+  other[1].loss_weights[4] = 0.25f;
+  other[1].loss_weights[2] = 1.25f;
+  for (LossNormalization norm : {LOSS_TOKEN_MEAN, LOSS_SUM, LOSS_SEQUENCE_MEAN}) {
+    const PlanOptions options{
+        .max_tokens_per_microbatch = 16, .cp_size = 2, .loss_normalization = norm};
+    Plan a = MustPlan(batch, options);
+    Plan b = MustPlan(other, options);
+    EXPECT_NE(a.loss_weights_digest(), b.loss_weights_digest());
+    EXPECT_NE(PlanDigest(a), PlanDigest(b));
+    // Everything else is identical: the weights digest is what tells the replicas apart.
+    a.clear_loss_weights_digest();
+    b.clear_loss_weights_digest();
+    EXPECT_EQ(SerializePlan(a), SerializePlan(b));
+  }
+  // A plan of one batch does not verify against the other.
+  Plan a = MustPlan(batch, {.max_tokens_per_microbatch = 16});
+  EXPECT_THAT(VerifyPlan(a, other).message(), HasSubstr("loss weights digest"));
+}
+
+TEST(DeterminismTest, LossWeightsDigestFraming) {
+  std::vector<Sequence> none = Lengths({2, 2});
+  std::vector<Sequence> ones = none;
+  ones[0].loss_weights = {1, 1};
+  std::vector<Sequence> moved = none;
+  moved[1].loss_weights = {1, 1};
+  std::vector<Sequence> negative_zero = ones;
+  negative_zero[0].loss_weights[1] = -0.0f;
+  std::vector<Sequence> zero = ones;
+  zero[0].loss_weights[1] = 0.0f;
+  EXPECT_EQ(LossWeightsDigest(none), LossWeightsDigest(Lengths({7, 9})));
+  EXPECT_NE(LossWeightsDigest(none), LossWeightsDigest(ones));
+  EXPECT_NE(LossWeightsDigest(ones), LossWeightsDigest(moved));
+  EXPECT_NE(LossWeightsDigest(zero), LossWeightsDigest(negative_zero));
+  EXPECT_EQ(LossWeightsDigest(ones), LossWeightsDigest(std::vector<Sequence>(ones)));
 }
 
 struct BadInput {

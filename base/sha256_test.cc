@@ -1,0 +1,44 @@
+// base/sha256: known-answer vectors, the length framing, and Sha256Hasher against Sha256Framed.
+
+#include "base/sha256.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace {
+
+TEST(Sha256Test, KnownAnswer) {
+  // FIPS 180-2 example: SHA-256("abc").
+  Sha256Hasher hasher;
+  hasher.Append("abc");
+  EXPECT_EQ(DigestHex(hasher.Finish()),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(Sha256Test, FramingSeparatesParts) {
+  EXPECT_NE(Sha256Framed({"ab", "c"}), Sha256Framed({"a", "bc"}));
+  EXPECT_NE(Sha256Framed({"abc"}), Sha256Framed({"abc", ""}));
+}
+
+TEST(Sha256Test, HasherInPiecesEqualsFramed) {
+  const std::string big(100000, 'x');
+  Sha256Hasher hasher;
+  hasher.AppendLength(3);
+  hasher.Append("tag");
+  hasher.AppendLength(big.size());
+  for (size_t at = 0; at < big.size(); at += 777) hasher.Append(big.substr(at, 777));
+  EXPECT_EQ(hasher.Finish(), Sha256Framed({"tag", big}));
+}
+
+TEST(Sha256Test, DigestWordIsLittleEndian) {
+  Sha256Digest d{};
+  d[3] = 1;
+  d[4] = 2;
+  EXPECT_EQ(DigestWord(d, 3), 0x0201u);
+  EXPECT_EQ(DigestHex(d, 5), "0000000102");
+}
+
+}  // namespace
+}  // namespace lockstep
