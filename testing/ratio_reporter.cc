@@ -31,6 +31,14 @@ void RatioReporter::PrintRatio(const std::string& what, const std::string& numer
   PrintLine(what, *n / *d, target);
 }
 
+void RatioReporter::PrintInfo(const std::string& what, const std::string& numerator,
+                              const std::string& denominator) const {
+  std::optional<double> n = Seconds(numerator), d = Seconds(denominator);
+  if (!n.has_value() || !d.has_value()) return;
+  std::cout << absl::StrCat("ratio ", what, ": ", *n / *d, " (for context; no target)")
+            << std::endl;
+}
+
 void RatioReporter::PrintCounter(const std::string& what, const std::string& name,
                                  const std::string& counter, double target) const {
   auto run = counters_.find(name);

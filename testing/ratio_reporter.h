@@ -32,6 +32,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
   // (filtered out, skipped, or failed).
   std::optional<double> Seconds(const std::string& name) const;
 
+  // Prints "ratio <what>: <numerator / denominator>" with no target (context figures).
+  void PrintInfo(const std::string& what, const std::string& numerator,
+                 const std::string& denominator) const;
+
   // Prints "ratio <what>: <value of counter `counter` of run `name`> (target <= <target>: ...)"
   // for benchmarks that compute their own ratio (e.g. of paired medians); nothing if absent.
   void PrintCounter(const std::string& what, const std::string& name, const std::string& counter,
