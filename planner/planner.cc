@@ -93,9 +93,14 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
                                                      " tokens; a microbatch holds at most ", budget,
                                                      " (max_tokens_per_microbatch)"));
     }
+    if (s.num_tokens > std::numeric_limits<int64_t>::max() - total_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("the batch holds more than ",
+                                                     std::numeric_limits<int64_t>::max(),
+                                                     " tokens at ", Name(batch, i)));
+    }
     total_tokens += s.num_tokens;
     max_length = std::max(max_length, s.num_tokens);
-    if (fill + s.num_tokens > budget) {
+    if (s.num_tokens > budget - fill) {  // not fill + n > budget: that can overflow
       ++in_order_bins;
       fill = 0;
     }
@@ -181,7 +186,7 @@ void PackInOrder(absl::Span<const Sequence> batch, int64_t budget, const std::ve
   parts.clear();
   int64_t fill = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (fill + batch[i].num_tokens > budget) {
+    if (batch[i].num_tokens > budget - fill) {
       emit(parts);
       parts.clear();
       fill = 0;
@@ -258,7 +263,9 @@ class KeySet {
 // rest, and so on. So FFD never has to scan bins: bucket the items by length (a counting sort,
 // stable, so each bucket is a queue in input order), keep the set of non-empty lengths in a
 // KeySet, and fill one bin at a time by asking for the largest non-empty length <= the bin's
-// room. That is one query per item plus one per bin: O(n + bins + distinct lengths).
+// room. That is one query per item plus one per bin. Keys are the lengths themselves when the
+// longest sequence is short compared with the batch (at most 8n + 4096 tokens): O(n + bins +
+// max length). Otherwise keys are ranks among the distinct lengths: O(n log n + bins).
 // An entry of the FFD length queues: the batch index with the id, so that filling the bins does
 // not have to reach back into the batch.
 struct Queued {
@@ -275,7 +282,8 @@ bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, in
                             std::vector<Part>& parts, const Emit& emit) {
   const size_t n = batch.size();
   // Keys: the length itself, or its rank among the distinct lengths when lengths are huge.
-  const bool direct = max_length <= kMaxDirectLength;
+  const bool direct =
+      max_length <= kMaxDirectLength && max_length <= 8 * static_cast<int64_t>(n) + 4096;
   std::vector<int64_t> distinct;
   if (!direct) {
     distinct.reserve(n);
@@ -476,6 +484,24 @@ class HashingOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
   int64_t hashed_ = 0;
 };
 
+// cu_seqlens of `mb` starts at 0 and increases strictly (every packed sequence holds a token).
+absl::Status CheckBoundaries(const Microbatch& mb, int microbatch) {
+  const int n = mb.cu_seqlens_size() - 1;
+  if (n < 0 || mb.cu_seqlens(0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatch ", microbatch, ": cu_seqlens does not start at 0"));
+  }
+  const int64_t* cu = mb.cu_seqlens().data();
+  for (int k = 0; k < n; ++k) {
+    if (cu[k + 1] <= cu[k]) {
+      return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
+                                                     ": cu_seqlens is not strictly increasing at ",
+                                                     k + 1, " (", cu[k], " then ", cu[k + 1], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch,
@@ -548,6 +574,14 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
         absl::StrCat("microbatch ", microbatch, " is malformed: ", n, " batch indices, ",
                      mb.sequence_id_size(), " ids, ", mb.token_begin_size(), " token begins, ",
                      mb.loss_scale_size(), " loss scales, ", mb.cu_seqlens_size(), " boundaries"));
+  }
+  if (absl::Status s = CheckBoundaries(mb, microbatch); !s.ok()) return s;
+  for (int k = 0; k < n; ++k) {
+    if (TokenBegin(mb, k) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
+                                                     " is malformed: token_begin of sequence ", k,
+                                                     " is ", TokenBegin(mb, k)));
+    }
   }
   std::vector<Part> first, second;
   auto part = [&](int k) {
@@ -699,18 +733,8 @@ absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microb
   }
   const Microbatch& mb = plan.microbatches(microbatch);
   const int n = mb.cu_seqlens_size() - 1;
-  if (n < 0 || mb.cu_seqlens(0) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("microbatch ", microbatch, ": cu_seqlens does not start at 0"));
-  }
+  if (absl::Status s = CheckBoundaries(mb, microbatch); !s.ok()) return s;
   const int64_t* cu = mb.cu_seqlens().data();
-  for (int k = 0; k < n; ++k) {
-    if (cu[k + 1] <= cu[k]) {
-      return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
-                                                     ": cu_seqlens is not strictly increasing at ",
-                                                     k + 1, " (", cu[k], " then ", cu[k + 1], ")"));
-    }
-  }
   std::vector<ShardPiece> pieces;
   pieces.reserve(2 * static_cast<size_t>(n));
   AppendRankPieces(cu, n, cp, cp_rank, pieces);

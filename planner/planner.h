@@ -12,7 +12,8 @@
 // the batch it is given, every token once, and never moves a token across batches.
 //
 // Packing: first-fit-decreasing by default, computed by bucketing sequences by length (O(n +
-// microbatches + distinct lengths), see Note [FFD by length buckets] in planner.cc); if filling
+// microbatches + longest length), or O(n log n) when the longest sequence is very long compared
+// with the batch; see Note [FFD by length buckets] in planner.cc); if filling
 // in input order needs strictly fewer microbatches, that packing is used instead, so the default
 // never needs more microbatches than in-order filling. PACKING_IN_ORDER keeps input order.
 //
@@ -33,7 +34,7 @@
 // ShardTokenIndices. Per packed sequence a microbatch stores its batch index, id and boundary;
 // token_begin only where re-planning split a sequence, and loss_scale once per microbatch unless
 // the scales differ (TokenBegin and LossScale read both forms). Planning is O(sequences +
-// per-token weights + microbatches x cp_size + distinct lengths); the plan holds O(sequences +
+// per-token weights + microbatches x cp_size + longest length); the plan holds O(sequences +
 // microbatches x cp_size) values.
 //
 // Loss normalisation: LossScale(microbatch, k) times the caller's per-token weight (1 if none)
@@ -114,7 +115,8 @@ absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOption
 // (later microbatches move up by one): if it packs two or more sequences, at the sequence
 // boundary closest to half its tokens (the earlier one on a tie); if it holds a single sequence
 // (or part of one) of n tokens, at the largest multiple of 2 * cp_size not above n / 2, but at
-// least 2 * cp_size tokens, so that both parts shard evenly. Every token keeps its loss weight;
+// least 2 * cp_size tokens (the first part is a whole number of 2 * cp_size-token rounds; the
+// second holds the rest, possibly fewer tokens than CP ranks). Every token keeps its loss weight;
 // a part of a split sequence keeps its position ids (attention to the earlier part is the
 // caller's concern). kInvalidArgument for an index out of range; kFailedPrecondition for a
 // single sequence of at most 2 * cp_size tokens, which cannot be split further.

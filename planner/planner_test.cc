@@ -348,6 +348,27 @@ TEST(SplitTest, RefusesWhatCannotBeSplit) {
   EXPECT_EQ(SplitMicrobatch(plan, -1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SplitTest, RefusesMalformedBoundariesInsteadOfWritingOutOfRange) {
+  Plan plan = MustPlan(Lengths({40, 60}), {.max_tokens_per_microbatch = 100, .cp_size = 2});
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  Plan tampered = plan;
+  tampered.mutable_microbatches(0)->set_cu_seqlens(1, -3);  // [0, -3, 100]
+  absl::StatusOr<Plan> split = SplitMicrobatch(tampered, 0);
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << split.status();
+  EXPECT_THAT(split.status().message(), HasSubstr("not strictly increasing"));
+  EXPECT_TRUE(SplitMicrobatch(plan, 0).ok());  // the untampered plan splits
+}
+
+// A budget meaning "no limit" must not overflow the in-order count (which would silently turn
+// the default into in-order packing).
+TEST(PackingTest, HugeBudgetStillPacksFirstFitDecreasing) {
+  Plan plan = MustPlan(Lengths({2, 9, 4}),
+                       {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max()});
+  EXPECT_EQ(plan.packing_applied(), PACKING_FIRST_FIT_DECREASING);
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(1, 2, 0));
+}
+
 TEST(DeterminismTest, SameInputSameBytesAndDigest) {
   std::vector<Sequence> batch = Lengths({9, 1, 30, 7, 7, 12, 3, 25, 2});
   const PlanOptions options{.max_tokens_per_microbatch = 32, .cp_size = 2};
