@@ -35,6 +35,9 @@
 // backward(inputs=...); create_graph=true (higher-order gradients) is refused in backward;
 // tensors captured by `fn` that have autograd history of their own (non-leaves) must be passed
 // as inputs instead, since the recompute's backward consumes their upstream graph.
+// Recomputes hold a process-wide lock while the streams are rewound, so `fn` must not itself
+// run a backward that reaches another checkpoint (e.g. a gradient penalty computed inside a
+// checkpointed block).
 //
 // CUDA graphs: inside a capture, forward saves and backward rewinds the graph-safe generator
 // position (rng/generator_state.h), so replaying the graph replays the same masks in forward
