@@ -21,6 +21,7 @@
 #include "ATen/cuda/CUDAGeneratorImpl.h"
 #include "ATen/ops/from_blob.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAFunctions.h"
 #include "c10/cuda/CUDAStream.h"
@@ -83,6 +84,26 @@ absl::StatusOr<std::optional<uint64_t>> CurrentCaptureId(int device, const char*
   }
 }
 
+// Whether the installed state is a capture-only position left behind after its capture ended
+// (a restore during capture not followed by restoring the live state). Eagerly, a zero
+// increment is a no-op on a normal state and refused by a capturing one. Call under the
+// generator's lock, outside capture.
+bool HoldsLeftoverCapturePosition(at::CUDAGeneratorImpl* impl) {
+  try {
+    (void)impl->philox_cuda_state(0);
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
+}
+
+absl::Status LeftoverError(int device, const char* what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": the CUDA generator of device ", device, " still holds a position rewound during a ",
+      "CUDA graph capture that has ended (a restore during capture was not followed by ",
+      "restoring a later snapshot); its draws would fail or repeat the graph's"));
+}
+
 absl::StatusOr<CudaGeneratorState> Capture(int device) {
   constexpr char kWhat[] = "capturing the CUDA generator";
   if (absl::Status s = CheckDevice(device, kWhat); !s.ok()) return s;
@@ -90,11 +111,13 @@ absl::StatusOr<CudaGeneratorState> Capture(int device) {
   if (!capture.ok()) return capture.status();
   CudaGeneratorState state;
   state.device = device;
+  bool leftover = false;
   absl::Status status = CallTorch(kWhat, [&] {
     at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* impl = gen.get<at::CUDAGeneratorImpl>();
     if (!capture->has_value()) {
+      if ((leftover = HoldsLeftoverCapturePosition(impl))) return;
       state.seed = impl->current_seed();
       state.offset = impl->philox_offset_per_thread();
       return;
@@ -117,6 +140,7 @@ absl::StatusOr<CudaGeneratorState> Capture(int device) {
     state.in_capture = std::move(in_capture);
   });
   if (!status.ok()) return status;
+  if (leftover) return LeftoverError(device, kWhat);
   return state;
 }
 
@@ -193,13 +217,18 @@ absl::Status Restore(const CudaGeneratorState& state) {
         state.offset, ") was taken outside CUDA graph capture and cannot be installed while ",
         "capture ", **capture, " is underway (the graph's offsets are graph-relative)"));
   }
-  return CallTorch(kWhat, [&] {
+  bool leftover = false;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(kWhat, [&] {
     at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(state.device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* impl = gen.get<at::CUDAGeneratorImpl>();
+    // Writing into a leftover capture-only state would not make it usable again.
+    if ((leftover = HoldsLeftoverCapturePosition(impl))) return;
     impl->set_current_seed(state.seed);  // also resets the offset
     impl->set_philox_offset_per_thread(state.offset);
-  });
+  }));
+  if (leftover) return LeftoverError(state.device, kWhat);
+  return absl::OkStatus();
 }
 
 const bool registered = [] {

@@ -20,8 +20,9 @@
 // during a capture, is refused (kFailedPrecondition). A restore during capture must be followed,
 // before the capture ends, by restoring a snapshot taken after it (as scopes and checkpoints
 // do) so that the graph's own generator state is live again; a rewound position left installed
-// past the end of the capture makes every later CUDA draw on that device fail. Restore writes
-// both generators or neither.
+// past the end of the capture makes every later CUDA draw on that device fail, and Capture and
+// Restore then refuse with kFailedPrecondition saying so. Restore writes both generators or
+// neither.
 //
 // Out of scope (not captured, not restored): Python and NumPy generators, generators passed
 // explicitly to operators, CUDA generators of other devices, and concurrent users of the

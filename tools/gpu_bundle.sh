@@ -11,6 +11,7 @@ sdk=$("$sdk_script/make-sdk.sh")
 targets=(
   //rng:rng_cuda_test
   //rng:rng_cuda_sync_test
+  //rng:rng_cuda_leftover_test
   //rng:rng_benchmark
   //rng:rng_nccl_benchmark
   //rng:generator_state_test
