@@ -2,7 +2,8 @@
 // to completion) against c10d's ProcessGroupNCCL (work->wait() plus a stream synchronize, so
 // both measure until the host knows the result is on the device), same process, same GPU, same
 // payloads (16 B to 64 KiB). A world of one on a one-GPU machine: it measures the call path,
-// which is what dominates the small RNG-state broadcasts lockstep makes.
+// which is what dominates the small RNG-state broadcasts lockstep makes. Also: CPU tensors
+// through the communicator's pinned staging against staging them by hand with pageable copies.
 
 #include <unistd.h>
 
@@ -28,7 +29,7 @@ void Sizes(benchmark::internal::Benchmark* b) {
   b->ArgName("bytes")->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
-void BM_LockstepNcclBroadcast(benchmark::State& state) {
+NcclCommunicator* WorldOfOne() {
   static NcclCommunicator* comm = [] {
     auto rendezvous = Rendezvous::File(absl::StrCat("/tmp/lockstep_nccl_bench_", getpid()), 0, 1,
                                        absl::Seconds(30));
@@ -36,65 +37,33 @@ void BM_LockstepNcclBroadcast(benchmark::State& state) {
     if (!created.ok()) return static_cast<NcclCommunicator*>(nullptr);
     return created->release();
   }();
+  return comm;
+}
+
+enum class Payload {
+  kDevice,       // a CUDA tensor: no copies
+  kCpuStaged,    // a CPU tensor through the communicator's pinned staging (one wait)
+  kCpuPageable,  // a CPU tensor staged by hand the plain way: pageable copy there and back
+};
+
+void BM_LockstepNcclBroadcast(benchmark::State& state, Payload kind) {
+  NcclCommunicator* comm = WorldOfOne();
   if (comm == nullptr) {
     state.SkipWithError("NcclCommunicator::Create failed");
     return;
   }
-  at::Tensor payload =
-      at::zeros({state.range(0)}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  at::Tensor payload = at::zeros(
+      {state.range(0)}, at::TensorOptions().dtype(at::kByte).device(
+                            kind == Payload::kDevice ? at::Device(at::kCUDA, 0) : at::kCPU));
   for (auto _ : state) {
-    absl::Status status = comm->Broadcast(payload, 0);
+    at::Tensor moved =
+        kind == Payload::kCpuPageable ? payload.to(at::Device(at::kCUDA, 0)) : payload;
+    absl::Status status = comm->Broadcast(moved, 0);
     if (!status.ok()) {
       state.SkipWithError(std::string(status.message()).c_str());
       break;
     }
-  }
-}
-
-NcclCommunicator* WorldOfOne() {
-  static NcclCommunicator* comm = [] {
-    auto rendezvous = Rendezvous::File(absl::StrCat("/tmp/lockstep_nccl_bench_cpu_", getpid()), 0,
-                                       1, absl::Seconds(30));
-    auto created = NcclCommunicator::Create(*rendezvous, {});
-    if (!created.ok()) return static_cast<NcclCommunicator*>(nullptr);
-    return created->release();
-  }();
-  return comm;
-}
-
-// A CPU tensor through the communicator's pinned staging (one wait for upload, broadcast and
-// download) ...
-void BM_LockstepNcclBroadcastCpuTensor(benchmark::State& state) {
-  NcclCommunicator* comm = WorldOfOne();
-  if (comm == nullptr) {
-    state.SkipWithError("NcclCommunicator::Create failed");
-    return;
-  }
-  at::Tensor payload = at::zeros({state.range(0)}, at::kByte);
-  for (auto _ : state) {
-    if (!comm->Broadcast(payload, 0).ok()) {
-      state.SkipWithError("broadcast failed");
-      break;
-    }
-  }
-}
-
-// ... against staging it by hand the plain way: a pageable copy to the device, the broadcast,
-// and a pageable copy back (what lockstep did before pinned staging).
-void BM_PageableStagedNcclBroadcast(benchmark::State& state) {
-  NcclCommunicator* comm = WorldOfOne();
-  if (comm == nullptr) {
-    state.SkipWithError("NcclCommunicator::Create failed");
-    return;
-  }
-  at::Tensor payload = at::zeros({state.range(0)}, at::kByte);
-  for (auto _ : state) {
-    at::Tensor on_device = payload.to(at::Device(at::kCUDA, 0));
-    if (!comm->Broadcast(on_device, 0).ok()) {
-      state.SkipWithError("broadcast failed");
-      break;
-    }
-    payload.copy_(on_device);
+    if (kind == Payload::kCpuPageable) payload.copy_(moved);
   }
 }
 
@@ -120,10 +89,12 @@ void BM_C10dNcclBroadcast(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_LockstepNcclBroadcast)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_LockstepNcclBroadcast, device_tensor, Payload::kDevice)->Apply(Sizes);
 BENCHMARK(BM_C10dNcclBroadcast)->Apply(Sizes);
-BENCHMARK(BM_LockstepNcclBroadcastCpuTensor)->Apply(StateSizes);
-BENCHMARK(BM_PageableStagedNcclBroadcast)->Apply(StateSizes);
+BENCHMARK_CAPTURE(BM_LockstepNcclBroadcast, cpu_pinned_staging, Payload::kCpuStaged)
+    ->Apply(StateSizes);
+BENCHMARK_CAPTURE(BM_LockstepNcclBroadcast, cpu_pageable_by_hand, Payload::kCpuPageable)
+    ->Apply(StateSizes);
 
 }  // namespace
 }  // namespace collectives

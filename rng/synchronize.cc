@@ -1,12 +1,10 @@
 #include "rng/synchronize.h"
 
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "ATen/ATen.h"
-#include "ATen/CPUGeneratorImpl.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -31,33 +29,23 @@ uint64_t GetWord(const uint8_t* in) {
 // Writes the leader's state into `data`: CPU state, then (with CUDA) seed and offset.
 absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::string& context,
                               uint8_t* data, size_t cpu_bytes) {
-  std::optional<CudaGeneratorState> cuda;
-  if (generators.has_cuda()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
-    if (mine.cuda()->in_capture.has_value()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(context,
-                       ": CUDA graph capture is underway; the generator's position is "
-                       "graph-relative there, so synchronize before capturing"));
-    }
-    cuda = mine.cuda();
+  LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
+  if (mine.cpu_state().size() != cpu_bytes) {
+    return absl::InternalError(absl::StrCat(context, ": the CPU generator's state has ",
+                                            mine.cpu_state().size(), " bytes, expected ",
+                                            cpu_bytes));
   }
-  return CallTorch(context, [&] {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    at::Tensor cpu_state;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      cpu_state = gen.get_state();
-    }
-    TORCH_CHECK(static_cast<size_t>(cpu_state.numel()) == cpu_bytes,
-                "the CPU generator's state has ", cpu_state.numel(), " bytes, expected ",
-                cpu_bytes);
-    std::memcpy(data, cpu_state.data_ptr(), cpu_bytes);
-    if (cuda.has_value()) {
-      PutWord(data + cpu_bytes, cuda->seed);
-      PutWord(data + cpu_bytes + 8, cuda->offset);
-    }
-  });
+  std::memcpy(data, mine.cpu_state().data(), cpu_bytes);
+  if (!mine.cuda().has_value()) return absl::OkStatus();
+  if (mine.cuda()->in_capture.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(context,
+                     ": CUDA graph capture is underway; the generator's position is "
+                     "graph-relative there, so synchronize before capturing"));
+  }
+  PutWord(data + cpu_bytes, mine.cuda()->seed);
+  PutWord(data + cpu_bytes + 8, mine.cuda()->offset);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -67,11 +55,9 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   const std::string context =
       absl::StrCat("while synchronizing RNG state across ", group->DebugName());
   const size_t cpu_bytes = RngSnapshot::CpuStateSize();
-  // Wire: the CPU state (first: LibTorch 2.x reads a state tensor from its storage's start, so
-  // only a prefix view of the wire can be installed as is), with CUDA the seed and offset, and
-  // last a status byte: whether the leader could read its state. The leader always broadcasts,
-  // so a failure on its side reaches the members at once instead of leaving them waiting for a
-  // broadcast that never comes.
+  // Wire: the CPU state, with CUDA the seed and offset, and last a status byte: whether the
+  // leader could read its state. The leader always broadcasts, so a failure on its side reaches
+  // the members at once instead of leaving them waiting for a broadcast that never comes.
   const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0) + 1;
   const size_t status_byte = total - 1;
   at::Tensor wire;
@@ -90,15 +76,11 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
         absl::StrCat(context, ": the group's leader (global rank ", group->global_ranks()[0],
                      ") could not read its RNG state; its own error says why"));
   }
-  if (!generators.has_cuda()) {
-    return CallTorch(absl::StrCat(context, ": installing the leader's CPU generator state"), [&] {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(wire.slice(0, 0, static_cast<int64_t>(cpu_bytes)));
-    });
+  std::optional<CudaGeneratorState> cuda;
+  if (generators.has_cuda()) {
+    cuda = CudaGeneratorState{generators.cuda_device, GetWord(data + cpu_bytes),
+                              GetWord(data + cpu_bytes + 8)};
   }
-  const std::optional<CudaGeneratorState> cuda = CudaGeneratorState{
-      generators.cuda_device, GetWord(data + cpu_bytes), GetWord(data + cpu_bytes + 8)};
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       RngSnapshot::RestoreParts(absl::string_view(reinterpret_cast<const char*>(data), cpu_bytes),
                                 cuda),
