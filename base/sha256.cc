@@ -50,12 +50,14 @@ Sha256Digest Sha256Hasher::Finish() {
   return digest;
 }
 
+void Sha256Hasher::AppendFramed(absl::string_view part) {
+  AppendLength(part.size());
+  Append(part);
+}
+
 Sha256Digest Sha256Framed(std::initializer_list<absl::string_view> parts) {
   Sha256Hasher hasher;
-  for (absl::string_view part : parts) {
-    hasher.AppendLength(part.size());
-    hasher.Append(part);
-  }
+  for (absl::string_view part : parts) hasher.AppendFramed(part);
   return hasher.Finish();
 }
 

@@ -41,6 +41,8 @@ class Sha256Hasher {
   void Append(absl::string_view bytes);
   // Hashes `length` as 8 little-endian bytes (the frame Sha256Framed puts before each part).
   void AppendLength(uint64_t length);
+  // Hashes `part` framed as Sha256Framed frames each part: its length, then its bytes.
+  void AppendFramed(absl::string_view part);
   // The digest of everything appended. Precondition: called once; nothing is appended after.
   Sha256Digest Finish();
 

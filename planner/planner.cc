@@ -657,8 +657,7 @@ std::string SerializePlan(const Plan& plan) {
 
 Sha256Digest PlanDigest(const Plan& plan) {
   Sha256Hasher hasher;
-  hasher.AppendLength(kPlanDigestTag.size());
-  hasher.Append(kPlanDigestTag);
+  hasher.AppendFramed(kPlanDigestTag);
   hasher.AppendLength(plan.ByteSizeLong());
   HashingOutputStream stream(hasher);
   {
@@ -676,8 +675,7 @@ Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                 "loss weights are hashed as their little-endian in-memory bytes");
   Sha256Hasher hasher;
-  hasher.AppendLength(kLossWeightsDigestTag.size());
-  hasher.Append(kLossWeightsDigestTag);
+  hasher.AppendFramed(kLossWeightsDigestTag);
   for (size_t i = 0; i < batch.size(); ++i) {
     const std::vector<float>& weights = batch[i].loss_weights;
     if (weights.empty()) continue;

@@ -27,6 +27,7 @@
 #include "benchmark/benchmark.h"
 #include "planner/planner.h"
 #include "planner/planner_testutil.h"
+#include "testing/ratio_reporter.h"
 
 namespace lockstep {
 namespace planner {
@@ -109,25 +110,10 @@ BENCHMARK(BM_PlanDigest)
     ->MinTime(1.0)
     ->UseRealTime();
 
-// Console output as usual, plus the real time of every run by name, for the targets.
-class RecordingReporter : public benchmark::ConsoleReporter {
- public:
-  RecordingReporter() : ConsoleReporter(OO_Tabular) {}
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (!run.error_occurred) seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  // Real time of `name` in the reporter's unit (ms here), or -1 if it did not run.
-  double Time(const std::string& name) const {
-    auto it = seconds_.find(name);
-    return it == seconds_.end() ? -1 : it->second;
-  }
-
- private:
-  std::map<std::string, double> seconds_;
-};
+// Real time of `name` in the reporter's unit (ms here), or -1 if it did not run.
+double ReportedTime(const lockstep::testing::RatioReporter& reporter, const std::string& name) {
+  return reporter.Seconds(name).value_or(-1);
+}
 
 void PrintEfficiencyTable() {
   std::printf(
@@ -195,7 +181,7 @@ int main(int argc, char** argv) {
   const bool first_ok = PlanMicrobatches(million, {.max_tokens_per_microbatch = kBudget}).ok();
   const double first_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   const long first_faults = MinorFaults() - faults_before;
-  RecordingReporter reporter;
+  lockstep::testing::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
   std::printf("\n1M long-tail sequences (max %ld tokens, budget %ld), target < 200 ms:\n",
@@ -208,7 +194,8 @@ int main(int argc, char** argv) {
     std::printf("  %-62s %8.1f ms  %s\n", what.c_str(), ms, ms < 200 ? "< 200 ms" : ">= 200 ms");
   };
   for (int cp : {1, 2, 4, 8}) {
-    const double ms = reporter.Time(
+    const double ms = ReportedTime(
+        reporter,
         absl::StrCat("BM_PlanLongTail/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
     if (ms < 0) continue;
     report(absl::StrCat("planning (warm), fresh Plan, cp ", cp), ms);
@@ -216,8 +203,9 @@ int main(int argc, char** argv) {
     ++target_cases;
   }
   for (int cp : {1, 4, 8}) {
-    const double ms = reporter.Time(absl::StrCat(
-        "BM_PlanLongTailReusingPlan/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
+    const double ms =
+        ReportedTime(reporter, absl::StrCat("BM_PlanLongTailReusingPlan/sequences:1000000/cp:", cp,
+                                            "/min_time:2.000/real_time"));
     if (ms >= 0) report(absl::StrCat("planning (warm) into a reused Plan, cp ", cp), ms);
   }
   report(absl::StrCat("first call of the process (cold), cp 1, ", first_faults, " page faults"),
@@ -231,9 +219,11 @@ int main(int argc, char** argv) {
   std::printf("1M first call (cold) < 200 ms: %s\n",
               first_ok && first_ms < 200 ? "met" : "NOT met");
   for (int cp : {1, 8}) {
-    const double digest = reporter.Time(
+    const double digest = ReportedTime(
+        reporter,
         absl::StrCat("BM_PlanDigest/sequences:1000000/cp:", cp, "/min_time:1.000/real_time"));
-    const double plan = reporter.Time(
+    const double plan = ReportedTime(
+        reporter,
         absl::StrCat("BM_PlanLongTail/sequences:1000000/cp:", cp, "/min_time:2.000/real_time"));
     if (digest >= 0 && plan > 0) {
       std::printf("plan digest, 1M, cp %d: %.1f ms (%.0f%% of its planning time)\n", cp, digest,
