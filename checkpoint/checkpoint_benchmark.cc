@@ -152,9 +152,9 @@ int main(int argc, char** argv) {
     auto work = reporter.Seconds(absl::StrCat("BM_RngReplayWork/cuda:", cuda, "/real_time"));
     auto without = reporter.Seconds(step + "2/real_time");
     if (work.has_value() && without.has_value()) {
-      const double share = (*work * 1e-3) / *without;  // microseconds over milliseconds
-      std::cout << "RNG replay work / checkpointed step (" << device << "): " << share
-                << " (target <= 0.01: " << (share <= 0.01 ? "met" : "NOT met") << ")" << std::endl;
+      lockstep::testing::RatioReporter::PrintLine(
+          absl::StrCat("RNG replay work / checkpointed step (", device, ")"),
+          (*work * 1e-3) / *without, 0.01);  // microseconds over milliseconds
     }
   }
   const auto retained = LiveCheckpointState();

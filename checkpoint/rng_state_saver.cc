@@ -39,7 +39,7 @@ class SavedStreams : public SavedRngState {
     }
     absl::Status restored;
     const auto& cuda = defaults_.cuda();
-    if (cuda.has_value() && cuda->in_capture.has_value() && cuda->in_capture->live == nullptr) {
+    if (cuda.has_value() && !cuda->rewindable()) {
       // Inside a capture without graph-safe state the CUDA generator cannot be rewound; what was
       // saved is only a draw detector (CheckReplayable), so restore the CPU half alone.
       restored = rng::RngSnapshot::RestoreParts(defaults_.cpu_state(), std::nullopt);
@@ -54,9 +54,7 @@ class SavedStreams : public SavedRngState {
 
   absl::Status CheckReplayable() const override {
     const auto& cuda = defaults_.cuda();
-    if (!cuda.has_value() || !cuda->in_capture.has_value() || cuda->in_capture->live != nullptr) {
-      return absl::OkStatus();
-    }
+    if (!cuda.has_value() || cuda->rewindable()) return absl::OkStatus();
     LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now,
                               rng::RngSnapshot::Capture(defaults_.generators()));
     const uint64_t before = cuda->in_capture->offset_intragraph;
@@ -95,19 +93,19 @@ absl::StatusOr<std::unique_ptr<SavedRngState>> StreamSnapshots::Save() const {
           "the named-stream tracker uses CUDA device ", tracker_->generators().cuda_device,
           ", the checkpoint's generators use ", generators_.cuda_device));
     }
-    named = tracker_->Snapshot();
-    if (!names_.empty()) {
-      std::map<std::string, rng::NamedStreamTracker::Stream> chosen;
-      for (const std::string& name : names_) {
-        auto it = named.find(name);
-        if (it == named.end()) {
+    const auto& held = tracker_->streams();
+    if (names_.empty()) {
+      named = held;
+    } else {
+      for (const std::string& name : names_) {  // copies only the streams asked for
+        auto it = held.find(name);
+        if (it == held.end()) {
           return absl::NotFoundError(absl::StrCat("no named RNG stream '", name,
-                                                  "' in the tracker; it holds ", named.size(),
+                                                  "' in the tracker; it holds ", held.size(),
                                                   " stream(s)"));
         }
-        chosen.insert(*it);
+        named.insert(*it);
       }
-      named = std::move(chosen);
     }
   }
   LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot defaults, rng::RngSnapshot::Capture(generators_));

@@ -26,8 +26,6 @@ Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view meta
   return Sha256Framed({operation, metadata});
 }
 
-std::string DigestPrefix(const Sha256Digest& digest, int bytes) { return DigestHex(digest, bytes); }
-
 absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
                             absl::string_view metadata) {
   const Sha256Digest digest = AgreementDigest(operation, metadata);
@@ -61,7 +59,7 @@ absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
     std::string name = bytes.substr(32, kNameBytes);
     name.resize(std::strlen(name.c_str()));
     parts.push_back(absl::StrCat("global rank(s) ", FormatRanks(holders[bytes]), " hold ",
-                                 DigestPrefix(held), " ('", name, "')"));
+                                 DigestHex(held, 4), " ('", name, "')"));
   }
   return absl::FailedPreconditionError(absl::StrCat("ranks of ", comm.DebugName(),
                                                     " disagree before '", operation,

@@ -31,9 +31,6 @@ namespace collectives {
 // SHA-256 of `operation` and `metadata`, framed so that ("ab", "c") and ("a", "bc") differ.
 Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view metadata);
 
-// Lowercase hex of the first `bytes` bytes of a digest.
-std::string DigestPrefix(const Sha256Digest& digest, int bytes = 4);
-
 // OK when every member of `comm` called CheckAgreement with the same operation and metadata.
 // Otherwise kFailedPrecondition on every member, naming the groups of global ranks that agree
 // with each other, each with its digest prefix and operation name. Errors of the underlying

@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 TEST(AgreementDigestTest, IsSha256OfTheFramedParts) {
   // Framing: 8-byte little-endian length before each part.
   // sha256(08 00.. 'register' 01 00.. 'x'), computed independently with Python's hashlib.
-  EXPECT_EQ(DigestPrefix(AgreementDigest("register", "x"), 32),
+  EXPECT_EQ(DigestHex(AgreementDigest("register", "x"), 32),
             "d5754d2df11a9a2ad4088a3a77ca42268fc5a7e41dec6893f2a1b1eab6f5e1b9");
 }
 
@@ -45,9 +45,9 @@ TEST(CheckAgreementTest, DisagreementNamesTheRanksOnEveryMember) {
     EXPECT_THAT(s.message(),
                 AllOf(HasSubstr("disagree before 'register_object'"),
                       HasSubstr("global rank(s) [0, 1, 3] hold " +
-                                DigestPrefix(AgreementDigest("register_object", "head/v1"))),
+                                DigestHex(AgreementDigest("register_object", "head/v1"), 4)),
                       HasSubstr("global rank(s) [2] hold " +
-                                DigestPrefix(AgreementDigest("register_object", "head/v2")))));
+                                DigestHex(AgreementDigest("register_object", "head/v2"), 4))));
   }
 }
 

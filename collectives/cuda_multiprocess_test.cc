@@ -9,6 +9,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
 #include "cuda_runtime_api.h"
@@ -25,12 +26,6 @@ using ::testing::AnyOf;
 absl::Status Expect(bool condition, const std::string& what) {
   return condition ? absl::OkStatus() : absl::InternalError(what);
 }
-
-#define RETURN_IF_NOT_OK(expr)         \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 // A rank's verdict that the machine lacks GPUs for the test; the parent turns it into a skip.
 constexpr char kNeedsGpus[] = "needs at least 2 GPUs; this machine has ";
@@ -69,22 +64,24 @@ TEST(GlooCudaTest, TwoProcessesSharingOneGpuExchangeCudaTensors) {
       testing::RunProcessWorld({2}, [](int rank, Communicator& world) -> absl::Status {
         const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
         at::Tensor b = at::full({1024}, 10.0 * rank, cuda.dtype(at::kFloat));
-        RETURN_IF_NOT_OK(world.Broadcast(b, 1));
-        RETURN_IF_NOT_OK(Expect(b.is_cuda(), "broadcast left the device"));
-        RETURN_IF_NOT_OK(
+        LOCKSTEP_RETURN_IF_ERROR(world.Broadcast(b, 1));
+        LOCKSTEP_RETURN_IF_ERROR(Expect(b.is_cuda(), "broadcast left the device"));
+        LOCKSTEP_RETURN_IF_ERROR(
             Expect(at::equal(b.cpu(), at::full({1024}, 10.0, at::kFloat)), "broadcast"));
         at::Tensor s = at::full({8}, rank + 1.0, cuda.dtype(at::kDouble));
-        RETURN_IF_NOT_OK(world.AllReduceSum(s));
-        RETURN_IF_NOT_OK(Expect(at::equal(s.cpu(), at::full({8}, 3.0, at::kDouble)), "all-reduce"));
+        LOCKSTEP_RETURN_IF_ERROR(world.AllReduceSum(s));
+        LOCKSTEP_RETURN_IF_ERROR(
+            Expect(at::equal(s.cpu(), at::full({8}, 3.0, at::kDouble)), "all-reduce"));
         auto gathered = world.AllGather(at::full({2}, rank, cuda.dtype(at::kLong)));
         if (!gathered.ok()) return gathered.status();
         for (int m = 0; m < 2; ++m) {
-          RETURN_IF_NOT_OK(Expect(at::equal((*gathered)[m].cpu(), at::full({2}, m, at::kLong)),
-                                  absl::StrCat("all-gather member ", m)));
+          LOCKSTEP_RETURN_IF_ERROR(
+              Expect(at::equal((*gathered)[m].cpu(), at::full({2}, m, at::kLong)),
+                     absl::StrCat("all-gather member ", m)));
         }
         // The RNG-state sized payload of the spec: CPU + CUDA generator state, as CUDA bytes.
         at::Tensor state = at::full({5072}, rank == 0 ? 3 : 0, cuda.dtype(at::kByte));
-        RETURN_IF_NOT_OK(world.Broadcast(state, 0));
+        LOCKSTEP_RETURN_IF_ERROR(world.Broadcast(state, 0));
         return Expect(state.sum().item<int64_t>() == 3 * 5072, "state broadcast");
       });
   for (size_t r = 0; r < results.size(); ++r)
@@ -95,19 +92,19 @@ TEST(NcclMultiGpuTest, OneProcessPerGpuAllCollectives) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/nccl_multi_", getpid(), "_store");
   std::vector<absl::Status> results =
       testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
-        RETURN_IF_NOT_OK(RequireGpus(2));
+        LOCKSTEP_RETURN_IF_ERROR(RequireGpus(2));
         auto comm = JoinOnOwnGpu(path, rank, absl::Seconds(30));
         if (!comm.ok()) return comm.status();
         const auto cuda = at::TensorOptions().device(at::kCUDA, rank);
         at::Tensor b = at::full({16}, 1.0 + rank, cuda);
-        RETURN_IF_NOT_OK((*comm)->Broadcast(b, 1));
-        RETURN_IF_NOT_OK(Expect(at::equal(b.cpu(), at::full({16}, 2.0)), "broadcast"));
+        LOCKSTEP_RETURN_IF_ERROR((*comm)->Broadcast(b, 1));
+        LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(b.cpu(), at::full({16}, 2.0)), "broadcast"));
         at::Tensor s = at::full({4}, 1.0 + rank, cuda);
-        RETURN_IF_NOT_OK((*comm)->AllReduceSum(s));
-        RETURN_IF_NOT_OK(Expect(at::equal(s.cpu(), at::full({4}, 3.0)), "all-reduce"));
+        LOCKSTEP_RETURN_IF_ERROR((*comm)->AllReduceSum(s));
+        LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(s.cpu(), at::full({4}, 3.0)), "all-reduce"));
         auto gathered = (*comm)->AllGather(at::full({1}, rank, cuda.dtype(at::kLong)));
         if (!gathered.ok()) return gathered.status();
-        RETURN_IF_NOT_OK(Expect((*gathered)[1].item<int64_t>() == 1, "all-gather"));
+        LOCKSTEP_RETURN_IF_ERROR(Expect((*gathered)[1].item<int64_t>() == 1, "all-gather"));
         auto group = (*comm)->NewGroup({1, 0});
         if (!group.ok()) return group.status();
         return (*group)->Barrier();
@@ -122,10 +119,10 @@ TEST(NcclMultiGpuTest, DeadPeerIsAnErrorWithinTheTimeout) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/nccl_dead_", getpid(), "_store");
   std::vector<absl::Status> results =
       testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
-        RETURN_IF_NOT_OK(RequireGpus(2));
+        LOCKSTEP_RETURN_IF_ERROR(RequireGpus(2));
         auto comm = JoinOnOwnGpu(path, rank, absl::Seconds(5));
         if (!comm.ok()) return comm.status();
-        RETURN_IF_NOT_OK((*comm)->Barrier());
+        LOCKSTEP_RETURN_IF_ERROR((*comm)->Barrier());
         if (rank == 1) _exit(0);
         at::Tensor t = at::zeros({4}, at::TensorOptions().device(at::kCUDA, rank));
         const absl::Time start = absl::Now();

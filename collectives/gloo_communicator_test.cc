@@ -10,6 +10,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/posix_io.h"
+#include "base/status_macros.h"
 #include "collectives/agreement.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
@@ -24,12 +25,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
-
-#define RETURN_IF_NOT_OK(expr)         \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 absl::Status Expect(bool condition, const std::string& what) {
   return condition ? absl::OkStatus() : absl::InternalError(what);
@@ -54,28 +49,29 @@ TEST_P(GlooWorldSizes, EveryCollectiveMovesTheRightValues) {
   const int n = GetParam();
   ExpectAllOk(
       testing::RunProcessWorld(World(n), [n](int rank, Communicator& world) -> absl::Status {
-        RETURN_IF_NOT_OK(Expect(world.rank() == rank && world.size() == n, "identity"));
+        LOCKSTEP_RETURN_IF_ERROR(Expect(world.rank() == rank && world.size() == n, "identity"));
         // Broadcast from the last rank (a nonzero root).
         at::Tensor b = at::full({4}, rank * 1.5, at::kFloat);
-        RETURN_IF_NOT_OK(world.Broadcast(b, n - 1));
-        RETURN_IF_NOT_OK(
+        LOCKSTEP_RETURN_IF_ERROR(world.Broadcast(b, n - 1));
+        LOCKSTEP_RETURN_IF_ERROR(
             Expect(at::equal(b, at::full({4}, (n - 1) * 1.5, at::kFloat)), "broadcast"));
         // All-gather.
         auto gathered = world.AllGather(at::arange(3, at::kLong) + 10 * rank);
         if (!gathered.ok()) return gathered.status();
         for (int m = 0; m < n; ++m) {
-          RETURN_IF_NOT_OK(Expect(at::equal((*gathered)[m], at::arange(3, at::kLong) + 10 * m),
-                                  absl::StrCat("all-gather member ", m)));
+          LOCKSTEP_RETURN_IF_ERROR(
+              Expect(at::equal((*gathered)[m], at::arange(3, at::kLong) + 10 * m),
+                     absl::StrCat("all-gather member ", m)));
         }
         // All-reduce.
         at::Tensor s = at::full({2, 2}, rank + 1.0, at::kDouble);
-        RETURN_IF_NOT_OK(world.AllReduceSum(s));
-        RETURN_IF_NOT_OK(
+        LOCKSTEP_RETURN_IF_ERROR(world.AllReduceSum(s));
+        LOCKSTEP_RETURN_IF_ERROR(
             Expect(at::equal(s, at::full({2, 2}, n * (n + 1) / 2.0, at::kDouble)), "all-reduce"));
-        RETURN_IF_NOT_OK(world.Barrier());
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         // Bytes from rank 0, of a length only the root knows.
         std::string bytes = rank == 0 ? std::string(1000, 'q') + "end" : "";
-        RETURN_IF_NOT_OK(BroadcastBytes(world, &bytes, 0));
+        LOCKSTEP_RETURN_IF_ERROR(BroadcastBytes(world, &bytes, 0));
         return Expect(bytes == std::string(1000, 'q') + "end", "bytes");
       }));
 }
@@ -90,15 +86,16 @@ TEST(GlooCommunicatorTest, DpTwoCpTwoGroupsUseTheirOwnLeaders) {
     auto dp = world.NewGroup(topo.DpGroup(rank));
     if (!dp.ok()) return dp.status();
     // Group rank 0 of the CP group of ranks {2, 3} is global rank 2.
-    RETURN_IF_NOT_OK(
+    LOCKSTEP_RETURN_IF_ERROR(
         Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)), "leader"));
     at::Tensor t = at::full({1}, 100.0 + rank, at::kDouble);
-    RETURN_IF_NOT_OK((*cp)->Broadcast(t, 0));
-    RETURN_IF_NOT_OK(Expect(t.item<double>() == 100.0 + topo.CpGroup(rank)[0], "cp broadcast"));
+    LOCKSTEP_RETURN_IF_ERROR((*cp)->Broadcast(t, 0));
+    LOCKSTEP_RETURN_IF_ERROR(
+        Expect(t.item<double>() == 100.0 + topo.CpGroup(rank)[0], "cp broadcast"));
     at::Tensor u = at::full({1}, 1.0 * rank, at::kDouble);
-    RETURN_IF_NOT_OK((*dp)->AllReduceSum(u));
+    LOCKSTEP_RETURN_IF_ERROR((*dp)->AllReduceSum(u));
     const auto d = topo.DpGroup(rank);
-    RETURN_IF_NOT_OK(Expect(u.item<double>() == d[0] + d[1], "dp all-reduce"));
+    LOCKSTEP_RETURN_IF_ERROR(Expect(u.item<double>() == d[0] + d[1], "dp all-reduce"));
     // The same rank list again is a separate group (second context), still consistent.
     auto cp_again = world.NewGroup(topo.CpGroup(rank));
     if (!cp_again.ok()) return cp_again.status();
@@ -122,7 +119,7 @@ TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeout) {
   options.collective_timeout = absl::Seconds(6);
   std::vector<absl::Status> results =
       testing::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
-        RETURN_IF_NOT_OK(world.Barrier());
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         if (rank == 1) _exit(3);  // dies between collectives, without a word
         at::Tensor t = at::zeros({8});
         const absl::Time start = absl::Now();
@@ -146,7 +143,7 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
   options.collective_timeout = absl::Seconds(2);
   std::vector<absl::Status> results =
       testing::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
-        RETURN_IF_NOT_OK(world.Barrier());
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         if (rank == 1) {
           sleep(6);  // alive, but late beyond the timeout
           return absl::OkStatus();

@@ -285,7 +285,7 @@ absl::Status NcclCommunicator::InPlace(const std::string& what, at::Tensor& tens
 absl::Status NcclCommunicator::StagedInPlace(const std::string& what, at::Tensor& tensor,
                                              const InPlaceLaunch& launch, ncclDataType_t type,
                                              bool upload) {
-  if (!tensor.defined()) return absl::InvalidArgumentError(what + ": tensor is undefined");
+  // InPlace has checked the dtype (so the tensor is defined); contiguity is checked here.
   if (!tensor.is_contiguous()) {
     return absl::InvalidArgumentError(what + ": tensor must be contiguous");
   }

@@ -29,6 +29,13 @@ std::string TensorBytes(const at::Tensor& t) {
   return std::string(static_cast<const char*>(t.data_ptr()), t.numel());
 }
 
+// A CPU byte tensor holding `bytes` (the inverse of TensorBytes).
+at::Tensor BytesTensor(absl::string_view bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
 // Reads the live default CPU generator's state bytes (and its seed, when asked).
 absl::Status ReadCpuState(std::string* bytes, uint64_t* seed) {
   return CallTorch("reading the default CPU generator", [&] {
@@ -41,8 +48,7 @@ absl::Status ReadCpuState(std::string* bytes, uint64_t* seed) {
 
 absl::Status WriteCpuState(absl::string_view cpu_state) {
   return CallTorch("restoring the default CPU generator", [&] {
-    at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state.size())}, at::kByte);
-    std::memcpy(bytes.data_ptr(), cpu_state.data(), cpu_state.size());
+    at::Tensor bytes = BytesTensor(cpu_state);
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(bytes);
@@ -145,8 +151,7 @@ absl::StatusOr<RngSnapshot> RngSnapshot::FromParts(std::string cpu_state,
   RngSnapshot snapshot;
   absl::Status status = CallTorch("reading a CPU generator state", [&] {
     at::Generator probe = at::make_generator<at::CPUGeneratorImpl>(0);
-    at::Tensor bytes = at::empty({static_cast<int64_t>(cpu_state.size())}, at::kByte);
-    std::memcpy(bytes.data_ptr(), cpu_state.data(), cpu_state.size());
+    at::Tensor bytes = BytesTensor(cpu_state);
     probe.set_state(bytes);
     snapshot.cpu_seed_ = probe.current_seed();
   });

@@ -86,6 +86,11 @@ struct CudaGeneratorState {
   uint64_t offset = 0;
   std::optional<CudaCapturePosition> in_capture;
 
+  // Whether restoring this state can rewind the generator: always outside capture; inside, only
+  // where graph-safe generator state is available (otherwise the in-capture state only records
+  // the position, and restoring it succeeds only if nothing has drawn since).
+  bool rewindable() const { return !in_capture.has_value() || in_capture->live != nullptr; }
+
   bool operator==(const CudaGeneratorState& o) const {
     return device == o.device && seed == o.seed && offset == o.offset && in_capture == o.in_capture;
   }

@@ -64,6 +64,8 @@ class NamedStreamTracker {
 
   // Every stream's current state, by name (values: later draws do not change them).
   std::map<std::string, Stream> Snapshot() const { return streams_; }
+  // The streams as the tracker holds them, without a copy (valid until the tracker changes).
+  const std::map<std::string, Stream>& streams() const { return streams_; }
   // Replaces every stream with `streams` (names, seeds and states). kFailedPrecondition while a
   // fork is active; kAlreadyExists if two of the given streams share a seed.
   absl::Status Restore(std::map<std::string, Stream> streams);

@@ -99,12 +99,6 @@ absl::Status CheckP(double p) {
   return absl::OkStatus();
 }
 
-std::vector<int64_t> BoxShape(absl::Span<const Slice> box) {
-  std::vector<int64_t> shape;
-  for (const Slice& s : box) shape.push_back(s.end - s.begin);
-  return shape;
-}
-
 // Philox's threshold form of `u >= p` on 24-bit words: keep iff (word >> 8) >= ceil(p * 2^24).
 uint32_t KeepThreshold(double p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0)); }
 
@@ -139,6 +133,12 @@ absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_s
   }
   return strides;
 }
+std::vector<int64_t> BoxShape(absl::Span<const Slice> box) {
+  std::vector<int64_t> shape;
+  for (const Slice& s : box) shape.push_back(s.end - s.begin);
+  return shape;
+}
+
 }  // namespace internal
 
 absl::StatusOr<at::Tensor> PartitionedUniform(const PhiloxKey& key,
@@ -147,10 +147,10 @@ absl::StatusOr<at::Tensor> PartitionedUniform(const PhiloxKey& key,
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   absl::StatusOr<std::vector<int64_t>> strides = internal::CheckBox(global_shape, box);
   if (!strides.ok()) return strides.status();
-  if (device.is_cuda()) return internal::CudaPhilox(key, global_shape, *strides, box, device);
+  if (device.is_cuda()) return internal::CudaPhilox(key, *strides, box, device);
   at::Tensor out;
   absl::Status status = CallTorch("partitioned uniform", [&] {
-    out = at::empty(BoxShape(box), at::kFloat);
+    out = at::empty(internal::BoxShape(box), at::kFloat);
     float* data = out.data_ptr<float>();
     ForEachElement(key, global_shape, *strides, box,
                    [data](int64_t o, uint32_t word) { data[o] = ToUniform(word); });
@@ -178,7 +178,7 @@ absl::StatusOr<at::Tensor> PartitionedDropoutMask(const PhiloxKey& key,
   const uint32_t threshold = KeepThreshold(p);
   at::Tensor out;
   absl::Status status = CallTorch("partitioned dropout mask", [&] {
-    out = at::empty(BoxShape(box), at::kBool);
+    out = at::empty(internal::BoxShape(box), at::kBool);
     bool* data = out.data_ptr<bool>();
     ForEachElement(key, global_shape, *strides, box, [data, threshold](int64_t o, uint32_t word) {
       data[o] = (word >> 8) >= threshold;
@@ -194,7 +194,7 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
   if (absl::Status s = CheckP(p); !s.ok()) return s;
   absl::StatusOr<std::vector<int64_t>> strides = internal::CheckBox(global_shape, box);
   if (!strides.ok()) return strides.status();
-  if (!shard.defined() || shard.sizes().vec() != BoxShape(box)) {
+  if (!shard.defined() || shard.sizes().vec() != internal::BoxShape(box)) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard shape [", shard.defined() ? c10::str(shard.sizes()) : "undefined",
                      "] is not the box's shape"));

@@ -78,6 +78,8 @@ namespace internal {
 // Validates the box and returns the global strides (row-major) of `global_shape`.
 absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_shape,
                                               absl::Span<const Slice> box);
+// The shape of the box: its extent in every dimension.
+std::vector<int64_t> BoxShape(absl::Span<const Slice> box);
 }  // namespace internal
 
 }  // namespace rng

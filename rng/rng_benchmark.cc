@@ -54,11 +54,8 @@ ModelStream& Model() {
   return *model;
 }
 
-// The bytes Synchronize moves: a status byte, the CPU state, plus seed and offset of the CUDA
-// generator.
-int64_t StateBytes() {
-  return 1 + static_cast<int64_t>(RngSnapshot::CpuStateSize()) + (kGenerators.has_cuda() ? 16 : 0);
-}
+// The bytes Synchronize moves.
+int64_t StateBytes() { return static_cast<int64_t>(SynchronizeWireBytes(kGenerators)); }
 
 absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) {
   if (op == kBareBroadcast) return comm.Broadcast(payload, 0);
@@ -110,25 +107,15 @@ void BM_Gloo(benchmark::State& state, Op op) {
   }
   state.counters["bytes"] = static_cast<double>(bytes);
 }
-BENCHMARK_CAPTURE(BM_Gloo, bare_broadcast, kBareBroadcast)
-    ->Arg(2)
-    ->Arg(4)
-    ->ArgName("procs")
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gloo, synchronize, kSynchronize)
-    ->Arg(2)
-    ->Arg(4)
-    ->ArgName("procs")
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+// 2 and 4 processes, real time in microseconds.
+void GlooArgs(benchmark::internal::Benchmark* b) {
+  b->Arg(2)->Arg(4)->ArgName("procs")->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+BENCHMARK_CAPTURE(BM_Gloo, bare_broadcast, kBareBroadcast)->Apply(GlooArgs);
+BENCHMARK_CAPTURE(BM_Gloo, synchronize, kSynchronize)->Apply(GlooArgs);
 // One model-stream scope (enter + exit) plus Synchronize: the RNG cost per hand-back point.
-BENCHMARK_CAPTURE(BM_Gloo, scope_and_synchronize, kScopeAndSynchronize)
-    ->Arg(2)
-    ->Arg(4)
-    ->ArgName("procs")
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gloo, scope_and_synchronize, kScopeAndSynchronize)->Apply(GlooArgs);
 
 double Median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -178,12 +165,7 @@ void BM_GlooPaired(benchmark::State& state) {
   state.counters["scope_sync_median_us"] = Median(scope_sync);
   state.counters["ratio"] = sync_median / bare_median;
 }
-BENCHMARK(BM_GlooPaired)
-    ->Arg(2)
-    ->Arg(4)
-    ->ArgName("procs")
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+BENCHMARK(BM_GlooPaired)->Apply(GlooArgs);
 
 void BM_TorchDropout(benchmark::State& state) {
   at::Tensor x = at::randn({state.range(0)});

@@ -43,8 +43,7 @@ int RunRank(const std::string& store, int rank, int world, int iterations) {
   const DefaultGenerators generators{.cuda_device = rank};
   at::manual_seed(100 + rank);
   ModelStream model(generators);
-  const int64_t bytes =
-      1 + static_cast<int64_t>(RngSnapshot::CpuStateSize()) + 16;  // as Synchronize
+  const int64_t bytes = static_cast<int64_t>(SynchronizeWireBytes(generators));
   at::Tensor payload = at::zeros({bytes}, at::kByte);
 
   auto time_loop = [&](auto&& body) -> double {

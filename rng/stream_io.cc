@@ -74,7 +74,7 @@ absl::StatusOr<RngStreamsProto> CaptureStreams(const DefaultGenerators& generato
   *proto.mutable_caller() = ToProto(caller);
   if (model.state().has_value()) *proto.mutable_model() = ToProto(*model.state());
   if (tracker != nullptr) {
-    for (const auto& [name, stream] : tracker->Snapshot()) {
+    for (const auto& [name, stream] : tracker->streams()) {
       NamedStreamProto* named = proto.add_named();
       named->set_name(name);
       named->set_seed(stream.seed);

@@ -50,6 +50,10 @@ absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::st
 
 }  // namespace
 
+size_t SynchronizeWireBytes(const DefaultGenerators& generators) {
+  return RngSnapshot::CpuStateSize() + (generators.has_cuda() ? kCudaBytes : 0) + 1;
+}
+
 absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators) {
   if (group == nullptr || group->size() <= 1) return absl::OkStatus();
   const std::string context =
@@ -58,7 +62,7 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   // Wire: the CPU state, with CUDA the seed and offset, and last a status byte: whether the
   // leader could read its state. The leader always broadcasts, so a failure on its side reaches
   // the members at once instead of leaving them waiting for a broadcast that never comes.
-  const size_t total = cpu_bytes + (generators.has_cuda() ? kCudaBytes : 0) + 1;
+  const size_t total = SynchronizeWireBytes(generators);
   const size_t status_byte = total - 1;
   at::Tensor wire;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(context, [&] {

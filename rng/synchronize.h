@@ -39,6 +39,10 @@ namespace rng {
 // receiver as a malformed state.
 absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators);
 
+// Bytes of the one broadcast Synchronize makes for `generators` (for benchmarks that compare it
+// with a bare broadcast of the same size).
+size_t SynchronizeWireBytes(const DefaultGenerators& generators);
+
 }  // namespace rng
 }  // namespace lockstep
 

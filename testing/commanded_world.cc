@@ -56,6 +56,7 @@ void CommandedGlooWorlds::Start(const std::vector<int>& sizes) {
   for (int size : sizes) {
     char dir[] = "/tmp/lockstep_commanded.XXXXXX";
     if (mkdtemp(dir) == nullptr) continue;
+    worlds_[size].dir = dir;
     paths[size] = std::string(dir) + "/store";
     for (int rank = 1; rank < size; ++rank) {
       const pid_t pid = fork();
@@ -88,6 +89,11 @@ void CommandedGlooWorlds::Stop() {
     }
     for (pid_t pid : world.peers) waitpid(pid, nullptr, 0);
     world.peers.clear();
+    if (!world.dir.empty()) {
+      unlink((world.dir + "/store").c_str());
+      rmdir(world.dir.c_str());
+      world.dir.clear();
+    }
   }
 }
 

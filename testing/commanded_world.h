@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,6 +61,7 @@ class CommandedGlooWorlds {
   struct World {
     std::unique_ptr<collectives::Communicator> rank0;
     std::vector<pid_t> peers;
+    std::string dir;  // the rendezvous store's directory, removed by Stop()
   };
 
   Operation operation_;

@@ -32,6 +32,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
   // (filtered out, skipped, or failed).
   std::optional<double> Seconds(const std::string& name) const;
 
+  // Prints "ratio <what>: <ratio> (target <= <target>: met|NOT met)" for a ratio computed by the
+  // caller.
+  static void PrintLine(const std::string& what, double ratio, double target);
+
   // Prints "ratio <what>: <numerator / denominator>" with no target (context figures).
   void PrintInfo(const std::string& what, const std::string& numerator,
                  const std::string& denominator) const;
@@ -47,8 +51,6 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   const std::string& denominator, double target) const;
 
  private:
-  static void PrintLine(const std::string& what, double ratio, double target);
-
   std::map<std::string, double> seconds_;
   std::map<std::string, std::map<std::string, double>> counters_;
 };

@@ -30,12 +30,6 @@ absl::StatusOr<PhiloxBox> MakeBox(absl::Span<const int64_t> strides, absl::Span<
   return out;
 }
 
-std::vector<int64_t> BoxShape(absl::Span<const Slice> box) {
-  std::vector<int64_t> shape;
-  for (const Slice& s : box) shape.push_back(s.end - s.begin);
-  return shape;
-}
-
 absl::Status Launched(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(error)));
@@ -43,8 +37,7 @@ absl::Status Launched(cudaError_t error, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey& key, absl::Span<const int64_t>,
-                                      const std::vector<int64_t>& strides,
+absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey& key, const std::vector<int64_t>& strides,
                                       absl::Span<const Slice> box, c10::Device device) {
   absl::StatusOr<PhiloxBox> kernel_box = MakeBox(strides, box);
   if (!kernel_box.ok()) return kernel_box.status();

@@ -19,8 +19,7 @@ namespace rng {
 namespace internal {
 
 // Uniforms of `box` on CUDA `device`; `strides` are the global row-major strides.
-absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey& key, absl::Span<const int64_t> global_shape,
-                                      const std::vector<int64_t>& strides,
+absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey& key, const std::vector<int64_t>& strides,
                                       absl::Span<const Slice> box, c10::Device device);
 
 // Dropout of the CUDA tensor `shard` (the box of the global tensor), in one fused kernel.

@@ -6,9 +6,8 @@ namespace lockstep {
 namespace rng {
 namespace internal {
 
-absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey&, absl::Span<const int64_t>,
-                                      const std::vector<int64_t>&, absl::Span<const Slice>,
-                                      c10::Device device) {
+absl::StatusOr<at::Tensor> CudaPhilox(const PhiloxKey&, const std::vector<int64_t>&,
+                                      absl::Span<const Slice>, c10::Device device) {
   return absl::FailedPreconditionError(
       absl::StrCat("partitioned randomness on ", device.str(),
                    " needs a CUDA build of lockstep (--config=cuda)"));
