@@ -4,11 +4,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "c10/util/Exception.h"
+#include "gloo/common/error.h"
+#include "torch/version.h"
+
+// c10::DistError and its subclasses (DistNetworkError, DistStoreError, DistBackendError) exist
+// from LibTorch 2.1 on; older c10d throws gloo's or plain std exceptions.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define LOCKSTEP_HAS_C10_DIST_ERROR 1
+#else
+#define LOCKSTEP_HAS_C10_DIST_ERROR 0
+#endif
 
 namespace lockstep {
 namespace {
 
 absl::Status Make(absl::StatusCode code, absl::string_view context, absl::string_view what) {
+  // Keep the first line only: some c10d and gloo messages carry a backtrace below it.
+  what = what.substr(0, what.find('\n'));
   if (context.empty()) return absl::Status(code, what);
   return absl::Status(code, absl::StrCat(context, ": ", what));
 }
@@ -28,8 +40,14 @@ absl::Status StatusFromCurrentException(absl::string_view context) {
     return Make(absl::StatusCode::kInvalidArgument, context, e.what_without_backtrace());
   } catch (const c10::NotImplementedError& e) {
     return Make(absl::StatusCode::kUnimplemented, context, e.what_without_backtrace());
+#if LOCKSTEP_HAS_C10_DIST_ERROR
+  } catch (const c10::DistError& e) {
+    return Make(absl::StatusCode::kUnavailable, context, e.what_without_backtrace());
+#endif
   } catch (const c10::Error& e) {
     return Make(absl::StatusCode::kInternal, context, e.what_without_backtrace());
+  } catch (const gloo::Exception& e) {
+    return Make(absl::StatusCode::kUnavailable, context, e.what());
   } catch (const std::bad_alloc& e) {
     return Make(absl::StatusCode::kResourceExhausted, context, e.what());
   } catch (const std::exception& e) {

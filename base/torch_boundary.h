@@ -1,12 +1,23 @@
 // base/torch_boundary.h
 //
-// The one place where LibTorch's exceptions become absl::Status. lockstep's public APIs never
-// throw; every LibTorch call that can throw runs inside CallTorch, which maps
+// The one place where LibTorch's and c10d's exceptions become absl::Status. lockstep's public
+// APIs never throw; every LibTorch or c10d call that can throw runs inside CallTorch, which maps
+// by exception type, never by message text:
 //   c10::OutOfMemoryError, std::bad_alloc            -> kResourceExhausted (back off / shrink)
 //   c10::ValueError, IndexError, TypeError           -> kInvalidArgument   (fix the input)
 //   c10::NotImplementedError                         -> kUnimplemented
+//   c10::DistError (LibTorch >= 2.1: network, store,
+//     backend errors) and gloo::Exception            -> kUnavailable       (a peer or the
+//                                                                          transport failed)
 //   any other c10::Error or std::exception           -> kInternal
-// and prefixes the message with `context` so the caller learns what was being attempted.
+// and starts the message with `context` ("<context>: <exception text>", without C++ backtrace)
+// so the caller learns what was being attempted. Communicators then tell a peer that did not
+// arrive in time from one that is gone by their own clock (collectives/internal/comm_base.h),
+// since c10d reports both as the same exception type.
+//
+// Note [Context order]: a status message reads from the innermost operation outwards. CallTorch
+// writes "<operation>: <what failed>"; each caller on the way up appends its own context with
+// Annotate (base/status_macros.h): "<operation>: <what failed>; while <outer step>; ...".
 //
 // Thread-safety: stateless.
 //

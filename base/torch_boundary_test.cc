@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "base/status_macros.h"
 #include "c10/util/Exception.h"
+#include "gloo/common/error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -34,6 +35,47 @@ TEST(CallTorchTest, ValueErrorBecomesInvalidArgument) {
   });
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("shape mismatch"));
+}
+
+TEST(CallTorchTest, IndexAndTypeErrorsBecomeInvalidArgument) {
+  absl::Status index = CallTorch("indexing", [] {
+    throw c10::IndexError({__func__, __FILE__, __LINE__}, "index 9 is out of bounds");
+  });
+  EXPECT_EQ(index.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(index.message(), "indexing: index 9 is out of bounds");
+  absl::Status type = CallTorch("typing", [] {
+    throw c10::TypeError({__func__, __FILE__, __LINE__}, "expected a float tensor");
+  });
+  EXPECT_EQ(type.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(type.message(), "typing: expected a float tensor");
+}
+
+TEST(CallTorchTest, NotImplementedErrorBecomesUnimplemented) {
+  absl::Status status = CallTorch("op", [] {
+    throw c10::NotImplementedError({__func__, __FILE__, __LINE__}, "no kernel for this backend");
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(status.message(), "op: no kernel for this backend");
+}
+
+TEST(CallTorchTest, GlooTransportErrorsBecomeUnavailable) {
+  absl::Status io = CallTorch("broadcast on gloo group [0, 1]", [] {
+    throw gloo::IoException("Connection closed by peer [127.0.0.1]:4242");
+  });
+  EXPECT_EQ(io.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(io.message(),
+            "broadcast on gloo group [0, 1]: Connection closed by peer [127.0.0.1]:4242");
+  // The code comes from the type, not the words: a message that mentions a timeout does not
+  // make a plain runtime error a deadline.
+  absl::Status words = CallTorch("ctx", [] { throw std::runtime_error("Socket Timeout"); });
+  EXPECT_EQ(words.code(), absl::StatusCode::kInternal);
+}
+
+TEST(CallTorchTest, MessagesKeepOnlyTheFirstLine) {
+  absl::Status status = CallTorch("ctx", [] {
+    throw std::runtime_error("what failed\nframe #0: somewhere\nframe #1: elsewhere");
+  });
+  EXPECT_EQ(status.message(), "ctx: what failed");
 }
 
 TEST(CallTorchTest, OtherErrorsBecomeInternal) {
@@ -65,6 +107,19 @@ absl::StatusOr<int> Quarter(int x) {
 absl::Status CheckQuarter(int x) {
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(Quarter(x).status(), absl::StrCat("while quartering ", x));
   return absl::OkStatus();
+}
+
+TEST(StatusMacrosTest, ContextReadsFromTheInnermostOperationOutwards) {
+  // Note [Context order] in torch_boundary.h.
+  absl::Status inner = CallTorch("allocating the output", [] {
+    throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "tried to allocate 2 GiB");
+  });
+  absl::Status outer = Annotate(Annotate(inner, "while gathering outputs"), "in microbatch 3");
+  EXPECT_EQ(outer.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(outer.message(),
+            "allocating the output: tried to allocate 2 GiB; while gathering outputs; in "
+            "microbatch 3");
+  EXPECT_TRUE(Annotate(absl::OkStatus(), "ignored").ok());
 }
 
 TEST(StatusMacrosTest, AssignOrReturnPropagatesTheFirstError) {

@@ -11,7 +11,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
-#include "rng/generator_state.h"
+#include "rng/generators.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/function.h"
 #include "torch/csrc/autograd/functions/utils.h"
@@ -72,8 +72,8 @@ class LiveRestorer {
   ~LiveRestorer() {
     if (done_) return;
     if (absl::Status s = live_.Restore(); !s.ok()) {
-      LOG(ERROR) << "lockstep::Checkpoint: restoring the live RNG streams after a failed "
-                 << "recompute: " << s;
+      LOCKSTEP_LOG(ERROR) << "lockstep::Checkpoint: restoring the live RNG streams after a "
+                          << "failed recompute: " << s;
     }
   }
   absl::Status RestoreNow() {
@@ -182,18 +182,19 @@ class CheckpointBackward : public torch::autograd::Node {
 };
 
 std::shared_ptr<const RngStateSaver> DefaultSaver(const std::vector<at::Tensor>& inputs) {
-  rng::DefaultGenerators generators;
+  rng::DefaultGenerators generators = rng::DefaultGenerators::CpuOnly();
   for (const at::Tensor& input : inputs) {
     if (input.defined() && input.is_cuda()) {
-      generators.cuda_device = input.get_device();
+      generators = rng::DefaultGenerators::WithCudaDevice(input.get_device());
       break;
     }
   }
   // No CUDA input, but `fn` may still draw on the current device (e.g. it creates CUDA tensors).
   if (!generators.has_cuda() && rng::internal::CudaGeneratorsLinked() && at::hasCUDA()) {
-    generators.cuda_device = static_cast<int>(at::detail::getCUDAHooks().current_device());
+    generators = rng::DefaultGenerators::WithCudaDevice(
+        static_cast<int>(at::detail::getCUDAHooks().current_device()));
   }
-  return std::make_shared<StreamSnapshots>(generators);
+  return StreamSnapshots::DefaultGeneratorsOnly(generators);
 }
 
 bool AliasesAny(const at::Tensor& output, const std::vector<at::Tensor>& tensors, size_t count) {
@@ -249,7 +250,7 @@ absl::StatusOr<std::vector<at::Tensor>> Checkpoint(const CheckpointedFunction& f
   return outputs;
 }
 
-RetainedCheckpointState LiveCheckpointState() {
+RetainedCheckpointState RetainedState() {
   return RetainedCheckpointState{live_nodes.load(), live_rng_bytes.load()};
 }
 

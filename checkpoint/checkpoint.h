@@ -1,11 +1,14 @@
 // checkpoint/checkpoint.h
 //
 // Checkpoint(fn, inputs) is activation checkpointing for LibTorch autograd whose recompute
-// replays the forward pass's randomness exactly.
+// replays the forward pass's randomness exactly. (Vocabulary: an "activation checkpoint" is this
+// recompute of a block's activations in backward; what a restarted training run continues from
+// is its "resume state", see rng/resume_state.h.)
 //
 // Forward runs `fn` without recording a graph (no activations kept) and saves the values of
 // the RNG streams it may draw from (see rng_state_saver.h: by default the CPU generator and the
-// CUDA generator of the inputs' device; named streams when a tracker is given). The outputs get
+// CUDA generator of the inputs' device; the rank's named streams through
+// StreamSnapshots::Of). The outputs get
 // one autograd node. Its backward:
 //   1. saves the live stream values,
 //   2. rewinds the streams to the forward values and recomputes `fn` with grad,
@@ -21,7 +24,7 @@
 // graph) — also while the outputs are still held — or, without backward, when the last output
 // (and with it the graph) is freed.
 // A backward through a node whose state was released fails with an error naming the cause.
-// LiveCheckpointState() counts what is retained, for leak checks.
+// RetainedState() counts what is retained, for leak checks.
 //
 // What `fn` may be: any function of tensors that runs the same operations on recompute (no
 // rank- or time-dependent control flow). Non-tensor arguments travel in its captures. Inputs
@@ -95,7 +98,7 @@ struct RetainedCheckpointState {
   int64_t nodes = 0;
   int64_t rng_bytes = 0;
 };
-RetainedCheckpointState LiveCheckpointState();
+RetainedCheckpointState RetainedState();
 
 }  // namespace checkpoint
 }  // namespace lockstep

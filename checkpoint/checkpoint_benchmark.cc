@@ -14,9 +14,9 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
 #include "checkpoint/checkpoint.h"
-#include "testing/ratio_reporter.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDAFunctions.h"
@@ -57,7 +57,7 @@ void Sync(bool cuda) {
 struct Block {
   at::Tensor w1, w2, x, grad;
   bool cuda;
-  rng::DefaultGenerators generators;
+  rng::DefaultGenerators generators = rng::DefaultGenerators::CpuOnly();
 
   explicit Block(bool on_cuda) : cuda(on_cuda) {
     const int64_t hidden = cuda ? 4096 : 1024;
@@ -69,7 +69,8 @@ struct Block {
     w2 = (at::randn({4 * hidden, hidden}, options) * 0.02).requires_grad_();
     x = at::randn({cuda ? 4096 : 64, hidden}, options).requires_grad_();
     grad = at::ones({x.size(0), hidden}, options);
-    generators.cuda_device = cuda ? 0 : -1;
+    generators =
+        cuda ? rng::DefaultGenerators::WithCudaDevice(0) : rng::DefaultGenerators::CpuOnly();
   }
   std::vector<at::Tensor> Forward(const std::vector<at::Tensor>& in) const {
     at::Tensor h = at::dropout(at::gelu(at::matmul(in[0], w1)), 0.1, /*train=*/true);
@@ -92,7 +93,8 @@ void BM_Step(benchmark::State& state) {
   Block block(cuda);
   auto fn = [&block](const std::vector<at::Tensor>& in) { return block.Forward(in); };
   CheckpointOptions options;
-  if (mode == kWithRng) options.rng_streams = std::make_shared<StreamSnapshots>(block.generators);
+  if (mode == kWithRng)
+    options.rng_streams = StreamSnapshots::DefaultGeneratorsOnly(block.generators);
   if (mode == kWithoutRng) options.rng_streams = std::make_shared<NoRngReplay>();
   for (auto _ : state) {
     block.ZeroGrad();
@@ -109,10 +111,11 @@ void BM_RngReplayWork(benchmark::State& state) {
     state.SkipWithError("no CUDA device");
     return;
   }
-  StreamSnapshots saver({.cuda_device = cuda ? 0 : -1});
+  std::shared_ptr<StreamSnapshots> saver = StreamSnapshots::DefaultGeneratorsOnly(
+      cuda ? rng::DefaultGenerators::WithCudaDevice(0) : rng::DefaultGenerators::CpuOnly());
   for (auto _ : state) {
-    auto forward = saver.Save();  // in forward
-    auto live = saver.Save();     // in backward, before the rewind
+    auto forward = saver->Save();  // in forward
+    auto live = saver->Save();     // in backward, before the rewind
     benchmark::DoNotOptimize((*forward)->Restore());
     benchmark::DoNotOptimize((*live)->Restore());
   }
@@ -137,7 +140,7 @@ BENCHMARK(BM_RngReplayWork)
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  using lockstep::checkpoint::LiveCheckpointState;
+  using lockstep::checkpoint::RetainedState;
   benchmark::Initialize(&argc, argv);
   lockstep::testing::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
           (*work * 1e-3) / *without, 0.01);  // microseconds over milliseconds
     }
   }
-  const auto retained = LiveCheckpointState();
+  const auto retained = RetainedState();
   std::cout << "retained after backward: " << retained.nodes << " checkpoint nodes, "
             << retained.rng_bytes << " RNG bytes (target: 0)" << std::endl;
   benchmark::Shutdown();

@@ -13,15 +13,15 @@
 #include "checkpoint/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rng/generator_state.h"
-#include "testing/aliasing_rng_saver.h"
+#include "rng/generators.h"
+#include "rng/snapshot.h"
 #include "torch/cuda.h"
 
 namespace lockstep {
 namespace checkpoint {
 namespace {
 
-const rng::DefaultGenerators kGpu{.cuda_device = 0};
+const rng::DefaultGenerators kGpu = rng::DefaultGenerators::WithCudaDevice(0);
 const at::TensorOptions kCuda = at::TensorOptions().device(at::kCUDA, 0);
 
 using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
@@ -87,15 +87,8 @@ TEST(CheckpointCudaTest, GradientsAndLiveGeneratorMatchThePlainBlock) {
   const Result checkpointed = Step(p.Copy(), true);
   EXPECT_TRUE(Same(plain, checkpointed));
   EXPECT_EQ(*rng::RngSnapshot::Capture(kGpu), plain_after);
-
-  ASSERT_TRUE(start.Restore().ok());
-  CheckpointOptions aliasing;
-  aliasing.rng_streams = std::make_shared<testing::AliasingRngSaver>(kGpu);
-  const Result broken = Step(p.Copy(), true, aliasing);
-  EXPECT_TRUE(at::equal(plain.out, broken.out));
-  EXPECT_FALSE(at::equal(plain.w1_grad, broken.w1_grad))
-      << "negative control: an aliasing snapshot must change the recomputed mask";
-  EXPECT_EQ(LiveCheckpointState().nodes, 0);
+  // The aliasing-snapshot negative control of this check is qualification_cuda_test (tools/).
+  EXPECT_EQ(RetainedState().nodes, 0);
 }
 
 // Turns graph-safe generator state off for a scope (the refusal path of older LibTorch builds),
@@ -155,7 +148,7 @@ void CaptureAndReplay(bool nested) {
     graph.capture_end();
   }
   ASSERT_TRUE(step.ok()) << step.status();
-  EXPECT_EQ(LiveCheckpointState().nodes, 0) << "backward in the graph released its state";
+  EXPECT_EQ(RetainedState().nodes, 0) << "backward in the graph released its state";
 
   auto replay_and_compare = [&](const char* when) {
     const rng::RngSnapshot before = *rng::RngSnapshot::Capture(kGpu);
@@ -234,7 +227,7 @@ TEST(CheckpointCudaTest, WithoutGraphSafeStateStochasticCaptureIsRefusedDetermin
   eager_out.backward(eager.grad);
   EXPECT_TRUE(at::allclose(out.cpu(), eager_out.detach().cpu()));
   EXPECT_TRUE(at::allclose(p.w1.grad().cpu(), eager.w1.grad().cpu()));
-  EXPECT_EQ(LiveCheckpointState().nodes, 0);
+  EXPECT_EQ(RetainedState().nodes, 0);
 }
 
 // A recompute that throws inside a capture still puts the graph's own generator state back:
@@ -272,7 +265,7 @@ TEST(CheckpointCudaTest, RecomputeErrorInsideACaptureRestoresTheGraphsGeneratorS
   }
   ASSERT_TRUE(forward.ok()) << forward;
   EXPECT_TRUE(threw);
-  EXPECT_EQ(LiveCheckpointState().nodes, 0);
+  EXPECT_EQ(RetainedState().nodes, 0);
   const rng::RngSnapshot before = *rng::RngSnapshot::Capture(kGpu);
   at::Tensor eager;
   EXPECT_NO_THROW(eager = at::rand({8}, kCuda)) << "a rewound capture-only state was left live";

@@ -16,14 +16,15 @@ size_t SnapshotBytes(const rng::RngSnapshot& snapshot) {
 
 class SavedStreams : public SavedRngState {
  public:
-  SavedStreams(rng::RngSnapshot defaults, rng::NamedStreamTracker* tracker,
+  SavedStreams(rng::RngSnapshot defaults, std::shared_ptr<rng::RankStreams> streams,
                std::map<std::string, rng::NamedStreamTracker::Stream> named)
-      : defaults_(std::move(defaults)), tracker_(tracker), named_(std::move(named)) {}
+      : defaults_(std::move(defaults)), streams_(std::move(streams)), named_(std::move(named)) {}
 
   absl::Status Restore() const override {
     std::map<std::string, rng::NamedStreamTracker::Stream> previous;
-    if (tracker_ != nullptr && !named_.empty()) {
-      previous = tracker_->Snapshot();
+    const bool has_named = streams_ != nullptr && !named_.empty();
+    if (has_named) {
+      previous = streams_->named().Snapshot();
       std::map<std::string, rng::NamedStreamTracker::Stream> merged = previous;
       for (const auto& [name, stream] : named_) {
         auto it = merged.find(name);
@@ -34,7 +35,7 @@ class SavedStreams : public SavedRngState {
         }
         it->second = stream;
       }
-      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(tracker_->Restore(std::move(merged)),
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(streams_->named().Restore(std::move(merged)),
                                             "while restoring named RNG streams");
     }
     absl::Status restored;
@@ -46,8 +47,8 @@ class SavedStreams : public SavedRngState {
     } else {
       restored = defaults_.Restore();
     }
-    if (!restored.ok() && tracker_ != nullptr && !named_.empty()) {
-      (void)tracker_->Restore(std::move(previous));  // all or nothing
+    if (!restored.ok() && has_named) {
+      (void)streams_->named().Restore(std::move(previous));  // all or nothing
     }
     return restored;
   }
@@ -75,25 +76,28 @@ class SavedStreams : public SavedRngState {
 
  private:
   rng::RngSnapshot defaults_;
-  rng::NamedStreamTracker* tracker_;
+  std::shared_ptr<rng::RankStreams> streams_;  // null: no named streams saved
   std::map<std::string, rng::NamedStreamTracker::Stream> named_;
 };
 
 }  // namespace
 
-StreamSnapshots::StreamSnapshots(rng::DefaultGenerators generators,
-                                 rng::NamedStreamTracker* tracker, std::vector<std::string> names)
-    : generators_(generators), tracker_(tracker), names_(std::move(names)) {}
+std::shared_ptr<StreamSnapshots> StreamSnapshots::Of(std::shared_ptr<rng::RankStreams> streams,
+                                                     std::vector<std::string> names) {
+  const rng::DefaultGenerators generators = streams->generators();
+  return std::shared_ptr<StreamSnapshots>(
+      new StreamSnapshots(generators, std::move(streams), std::move(names)));
+}
+
+std::shared_ptr<StreamSnapshots> StreamSnapshots::DefaultGeneratorsOnly(
+    rng::DefaultGenerators generators) {
+  return std::shared_ptr<StreamSnapshots>(new StreamSnapshots(generators, nullptr, {}));
+}
 
 absl::StatusOr<std::unique_ptr<SavedRngState>> StreamSnapshots::Save() const {
   std::map<std::string, rng::NamedStreamTracker::Stream> named;
-  if (tracker_ != nullptr) {
-    if (!(tracker_->generators() == generators_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the named-stream tracker uses CUDA device ", tracker_->generators().cuda_device,
-          ", the checkpoint's generators use ", generators_.cuda_device));
-    }
-    const auto& held = tracker_->streams();
+  if (streams_ != nullptr) {
+    const auto& held = streams_->named().streams();
     if (names_.empty()) {
       named = held;
     } else {
@@ -101,7 +105,7 @@ absl::StatusOr<std::unique_ptr<SavedRngState>> StreamSnapshots::Save() const {
         auto it = held.find(name);
         if (it == held.end()) {
           return absl::NotFoundError(absl::StrCat("no named RNG stream '", name,
-                                                  "' in the tracker; it holds ", held.size(),
+                                                  "' in the rank's streams; it holds ", held.size(),
                                                   " stream(s)"));
         }
         named.insert(*it);
@@ -110,7 +114,7 @@ absl::StatusOr<std::unique_ptr<SavedRngState>> StreamSnapshots::Save() const {
   }
   LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot defaults, rng::RngSnapshot::Capture(generators_));
   return std::unique_ptr<SavedRngState>(
-      new SavedStreams(std::move(defaults), tracker_, std::move(named)));
+      new SavedStreams(std::move(defaults), streams_, std::move(named)));
 }
 
 }  // namespace checkpoint

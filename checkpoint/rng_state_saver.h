@@ -8,11 +8,12 @@
 //
 // StreamSnapshots is the implementation to use: value snapshots (rng::RngSnapshot) of the rank's
 // default generators — the CPU generator and the rank's CUDA generator, graph-safe under CUDA
-// graph capture — and of the named streams of an rng::NamedStreamTracker (all of them, or only
-// the names given). Inside a CUDA graph capture on a LibTorch without graph-safe generator
-// state, the CUDA half is not rewound (it cannot be): Save() records its position only so that
-// CheckReplayable() can refuse stochastic work. The interface exists so that tests and qualify can
-// substitute deliberately wrong savers (negative controls) and callers can add streams lockstep
+// graph capture — and of the named streams of the rank's rng::RankStreams (all of them, or only
+// the names given). It holds a share of the RankStreams, so a saver kept by an autograd node
+// keeps the streams it restores alive. Inside a CUDA graph capture on a LibTorch without graph-safe
+// generator state, the CUDA half is not rewound (it cannot be): Save() records its position only so
+// that CheckReplayable() can refuse stochastic work. The interface exists so that tests and qualify
+// can substitute deliberately wrong savers (negative controls) and callers can add streams lockstep
 // does not know about.
 //
 // Contract for implementations: a SavedRngState is a value (later draws do not change it);
@@ -30,8 +31,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "rng/generator_state.h"
-#include "rng/named_streams.h"
+#include "rng/generators.h"
+#include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 
 namespace lockstep {
 namespace checkpoint {
@@ -63,22 +65,26 @@ class RngStateSaver {
 
 class StreamSnapshots : public RngStateSaver {
  public:
-  // Covers `generators` and, when `tracker` is not null, its streams named in `names` (every
-  // stream the tracker holds at Save() time when `names` is empty). The tracker must outlive
-  // this saver and use the same generators (checked by Save()).
-  explicit StreamSnapshots(rng::DefaultGenerators generators,
-                           rng::NamedStreamTracker* tracker = nullptr,
-                           std::vector<std::string> names = {});
+  // The rank's default generators and its named streams named in `names` (every stream the
+  // rank holds at Save() time when `names` is empty). `streams` must not be null.
+  static std::shared_ptr<StreamSnapshots> Of(std::shared_ptr<rng::RankStreams> streams,
+                                             std::vector<std::string> names = {});
+  // Only the default generators `generators`, no named streams.
+  static std::shared_ptr<StreamSnapshots> DefaultGeneratorsOnly(rng::DefaultGenerators generators);
 
-  // kNotFound for a name the tracker does not hold; kInvalidArgument for a tracker over other
-  // generators; the snapshot errors of rng::RngSnapshot::Capture.
+  // kNotFound for a name the rank's named streams do not hold; the snapshot errors of
+  // rng::RngSnapshot::Capture.
   absl::StatusOr<std::unique_ptr<SavedRngState>> Save() const override;
 
   const rng::DefaultGenerators& generators() const { return generators_; }
 
  private:
+  StreamSnapshots(rng::DefaultGenerators generators, std::shared_ptr<rng::RankStreams> streams,
+                  std::vector<std::string> names)
+      : generators_(generators), streams_(std::move(streams)), names_(std::move(names)) {}
+
   rng::DefaultGenerators generators_;
-  rng::NamedStreamTracker* tracker_;
+  std::shared_ptr<rng::RankStreams> streams_;  // null: default generators only
   std::vector<std::string> names_;
 };
 

@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {
@@ -27,7 +27,7 @@ TEST(AgreementDigestTest, FramingSeparatesOperationFromMetadata) {
 }
 
 TEST(CheckAgreementTest, AgreeingRanksPass) {
-  testing::FakeWorld world(4);
+  collectives::FakeWorld world(4);
   for (const absl::Status& s : world.Run(
            [](Communicator& comm) { return CheckAgreement(comm, "register_object", "head/v1"); })) {
     EXPECT_TRUE(s.ok()) << s;
@@ -35,7 +35,7 @@ TEST(CheckAgreementTest, AgreeingRanksPass) {
 }
 
 TEST(CheckAgreementTest, DisagreementNamesTheRanksOnEveryMember) {
-  testing::FakeWorld world(4);
+  collectives::FakeWorld world(4);
   std::vector<absl::Status> results = world.Run([](Communicator& comm) {
     // Rank 2 is about to register a different object.
     return CheckAgreement(comm, "register_object", comm.rank() == 2 ? "head/v2" : "head/v1");
@@ -52,7 +52,7 @@ TEST(CheckAgreementTest, DisagreementNamesTheRanksOnEveryMember) {
 }
 
 TEST(CheckAgreementTest, DifferentOperationsAreNamed) {
-  testing::FakeWorld world(2);
+  collectives::FakeWorld world(2);
   std::vector<absl::Status> results = world.Run([](Communicator& comm) {
     return CheckAgreement(comm, comm.rank() == 0 ? "empty_wave" : "run_wave", "step 3");
   });
@@ -62,7 +62,7 @@ TEST(CheckAgreementTest, DifferentOperationsAreNamed) {
 }
 
 TEST(CheckAgreementTest, DeadPeerIsReportedWithContext) {
-  testing::FakeWorld world(2, {absl::Seconds(5)});
+  collectives::FakeWorld world(2, {absl::Seconds(5)});
   world.InjectFailure(1, 0);
   std::vector<absl::Status> results =
       world.Run([](Communicator& comm) { return CheckAgreement(comm, "plan", "digest"); });

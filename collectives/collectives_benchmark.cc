@@ -14,8 +14,8 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "testing/commanded_world.h"
-#include "testing/fake_communicator.h"
+#include "collectives/commanded_world.h"
+#include "collectives/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {
@@ -28,9 +28,9 @@ absl::Status RunOp(Communicator& comm, Op op, at::Tensor& payload) {
   return comm.AllGather(payload).status();
 }
 
-testing::CommandedGlooWorlds& Worlds() {
+collectives::CommandedGlooWorlds& Worlds() {
   static auto* worlds =
-      new testing::CommandedGlooWorlds([](Communicator& comm, int64_t op, at::Tensor& payload) {
+      new collectives::CommandedGlooWorlds([](Communicator& comm, int64_t op, at::Tensor& payload) {
         return RunOp(comm, static_cast<Op>(op), payload);
       });
   return *worlds;
@@ -60,7 +60,7 @@ void BM_Gloo(benchmark::State& state, Op op) {
 void BM_Fake(benchmark::State& state, Op op) {
   const int size = static_cast<int>(state.range(0));
   const int64_t bytes = state.range(1);
-  testing::FakeWorld world(size);
+  collectives::FakeWorld world(size);
   const int64_t iterations = static_cast<int64_t>(state.max_iterations);
   std::vector<std::thread> peers;
   for (int rank = 1; rank < size; ++rank) {

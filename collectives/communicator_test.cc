@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {
@@ -35,7 +35,7 @@ struct Seeds {
 
 TEST(BroadcastBytesTest, EveryLengthFromEmptyToLargeReachesEveryRank) {
   for (size_t length : {0, 1, 17, 65536}) {
-    testing::FakeWorld world(3);
+    collectives::FakeWorld world(3);
     std::vector<absl::Status> results = world.Run([length](Communicator& comm) -> absl::Status {
       std::string bytes;
       if (comm.rank() == 1) {
@@ -54,7 +54,7 @@ TEST(BroadcastBytesTest, EveryLengthFromEmptyToLargeReachesEveryRank) {
 }
 
 TEST(BroadcastObjectTest, RoundTripsAMessage) {
-  testing::FakeWorld world(2);
+  collectives::FakeWorld world(2);
   std::vector<Seeds> got(2);
   std::vector<absl::Status> results = world.Run([&](Communicator& comm) {
     Seeds seeds;
@@ -68,7 +68,7 @@ TEST(BroadcastObjectTest, RoundTripsAMessage) {
 }
 
 TEST(BroadcastBytesTest, BadRootIsNamed) {
-  testing::FakeWorld world(1);
+  collectives::FakeWorld world(1);
   std::vector<absl::Status> results = world.Run([](Communicator& comm) {
     std::string bytes = "x";
     return BroadcastBytes(comm, &bytes, 3);
@@ -78,7 +78,7 @@ TEST(BroadcastBytesTest, BadRootIsNamed) {
 }
 
 TEST(GlobalRankTest, TranslatesGroupRanksAndRejectsOthers) {
-  testing::FakeWorld world(4);
+  collectives::FakeWorld world(4);
   std::vector<absl::Status> results = world.Run([](Communicator& comm) -> absl::Status {
     if (comm.rank() < 2) return absl::OkStatus();
     auto group = comm.NewGroup({3, 2});

@@ -11,11 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "collectives/nccl_communicator.h"
+#include "collectives/process_world.h"
 #include "collectives/rendezvous.h"
 #include "cuda_runtime_api.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "testing/process_world.h"
 
 namespace lockstep {
 namespace collectives {
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> JoinOnOwnGpu(const std::string
 
 TEST(GlooCudaTest, TwoProcessesSharingOneGpuExchangeCudaTensors) {
   std::vector<absl::Status> results =
-      testing::RunProcessWorld({2}, [](int rank, Communicator& world) -> absl::Status {
+      collectives::RunProcessWorld({2}, [](int rank, Communicator& world) -> absl::Status {
         const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
         at::Tensor b = at::full({1024}, 10.0 * rank, cuda.dtype(at::kFloat));
         LOCKSTEP_RETURN_IF_ERROR(world.Broadcast(b, 1));
@@ -91,7 +91,7 @@ TEST(GlooCudaTest, TwoProcessesSharingOneGpuExchangeCudaTensors) {
 TEST(NcclMultiGpuTest, OneProcessPerGpuAllCollectives) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/nccl_multi_", getpid(), "_store");
   std::vector<absl::Status> results =
-      testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
+      collectives::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(RequireGpus(2));
         auto comm = JoinOnOwnGpu(path, rank, absl::Seconds(30));
         if (!comm.ok()) return comm.status();
@@ -118,7 +118,7 @@ TEST(NcclMultiGpuTest, OneProcessPerGpuAllCollectives) {
 TEST(NcclMultiGpuTest, DeadPeerIsAnErrorWithinTheTimeout) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/nccl_dead_", getpid(), "_store");
   std::vector<absl::Status> results =
-      testing::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
+      collectives::RunProcessWorld({2}, [&path](int rank, Communicator&) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(RequireGpus(2));
         auto comm = JoinOnOwnGpu(path, rank, absl::Seconds(5));
         if (!comm.ok()) return comm.status();

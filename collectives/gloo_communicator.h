@@ -7,13 +7,15 @@
 //
 // Errors: every Gloo operation runs with the communicator's timeout; a peer that died surfaces
 // as kUnavailable (its connection closed), a peer that does not arrive as kDeadlineExceeded.
-// Either way the message names the operation and the group.
+// Either way the message names the operation and the group, and the communicator is unusable
+// afterwards (see communicator.h).
 //
 // Thread-safety: as Communicator (one thread per communicator at a time).
 //
 // Example:
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, Rendezvous::FromEnvironment(absl::Seconds(60)));
-//   LOCKSTEP_ASSIGN_OR_RETURN(auto world, GlooCommunicator::Create(rendezvous, {}));
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto world,
+//                             GlooCommunicator::Create(rendezvous, GlooCommunicator::Options()));
 //   LOCKSTEP_RETURN_IF_ERROR(world->AllReduceSum(gradient_norms));
 
 #ifndef LOCKSTEP_COLLECTIVES_GLOO_COMMUNICATOR_H_
@@ -26,12 +28,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
+#include "collectives/internal/communicator_base.h"
 #include "collectives/rendezvous.h"
 
 namespace lockstep {
 namespace collectives {
 
-class GlooCommunicator : public Communicator {
+class GlooCommunicator : public internal::CommunicatorBase {
  public:
   struct Options {
     // How long a collective (and group creation) waits for peers. Default: 60 s.
@@ -42,30 +45,26 @@ class GlooCommunicator : public Communicator {
   };
 
   // The world communicator of the rendezvous's processes. Collective over every process.
+  // kInvalidArgument for a null rendezvous or a non-positive timeout.
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
       std::shared_ptr<Rendezvous> rendezvous, Options options);
 
   ~GlooCommunicator() override;
 
-  int rank() const override;
-  int size() const override;
-  const std::vector<int>& global_ranks() const override;
-  absl::Duration timeout() const override;
-  std::string DebugName() const override;
-
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;
   absl::Status AllReduceSum(at::Tensor& tensor) override;
   absl::Status Barrier() override;
-  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
-      absl::Span<const int> global_ranks) override;
 
  private:
-  struct Shared;
-  struct Group;
-  GlooCommunicator(std::shared_ptr<Shared> shared, std::unique_ptr<Group> group);
+  struct Transport;  // the rendezvous and Gloo device, shared with every group
+  struct Group;      // this group's process group
+  GlooCommunicator(std::shared_ptr<internal::WorldState> world, internal::GroupIdentity identity,
+                   std::shared_ptr<Transport> transport, std::unique_ptr<Group> group);
+  absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
+      internal::GroupIdentity identity) override;
 
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<Transport> transport_;
   std::unique_ptr<Group> group_;
 };
 

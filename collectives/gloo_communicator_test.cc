@@ -11,12 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "base/posix_io.h"
 #include "base/status_macros.h"
+#include "c10/core/Allocator.h"
+#include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
+#include "collectives/process_world.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "testing/process_world.h"
+#include "torch/version.h"
 
 namespace lockstep {
 namespace collectives {
@@ -36,8 +39,8 @@ void ExpectAllOk(const std::vector<absl::Status>& results) {
   }
 }
 
-testing::ProcessWorldOptions World(int n) {
-  testing::ProcessWorldOptions options;
+collectives::ProcessWorldOptions World(int n) {
+  collectives::ProcessWorldOptions options;
   options.world_size = n;
   options.collective_timeout = absl::Seconds(20);
   return options;
@@ -48,7 +51,7 @@ class GlooWorldSizes : public ::testing::TestWithParam<int> {};
 TEST_P(GlooWorldSizes, EveryCollectiveMovesTheRightValues) {
   const int n = GetParam();
   ExpectAllOk(
-      testing::RunProcessWorld(World(n), [n](int rank, Communicator& world) -> absl::Status {
+      collectives::RunProcessWorld(World(n), [n](int rank, Communicator& world) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(Expect(world.rank() == rank && world.size() == n, "identity"));
         // Broadcast from the last rank (a nonzero root).
         at::Tensor b = at::full({4}, rank * 1.5, at::kFloat);
@@ -79,33 +82,34 @@ TEST_P(GlooWorldSizes, EveryCollectiveMovesTheRightValues) {
 INSTANTIATE_TEST_SUITE_P(TwoAndFourProcesses, GlooWorldSizes, ::testing::Values(2, 4));
 
 TEST(GlooCommunicatorTest, DpTwoCpTwoGroupsUseTheirOwnLeaders) {
-  ExpectAllOk(testing::RunProcessWorld(World(4), [](int rank, Communicator& world) -> absl::Status {
-    const Topology topo = *Topology::Create(4, /*tp=*/1, /*cp=*/2);
-    auto cp = world.NewGroup(topo.CpGroup(rank));
-    if (!cp.ok()) return cp.status();
-    auto dp = world.NewGroup(topo.DpGroup(rank));
-    if (!dp.ok()) return dp.status();
-    // Group rank 0 of the CP group of ranks {2, 3} is global rank 2.
-    LOCKSTEP_RETURN_IF_ERROR(
-        Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)), "leader"));
-    at::Tensor t = at::full({1}, 100.0 + rank, at::kDouble);
-    LOCKSTEP_RETURN_IF_ERROR((*cp)->Broadcast(t, 0));
-    LOCKSTEP_RETURN_IF_ERROR(
-        Expect(t.item<double>() == 100.0 + topo.CpGroup(rank)[0], "cp broadcast"));
-    at::Tensor u = at::full({1}, 1.0 * rank, at::kDouble);
-    LOCKSTEP_RETURN_IF_ERROR((*dp)->AllReduceSum(u));
-    const auto d = topo.DpGroup(rank);
-    LOCKSTEP_RETURN_IF_ERROR(Expect(u.item<double>() == d[0] + d[1], "dp all-reduce"));
-    // The same rank list again is a separate group (second context), still consistent.
-    auto cp_again = world.NewGroup(topo.CpGroup(rank));
-    if (!cp_again.ok()) return cp_again.status();
-    return (*cp_again)->Barrier();
-  }));
+  ExpectAllOk(
+      collectives::RunProcessWorld(World(4), [](int rank, Communicator& world) -> absl::Status {
+        const Topology topo = *Topology::Create(4, /*tp=*/1, /*cp=*/2);
+        auto cp = world.NewGroup(topo.CpGroup(rank));
+        if (!cp.ok()) return cp.status();
+        auto dp = world.NewGroup(topo.DpGroup(rank));
+        if (!dp.ok()) return dp.status();
+        // Group rank 0 of the CP group of ranks {2, 3} is global rank 2.
+        LOCKSTEP_RETURN_IF_ERROR(
+            Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)), "leader"));
+        at::Tensor t = at::full({1}, 100.0 + rank, at::kDouble);
+        LOCKSTEP_RETURN_IF_ERROR((*cp)->Broadcast(t, 0));
+        LOCKSTEP_RETURN_IF_ERROR(
+            Expect(t.item<double>() == 100.0 + topo.CpGroup(rank)[0], "cp broadcast"));
+        at::Tensor u = at::full({1}, 1.0 * rank, at::kDouble);
+        LOCKSTEP_RETURN_IF_ERROR((*dp)->AllReduceSum(u));
+        const auto d = topo.DpGroup(rank);
+        LOCKSTEP_RETURN_IF_ERROR(Expect(u.item<double>() == d[0] + d[1], "dp all-reduce"));
+        // The same rank list again is a separate group (second context), still consistent.
+        auto cp_again = world.NewGroup(topo.CpGroup(rank));
+        if (!cp_again.ok()) return cp_again.status();
+        return (*cp_again)->Barrier();
+      }));
 }
 
 TEST(GlooCommunicatorTest, AgreementCheckNamesTheDisagreeingRank) {
   std::vector<absl::Status> results =
-      testing::RunProcessWorld(World(4), [](int rank, Communicator& world) {
+      collectives::RunProcessWorld(World(4), [](int rank, Communicator& world) {
         return CheckAgreement(world, "register_object", rank == 3 ? "v2" : "v1");
       });
   for (const absl::Status& s : results) {
@@ -114,11 +118,11 @@ TEST(GlooCommunicatorTest, AgreementCheckNamesTheDisagreeingRank) {
   }
 }
 
-TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeout) {
-  testing::ProcessWorldOptions options = World(2);
+TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeoutAndTheCommunicatorIsUnusable) {
+  collectives::ProcessWorldOptions options = World(2);
   options.collective_timeout = absl::Seconds(6);
   std::vector<absl::Status> results =
-      testing::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+      collectives::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         if (rank == 1) _exit(3);  // dies between collectives, without a word
         at::Tensor t = at::zeros({8});
@@ -126,26 +130,81 @@ TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeout) {
         absl::Status s = world.Broadcast(t, 0);
         const absl::Duration took = absl::Now() - start;
         if (s.ok()) return absl::InternalError("broadcast to a dead peer succeeded");
-        if (took > absl::Seconds(6) + absl::Seconds(5)) {
-          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took)));
+        // Generous: the configured timeout plus the wait's backstop and scheduling slack.
+        const absl::Duration bound = 2 * world.timeout() + absl::Seconds(5);
+        if (took > bound) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took),
+                                                  ", more than ", absl::FormatDuration(bound)));
         }
-        return absl::Status(s.code(), absl::StrCat("expected: ", s.message()));
+        // The shared contract: after an error the communicator is unusable.
+        const absl::Status after = world.Barrier();
+        if (after.code() != absl::StatusCode::kFailedPrecondition) {
+          return absl::InternalError(
+              absl::StrCat("a collective after the error gave ", after.ToString()));
+        }
+        return s;
       });
   EXPECT_THAT(results[0].code(),
               AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << results[0];
-  EXPECT_THAT(results[0].message(), AllOf(HasSubstr("expected: "), HasSubstr("broadcast")));
+  EXPECT_THAT(results[0].message(), HasSubstr("broadcast from group rank 0 on gloo world [0, 1]"));
   EXPECT_THAT(results[1].message(), HasSubstr("exited with code 3"));
 }
 
+// A CPU allocator that throws c10::OutOfMemoryError for allocations of `threshold` bytes or
+// more while armed, as a device allocator does when memory runs out.
+class FailingCpuAllocator final : public c10::Allocator {
+ public:
+  FailingCpuAllocator(c10::Allocator* real, size_t threshold)
+      : real_(real), threshold_(threshold) {}
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return real_->raw_deleter(); }
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
+    if (n >= threshold_) {
+      throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__},
+                                  "injected: out of memory allocating " + std::to_string(n));
+    }
+    return real_->allocate(n);
+  }
+  c10::Allocator* real_;
+  size_t threshold_;
+};
+
+TEST(GlooCommunicatorTest, OutOfMemoryInsideAllGatherIsResourceExhausted) {
+  collectives::ProcessWorldOptions options = World(2);
+  options.collective_timeout = absl::Seconds(3);
+  std::vector<absl::Status> results =
+      collectives::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+        at::Tensor input = at::ones({1 << 16});
+        if (rank == 0) {
+          static FailingCpuAllocator failing(c10::GetCPUAllocator(), input.nbytes());
+          c10::SetCPUAllocator(&failing, /*priority=*/255);
+        }
+        return world.AllGather(input).status();
+      });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kResourceExhausted) << results[0];
+  EXPECT_THAT(results[0].message(), AllOf(HasSubstr("all-gather on gloo world [0, 1]"),
+                                          HasSubstr("injected: out of memory")));
+  EXPECT_FALSE(results[1].ok()) << "the peer cannot complete an all-gather rank 0 never joined";
+}
+
 TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
-  testing::ProcessWorldOptions options = World(2);
+  collectives::ProcessWorldOptions options = World(2);
   options.collective_timeout = absl::Seconds(2);
   std::vector<absl::Status> results =
-      testing::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+      collectives::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         if (rank == 1) {
-          sleep(6);  // alive, but late beyond the timeout
+          absl::SleepFor(3 * world.timeout());  // alive, but late well beyond the timeout
           return absl::OkStatus();
         }
         at::Tensor t = at::zeros({8});
@@ -153,8 +212,11 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
         absl::Status s = world.AllReduceSum(t);
         const absl::Duration took = absl::Now() - start;
         if (s.ok()) return absl::InternalError("all-reduce without the peer succeeded");
-        if (took > absl::Seconds(2) + absl::Seconds(3)) {
-          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took)));
+        // Within the timeout plus slack, and well before the late peer arrives.
+        const absl::Duration bound = world.timeout() + absl::Seconds(3);
+        if (took > bound) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took),
+                                                  ", more than ", absl::FormatDuration(bound)));
         }
         return s;
       });
@@ -163,9 +225,9 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
 }
 
 TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
-  testing::ProcessWorldOptions options = World(2);
+  collectives::ProcessWorldOptions options = World(2);
   options.tcp_store = true;
-  ExpectAllOk(testing::RunProcessWorld(options, [](int rank, Communicator& world) {
+  ExpectAllOk(collectives::RunProcessWorld(options, [](int rank, Communicator& world) {
     at::Tensor t = at::full({1}, 1.0 + rank);
     absl::Status s = world.AllReduceSum(t);
     if (!s.ok()) return s;

@@ -4,41 +4,36 @@
 #include <nccl.h>
 
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
-#include "collectives/internal/group_registry.h"
 
 namespace lockstep {
 namespace collectives {
 
-struct NcclCommunicator::Shared {
+struct NcclCommunicator::Transport {
   std::shared_ptr<Rendezvous> rendezvous;
-  Options options;
   int device = 0;
-  internal::GroupRegistry groups;
-  // Staging of CPU tensors: a pinned host buffer and a device buffer, grown on demand and reused
-  // (each collective completes before the next may use them). Pinned memory lets the copies be
-  // asynchronous on the collective's stream, so one wait covers upload, collective and download.
-  std::mutex staging_mutex;
-  at::Tensor host_staging;
-  at::Tensor device_staging;
 };
 
 struct NcclCommunicator::Group {
-  ncclComm_t comm = nullptr;
-  bool broken = false;  // aborted after an error; no further collectives
-  std::vector<int> global_ranks;
-  int rank = 0;
-  std::string name;
+  ncclComm_t comm = nullptr;  // null once aborted
+  // Staging of CPU tensors: a pinned host buffer and a device buffer, grown on demand and reused
+  // (each collective completes before the next may use them). Pinned memory lets the copies be
+  // asynchronous on the collective's stream, so one wait covers upload, collective and download.
+  at::Tensor host_staging;
+  at::Tensor device_staging;
+
+  ~Group() {
+    // Abort rather than destroy: destroy waits for outstanding work, which could be a hang.
+    if (comm != nullptr) ncclCommAbort(comm);
+  }
 };
 
 namespace {
@@ -57,10 +52,17 @@ absl::Status NcclError(const std::string& what, ncclResult_t result, ncclComm_t 
   return absl::InternalError(text);
 }
 
+// Aborts the group's NCCL communicator and returns `error`.
+absl::Status Abort(ncclComm_t& comm, absl::Status error) {
+  if (comm != nullptr) ncclCommAbort(comm);
+  comm = nullptr;
+  return error;
+}
+
 // Polls until `comm` leaves ncclInProgress and, when `stream` is given, the stream is idle.
 // On timeout or error the communicator is aborted.
-absl::Status AwaitComm(ncclComm_t& comm, bool& broken, cudaStream_t stream, bool check_stream,
-                       absl::Duration timeout, const std::string& what) {
+absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, absl::Duration timeout,
+                   const std::string& what) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
   for (;;) {
@@ -68,29 +70,21 @@ absl::Status AwaitComm(ncclComm_t& comm, bool& broken, cudaStream_t stream, bool
     ncclResult_t query = ncclCommGetAsyncError(comm, &state);
     if (query != ncclSuccess) state = query;
     if (state != ncclSuccess && state != ncclInProgress) {
-      absl::Status error = NcclError(what, state, comm);
-      ncclCommAbort(comm);
-      comm = nullptr;
-      broken = true;
-      return error;
+      return Abort(comm, NcclError(what, state, comm));
     }
     if (state == ncclSuccess) {
       if (!check_stream) return absl::OkStatus();
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return absl::OkStatus();
       if (done != cudaErrorNotReady) {
-        ncclCommAbort(comm);
-        comm = nullptr;
-        broken = true;
-        return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(done)));
+        return Abort(comm,
+                     absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(done))));
       }
     }
     if (absl::Now() >= deadline) {
-      ncclCommAbort(comm);
-      comm = nullptr;
-      broken = true;
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, " timed out after ", absl::FormatDuration(timeout), "; a peer did not arrive"));
+      return Abort(comm, absl::DeadlineExceededError(absl::StrCat(what, " timed out after ",
+                                                                  absl::FormatDuration(timeout),
+                                                                  "; a peer did not arrive")));
     }
     // Spin first: small collectives finish in microseconds, and a sleep costs at least the
     // kernel's timer slack (~50 us). Back off to sleeping once the wait is clearly long.
@@ -102,7 +96,25 @@ absl::Status AwaitComm(ncclComm_t& comm, bool& broken, cudaStream_t stream, bool
   }
 }
 
-absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType type) {
+// Note [Non-blocking enqueue]
+// lockstep's NCCL communicators are non-blocking (config.blocking = 0), so that no call can
+// hang. In that mode a collective may return ncclInProgress before NCCL has enqueued its kernel
+// on the stream. Anything queued on the stream right after it — the device-to-host copy of a
+// staged result, the next collective — could then run before the collective does and read its
+// stale input. So every collective call goes through Enqueue, which, on ncclInProgress, waits
+// for the communicator's state to leave ncclInProgress (the kernel is then on the stream)
+// before the caller queues more work. Seen on two H200s: a broadcast receiver copied its
+// staging buffer back before the broadcast ran and "received" stale bytes.
+template <typename Launch>
+absl::Status Enqueue(ncclComm_t& comm, cudaStream_t stream, absl::Duration timeout,
+                     const std::string& what, const Launch& launch) {
+  const ncclResult_t result = launch(comm, stream);
+  if (result == ncclSuccess) return absl::OkStatus();
+  if (result != ncclInProgress) return Abort(comm, NcclError(what, result, comm));
+  return Await(comm, stream, /*check_stream=*/false, timeout, what);
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType type, const std::string& what) {
   switch (type) {
     case at::kByte:
     case at::kBool:
@@ -123,72 +135,103 @@ absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType type) {
       return ncclFloat64;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("NCCL cannot move tensors of dtype ", c10::toString(type)));
+          absl::StrCat(what, ": NCCL cannot move tensors of dtype ", c10::toString(type)));
   }
 }
 
+// Checks a collective's tensor: defined, contiguous, on the CPU or on this device.
+absl::Status CheckTensor(const at::Tensor& tensor, int device, const std::string& what) {
+  if (!tensor.defined()) return absl::InvalidArgumentError(what + ": tensor is undefined");
+  if (!tensor.is_contiguous()) {
+    return absl::InvalidArgumentError(what + ": tensor must be contiguous");
+  }
+  if (tensor.is_cuda() && tensor.get_device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": tensor is on cuda:", tensor.get_device(), ", this communicator on cuda:", device));
+  }
+  if (!tensor.is_cuda() && !tensor.is_cpu()) {
+    return absl::InvalidArgumentError(what + ": tensor must be on the CPU or the CUDA device");
+  }
+  return absl::OkStatus();
+}
+
 // Initializes a communicator of `n` ranks with `id`, non-blocking, bounded by `timeout`.
-absl::Status InitComm(ncclComm_t& comm, bool& broken, int n, const ncclUniqueId& id, int rank,
+absl::Status InitComm(ncclComm_t& comm, int n, const ncclUniqueId& id, int rank,
                       absl::Duration timeout, const std::string& what) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclUniqueId copy = id;
   ncclResult_t result = ncclCommInitRankConfig(&comm, n, copy, rank, &config);
   if (result != ncclSuccess && result != ncclInProgress) {
-    return NcclError(what, result, nullptr);
+    return Abort(comm, NcclError(what, result, nullptr));
   }
-  return AwaitComm(comm, broken, nullptr, /*check_stream=*/false, timeout, what);
+  return Await(comm, nullptr, /*check_stream=*/false, timeout, what);
 }
 
-absl::Status CreateGroupComm(const std::shared_ptr<Rendezvous>& rendezvous, const std::string& key,
-                             int n, int rank, int device, absl::Duration timeout,
-                             const std::string& what, ncclComm_t& comm, bool& broken) {
+// Creates the NCCL communicator of `identity` on `device`: its first member publishes the
+// unique id under the group's store key, the others read it.
+absl::Status CreateComm(Rendezvous& rendezvous, const internal::GroupIdentity& identity, int device,
+                        absl::Duration timeout, ncclComm_t& comm) {
+  const std::string what = absl::StrCat("creating ", identity.name, " on cuda:", device);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclUniqueId id;
-  if (rank == 0) {
+  const std::string key = identity.store_key + "/nccl-id";
+  if (identity.rank == 0) {
     ncclResult_t result = ncclGetUniqueId(&id);
     if (result != ncclSuccess) return NcclError(what, result, nullptr);
-    absl::Status set =
-        rendezvous->Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
-    if (!set.ok()) return set;
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        rendezvous.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
+        what);
   } else {
-    absl::StatusOr<std::string> bytes = rendezvous->Get(key);
-    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<std::string> bytes = rendezvous.Get(key);
+    if (!bytes.ok()) return Annotate(bytes.status(), what);
     if (bytes->size() != sizeof(id)) {
       return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ", bytes->size(),
                                               " bytes, expected ", sizeof(id)));
     }
     std::memcpy(&id, bytes->data(), sizeof(id));
   }
-  return InitComm(comm, broken, n, id, rank, timeout, what);
+  return InitComm(comm, static_cast<int>(identity.global_ranks.size()), id, identity.rank, timeout,
+                  what);
+}
+
+// Makes the group's staging buffers hold at least `bytes` bytes.
+absl::Status ReserveStaging(at::Tensor& host, at::Tensor& device_buffer, int64_t bytes, int device,
+                            const std::string& what) {
+  if (host.defined() && host.numel() >= bytes) return absl::OkStatus();
+  return CallTorch(what + ": allocating staging buffers", [&] {
+    host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    device_buffer = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(
+                                           at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+  });
+}
+
+absl::Status CopyAsync(void* to, const void* from, int64_t bytes, cudaMemcpyKind kind,
+                       cudaStream_t stream, const std::string& what) {
+  if (cudaError_t e = cudaMemcpyAsync(to, from, bytes, kind, stream); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(std::shared_ptr<Shared> shared, std::unique_ptr<Group> group)
-    : shared_(std::move(shared)), group_(std::move(group)) {}
+NcclCommunicator::NcclCommunicator(std::shared_ptr<internal::WorldState> world,
+                                   internal::GroupIdentity identity,
+                                   std::shared_ptr<Transport> transport,
+                                   std::unique_ptr<Group> group)
+    : CommunicatorBase(std::move(world), std::move(identity)),
+      transport_(std::move(transport)),
+      group_(std::move(group)) {}
 
-NcclCommunicator::~NcclCommunicator() {
-  if (group_ != nullptr && group_->comm != nullptr) {
-    // Abort rather than destroy: destroy waits for outstanding work, which could be a hang.
-    ncclCommAbort(group_->comm);
-  }
-}
+NcclCommunicator::~NcclCommunicator() = default;
 
-int NcclCommunicator::device() const { return shared_->device; }
-int NcclCommunicator::rank() const { return group_->rank; }
-int NcclCommunicator::size() const { return static_cast<int>(group_->global_ranks.size()); }
-const std::vector<int>& NcclCommunicator::global_ranks() const { return group_->global_ranks; }
-absl::Duration NcclCommunicator::timeout() const { return shared_->options.timeout; }
-std::string NcclCommunicator::DebugName() const { return group_->name; }
+int NcclCommunicator::device() const { return transport_->device; }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
   if (rendezvous == nullptr) return absl::InvalidArgumentError("rendezvous is null");
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout ", absl::FormatDuration(options.timeout), " must be positive"));
-  }
+  LOCKSTEP_RETURN_IF_ERROR(internal::ValidateTimeout(options.timeout));
   int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
   if (counted != cudaSuccess) {
@@ -201,193 +244,159 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         options.device >= 0 ? "device " : "LOCAL_RANK ", device, " selects CUDA device ", device,
         ", but this process sees ", count, " device(s)"));
   }
-  auto shared = std::make_shared<Shared>();
-  shared->rendezvous = rendezvous;
-  shared->options = options;
-  shared->device = device;
+  auto world =
+      std::make_shared<internal::WorldState>("nccl", rendezvous->world_size(), options.timeout);
+  internal::GroupIdentity identity = internal::GroupIdentity::World(*world, rendezvous->rank());
+  auto transport = std::make_shared<Transport>();
+  transport->rendezvous = rendezvous;
+  transport->device = device;
   auto group = std::make_unique<Group>();
-  group->rank = rendezvous->rank();
-  for (int r = 0; r < rendezvous->world_size(); ++r) group->global_ranks.push_back(r);
-  group->name = absl::StrCat("nccl world ", FormatRanks(group->global_ranks));
-  // World communicators are numbered apart from sub-groups over the same ranks.
-  absl::StatusOr<internal::GroupRegistry::Entry> entry = shared->groups.Register(
-      "nccl-world", group->global_ranks, rendezvous->world_size(), group->rank);
-  if (!entry.ok()) return entry.status();
-  absl::Status status = CreateGroupComm(
-      rendezvous, entry->store_key, rendezvous->world_size(), group->rank, device, options.timeout,
-      absl::StrCat("creating ", group->name, " on cuda:", device), group->comm, group->broken);
-  if (!status.ok()) return status;
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(shared, std::move(group)));
+  LOCKSTEP_RETURN_IF_ERROR(CreateComm(*rendezvous, identity, device, options.timeout, group->comm));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
+      std::move(world), std::move(identity), std::move(transport), std::move(group)));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::NewGroup(
-    absl::Span<const int> global_ranks) {
-  absl::StatusOr<internal::GroupRegistry::Entry> entry = shared_->groups.Register(
-      "nccl", global_ranks, shared_->rendezvous->world_size(), group_->global_ranks[group_->rank]);
-  if (!entry.ok()) return entry.status();
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(
+    internal::GroupIdentity identity) {
   auto group = std::make_unique<Group>();
-  group->global_ranks = entry->global_ranks;
-  group->rank = entry->member;
-  group->name = entry->name;
-  absl::Status status = CreateGroupComm(
-      shared_->rendezvous, entry->store_key, static_cast<int>(group->global_ranks.size()),
-      group->rank, shared_->device, timeout(),
-      absl::StrCat("creating ", group->name, " (members must create it together)"), group->comm,
-      group->broken);
-  if (!status.ok()) return status;
-  return std::unique_ptr<Communicator>(new NcclCommunicator(shared_, std::move(group)));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CreateComm(*transport_->rendezvous, identity, transport_->device, timeout(), group->comm));
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
 }
 
 namespace {
 
-// The tensor on `device` that the collective runs on: `tensor` itself when it is already a
-// contiguous tensor of that device, else a device copy (staged).
-absl::StatusOr<at::Tensor> OnDevice(const at::Tensor& tensor, int device, const std::string& what) {
-  if (!tensor.defined()) return absl::InvalidArgumentError(what + ": tensor is undefined");
-  if (!tensor.is_contiguous())
-    return absl::InvalidArgumentError(what + ": tensor must be contiguous");
-  if (tensor.is_cuda() && tensor.get_device() != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": tensor is on cuda:", tensor.get_device(), ", this communicator on cuda:", device));
-  }
-  if (tensor.is_cuda()) return tensor;
-  if (!tensor.is_cpu()) {
-    return absl::InvalidArgumentError(what + ": tensor must be on the CPU or the CUDA device");
-  }
-  at::Tensor staged;
-  absl::Status copied = CallTorch(what + ": staging to the device", [&] {
-    staged = tensor.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
-  });
-  if (!copied.ok()) return copied;
-  return staged;
-}
+// One in-place NCCL operation on (buffer, element count, type).
+using InPlaceOp =
+    std::function<ncclResult_t(void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t)>;
 
 }  // namespace
 
-absl::Status NcclCommunicator::InPlace(const std::string& what, at::Tensor& tensor,
-                                       const InPlaceLaunch& launch, bool upload) {
-  if (group_->broken) return absl::FailedPreconditionError(what + ": communicator was aborted");
-  absl::StatusOr<ncclDataType_t> type = NcclType(tensor.scalar_type());
-  if (!type.ok()) return type.status();
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(shared_->device));
-  if (tensor.is_cpu()) return StagedInPlace(what, tensor, launch, *type, upload);
-  absl::StatusOr<at::Tensor> buffer = OnDevice(tensor, shared_->device, what);
-  if (!buffer.ok()) return buffer.status();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
-  const ncclResult_t result =
-      launch(buffer->data_ptr(), buffer->numel(), *type, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress) {
-    return NcclError(what, result, group_->comm);
+// Runs `op` in place on `tensor` and waits for it: directly on a CUDA tensor, staged through
+// the group's buffers for a CPU tensor (`upload`: whether the CPU contents are needed on the
+// device; not for the receivers of a broadcast).
+static absl::Status InPlace(ncclComm_t& comm, at::Tensor& host_staging, at::Tensor& device_staging,
+                            int device, absl::Duration timeout, const std::string& what,
+                            at::Tensor& tensor, const InPlaceOp& op, bool upload) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device, what));
+  LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(tensor.scalar_type(), what));
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const size_t count = static_cast<size_t>(tensor.numel());
+  auto launch = [&](void* data) {
+    return Enqueue(comm, stream, timeout, what,
+                   [&](ncclComm_t c, cudaStream_t s) { return op(data, count, type, c, s); });
+  };
+  if (tensor.is_cuda()) {
+    LOCKSTEP_RETURN_IF_ERROR(launch(tensor.data_ptr()));
+    return Await(comm, stream, /*check_stream=*/true, timeout, what);
   }
-  return AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
-}
-
-absl::Status NcclCommunicator::StagedInPlace(const std::string& what, at::Tensor& tensor,
-                                             const InPlaceLaunch& launch, ncclDataType_t type,
-                                             bool upload) {
-  // InPlace has checked the dtype (so the tensor is defined); contiguity is checked here.
-  if (!tensor.is_contiguous()) {
-    return absl::InvalidArgumentError(what + ": tensor must be contiguous");
-  }
-  std::lock_guard<std::mutex> lock(shared_->staging_mutex);
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   if (bytes == 0) return absl::OkStatus();
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating staging buffers", [&] {
-    if (!shared_->host_staging.defined() || shared_->host_staging.numel() < bytes) {
-      shared_->host_staging =
-          at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-      shared_->device_staging =
-          at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(
-                                 at::kCUDA, static_cast<c10::DeviceIndex>(shared_->device)));
-    }
-  }));
-  void* host = shared_->host_staging.data_ptr();
-  void* device = shared_->device_staging.data_ptr();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
+  LOCKSTEP_RETURN_IF_ERROR(ReserveStaging(host_staging, device_staging, bytes, device, what));
+  void* host = host_staging.data_ptr();
+  void* staged = device_staging.data_ptr();
   if (upload) {
     std::memcpy(host, tensor.data_ptr(), bytes);
-    if (cudaError_t e = cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
-        e != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat(what, ": staging to the device: ", cudaGetErrorString(e)));
-    }
+    LOCKSTEP_RETURN_IF_ERROR(CopyAsync(staged, host, bytes, cudaMemcpyHostToDevice, stream,
+                                       what + ": staging to the device"));
   }
-  const ncclResult_t result = launch(device, tensor.numel(), type, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress) {
-    return NcclError(what, result, group_->comm);
-  }
-  if (cudaError_t e = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream);
-      e != cudaSuccess) {
-    return absl::InternalError(absl::StrCat(what, ": copying back: ", cudaGetErrorString(e)));
-  }
-  LOCKSTEP_RETURN_IF_ERROR(AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what));
+  LOCKSTEP_RETURN_IF_ERROR(launch(staged));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CopyAsync(host, staged, bytes, cudaMemcpyDeviceToHost, stream, what + ": copying back"));
+  LOCKSTEP_RETURN_IF_ERROR(Await(comm, stream, /*check_stream=*/true, timeout, what));
   std::memcpy(tensor.data_ptr(), host, bytes);
   return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
-  const std::string what = absl::StrCat("broadcast from group rank ", root, " on ", DebugName());
-  if (root < 0 || root >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
-  }
-  // Only the root's bytes matter: the others' staging buffer is overwritten.
-  return InPlace(
-      what, tensor,
-      [root](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
-        return ncclBroadcast(data, data, count, type, root, comm, stream);
-      },
-      /*upload=*/rank() == root);
+  const std::string op = absl::StrCat("broadcast from group rank ", root);
+  const std::string what = What(op);
+  return Collective(op, [&]() -> absl::Status {
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
+    }
+    // Only the root's bytes matter: the others' staging buffer is overwritten.
+    return InPlace(
+        group_->comm, group_->host_staging, group_->device_staging, device(), timeout(), what,
+        tensor,
+        [root](void* data, size_t count, ncclDataType_t type, ncclComm_t comm,
+               cudaStream_t stream) {
+          return ncclBroadcast(data, data, count, type, root, comm, stream);
+        },
+        /*upload=*/rank() == root);
+  });
 }
 
 absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
-  return InPlace(
-      absl::StrCat("all-reduce (sum) on ", DebugName()), tensor,
-      [](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
-        return ncclAllReduce(data, data, count, type, ncclSum, comm, stream);
-      });
+  const std::string what = What("all-reduce (sum)");
+  return Collective("all-reduce (sum)", [&]() -> absl::Status {
+    return InPlace(
+        group_->comm, group_->host_staging, group_->device_staging, device(), timeout(), what,
+        tensor,
+        [](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+          return ncclAllReduce(data, data, count, type, ncclSum, comm, stream);
+        },
+        /*upload=*/true);
+  });
 }
 
 absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Tensor& input) {
-  const std::string what = absl::StrCat("all-gather on ", DebugName());
-  if (group_->broken) return absl::FailedPreconditionError(what + ": communicator was aborted");
-  absl::StatusOr<ncclDataType_t> type = NcclType(input.scalar_type());
-  if (!type.ok()) return type.status();
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(shared_->device));
-  absl::StatusOr<at::Tensor> buffer = OnDevice(input, shared_->device, what);
-  if (!buffer.ok()) return buffer.status();
-  at::Tensor gathered;
-  absl::Status allocated = CallTorch(what + ": allocating the output", [&] {
-    std::vector<int64_t> shape = {size()};
-    for (int64_t d : input.sizes()) shape.push_back(d);
-    gathered = at::empty(shape, buffer->options());
-  });
-  if (!allocated.ok()) return allocated;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(shared_->device).stream();
-  ncclResult_t result = ncclAllGather(buffer->data_ptr(), gathered.data_ptr(), buffer->numel(),
-                                      *type, group_->comm, stream);
-  if (result != ncclSuccess && result != ncclInProgress)
-    return NcclError(what, result, group_->comm);
-  absl::Status done = AwaitComm(group_->comm, group_->broken, stream, true, timeout(), what);
-  if (!done.ok()) return done;
+  const std::string what = What("all-gather");
   std::vector<at::Tensor> outputs;
-  absl::Status split = CallTorch(what + ": splitting the output", [&] {
-    at::Tensor all = input.is_cuda() ? gathered : gathered.to(input.device());
-    for (int m = 0; m < size(); ++m) outputs.push_back(all[m]);
+  absl::Status status = Collective("all-gather", [&]() -> absl::Status {
+    LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, device(), what));
+    LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type(), what));
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device()));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device()).stream();
+    const int64_t bytes = static_cast<int64_t>(input.nbytes());
+    const size_t count = static_cast<size_t>(input.numel());
+    at::Tensor gathered;  // [size(), input.sizes()...] on the input's device
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
+      std::vector<int64_t> shape = {size()};
+      for (int64_t d : input.sizes()) shape.push_back(d);
+      gathered = at::empty(shape, input.options());
+    }));
+    auto launch = [&](const void* in, void* out) {
+      return Enqueue(group_->comm, stream, timeout(), what, [&](ncclComm_t c, cudaStream_t s) {
+        return ncclAllGather(in, out, count, type, c, s);
+      });
+    };
+    if (input.is_cuda()) {
+      LOCKSTEP_RETURN_IF_ERROR(launch(input.data_ptr(), gathered.data_ptr()));
+      LOCKSTEP_RETURN_IF_ERROR(Await(group_->comm, stream, true, timeout(), what));
+    } else if (bytes > 0) {
+      // Staged: [input | size() outputs] in the group's buffers.
+      const int64_t total = bytes * (size() + 1);
+      LOCKSTEP_RETURN_IF_ERROR(
+          ReserveStaging(group_->host_staging, group_->device_staging, total, device(), what));
+      char* host = static_cast<char*>(group_->host_staging.data_ptr());
+      char* staged = static_cast<char*>(group_->device_staging.data_ptr());
+      std::memcpy(host, input.data_ptr(), bytes);
+      LOCKSTEP_RETURN_IF_ERROR(CopyAsync(staged, host, bytes, cudaMemcpyHostToDevice, stream,
+                                         what + ": staging to the device"));
+      LOCKSTEP_RETURN_IF_ERROR(launch(staged, staged + bytes));
+      LOCKSTEP_RETURN_IF_ERROR(CopyAsync(host + bytes, staged + bytes, total - bytes,
+                                         cudaMemcpyDeviceToHost, stream, what + ": copying back"));
+      LOCKSTEP_RETURN_IF_ERROR(Await(group_->comm, stream, true, timeout(), what));
+      std::memcpy(gathered.data_ptr(), host + bytes, total - bytes);
+    }
+    return CallTorch(what + ": splitting the output", [&] {
+      for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);
+    });
   });
-  if (!split.ok()) return split;
+  if (!status.ok()) return status;
   return outputs;
 }
 
 absl::Status NcclCommunicator::Barrier() {
   at::Tensor token;
-  absl::Status made = CallTorch("barrier token", [&] {
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(What("barrier"), [&] {
     token = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(
-                               at::kCUDA, static_cast<c10::DeviceIndex>(shared_->device)));
-  });
-  if (!made.ok()) return made;
-  absl::Status status = AllReduceSum(token);
-  if (!status.ok()) return Annotate(status, "in barrier");
-  return absl::OkStatus();
+                               at::kCUDA, static_cast<c10::DeviceIndex>(device())));
+  }));
+  return Annotate(AllReduceSum(token), "in barrier");
 }
 
 }  // namespace collectives

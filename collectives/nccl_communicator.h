@@ -3,37 +3,38 @@
 // NcclCommunicator implements Communicator with the NCCL API directly, one NCCL communicator
 // per group, on this process's CUDA device (LOCAL_RANK by default). CUDA tensors of that device
 // move without copies; CPU tensors (such as BroadcastBytes's buffers and RNG states) are staged
-// through a reused pinned host buffer and device buffer, with the upload, the collective and the
-// download queued on one stream and waited for once (a broadcast's receivers skip the upload).
+// through a pinned host buffer and a device buffer that each communicator owns and reuses, with
+// the upload, the collective and the download queued on one stream and waited for once (a
+// broadcast's receivers skip the upload). All-gather stages its input and output the same way.
 //
 // Why the NCCL API rather than c10d's ProcessGroupNCCL: lockstep's collectives are small and
 // latency-bound (RNG states, plan digests); the direct calls skip c10d's work objects and
-// watchdog thread, and let us bound every wait ourselves (see the closing figures of the
-// collectives issue for the measured comparison).
+// watchdog thread, and let us bound every wait ourselves.
 //
-// Never a hang: communicators are created non-blocking, and every operation is polled
-// (ncclCommGetAsyncError, cudaStreamQuery) until it completes, fails, or the timeout passes;
-// then the communicator is aborted and the call returns kDeadlineExceeded (peer late),
-// kUnavailable (NCCL reports a remote error) or kInternal. Calls return after the operation has
-// completed on the device, so results are ready for the host.
+// Never a hang: communicators are created non-blocking. A collective call that returns
+// ncclInProgress has not yet enqueued its kernel, so nothing else is queued on the stream until
+// the communicator's state leaves ncclInProgress (Note [Non-blocking enqueue] in the .cc); then
+// the stream is polled until the work completes, fails, or the timeout passes. On timeout or
+// error the NCCL communicator is aborted and the call returns kDeadlineExceeded (peer late),
+// kUnavailable (NCCL reports a remote or system error) or kInternal; the communicator is then
+// unusable, as communicator.h says. Calls return after the operation has completed on the
+// device, so results are ready for the host.
 //
 // Sub-groups: NewGroup runs a fresh ncclCommInitRank among the members only; the first member
 // publishes the NCCL unique id through the rendezvous store.
 //
-// Thread-safety: as Communicator.
+// Thread-safety: as Communicator. Each communicator has its own staging buffers, so distinct
+// communicators (a world and its groups) may run collectives from distinct threads.
 //
 // Example:
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, Rendezvous::FromEnvironment(absl::Seconds(60)));
-//   LOCKSTEP_ASSIGN_OR_RETURN(auto world, NcclCommunicator::Create(rendezvous, {}));
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto world,
+//                             NcclCommunicator::Create(rendezvous, NcclCommunicator::Options()));
 //   LOCKSTEP_RETURN_IF_ERROR(world->Broadcast(cuda_state, /*root=*/0));
 
 #ifndef LOCKSTEP_COLLECTIVES_NCCL_COMMUNICATOR_H_
 #define LOCKSTEP_COLLECTIVES_NCCL_COMMUNICATOR_H_
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,12 +42,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
+#include "collectives/internal/communicator_base.h"
 #include "collectives/rendezvous.h"
 
 namespace lockstep {
 namespace collectives {
 
-class NcclCommunicator : public Communicator {
+class NcclCommunicator : public internal::CommunicatorBase {
  public:
   struct Options {
     // How long creation and each collective wait for peers. Default: 60 s.
@@ -62,37 +64,23 @@ class NcclCommunicator : public Communicator {
 
   ~NcclCommunicator() override;
 
+  // The CUDA device this communicator runs on.
   int device() const;
-  int rank() const override;
-  int size() const override;
-  const std::vector<int>& global_ranks() const override;
-  absl::Duration timeout() const override;
-  std::string DebugName() const override;
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;
   absl::Status AllReduceSum(at::Tensor& tensor) override;
   absl::Status Barrier() override;
-  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
-      absl::Span<const int> global_ranks) override;
 
  private:
-  struct Shared;
-  struct Group;
-  // Enqueues one in-place NCCL operation on (device buffer, element count, type).
-  using InPlaceLaunch =
-      std::function<ncclResult_t(void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t)>;
+  struct Transport;  // the rendezvous and device, shared with every group
+  struct Group;      // this group's NCCL communicator and staging buffers
+  NcclCommunicator(std::shared_ptr<internal::WorldState> world, internal::GroupIdentity identity,
+                   std::shared_ptr<Transport> transport, std::unique_ptr<Group> group);
+  absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
+      internal::GroupIdentity identity) override;
 
-  NcclCommunicator(std::shared_ptr<Shared> shared, std::unique_ptr<Group> group);
-  // Runs `launch` on `tensor` (staged through the device when on the CPU) and waits for it.
-  // `upload`: whether a CPU tensor's current contents are needed on the device (not for the
-  // receivers of a broadcast).
-  absl::Status InPlace(const std::string& what, at::Tensor& tensor, const InPlaceLaunch& launch,
-                       bool upload = true);
-  absl::Status StagedInPlace(const std::string& what, at::Tensor& tensor,
-                             const InPlaceLaunch& launch, ncclDataType_t type, bool upload);
-
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<Transport> transport_;
   std::unique_ptr<Group> group_;
 };
 

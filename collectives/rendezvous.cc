@@ -3,36 +3,34 @@
 #include <cstdlib>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/torch_boundary.h"
 #include "collectives/internal/store.h"
 #include "torch/csrc/distributed/c10d/FileStore.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 
 namespace lockstep {
 namespace collectives {
-namespace internal {
-
-absl::Status CommunicationError(absl::string_view what, absl::string_view message) {
-  // Keep the first line: c10d appends C++ backtraces below it.
-  absl::string_view first = message.substr(0, message.find('\n'));
-  const std::string text = absl::StrCat(what, ": ", first);
-  const std::string lower = absl::AsciiStrToLower(message);
-  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
-    return absl::DeadlineExceededError(text);
-  }
-  for (const char* gone : {"connection closed", "connection reset", "broken pipe",
-                           "connection refused", "socket closed", "read error", "write error"}) {
-    if (absl::StrContains(lower, gone)) return absl::UnavailableError(text);
-  }
-  return absl::InternalError(text);
-}
-
-}  // namespace internal
 
 namespace {
+
+// Runs a store operation through the exception boundary. A failure of the transport or of the
+// store (kUnavailable, or kInternal where the store throws plain errors, as LibTorch 1.13's do)
+// that comes once `timeout` has passed is a peer that did not arrive in time: kDeadlineExceeded.
+template <typename Fn>
+absl::Status StoreCall(const std::string& what, absl::Duration timeout, Fn&& fn) {
+  const absl::Time start = absl::Now();
+  absl::Status status = CallTorch(what, std::forward<Fn>(fn));
+  const bool transport_or_store = status.code() == absl::StatusCode::kUnavailable ||
+                                  status.code() == absl::StatusCode::kInternal;
+  if (transport_or_store && absl::Now() - start >= timeout) {
+    return absl::DeadlineExceededError(absl::StrCat(status.message(), " (not complete within ",
+                                                    absl::FormatDuration(timeout), ")"));
+  }
+  return status;
+}
 
 absl::StatusOr<int> ParseInt(const char* name, const std::optional<std::string>& value, int lo,
                              int hi, std::optional<int> fallback) {
@@ -117,7 +115,7 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::File(const std::string& 
   CheckRanks(rank, world_size, &valid);
   if (!valid.ok()) return valid;
   auto impl = std::make_unique<Impl>();
-  absl::Status status = internal::RunComm(absl::StrCat("opening the file store ", path), [&] {
+  absl::Status status = StoreCall(absl::StrCat("opening the file store ", path), timeout, [&] {
     impl->store = c10::make_intrusive<c10d::FileStore>(path, world_size);
     impl->store->setTimeout(internal::ToChrono(timeout));
   });
@@ -137,18 +135,18 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
     return absl::InvalidArgumentError(absl::StrCat("port ", port, " is outside [1, 65535]"));
   }
   auto impl = std::make_unique<Impl>();
-  absl::Status status = internal::RunComm(absl::StrCat("joining the TCP store at ", host, ":", port,
-                                                       " as rank ", rank, " of ", world_size),
-                                          [&] {
-                                            c10d::TCPStoreOptions options;
-                                            options.port = static_cast<uint16_t>(port);
-                                            options.isServer = rank == 0;
-                                            options.numWorkers = world_size;
-                                            options.waitWorkers = true;
-                                            options.timeout = internal::ToChrono(timeout);
-                                            impl->store =
-                                                c10::make_intrusive<c10d::TCPStore>(host, options);
-                                          });
+  absl::Status status = StoreCall(absl::StrCat("joining the TCP store at ", host, ":", port,
+                                               " as rank ", rank, " of ", world_size),
+                                  timeout, [&] {
+                                    c10d::TCPStoreOptions options;
+                                    options.port = static_cast<uint16_t>(port);
+                                    options.isServer = rank == 0;
+                                    options.numWorkers = world_size;
+                                    options.waitWorkers = true;
+                                    options.timeout = internal::ToChrono(timeout);
+                                    impl->store =
+                                        c10::make_intrusive<c10d::TCPStore>(host, options);
+                                  });
   if (!status.ok()) return status;
   return std::shared_ptr<Rendezvous>(
       new Rendezvous(std::move(impl), rank, world_size, local_rank, timeout));
@@ -162,15 +160,16 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::FromEnvironment(absl::Du
 }
 
 absl::Status Rendezvous::Set(const std::string& key, absl::string_view value) {
-  return internal::RunComm(absl::StrCat("setting rendezvous key ", key), [&] {
+  return StoreCall(absl::StrCat("setting rendezvous key ", key), timeout_, [&] {
     impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   });
 }
 
 absl::StatusOr<std::string> Rendezvous::Get(const std::string& key) {
   std::vector<uint8_t> bytes;
-  absl::Status status = internal::RunComm(
-      absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key), [&] {
+  absl::Status status = StoreCall(
+      absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key),
+      timeout_, [&] {
         impl_->store->wait({key}, internal::ToChrono(timeout_));
         bytes = impl_->store->get(key);
       });

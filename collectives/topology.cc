@@ -53,7 +53,7 @@ absl::StatusOr<int> Topology::GlobalRankOf(const Coordinates& c) const {
 }
 
 Coordinates Topology::CoordinatesOrDie(int global_rank) const {
-  CHECK(global_rank >= 0 && global_rank < world_size())
+  LOCKSTEP_CHECK(global_rank >= 0 && global_rank < world_size())
       << "rank " << global_rank << " outside " << DebugString();
   Coordinates c;
   c.tp = global_rank % tp_size_;

@@ -13,12 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
+#include "collectives/fake_communicator.h"
+#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
 #include "planner/planner_testutil.h"
-#include "testing/fake_communicator.h"
-#include "testing/process_world.h"
 
 namespace lockstep {
 namespace planner {
@@ -53,7 +53,7 @@ TEST(PlanAgreementTest, SameBytesAcrossRunsInOneProcess) {
 
 TEST(PlanAgreementTest, FakeWorldAgreesAndNamesTheOddRank) {
   for (int odd_rank : {-1, 2}) {
-    testing::FakeWorld world(4);
+    collectives::FakeWorld world(4);
     std::vector<absl::Status> results = world.Run([&](collectives::Communicator& comm) {
       absl::StatusOr<Plan> plan = RankPlan(comm.rank(), odd_rank);
       if (!plan.ok()) return plan.status();
@@ -83,7 +83,7 @@ TEST(PlanAgreementTest, OneDifferentPerTokenWeightIsNamed) {
     ++weighted;
   }
   ASSERT_LT(weighted, batch.size());
-  testing::FakeWorld world(4);
+  collectives::FakeWorld world(4);
   std::vector<absl::Status> results = world.Run([&](collectives::Communicator& comm) {
     std::vector<Sequence> mine = batch;
     if (comm.rank() == 1) {
@@ -103,8 +103,8 @@ TEST(PlanAgreementTest, OneDifferentPerTokenWeightIsNamed) {
 TEST(PlanAgreementTest, ForkedProcessesBuildIdenticalPlanBytes) {
   // The digest this process computes; every forked rank must compute the same.
   const std::string expected = DigestHex(PlanDigest(*RankPlan(0, -1)));
-  std::vector<absl::Status> results =
-      testing::RunProcessWorld({.world_size = 4}, [&](int rank, collectives::Communicator& world) {
+  std::vector<absl::Status> results = collectives::RunProcessWorld(
+      {.world_size = 4}, [&](int rank, collectives::Communicator& world) {
         absl::StatusOr<Plan> plan = RankPlan(rank, -1);
         if (!plan.ok()) return plan.status();
         const std::string digest = DigestHex(PlanDigest(*plan));
@@ -118,8 +118,8 @@ TEST(PlanAgreementTest, ForkedProcessesBuildIdenticalPlanBytes) {
 }
 
 TEST(PlanAgreementTest, ForkedProcessWithPerturbedInputIsNamed) {
-  std::vector<absl::Status> results =
-      testing::RunProcessWorld({.world_size = 4}, [](int rank, collectives::Communicator& world) {
+  std::vector<absl::Status> results = collectives::RunProcessWorld(
+      {.world_size = 4}, [](int rank, collectives::Communicator& world) {
         absl::StatusOr<Plan> plan = RankPlan(rank, /*odd_rank=*/1);
         if (!plan.ok()) return plan.status();
         return CheckPlanAgreement(world, *plan);

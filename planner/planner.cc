@@ -11,9 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "base/sha256_message.h"
+#include "planner/internal/cp_chunks.h"
+#include "planner/internal/key_set.h"
 
 namespace lockstep {
 namespace planner {
@@ -198,63 +198,6 @@ void PackInOrder(absl::Span<const Sequence> batch, int64_t budget, const std::ve
   emit(parts);
 }
 
-// A set of keys in [0, size) answering "largest member <= k" in a few word operations: a bitset
-// with summary levels (bit j of level l + 1 says whether word j of level l is non-zero).
-class KeySet {
- public:
-  explicit KeySet(int64_t size) {
-    int64_t bits = std::max<int64_t>(size, 1);
-    do {
-      const int64_t words = (bits + 63) / 64;
-      levels_.emplace_back(words, 0);
-      bits = words;
-    } while (bits > 1);
-  }
-
-  void Insert(int64_t key) {
-    for (auto& level : levels_) {
-      level[key >> 6] |= uint64_t{1} << (key & 63);
-      key >>= 6;
-    }
-  }
-
-  void Erase(int64_t key) {
-    for (auto& level : levels_) {
-      uint64_t& word = level[key >> 6];
-      word &= ~(uint64_t{1} << (key & 63));
-      if (word != 0) return;
-      key >>= 6;
-    }
-  }
-
-  // The largest member <= key, or -1.
-  int64_t FindPrev(int64_t key) const {
-    size_t level = 0;
-    int64_t pos = key;
-    while (true) {
-      if (pos < 0) return -1;
-      const int bit = static_cast<int>(pos & 63);
-      const uint64_t mask = bit == 63 ? ~uint64_t{0} : (uint64_t{1} << (bit + 1)) - 1;
-      const uint64_t word = levels_[level][pos >> 6] & mask;
-      if (word != 0) {
-        pos = (pos & ~int64_t{63}) + 63 - __builtin_clzll(word);
-        break;
-      }
-      if (level + 1 == levels_.size()) return -1;
-      pos = (pos >> 6) - 1;
-      ++level;
-    }
-    while (level > 0) {
-      --level;
-      pos = pos * 64 + 63 - __builtin_clzll(levels_[level][pos]);
-    }
-    return pos;
-  }
-
- private:
-  std::vector<std::vector<uint64_t>> levels_;
-};
-
 // Note [FFD by length buckets]
 // First-fit-decreasing (items longest first, ties in input order, each into the first bin with
 // room) fills bin 1 with exactly the items that a greedy pass "take the longest remaining item
@@ -311,7 +254,7 @@ bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, in
     if (!direct) item_key[i] = k;
     ++head[k];
   }
-  KeySet nonempty(keys);
+  internal::KeySet nonempty(keys);
   int64_t next = 0;
   for (int64_t k = keys - 1; k >= 0; --k) {
     const int64_t count = head[k];
@@ -351,27 +294,11 @@ bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, in
   return true;
 }
 
-// Slot of chunk j of 2 * cp in the leftover order F(0), B(0), F(1), B(1), ... (F(r): rank r's
-// front chunk r, B(r): its back chunk 2cp-1-r).
-inline int ChunkSlot(int j, int cp) { return j < cp ? 2 * j : 4 * cp - 1 - 2 * j; }
-
-// Note [Shard counts without pieces]
-// Under CP_CHUNK_MIRRORED_PAIRS_V1 a packed sequence of n tokens gives every chunk
-// base = n / (2cp) tokens, and its n % (2cp) leftovers one each to the next slots of a cycle
-// that continues from sequence to sequence and starts at slot 0 with the microbatch. So the
-// leftover slots of a whole microbatch are its first E = sum(n % (2cp)) slots of that cycle: slot
-// s gets E / (2cp) + (s < E % (2cp)) of them, and rank r (slots 2r, 2r+1) owns
-// 2 * sum(base) + those of its two slots, tokens. A sequence with base > 0 gives every rank two
-// pieces; one with base 0 (n < 2cp) gives a one-token piece to each of its n leftover slots.
-// That is O(sequences + cp) per microbatch; ShardPieces derives the ranges chunk by chunk, and
-// VerifyPlan checks that the two agree.
-
 // Fills `mb` with the `n` parts part_at(0 .. n-1) packed in order, and its `cp` shards' counts.
 // `scratch` is reused across calls (cp entries).
 template <typename PartAt>
 void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>& scratch,
                      Microbatch& mb) {
-  const int chunks = 2 * cp;
   auto& batch_index = *mb.mutable_batch_index();
   auto& sequence_id = *mb.mutable_sequence_id();
   auto& cu_seqlens = *mb.mutable_cu_seqlens();
@@ -381,9 +308,8 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
   int32_t* bi = batch_index.mutable_data();
   int64_t* id = sequence_id.mutable_data();
   int64_t* cu = cu_seqlens.mutable_data();
-  std::vector<int64_t>& short_pieces = scratch;  // per rank, from sequences shorter than 2cp
-  short_pieces.assign(cp, 0);
-  int64_t offset = 0, base_sum = 0, long_sequences = 0, leftovers = 0;
+  internal::ShardCounts counts(cp, scratch);  // Note [Shard counts without pieces]
+  int64_t offset = 0;
   bool all_begin_at_0 = true, one_scale = true;
   const double scale0 = n > 0 ? part_at(0).loss_scale : 0.0;
   cu[0] = 0;
@@ -395,16 +321,7 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
     one_scale = one_scale && part.loss_scale == scale0;
     offset += part.num_tokens;
     cu[k + 1] = offset;
-    const int64_t base = part.num_tokens / chunks;
-    const int remainder = static_cast<int>(part.num_tokens - base * chunks);
-    if (base > 0) {
-      base_sum += base;
-      ++long_sequences;
-    } else {
-      const int turn = static_cast<int>(leftovers % chunks);
-      for (int i = 0; i < remainder; ++i) ++short_pieces[((turn + i) % chunks) / 2];
-    }
-    leftovers += remainder;
+    counts.AddSequence(part.num_tokens);
   }
   // The compact forms of plan.proto: no token_begin when all are 0, one shared loss scale.
   auto& token_begin = *mb.mutable_token_begin();
@@ -423,66 +340,12 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
   cp_rank.Resize(cp, 0);
   shard_tokens.Resize(cp, 0);
   shard_pieces.Resize(cp, 0);
-  const int64_t rounds = leftovers / chunks;
-  const int64_t partial = leftovers % chunks;
   for (int r = 0; r < cp; ++r) {
     cp_rank.Set(r, r);
-    const int64_t extra = 2 * rounds + (2 * r < partial ? 1 : 0) + (2 * r + 1 < partial ? 1 : 0);
-    shard_tokens.Set(r, 2 * base_sum + extra);
-    shard_pieces.Set(r, static_cast<int32_t>(2 * long_sequences + short_pieces[r]));
+    shard_tokens.Set(r, counts.tokens(r));
+    shard_pieces.Set(r, counts.pieces(r));
   }
 }
-
-// Appends to `out` the pieces rank `rank` owns of the packed sequences with boundaries
-// cu[0 .. n] (strictly increasing), chunk by chunk under CP_CHUNK_MIRRORED_PAIRS_V1.
-void AppendRankPieces(const int64_t* cu, int n, int cp, int rank, std::vector<ShardPiece>& out) {
-  const int chunks = 2 * cp;
-  const int back = chunks - 1 - rank;
-  int turn = 0;  // the leftover slot that comes next
-  for (int k = 0; k < n; ++k) {
-    const int64_t length = cu[k + 1] - cu[k];
-    const int64_t base = length / chunks;
-    const int remainder = static_cast<int>(length % chunks);
-    int64_t begin = cu[k];
-    for (int j = 0; j <= back; ++j) {
-      const int64_t size = base + ((ChunkSlot(j, cp) - turn + chunks) % chunks < remainder ? 1 : 0);
-      if ((j == rank || j == back) && size > 0) {
-        out.push_back({k, j, begin, begin + size});
-      }
-      begin += size;
-    }
-    turn = (turn + remainder) % chunks;
-  }
-}
-
-// Feeds what a CodedOutputStream writes into a Sha256Hasher, one buffer at a time.
-class HashingOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
- public:
-  explicit HashingOutputStream(Sha256Hasher& hasher) : hasher_(hasher), buffer_(1 << 16) {}
-
-  bool Next(void** data, int* size) override {
-    Flush();
-    pending_ = static_cast<int>(buffer_.size());
-    *data = buffer_.data();
-    *size = pending_;
-    return true;
-  }
-  void BackUp(int count) override { pending_ -= count; }
-  int64_t ByteCount() const override { return hashed_ + pending_; }
-
-  // Hashes what the last buffer handed out holds.
-  void Flush() {
-    if (pending_ > 0) hasher_.Append(absl::string_view(buffer_.data(), pending_));
-    hashed_ += pending_;
-    pending_ = 0;
-  }
-
- private:
-  Sha256Hasher& hasher_;
-  std::vector<char> buffer_;
-  int pending_ = 0;
-  int64_t hashed_ = 0;
-};
 
 // cu_seqlens of `mb` starts at 0 and increases strictly (every packed sequence holds a token).
 absl::Status CheckBoundaries(const Microbatch& mb, int microbatch) {
@@ -644,28 +507,12 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   return out;
 }
 
-std::string SerializePlan(const Plan& plan) {
-  std::string bytes(plan.ByteSizeLong(), '\0');
-  {
-    google::protobuf::io::ArrayOutputStream stream(bytes.data(), static_cast<int>(bytes.size()));
-    google::protobuf::io::CodedOutputStream out(&stream);
-    out.SetSerializationDeterministic(true);
-    plan.SerializeWithCachedSizes(&out);
-  }
-  return bytes;
-}
+std::string SerializePlan(const Plan& plan) { return SerializeDeterministically(plan); }
 
 Sha256Digest PlanDigest(const Plan& plan) {
   Sha256Hasher hasher;
   hasher.AppendFramed(kPlanDigestTag);
-  hasher.AppendLength(plan.ByteSizeLong());
-  HashingOutputStream stream(hasher);
-  {
-    google::protobuf::io::CodedOutputStream out(&stream);
-    out.SetSerializationDeterministic(true);
-    plan.SerializeWithCachedSizes(&out);
-  }
-  stream.Flush();
+  AppendMessageFramed(hasher, plan);
   return hasher.Finish();
 }
 
@@ -735,7 +582,9 @@ absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microb
   const int64_t* cu = mb.cu_seqlens().data();
   std::vector<ShardPiece> pieces;
   pieces.reserve(2 * static_cast<size_t>(n));
-  AppendRankPieces(cu, n, cp, cp_rank, pieces);
+  internal::RankPieces(cu, n, cp, cp_rank, [&](int k, int j, int64_t begin, int64_t end) {
+    pieces.push_back({k, j, begin, end});
+  });
   return pieces;
 }
 

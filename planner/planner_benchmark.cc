@@ -24,10 +24,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
 #include "planner/planner.h"
 #include "planner/planner_testutil.h"
-#include "testing/ratio_reporter.h"
 
 namespace lockstep {
 namespace planner {

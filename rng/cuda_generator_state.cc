@@ -1,4 +1,4 @@
-// The CUDA half of rng/generator_state.h, linked in by --config=cuda builds: captures and
+// The CUDA half of rng/snapshot.h, linked in by --config=cuda builds: captures and
 // restores the default CUDA generator of one device as (seed, Philox offset) values, and during
 // CUDA graph capture as a graph-relative position.
 //
@@ -25,7 +25,7 @@
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAFunctions.h"
 #include "c10/cuda/CUDAStream.h"
-#include "rng/generator_state.h"
+#include "rng/generators.h"
 #include "torch/version.h"
 
 // graphsafe_get_state/graphsafe_set_state and the shared CUDAGeneratorState appeared in 2.4.
@@ -109,8 +109,7 @@ absl::StatusOr<CudaGeneratorState> Capture(int device) {
   if (absl::Status s = CheckDevice(device, kWhat); !s.ok()) return s;
   absl::StatusOr<std::optional<uint64_t>> capture = CurrentCaptureId(device, kWhat);
   if (!capture.ok()) return capture.status();
-  CudaGeneratorState state;
-  state.device = device;
+  CudaGeneratorState state = CudaGeneratorState::Eager(device, 0, 0);
   bool leftover = false;
   absl::Status status = CallTorch(kWhat, [&] {
     at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device);
@@ -118,8 +117,8 @@ absl::StatusOr<CudaGeneratorState> Capture(int device) {
     auto* impl = gen.get<at::CUDAGeneratorImpl>();
     if (!capture->has_value()) {
       if ((leftover = HoldsLeftoverCapturePosition(impl))) return;
-      state.seed = impl->current_seed();
-      state.offset = impl->philox_offset_per_thread();
+      state =
+          CudaGeneratorState::Eager(device, impl->current_seed(), impl->philox_offset_per_thread());
       return;
     }
     // An increment of 0 reads the intragraph offset without moving it (and checks that the
@@ -137,7 +136,7 @@ absl::StatusOr<CudaGeneratorState> Capture(int device) {
       live->offset_word = position.offset_.ptr;
       in_capture.live = std::move(live);
     }
-    state.in_capture = std::move(in_capture);
+    state = CudaGeneratorState::InCapture(device, std::move(in_capture));
   });
   if (!status.ok()) return status;
   if (leftover) return LeftoverError(device, kWhat);
@@ -232,7 +231,11 @@ absl::Status Restore(const CudaGeneratorState& state) {
 }
 
 const bool registered = [] {
-  internal::RegisterCudaGeneratorHooks({&Capture, &Restore, LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE});
+  internal::CudaGeneratorHooks hooks;
+  hooks.capture = &Capture;
+  hooks.restore = &Restore;
+  hooks.graph_safe_supported = LOCKSTEP_HAS_GRAPHSAFE_CUDA_STATE;
+  internal::RegisterCudaGeneratorHooks(hooks);
   return true;
 }();
 

@@ -1,15 +1,23 @@
 #include "rng/model_stream.h"
 
+#include <memory>
+
 #include <stdexcept>
 
 #include "ATen/ATen.h"
 #include "base/sha256.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace rng {
 namespace {
+
+std::shared_ptr<RankStreams> Streams() {
+  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+}
 
 // The caller's draws after `body` must equal its draws had `body` never run.
 template <typename Body>
@@ -25,9 +33,9 @@ void ExpectCallerUntouched(Body body) {
 }
 
 TEST(ModelStreamScopeTest, RestoresTheCallerAfterNormalReturn) {
-  ModelStream stream({});
+  auto stream = Streams();
   ExpectCallerUntouched([&] {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     EXPECT_TRUE(scope.outermost());
     (void)at::rand({1000});
     (void)at::dropout(at::ones({100}), 0.3, true);
@@ -35,64 +43,65 @@ TEST(ModelStreamScopeTest, RestoresTheCallerAfterNormalReturn) {
 }
 
 TEST(ModelStreamScopeTest, RestoresTheCallerAfterAnException) {
-  ModelStream stream({});
+  auto stream = Streams();
   ExpectCallerUntouched([&] {
     try {
-      ModelStreamScope scope(stream);
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
       (void)at::rand({10});
       throw std::runtime_error("model failed");
     } catch (const std::runtime_error&) {
     }
-    EXPECT_FALSE(stream.in_scope());
+    EXPECT_FALSE(stream->model().in_scope());
   });
 }
 
 TEST(ModelStreamScopeTest, NestedScopesShareTheStreamAndRestoreOnce) {
-  ModelStream flat({}), nested({});
+  auto flat = Streams();
+  auto nested = Streams();
   at::manual_seed(7);
   at::Tensor flat_draws;
   {
-    ModelStreamScope scope(flat);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*flat));
     flat_draws = at::rand({20});
   }
   at::manual_seed(7);
   const RngSnapshot caller = *RngSnapshot::Capture({});
   at::Tensor nested_draws;
   {
-    ModelStreamScope outer(nested);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope outer, ModelStreamScope::Enter(*nested));
     at::Tensor a = at::rand({10});
     {
-      ModelStreamScope inner(nested);
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope inner, ModelStreamScope::Enter(*nested));
       EXPECT_FALSE(inner.outermost());
       at::Tensor b = at::rand({10});
       nested_draws = at::cat({a, b});
     }
-    EXPECT_TRUE(nested.in_scope());
+    EXPECT_TRUE(nested->model().in_scope());
   }
-  EXPECT_FALSE(nested.in_scope());
+  EXPECT_FALSE(nested->model().in_scope());
   EXPECT_EQ(*RngSnapshot::Capture({}), caller);
   // The inner scope continued the same stream rather than swapping anything.
   EXPECT_TRUE(at::equal(nested_draws, flat_draws));
 }
 
 TEST(ModelStreamScopeTest, TheStreamAdvancesAcrossScopes) {
-  ModelStream stream({});
-  ModelStream reference({});
+  auto stream = Streams();
+  auto reference = Streams();
   at::manual_seed(11);
   at::Tensor first, second, continuous;
   {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     first = at::rand({8});
   }
   (void)at::rand({3});  // the caller draws in between: irrelevant to the model stream
   {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     second = at::rand({8});
   }
   EXPECT_FALSE(at::equal(first, second)) << "the second scope replayed the first one's draws";
   at::manual_seed(11);
   {
-    ModelStreamScope scope(reference);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*reference));
     continuous = at::rand({16});
   }
   EXPECT_TRUE(at::equal(at::cat({first, second}), continuous));
@@ -102,24 +111,25 @@ TEST(ModelStreamScopeTest, DeterministicForAGivenCallerStateAndUncorrelatedWithI
   at::manual_seed(2024);
   const RngSnapshot caller = *RngSnapshot::Capture({});
   at::Tensor caller_next = at::rand({32});
-  ModelStream a({}), b({});
+  auto a = Streams();
+  auto b = Streams();
   ASSERT_TRUE(caller.Restore().ok());
   at::Tensor from_a, from_b;
   {
-    ModelStreamScope scope(a);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*a));
     from_a = at::rand({32});
   }
   ASSERT_TRUE(caller.Restore().ok());
   {
-    ModelStreamScope scope(b);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*b));
     from_b = at::rand({32});
   }
   EXPECT_TRUE(at::equal(from_a, from_b));
   EXPECT_FALSE(at::equal(from_a, caller_next));
   // Another caller state derives another model stream.
   at::manual_seed(2025);
-  ModelStream c({});
-  ModelStreamScope scope(c);
+  auto c = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*c));
   EXPECT_FALSE(at::equal(at::rand({32}), from_a));
 }
 
@@ -128,9 +138,9 @@ TEST(ModelStreamScopeTest, DerivationIsSha256OfSaltAndCallerState) {
   const RngSnapshot caller = *RngSnapshot::Capture({});
   absl::StatusOr<RngSnapshot> derived = ModelStream::Derive(caller);
   ASSERT_TRUE(derived.ok());
-  ModelStream stream({});
-  { ModelStreamScope scope(stream); }
-  EXPECT_EQ(*stream.state(), *derived);
+  auto stream = Streams();
+  { LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream)); }
+  EXPECT_EQ(*stream->model().state(), *derived);
   // Computed independently: the CPU seed is the first 8 bytes (little endian) of
   // SHA-256(framed salt, framed CPU state, framed empty CUDA part).
   const Sha256Digest digest = Sha256Framed({kModelStreamSalt, caller.cpu_state(), ""});
@@ -141,32 +151,33 @@ TEST(ModelStreamScopeTest, DerivationIsSha256OfSaltAndCallerState) {
 }
 
 TEST(ModelStreamScopeTest, CallerReseedingOutsideIsRespected) {
-  ModelStream stream({});
+  auto stream = Streams();
   {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     (void)at::rand({4});
   }
   at::manual_seed(555);
   at::Tensor expected = at::rand({8});
   at::manual_seed(555);
   {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     (void)at::rand({100});
   }
   EXPECT_TRUE(at::equal(at::rand({8}), expected));
 }
 
 TEST(ModelStreamScopeTest, CallerReseedingInsideIsKeptAndTheModelStreamIsNotDisturbed) {
-  ModelStream stream({}), reference({});
+  auto stream = Streams();
+  auto reference = Streams();
   at::manual_seed(1);
   at::Tensor model_before;
   {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     model_before = at::rand({4});
   }
-  const RngSnapshot model_state = *stream.state();
+  const RngSnapshot model_state = *stream->model().state();
   {
-    ModelStreamScope scope(stream);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     at::manual_seed(99);  // explicit reseed by caller code running inside the scope
     (void)at::rand({2});
   }
@@ -176,16 +187,36 @@ TEST(ModelStreamScopeTest, CallerReseedingInsideIsKeptAndTheModelStreamIsNotDist
   (void)at::rand({2});
   EXPECT_TRUE(at::equal(at::rand({6}), after));
   // The model stream kept the state it had before that scope.
-  EXPECT_EQ(*stream.state(), model_state);
+  EXPECT_EQ(*stream->model().state(), model_state);
 }
 
-TEST(ModelStreamScopeTest, EnterReportsErrorsAsStatuses) {
-  if (LOCKSTEP_BUILT_WITH_CUDA)
-    GTEST_SKIP() << "CUDA build: rng_cuda_test covers the CUDA generator";
-  ModelStream stream({.cuda_device = 0});  // no CUDA in this build
-  absl::StatusOr<std::unique_ptr<ModelStreamScope>> scope = ModelStreamScope::Enter(stream);
-  EXPECT_EQ(scope.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(stream.in_scope());
+TEST(ModelStreamScopeTest, ExitReportsAndIsIdempotentAndMovingKeepsOneScope) {
+  auto stream = Streams();
+  at::manual_seed(8);
+  const RngSnapshot caller = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
+  ModelStreamScope moved = std::move(scope);  // the moved-from scope must not exit twice
+  EXPECT_TRUE(moved.outermost());
+  (void)at::rand({3});
+  LOCKSTEP_EXPECT_OK(moved.Exit());
+  EXPECT_FALSE(stream->model().in_scope());
+  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+  LOCKSTEP_EXPECT_OK(moved.Exit());  // a second Exit does nothing
+  LOCKSTEP_EXPECT_OK(scope.Exit());  // NOLINT(bugprone-use-after-move): moved-from is inert
+  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+}
+
+TEST(ModelStreamTest, RestoreRefusesInsideAScopeAndStatesOfOtherGenerators) {
+  auto stream = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot seeded, RngSnapshot::Seeded({}, 1, 1));
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
+    EXPECT_EQ(stream->model().Restore(seeded).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  LOCKSTEP_EXPECT_OK(stream->model().Restore(seeded));
+  EXPECT_EQ(*stream->model().state(), seeded);
+  LOCKSTEP_EXPECT_OK(stream->model().Restore(std::nullopt));
+  EXPECT_FALSE(stream->model().state().has_value());
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 #include "rng/named_streams.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace rng {
@@ -18,7 +21,7 @@ absl::Status NamedStreamTracker::Add(absl::string_view name, uint64_t seed) {
                                                    "'; the two would draw identical values"));
     }
   }
-  absl::StatusOr<RngSnapshot> state = RngSnapshot::Seeded(generators_, seed, seed);
+  absl::StatusOr<RngSnapshot> state = RngSnapshot::Seeded(owner_.generators(), seed, seed);
   if (!state.ok()) return state.status();
   streams_.emplace(std::string(name), Stream{seed, std::move(*state)});
   return absl::OkStatus();
@@ -34,15 +37,16 @@ absl::Status NamedStreamTracker::Restore(std::map<std::string, Stream> streams) 
   if (forked_) return absl::FailedPreconditionError("cannot restore streams during a fork");
   std::map<uint64_t, std::string> seeds;
   for (const auto& [name, stream] : streams) {
+    if (name.empty()) return absl::InvalidArgumentError("a named stream needs a non-empty name");
     auto [it, inserted] = seeds.emplace(stream.seed, name);
     if (!inserted) {
       return absl::AlreadyExistsError(absl::StrCat("named streams '", it->second, "' and '", name,
                                                    "' share seed ", stream.seed));
     }
-    if (!(stream.state.generators() == generators_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "named stream '", name, "' holds state for CUDA device ",
-          stream.state.generators().cuda_device, ", the tracker uses ", generators_.cuda_device));
+    if (absl::Status s =
+            owner_.CheckGenerators(stream.state, absl::StrCat("named stream '", name, "'"));
+        !s.ok()) {
+      return s;
     }
   }
   streams_ = std::move(streams);
@@ -55,8 +59,7 @@ absl::Status NamedStreamTracker::Reset() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<NamedStreamTracker::ForkScope>> NamedStreamTracker::Fork(
-    absl::string_view name) {
+absl::StatusOr<NamedStreamFork> NamedStreamTracker::Fork(absl::string_view name) {
   auto it = streams_.find(std::string(name));
   if (it == streams_.end()) {
     return absl::NotFoundError(absl::StrCat("no named stream '", name, "'"));
@@ -65,23 +68,50 @@ absl::StatusOr<std::unique_ptr<NamedStreamTracker::ForkScope>> NamedStreamTracke
     return absl::FailedPreconditionError(
         absl::StrCat("cannot fork '", name, "': another named stream is forked"));
   }
-  absl::StatusOr<RngSnapshot> outside = RngSnapshot::Capture(generators_);
+  absl::StatusOr<RngSnapshot> outside = RngSnapshot::Capture(owner_.generators());
   if (!outside.ok()) return outside.status();
   if (absl::Status s = it->second.state.Restore(); !s.ok()) {
     (void)outside->Restore();
     return s;
   }
   forked_ = true;
-  return std::unique_ptr<ForkScope>(new ForkScope(*this, it->first, std::move(*outside)));
+  return NamedStreamFork(owner_.shared_from_this(), it->first, std::move(*outside));
 }
 
-NamedStreamTracker::ForkScope::~ForkScope() {
-  absl::StatusOr<RngSnapshot> advanced = RngSnapshot::Capture(tracker_.generators_);
-  CHECK(advanced.ok()) << "saving named stream '" << name_ << "': " << advanced.status();
-  tracker_.streams_.at(name_).state = std::move(*advanced);
-  tracker_.forked_ = false;
+NamedStreamFork::NamedStreamFork(NamedStreamFork&& other) noexcept
+    : streams_(std::move(other.streams_)),
+      name_(std::move(other.name_)),
+      outside_(std::move(other.outside_)) {
+  other.streams_ = nullptr;
+}
+
+absl::Status NamedStreamFork::Exit() {
+  if (streams_ == nullptr) return absl::OkStatus();
+  std::shared_ptr<RankStreams> streams = std::move(streams_);
+  streams_ = nullptr;
+  NamedStreamTracker& tracker = streams->named();
+  tracker.forked_ = false;
+  absl::StatusOr<RngSnapshot> advanced = RngSnapshot::Capture(streams->generators());
+  absl::Status saved = advanced.status();
+  if (advanced.ok()) {
+    auto it = tracker.streams_.find(name_);
+    if (it != tracker.streams_.end()) it->second.state = std::move(*advanced);
+  }
   const absl::Status restored = outside_.Restore();
-  CHECK(restored.ok()) << "restoring after named stream '" << name_ << "': " << restored;
+  if (!saved.ok()) {
+    return absl::Status(saved.code(),
+                        absl::StrCat("saving named stream '", name_, "': ", saved.message()));
+  }
+  if (!restored.ok()) {
+    return absl::Status(restored.code(), absl::StrCat("restoring the state live before named "
+                                                      "stream '",
+                                                      name_, "': ", restored.message()));
+  }
+  return absl::OkStatus();
+}
+
+NamedStreamFork::~NamedStreamFork() {
+  if (absl::Status s = Exit(); !s.ok()) LOCKSTEP_LOG(ERROR) << s;
 }
 
 }  // namespace rng

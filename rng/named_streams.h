@@ -1,24 +1,28 @@
 // rng/named_streams.h
 //
-// NamedStreamTracker keeps independent RNG streams under names ("model-parallel-rng",
+// NamedStreamTracker keeps independent RNG streams of a rank under names ("model-parallel-rng",
 // "expert-0", ...), in the spirit of Megatron's CudaRNGStatesTracker, but over the rank's whole
-// default generator set (CPU, and the rank's CUDA device when it has one). Fork(name) runs a
-// region on that stream: it installs the stream's state in the default generators and, when the
-// region ends (also by exception), stores the stream's advanced state and puts the previous
-// live state back.
+// default generator set (CPU, and the rank's CUDA device when it has one). A rank's tracker
+// belongs to its RankStreams (rank_streams.h). Fork(name) runs a region on that stream: it
+// installs the stream's state in the default generators and, when the region ends (Exit, or the
+// fork's destruction, also by exception), stores the stream's advanced state and puts the
+// previous live state back.
 //
 // Add refuses a duplicate name or a duplicate seed (two streams with one seed would draw the
 // same masks) with kAlreadyExists naming both. Snapshot()/Restore() copy every stream's state
-// out and back as values (for activation-checkpoint recompute and exact resume).
+// out and back as values (for activation-checkpoint recompute and resume state).
 //
-// Thread-safety: one thread at a time, like the default generators it swaps.
+// Errors never abort: Fork returns a status, and a fork destroyed without Exit logs (never
+// aborts on) a failure to put the previous state back.
+//
+// Thread-safety: as RankStreams (one thread at a time).
 //
 // Example:
-//   rng::NamedStreamTracker tracker({.cuda_device = local_rank});
-//   LOCKSTEP_RETURN_IF_ERROR(tracker.Add("tensor-parallel", base_seed + 2718 + tp_rank));
+//   LOCKSTEP_RETURN_IF_ERROR(streams->named().Add("tensor-parallel", base_seed + 2718 + tp_rank));
 //   {
-//     LOCKSTEP_ASSIGN_OR_RETURN(auto fork, tracker.Fork("tensor-parallel"));
-//     output = at::dropout(input, 0.1, /*train=*/true);  // draws from the named stream
+//     LOCKSTEP_ASSIGN_OR_RETURN(rng::NamedStreamFork fork,
+//     streams->named().Fork("tensor-parallel")); output = at::dropout(input, 0.1, /*train=*/true);
+//     // draws from the named stream
 //   }
 
 #ifndef LOCKSTEP_RNG_NAMED_STREAMS_H_
@@ -34,10 +38,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "rng/generator_state.h"
+#include "rng/snapshot.h"
 
 namespace lockstep {
 namespace rng {
+
+class RankStreams;
+class NamedStreamFork;
 
 class NamedStreamTracker {
  public:
@@ -46,17 +53,14 @@ class NamedStreamTracker {
     RngSnapshot state;
   };
 
-  explicit NamedStreamTracker(DefaultGenerators generators) : generators_(generators) {}
   NamedStreamTracker(const NamedStreamTracker&) = delete;
   NamedStreamTracker& operator=(const NamedStreamTracker&) = delete;
-
-  const DefaultGenerators& generators() const { return generators_; }
 
   // Adds a stream seeded with `seed` (CPU and CUDA generators both seeded with it).
   // kAlreadyExists for a name or a seed already in use; kInvalidArgument for an empty name.
   absl::Status Add(absl::string_view name, uint64_t seed);
 
-  // Whether a Fork scope is active.
+  // Whether a fork is active.
   bool forked() const { return forked_; }
 
   bool Has(absl::string_view name) const { return streams_.count(std::string(name)) > 0; }
@@ -67,38 +71,48 @@ class NamedStreamTracker {
   // The streams as the tracker holds them, without a copy (valid until the tracker changes).
   const std::map<std::string, Stream>& streams() const { return streams_; }
   // Replaces every stream with `streams` (names, seeds and states). kFailedPrecondition while a
-  // fork is active; kAlreadyExists if two of the given streams share a seed.
+  // fork is active; kAlreadyExists if two of the given streams share a seed; kInvalidArgument for
+  // an empty name or a state of other generators than the rank's.
   absl::Status Restore(std::map<std::string, Stream> streams);
 
   // Forgets every stream. kFailedPrecondition while a fork is active.
   absl::Status Reset();
 
-  // Runs the default generators on stream `name` until the returned scope is destroyed.
-  // kNotFound for an unknown name; kFailedPrecondition while another fork is active (forks of
-  // the tracker do not nest: the outer fork's saved state would be overwritten).
-  class ForkScope;
-  absl::StatusOr<std::unique_ptr<ForkScope>> Fork(absl::string_view name);
+  // Runs the default generators on stream `name` until the fork exits. kNotFound for an unknown
+  // name; kFailedPrecondition while another fork is active (forks do not nest: the outer fork's
+  // saved state would be overwritten).
+  absl::StatusOr<NamedStreamFork> Fork(absl::string_view name);
 
  private:
-  DefaultGenerators generators_;
+  friend class RankStreams;
+  friend class NamedStreamFork;
+  explicit NamedStreamTracker(RankStreams& owner) : owner_(owner) {}
+
+  RankStreams& owner_;
   std::map<std::string, Stream> streams_;
   bool forked_ = false;
 };
 
-class NamedStreamTracker::ForkScope {
+// A region running on a named stream (see NamedStreamTracker::Fork).
+class NamedStreamFork {
  public:
-  // Stores the stream's advanced state and restores the state that was live at Fork(). A
-  // failure to do so is a broken invariant and aborts.
-  ~ForkScope();
-  ForkScope(const ForkScope&) = delete;
-  ForkScope& operator=(const ForkScope&) = delete;
+  NamedStreamFork(NamedStreamFork&& other) noexcept;
+  NamedStreamFork& operator=(NamedStreamFork&&) = delete;
+  NamedStreamFork(const NamedStreamFork&) = delete;
+  NamedStreamFork& operator=(const NamedStreamFork&) = delete;
+  // Exits if Exit() was not called; a failure is logged, never fatal.
+  ~NamedStreamFork();
+
+  // Stores the stream's advanced state and restores the state that was live at Fork(). Later
+  // calls do nothing and return OK.
+  absl::Status Exit();
 
  private:
   friend class NamedStreamTracker;
-  ForkScope(NamedStreamTracker& tracker, std::string name, RngSnapshot outside)
-      : tracker_(tracker), name_(std::move(name)), outside_(std::move(outside)) {}
+  NamedStreamFork(std::shared_ptr<RankStreams> streams, std::string name, RngSnapshot outside)
+      : streams_(std::move(streams)), name_(std::move(name)), outside_(std::move(outside)) {}
 
-  NamedStreamTracker& tracker_;
+  std::shared_ptr<RankStreams> streams_;  // null once exited (or moved from)
   std::string name_;
   RngSnapshot outside_;
 };

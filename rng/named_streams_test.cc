@@ -3,8 +3,10 @@
 #include <stdexcept>
 
 #include "ATen/ATen.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace rng {
@@ -13,6 +15,10 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+std::shared_ptr<RankStreams> Streams() {
+  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+}
+
 at::Tensor DrawsOfSeed(uint64_t seed, int64_t skip, int64_t n) {
   at::manual_seed(seed);
   if (skip > 0) (void)at::rand({skip});
@@ -20,7 +26,8 @@ at::Tensor DrawsOfSeed(uint64_t seed, int64_t skip, int64_t n) {
 }
 
 TEST(NamedStreamTrackerTest, ForkDrawsFromTheNamedStreamAndRestoresTheOutside) {
-  NamedStreamTracker tracker({});
+  auto streams = Streams();
+  NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 1000).ok());
   ASSERT_TRUE(tracker.Add("expert", 2000).ok());
   at::manual_seed(5);
@@ -48,7 +55,8 @@ TEST(NamedStreamTrackerTest, ForkDrawsFromTheNamedStreamAndRestoresTheOutside) {
 }
 
 TEST(NamedStreamTrackerTest, ExceptionInsideAForkStillRestores) {
-  NamedStreamTracker tracker({});
+  auto streams = Streams();
+  NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 1).ok());
   at::manual_seed(6);
   const RngSnapshot outside = *RngSnapshot::Capture({});
@@ -64,7 +72,8 @@ TEST(NamedStreamTrackerTest, ExceptionInsideAForkStillRestores) {
 }
 
 TEST(NamedStreamTrackerTest, DuplicateNamesAndSeedsAreRefused) {
-  NamedStreamTracker tracker({});
+  auto streams = Streams();
+  NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("a", 7).ok());
   absl::Status name = tracker.Add("a", 8);
   EXPECT_EQ(name.code(), absl::StatusCode::kAlreadyExists);
@@ -77,7 +86,8 @@ TEST(NamedStreamTrackerTest, DuplicateNamesAndSeedsAreRefused) {
 }
 
 TEST(NamedStreamTrackerTest, ForksDoNotNest) {
-  NamedStreamTracker tracker({});
+  auto streams = Streams();
+  NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("a", 1).ok());
   ASSERT_TRUE(tracker.Add("b", 2).ok());
   auto outer = tracker.Fork("a");
@@ -87,7 +97,8 @@ TEST(NamedStreamTrackerTest, ForksDoNotNest) {
 }
 
 TEST(NamedStreamTrackerTest, SnapshotAndRestoreAllAreValues) {
-  NamedStreamTracker tracker({});
+  auto streams = Streams();
+  NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 31).ok());
   const auto saved = tracker.Snapshot();
   at::Tensor first;
@@ -106,6 +117,36 @@ TEST(NamedStreamTrackerTest, SnapshotAndRestoreAllAreValues) {
   auto clash = saved;
   clash.emplace("other", NamedStreamTracker::Stream{31, saved.at("tp").state});
   EXPECT_EQ(tracker.Restore(clash).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(NamedStreamTrackerTest, ExitStoresTheStreamOnceAndTheForkIsNoLongerActive) {
+  auto streams = Streams();
+  NamedStreamTracker& tracker = streams->named();
+  ASSERT_TRUE(tracker.Add("tp", 77).ok());
+  at::manual_seed(3);
+  const RngSnapshot outside = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(NamedStreamFork fork, tracker.Fork("tp"));
+  EXPECT_TRUE(tracker.forked());
+  EXPECT_FALSE(streams->caller_state_live());
+  const at::Tensor drawn = at::rand({4});
+  LOCKSTEP_EXPECT_OK(fork.Exit());
+  EXPECT_FALSE(tracker.forked());
+  EXPECT_TRUE(streams->caller_state_live());
+  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  LOCKSTEP_EXPECT_OK(fork.Exit());  // idempotent: the stream is not stored twice
+  EXPECT_TRUE(at::equal(drawn, DrawsOfSeed(77, 0, 4)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(NamedStreamFork again, tracker.Fork("tp"));
+  const at::Tensor continued = at::rand({4});
+  LOCKSTEP_ASSERT_OK(again.Exit());
+  EXPECT_TRUE(at::equal(continued, DrawsOfSeed(77, 4, 4)));
+}
+
+TEST(NamedStreamTrackerTest, RestoreRefusesEmptyNames) {
+  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot state, RngSnapshot::Seeded({}, 5, 5));
+  std::map<std::string, NamedStreamTracker::Stream> bad;
+  bad.emplace("", NamedStreamTracker::Stream{5, state});
+  EXPECT_EQ(streams->named().Restore(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

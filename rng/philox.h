@@ -33,21 +33,10 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "rng/philox_key.h"
 
 namespace lockstep {
 namespace rng {
-
-struct PhiloxKey {
-  uint64_t seed = 0;
-  uint32_t stream = 0;  // which use of randomness (attention dropout, token mask, ...)
-  uint32_t step = 0;    // training step (or microbatch), so masks differ between steps
-};
-
-// One [begin, end) range of a dimension.
-struct Slice {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
 
 // The raw Philox4x32-10 bijection (exposed for known-answer tests).
 std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);

@@ -22,13 +22,14 @@
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
+#include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
-#include "rng/generator_state.h"
+#include "collectives/commanded_world.h"
 #include "rng/model_stream.h"
 #include "rng/philox.h"
+#include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 #include "rng/synchronize.h"
-#include "testing/commanded_world.h"
-#include "testing/ratio_reporter.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDAFunctions.h"
@@ -47,11 +48,20 @@ enum Op : int64_t {
 };
 
 // The rank's generators: the CPU one, and device 0's CUDA generator in CUDA builds.
-const DefaultGenerators kGenerators{.cuda_device = LOCKSTEP_BUILT_WITH_CUDA ? 0 : -1};
+const DefaultGenerators kGenerators =
+    LOCKSTEP_BUILT_WITH_CUDA ? DefaultGenerators::WithCudaDevice(0) : DefaultGenerators::CpuOnly();
 
-ModelStream& Model() {
-  static auto* model = new ModelStream(kGenerators);
-  return *model;
+// The rank's streams (created on first use, after the peers are forked).
+RankStreams& Streams() {
+  static auto* streams = new std::shared_ptr<RankStreams>(RankStreams::Create(kGenerators).value());
+  return **streams;
+}
+
+// One model-stream scope, entered and left.
+absl::Status ScopeOnce() {
+  absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(Streams());
+  if (!scope.ok()) return scope.status();
+  return scope->Exit();
 }
 
 // The bytes Synchronize moves.
@@ -61,18 +71,18 @@ absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) 
   if (op == kBareBroadcast) return comm.Broadcast(payload, 0);
   if (op == kPaired) {
     if (absl::Status s = comm.Broadcast(payload, 0); !s.ok()) return s;
-    if (absl::Status s = Synchronize(&comm, kGenerators); !s.ok()) return s;
-    { ModelStreamScope scope(Model()); }
-    return Synchronize(&comm, kGenerators);
+    if (absl::Status s = Synchronize(&comm, Streams()); !s.ok()) return s;
+    if (absl::Status s = ScopeOnce(); !s.ok()) return s;
+    return Synchronize(&comm, Streams());
   }
   if (op == kScopeAndSynchronize) {
-    ModelStreamScope scope(Model());
+    if (absl::Status s = ScopeOnce(); !s.ok()) return s;
   }
-  return Synchronize(&comm, kGenerators);
+  return Synchronize(&comm, Streams());
 }
 
-testing::CommandedGlooWorlds& Worlds() {
-  static auto* worlds = new testing::CommandedGlooWorlds(
+collectives::CommandedGlooWorlds& Worlds() {
+  static auto* worlds = new collectives::CommandedGlooWorlds(
       [](collectives::Communicator& comm, int64_t op, at::Tensor& payload) {
         return RunOp(comm, static_cast<Op>(op), payload);
       });
@@ -80,9 +90,9 @@ testing::CommandedGlooWorlds& Worlds() {
 }
 
 void BM_ModelStreamScope(benchmark::State& state) {
-  ModelStream stream(kGenerators);
+  RankStreams& streams = Streams();
   for (auto _ : state) {
-    ModelStreamScope scope(stream);
+    absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(streams);
     benchmark::DoNotOptimize(&scope);
   }
 }
@@ -145,12 +155,12 @@ void BM_GlooPaired(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status b = comm->Broadcast(payload, 0);
     const auto t1 = std::chrono::steady_clock::now();
-    absl::Status s = Synchronize(comm, kGenerators);
+    absl::Status s = Synchronize(comm, Streams());
     const auto t2 = std::chrono::steady_clock::now();
-    { ModelStreamScope scope(Model()); }
-    absl::Status ss = Synchronize(comm, kGenerators);
+    absl::Status scoped = ScopeOnce();
+    absl::Status ss = Synchronize(comm, Streams());
     const auto t3 = std::chrono::steady_clock::now();
-    if (!b.ok() || !s.ok() || !ss.ok()) {
+    if (!b.ok() || !s.ok() || !scoped.ok() || !ss.ok()) {
       state.SkipWithError("collective failed");
       break;
     }

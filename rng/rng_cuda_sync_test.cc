@@ -3,21 +3,30 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/rank_streams.h"
 #include "rng/synchronize.h"
-#include "testing/process_world.h"
 
 namespace lockstep {
 namespace rng {
 namespace {
 
+collectives::ProcessWorldOptions Two() {
+  collectives::ProcessWorldOptions options;
+  options.world_size = 2;
+  return options;
+}
+
 absl::Status DrawAndCompare(collectives::Communicator& world, bool synchronize, bool* equal) {
-  const DefaultGenerators gpu{.cuda_device = 0};
+  absl::StatusOr<std::shared_ptr<RankStreams>> streams =
+      RankStreams::Create(DefaultGenerators::WithCudaDevice(0));
+  if (!streams.ok()) return streams.status();
   at::manual_seed(700 + world.rank());
   (void)at::rand({world.rank() + 1}, at::TensorOptions().device(at::kCUDA, 0));
   if (synchronize) {
-    if (absl::Status s = Synchronize(&world, gpu); !s.ok()) return s;
+    if (absl::Status s = Synchronize(&world, **streams); !s.ok()) return s;
   }
   at::Tensor draws =
       at::cat({at::rand({32}, at::TensorOptions().device(at::kCUDA, 0)),
@@ -31,8 +40,8 @@ absl::Status DrawAndCompare(collectives::Communicator& world, bool synchronize, 
 }
 
 TEST(CudaSynchronizeTest, ReplicasAgreeOnCudaAndCpuDrawsAfterSynchronize) {
-  std::vector<absl::Status> results =
-      testing::RunProcessWorld({2}, [](int, collectives::Communicator& world) -> absl::Status {
+  std::vector<absl::Status> results = collectives::RunProcessWorld(
+      Two(), [](int, collectives::Communicator& world) -> absl::Status {
         bool equal = false;
         if (auto s = DrawAndCompare(world, true, &equal); !s.ok()) return s;
         return equal ? absl::OkStatus() : absl::InternalError("replica draws differ");
@@ -41,8 +50,8 @@ TEST(CudaSynchronizeTest, ReplicasAgreeOnCudaAndCpuDrawsAfterSynchronize) {
 }
 
 TEST(CudaSynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
-  std::vector<absl::Status> results =
-      testing::RunProcessWorld({2}, [](int, collectives::Communicator& world) -> absl::Status {
+  std::vector<absl::Status> results = collectives::RunProcessWorld(
+      Two(), [](int, collectives::Communicator& world) -> absl::Status {
         bool equal = true;
         if (auto s = DrawAndCompare(world, false, &equal); !s.ok()) return s;
         return equal ? absl::InternalError("unsynchronized draws agreed") : absl::OkStatus();

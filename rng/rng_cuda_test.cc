@@ -8,21 +8,23 @@
 #include "ATen/ATen.h"
 #include "ATen/cuda/CUDAGeneratorImpl.h"
 #include "ATen/cuda/CUDAGraph.h"
+#include "base/status_testutil.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rng/generator_state.h"
-#include "rng/model_stream.h"
-#include "rng/named_streams.h"
 #include "rng/philox.h"
+#include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 #include "torch/cuda.h"
 
 namespace lockstep {
 namespace rng {
 namespace {
 
-const DefaultGenerators kGpu{.cuda_device = 0};
+const DefaultGenerators kGpu = DefaultGenerators::WithCudaDevice(0);
+
+std::shared_ptr<RankStreams> GpuStreams() { return RankStreams::Create(kGpu).value(); }
 const at::TensorOptions kCuda = at::TensorOptions().device(at::kCUDA, 0);
 
 at::Tensor CudaDraws() {
@@ -50,14 +52,14 @@ TEST(CudaGeneratorStateTest, ModelStreamLeavesTheCallersCudaDrawsUntouched) {
   const RngSnapshot caller = *RngSnapshot::Capture(kGpu);
   at::Tensor expected = CudaDraws();
   ASSERT_TRUE(caller.Restore().ok());
-  ModelStream model(kGpu);
+  auto model = GpuStreams();
   at::Tensor first, second;
   {
-    ModelStreamScope scope(model);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*model));
     first = CudaDraws();
   }
   {
-    ModelStreamScope scope(model);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*model));
     second = CudaDraws();
   }
   EXPECT_FALSE(at::equal(first, second));  // the model stream advances on CUDA too
@@ -70,9 +72,9 @@ TEST(CudaGeneratorStateTest, CudaOnlyReseedInsideAScopeIsKeptAndCpuIsRestored) {
   const RngSnapshot caller = *RngSnapshot::Capture(kGpu);
   at::Tensor cpu_expected = at::rand({8});
   ASSERT_TRUE(caller.Restore().ok());
-  ModelStream model(kGpu);
+  auto model = GpuStreams();
   {
-    ModelStreamScope scope(model);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*model));
     (void)at::rand({5});
     at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(0);
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -89,7 +91,8 @@ TEST(CudaGeneratorStateTest, CudaOnlyReseedInsideAScopeIsKeptAndCpuIsRestored) {
 }
 
 TEST(CudaGeneratorStateTest, NamedStreamSeedsTheCudaGenerator) {
-  NamedStreamTracker tracker(kGpu);
+  auto streams = GpuStreams();
+  NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 4242).ok());
   at::Tensor forked;
   {
@@ -152,7 +155,7 @@ TEST(CudaGeneratorStateTest, InCaptureSnapshotRewindsCapturedDrawsAndReplayMatch
 TEST(CudaGeneratorStateTest, GraphRelativeAndEagerStatesDoNotCrossTheCaptureBoundary) {
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
   const RngSnapshot eager = *RngSnapshot::Capture(kGpu);
-  ModelStream model(kGpu);
+  auto model = GpuStreams();
   absl::StatusOr<RngSnapshot> in_capture;
   absl::Status eager_in_capture, scope_in_capture;
   at::cuda::CUDAGraph graph;
@@ -161,7 +164,7 @@ TEST(CudaGeneratorStateTest, GraphRelativeAndEagerStatesDoNotCrossTheCaptureBoun
     graph.capture_begin();
     in_capture = RngSnapshot::Capture(kGpu);
     eager_in_capture = eager.Restore();
-    scope_in_capture = ModelStreamScope::Enter(model).status();
+    scope_in_capture = ModelStreamScope::Enter(*model).status();
     graph.capture_end();
   }
   ASSERT_TRUE(in_capture.ok()) << in_capture.status();
@@ -231,6 +234,21 @@ TEST(PhiloxCudaTest, CudaValuesEqualCpuValuesBitForBit) {
         << diff.argmax().item<int64_t>() << " of " << diff.numel() << ", "
         << (diff > 0).sum().item<int64_t>() << " differ";
   }
+}
+
+TEST(CudaRankStreamsTest, CheckGeneratorsRefusesStatesOfOtherGenerators) {
+  auto streams = GpuStreams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot cpu_only, RngSnapshot::Seeded({}, 1, 1));
+  const absl::Status refused = streams->CheckGenerators(cpu_only, "a CPU-only snapshot");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("a CPU-only snapshot holds state for CUDA "
+                                                      "device -1"));
+  EXPECT_EQ(streams->model().Restore(cpu_only).code(), absl::StatusCode::kInvalidArgument);
+  std::map<std::string, NamedStreamTracker::Stream> named;
+  named.emplace("tp", NamedStreamTracker::Stream{3, cpu_only});
+  EXPECT_EQ(streams->named().Restore(named).code(), absl::StatusCode::kInvalidArgument);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot gpu, RngSnapshot::Seeded(kGpu, 1, 1));
+  LOCKSTEP_EXPECT_OK(streams->CheckGenerators(gpu, "a GPU snapshot"));
 }
 
 }  // namespace

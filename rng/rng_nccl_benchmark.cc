@@ -6,11 +6,11 @@
 //
 //   rng_nccl_benchmark [iterations]     (default 2000, after 200 warm-up iterations)
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,11 +18,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/subprocess.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/rendezvous.h"
 #include "cuda_runtime_api.h"
-#include "rng/generator_state.h"
-#include "rng/model_stream.h"
+#include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 #include "rng/synchronize.h"
 
 namespace lockstep {
@@ -40,9 +41,13 @@ int RunRank(const std::string& store, int rank, int world, int iterations) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     return 1;
   }
-  const DefaultGenerators generators{.cuda_device = rank};
+  const DefaultGenerators generators = DefaultGenerators::WithCudaDevice(rank);
   at::manual_seed(100 + rank);
-  ModelStream model(generators);
+  absl::StatusOr<std::shared_ptr<RankStreams>> streams = RankStreams::Create(generators);
+  if (!streams.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, streams.status().ToString().c_str());
+    return 1;
+  }
   const int64_t bytes = static_cast<int64_t>(SynchronizeWireBytes(generators));
   at::Tensor payload = at::zeros({bytes}, at::kByte);
 
@@ -57,10 +62,13 @@ int RunRank(const std::string& store, int rank, int world, int iterations) {
   bool ok = true;
   const double bare = time_loop([&] { ok = ok && (*comm)->Broadcast(payload, 0).ok(); });
   const double scope_and_sync = time_loop([&] {
-    { ModelStreamScope scope(model); }
-    ok = ok && Synchronize(comm->get(), generators).ok();
+    {
+      absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(**streams);
+      ok = ok && scope.ok() && scope->Exit().ok();
+    }
+    ok = ok && Synchronize(comm->get(), **streams).ok();
   });
-  const double sync_only = time_loop([&] { ok = ok && Synchronize(comm->get(), generators).ok(); });
+  const double sync_only = time_loop([&] { ok = ok && Synchronize(comm->get(), **streams).ok(); });
   if (!ok || bare < 0 || scope_and_sync < 0 || sync_only < 0) return 1;
   if (rank == 0) {
     std::printf("NCCL world of %d GPUs, %lld-byte RNG state, %d iterations\n", world,
@@ -87,17 +95,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Count GPUs in a child, so this process forks the ranks before touching CUDA.
-  int fds[2];
-  if (pipe(fds) != 0) return 1;
-  if (fork() == 0) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-    (void)!write(fds[1], &count, sizeof(count));
-    _exit(0);
-  }
   int gpus = 0;
-  if (read(fds[0], &gpus, sizeof(gpus)) != sizeof(gpus)) gpus = 0;
-  wait(nullptr);
+  {
+    absl::StatusOr<lockstep::Child> counter =
+        lockstep::Child::Fork(lockstep::ChildOptions::Reporting(), [](int channel) {
+          int count = 0;
+          if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+          return write(channel, &count, sizeof(count)) == sizeof(count) ? 0 : 1;
+        });
+    if (!counter.ok()) {
+      std::fprintf(stderr, "rng_nccl_benchmark: %s\n", counter.status().ToString().c_str());
+      return 1;
+    }
+    std::string report;
+    while (lockstep::PollChannels({&*counter}, absl::Seconds(60), [&](size_t, absl::string_view b) {
+             report.append(b.data(), b.size());
+           }).value_or(0) > 0) {
+    }
+    counter->Reap();
+    if (report.size() == sizeof(gpus)) std::memcpy(&gpus, report.data(), sizeof(gpus));
+  }
   if (gpus < 2) {
     std::printf("rng_nccl_benchmark: needs at least 2 GPUs; this machine has %d: not measured\n",
                 gpus);
@@ -105,17 +122,26 @@ int main(int argc, char** argv) {
   }
   const int world = 2;
   const std::string store = absl::StrCat("/tmp/lockstep_rng_nccl_", getpid());
-  std::vector<pid_t> pids;
+  std::vector<lockstep::Child> ranks;
   for (int rank = 0; rank < world; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(lockstep::rng::RunRank(store, rank, world, iterations));
-    pids.push_back(pid);
+    absl::StatusOr<lockstep::Child> child = lockstep::Child::Fork(
+        lockstep::ChildOptions::Reporting(),
+        [&, rank](int) { return lockstep::rng::RunRank(store, rank, world, iterations); });
+    if (!child.ok()) {
+      std::fprintf(stderr, "rng_nccl_benchmark: starting rank %d: %s\n", rank,
+                   child.status().ToString().c_str());
+      return 1;
+    }
+    ranks.push_back(std::move(*child));
   }
   int failed = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int rank = 0; rank < world; ++rank) {
+    ranks[rank].Reap();
+    if (!ranks[rank].succeeded()) {
+      std::fprintf(stderr, "rng_nccl_benchmark: rank %d %s\n", rank,
+                   ranks[rank].Describe().c_str());
+      ++failed;
+    }
   }
   return failed == 0 ? 0 : 1;
 }

@@ -54,10 +54,19 @@ size_t SynchronizeWireBytes(const DefaultGenerators& generators) {
   return RngSnapshot::CpuStateSize() + (generators.has_cuda() ? kCudaBytes : 0) + 1;
 }
 
-absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators) {
+absl::Status Synchronize(collectives::Communicator* group, const RankStreams& streams) {
   if (group == nullptr || group->size() <= 1) return absl::OkStatus();
+  const DefaultGenerators& generators = streams.generators();
   const std::string context =
       absl::StrCat("while synchronizing RNG state across ", group->DebugName());
+  // Refused locally, but only after the broadcast: the other members must not wait for us.
+  absl::Status local;
+  if (!streams.caller_state_live()) {
+    local = absl::FailedPreconditionError(absl::StrCat(
+        context,
+        ": a model-stream scope or named-stream fork is active, so the live generators "
+        "do not hold the caller's state; synchronize outside them"));
+  }
   const size_t cpu_bytes = RngSnapshot::CpuStateSize();
   // Wire: the CPU state, with CUDA the seed and offset, and last a status byte: whether the
   // leader could read its state. The leader always broadcasts, so a failure on its side reaches
@@ -71,10 +80,13 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   }));
   uint8_t* data = wire.data_ptr<uint8_t>();
   absl::Status leader_status;
-  if (group->rank() == 0) leader_status = WriteLeaderState(generators, context, data, cpu_bytes);
+  if (group->rank() == 0) {
+    leader_status = local.ok() ? WriteLeaderState(generators, context, data, cpu_bytes) : local;
+  }
   if (group->rank() == 0 && leader_status.ok()) data[status_byte] = 1;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(wire, 0), context);
   if (group->rank() == 0) return leader_status;
+  if (!local.ok()) return local;
   if (data[status_byte] != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat(context, ": the group's leader (global rank ", group->global_ranks()[0],
@@ -82,8 +94,8 @@ absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerato
   }
   std::optional<CudaGeneratorState> cuda;
   if (generators.has_cuda()) {
-    cuda = CudaGeneratorState{generators.cuda_device, GetWord(data + cpu_bytes),
-                              GetWord(data + cpu_bytes + 8)};
+    cuda = CudaGeneratorState::Eager(generators.cuda_device, GetWord(data + cpu_bytes),
+                                     GetWord(data + cpu_bytes + 8));
   }
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       RngSnapshot::RestoreParts(absl::string_view(reinterpret_cast<const char*>(data), cpu_bytes),

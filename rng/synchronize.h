@@ -14,30 +14,33 @@
 // CPU tensor, which the Gloo communicator sends as is and the NCCL communicator stages through the
 // device.
 //
-// Not during CUDA graph capture: the CUDA generator's position is graph-relative there, so the
-// leader refuses (kFailedPrecondition). Whenever the leader cannot read its state it still
-// broadcasts, marked as failed, and every member returns kFailedPrecondition naming it — no
-// member is left waiting.
+// It synchronizes the caller's state, so not inside a model-stream scope or a named-stream fork
+// (the live generators then hold another stream): kFailedPrecondition. Not during CUDA graph
+// capture either: the CUDA generator's position is graph-relative there, so the leader refuses
+// (kFailedPrecondition). Whenever the leader cannot read its state it still broadcasts, marked
+// as failed, and every member returns kFailedPrecondition naming it; a member that refuses still
+// takes part in the broadcast before returning its error — no member is left waiting.
 //
 // Thread-safety: as the communicator's and the default generators'.
 //
 // Example:
-//   LOCKSTEP_RETURN_IF_ERROR(rng::Synchronize(tp_cp_group.get(), generators));
+//   LOCKSTEP_RETURN_IF_ERROR(rng::Synchronize(tp_cp_group.get(), *streams));
 
 #ifndef LOCKSTEP_RNG_SYNCHRONIZE_H_
 #define LOCKSTEP_RNG_SYNCHRONIZE_H_
 
 #include "absl/status/status.h"
 #include "collectives/communicator.h"
-#include "rng/generator_state.h"
+#include "rng/generators.h"
+#include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace rng {
 
-// Precondition: every member passes the same kind of generators (all with or all without a
-// CUDA device); a mismatch is reported by the communicator as mismatched arguments or by the
-// receiver as a malformed state.
-absl::Status Synchronize(collectives::Communicator* group, const DefaultGenerators& generators);
+// Precondition: every member's streams have the same kind of generators (all with or all
+// without a CUDA device); a mismatch is reported by the communicator as mismatched arguments or
+// by the receiver as a malformed state.
+absl::Status Synchronize(collectives::Communicator* group, const RankStreams& streams);
 
 // Bytes of the one broadcast Synchronize makes for `generators` (for benchmarks that compare it
 // with a bare broadcast of the same size).

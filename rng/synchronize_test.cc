@@ -1,6 +1,7 @@
 // Synchronize across real processes (each with its own default generators), over Gloo.
 #include "rng/synchronize.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,11 +9,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "collectives/process_world.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rng/model_stream.h"
-#include "testing/process_world.h"
+#include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace rng {
@@ -20,6 +21,16 @@ namespace {
 
 using collectives::Communicator;
 using collectives::Topology;
+
+std::shared_ptr<RankStreams> Streams() {
+  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+}
+
+collectives::ProcessWorldOptions World(int n) {
+  collectives::ProcessWorldOptions options;
+  options.world_size = n;
+  return options;
+}
 
 // What every rank draws after the step under test: uniform numbers, a dropout mask and a
 // random token mask, as one tensor.
@@ -42,19 +53,20 @@ using Check = std::function<absl::Status(const Topology&, const std::vector<at::
 
 std::vector<absl::Status> RunSync(int world, int tp, int cp, std::function<uint64_t(int)> seed_of,
                                   bool synchronize, Check check) {
-  return testing::RunProcessWorld({world}, [=](int rank, Communicator& comm) -> absl::Status {
-    const Topology topo = *Topology::Create(world, tp, cp);
-    auto group = comm.NewGroup(topo.TpCpGroup(rank));
-    if (!group.ok()) return group.status();
-    at::manual_seed(seed_of(rank));
-    (void)at::rand({rank + 1});  // ranks have advanced by different amounts
-    if (synchronize) {
-      if (absl::Status s = Synchronize(group->get(), {}); !s.ok()) return s;
-    }
-    auto gathered = comm.AllGather(Draws());
-    if (!gathered.ok()) return gathered.status();
-    return check(topo, *gathered);
-  });
+  return collectives::RunProcessWorld(
+      World(world), [=](int rank, Communicator& comm) -> absl::Status {
+        const Topology topo = *Topology::Create(world, tp, cp);
+        auto group = comm.NewGroup(topo.TpCpGroup(rank));
+        if (!group.ok()) return group.status();
+        at::manual_seed(seed_of(rank));
+        (void)at::rand({rank + 1});  // ranks have advanced by different amounts
+        if (synchronize) {
+          if (absl::Status s = Synchronize(group->get(), *Streams()); !s.ok()) return s;
+        }
+        auto gathered = comm.AllGather(Draws());
+        if (!gathered.ok()) return gathered.status();
+        return check(topo, *gathered);
+      });
 }
 
 absl::Status ReplicasAgreeAndDpWorkers(bool dp_workers_equal, const Topology& topo,
@@ -102,17 +114,18 @@ TEST(SynchronizeTest, DpTwoCpTwoIdenticalSeedsStayIdenticalAcrossDpWorkers) {
   // worker 0 has rank 0's state and DP worker 1 rank 2's. Ranks 0 and 2 advanced differently
   // too (by 1 and 3 draws), so for the DP workers to be identical their leaders must be in the
   // same state: make them so by advancing rank 2 like rank 0.
-  ExpectAllOk(testing::RunProcessWorld({4}, [](int rank, Communicator& comm) -> absl::Status {
-    const Topology topo = *Topology::Create(4, 1, 2);
-    auto group = comm.NewGroup(topo.TpCpGroup(rank));
-    if (!group.ok()) return group.status();
-    at::manual_seed(100);
-    (void)at::rand({rank % 2 == 0 ? 1 : 7});  // leaders identical, replicas drifted
-    if (absl::Status s = Synchronize(group->get(), {}); !s.ok()) return s;
-    auto gathered = comm.AllGather(Draws());
-    if (!gathered.ok()) return gathered.status();
-    return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/true, topo, *gathered);
-  }));
+  ExpectAllOk(
+      collectives::RunProcessWorld(World(4), [](int rank, Communicator& comm) -> absl::Status {
+        const Topology topo = *Topology::Create(4, 1, 2);
+        auto group = comm.NewGroup(topo.TpCpGroup(rank));
+        if (!group.ok()) return group.status();
+        at::manual_seed(100);
+        (void)at::rand({rank % 2 == 0 ? 1 : 7});  // leaders identical, replicas drifted
+        if (absl::Status s = Synchronize(group->get(), *Streams()); !s.ok()) return s;
+        auto gathered = comm.AllGather(Draws());
+        if (!gathered.ok()) return gathered.status();
+        return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/true, topo, *gathered);
+      }));
 }
 
 TEST(SynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
@@ -128,20 +141,24 @@ TEST(SynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
   }
 }
 
-// The leader cannot read its state (here: a CUDA device that does not exist): it still
-// broadcasts, and every member fails at once naming the leader instead of waiting for a
-// broadcast that never comes (the 60 s process-world timeout would otherwise fire).
+// The leader cannot synchronize (here: it is inside a model-stream scope, so its live state is
+// not the caller's): it still broadcasts, and every member fails at once naming the leader
+// instead of waiting for a broadcast that never comes (the process-world timeout would fire).
 TEST(SynchronizeTest, LeaderFailureReachesEveryMemberWithoutAHang) {
   const absl::Time start = absl::Now();
   std::vector<absl::Status> results =
-      testing::RunProcessWorld({3}, [](int rank, Communicator& comm) -> absl::Status {
+      collectives::RunProcessWorld(World(3), [](int rank, Communicator& comm) -> absl::Status {
         if (rank == 0) return absl::OkStatus();  // not a member
         auto group = comm.NewGroup({1, 2});      // leader: global rank 1
         if (!group.ok()) return group.status();
-        const absl::Status s = Synchronize(group->get(), {.cuda_device = 99});
+        std::shared_ptr<RankStreams> streams = Streams();
+        std::optional<absl::StatusOr<ModelStreamScope>> scope;
+        if (rank == 1) scope.emplace(ModelStreamScope::Enter(*streams));
+        const absl::Status s = Synchronize(group->get(), *streams);
         if (rank == 1) {
-          return s.ok() ? absl::InternalError("the leader's failure was not reported")
-                        : absl::OkStatus();
+          return s.code() == absl::StatusCode::kFailedPrecondition
+                     ? absl::OkStatus()
+                     : absl::InternalError(absl::StrCat("the leader got: ", s.ToString()));
         }
         if (s.code() != absl::StatusCode::kFailedPrecondition ||
             !absl::StrContains(s.message(), "leader (global rank 1)")) {
@@ -153,37 +170,60 @@ TEST(SynchronizeTest, LeaderFailureReachesEveryMemberWithoutAHang) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
+// A member inside a scope refuses, but only after taking part in the broadcast: the leader
+// completes and keeps its state.
+TEST(SynchronizeTest, AMemberInsideAScopeRefusesWithoutStrandingTheLeader) {
+  ExpectAllOk(
+      collectives::RunProcessWorld(World(2), [](int rank, Communicator& comm) -> absl::Status {
+        at::manual_seed(40 + rank);
+        std::shared_ptr<RankStreams> streams = Streams();
+        std::optional<absl::StatusOr<ModelStreamScope>> scope;
+        if (rank == 1) scope.emplace(ModelStreamScope::Enter(*streams));
+        const absl::Status s = Synchronize(&comm, *streams);
+        if (rank == 0) return s;
+        if (s.code() != absl::StatusCode::kFailedPrecondition ||
+            !absl::StrContains(s.message(), "model-stream scope or named-stream fork is active")) {
+          return absl::InternalError(absl::StrCat("member got: ", s.ToString()));
+        }
+        return absl::OkStatus();
+      }));
+}
+
 TEST(SynchronizeTest, NoGroupAndSingleMemberGroupAreNoOps) {
-  ExpectAllOk(testing::RunProcessWorld({2}, [](int rank, Communicator& comm) -> absl::Status {
-    at::manual_seed(7 + rank);
-    const RngSnapshot before = *RngSnapshot::Capture({});
-    if (absl::Status s = Synchronize(nullptr, {}); !s.ok()) return s;
-    auto alone = comm.NewGroup({rank});
-    if (!alone.ok()) return alone.status();
-    if (absl::Status s = Synchronize(alone->get(), {}); !s.ok()) return s;
-    if (*RngSnapshot::Capture({}) != before) return absl::InternalError("state changed");
-    return absl::OkStatus();
-  }));
+  ExpectAllOk(
+      collectives::RunProcessWorld(World(2), [](int rank, Communicator& comm) -> absl::Status {
+        at::manual_seed(7 + rank);
+        const RngSnapshot before = *RngSnapshot::Capture({});
+        std::shared_ptr<RankStreams> streams = Streams();
+        if (absl::Status s = Synchronize(nullptr, *streams); !s.ok()) return s;
+        auto alone = comm.NewGroup({rank});
+        if (!alone.ok()) return alone.status();
+        if (absl::Status s = Synchronize(alone->get(), *streams); !s.ok()) return s;
+        if (*RngSnapshot::Capture({}) != before) return absl::InternalError("state changed");
+        return absl::OkStatus();
+      }));
 }
 
 TEST(SynchronizeTest, ModelStreamsDerivedAfterSyncAgreeAcrossReplicas) {
   // The model stream is derived from the caller state, so synchronized callers derive the same
   // model stream and the model's dropout masks agree across replicas too.
-  ExpectAllOk(testing::RunProcessWorld({2}, [](int rank, Communicator& comm) -> absl::Status {
-    at::manual_seed(500 + rank);
-    if (absl::Status s = Synchronize(&comm, {}); !s.ok()) return s;
-    ModelStream model({});
-    at::Tensor mask;
-    {
-      ModelStreamScope scope(model);
-      mask = at::dropout(at::ones({128}), 0.25, true);
-    }
-    auto gathered = comm.AllGather(mask);
-    if (!gathered.ok()) return gathered.status();
-    if (!at::equal((*gathered)[0], (*gathered)[1]))
-      return absl::InternalError("model masks differ");
-    return absl::OkStatus();
-  }));
+  ExpectAllOk(
+      collectives::RunProcessWorld(World(2), [](int rank, Communicator& comm) -> absl::Status {
+        at::manual_seed(500 + rank);
+        std::shared_ptr<RankStreams> streams = Streams();
+        if (absl::Status s = Synchronize(&comm, *streams); !s.ok()) return s;
+        at::Tensor mask;
+        {
+          absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(*streams);
+          if (!scope.ok()) return scope.status();
+          mask = at::dropout(at::ones({128}), 0.25, true);
+        }
+        auto gathered = comm.AllGather(mask);
+        if (!gathered.ok()) return gathered.status();
+        if (!at::equal((*gathered)[0], (*gathered)[1]))
+          return absl::InternalError("model masks differ");
+        return absl::OkStatus();
+      }));
 }
 
 }  // namespace

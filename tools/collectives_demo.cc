@@ -1,6 +1,6 @@
 // collectives_demo: a smoke job for a DP x TP x CP world over Gloo, run under tools/launch.
 //
-//   launch --nproc 4 -- collectives_demo --tp 1 --cp 2
+//   launch --nproc=4 -- collectives_demo --tp=1 --cp=2
 //
 // Every rank joins from the torchrun environment, builds its TP, CP, TP x CP and DP groups, and
 // checks that each collective moves the right values: a world all-reduce, a broadcast from
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -20,6 +20,10 @@
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
+#include "tools/tool_flags.h"
+
+ABSL_FLAG(int, tp, 1, "tensor-parallel size");
+ABSL_FLAG(int, cp, 1, "context-parallel size");
 
 namespace lockstep {
 namespace {
@@ -43,7 +47,8 @@ absl::Status CheckLeaderBroadcast(Communicator& group, const std::string& name) 
 absl::StatusOr<std::string> Run(int tp, int cp) {
   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous,
                             collectives::Rendezvous::FromEnvironment(absl::Seconds(60)));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto world, collectives::GlooCommunicator::Create(rendezvous, {}));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto world, collectives::GlooCommunicator::Create(
+                                            rendezvous, collectives::GlooCommunicator::Options()));
   const int rank = world->rank();
   const int n = world->size();
   LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::Create(n, tp, cp));
@@ -78,17 +83,16 @@ absl::StatusOr<std::string> Run(int tp, int cp) {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  int tp = 1, cp = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    int* target = flag == "--tp" ? &tp : flag == "--cp" ? &cp : nullptr;
-    if (target == nullptr || i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], target)) {
-      std::cerr << "usage: collectives_demo [--tp N] [--cp N]  (run under tools/launch)\n";
-      return 2;
-    }
-    ++i;
+  const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
+      argc, argv,
+      "collectives_demo [--tp=N] [--cp=N]: a smoke job for a DP x TP x CP world over Gloo, run "
+      "under tools/launch");
+  if (absl::Status s = lockstep::tools::NoPositionalArguments(args); !s.ok()) {
+    std::cerr << "collectives_demo: " << s.message() << std::endl;
+    return lockstep::tools::kBadInputExitCode;
   }
-  absl::StatusOr<std::string> line = lockstep::Run(tp, cp);
+  absl::StatusOr<std::string> line =
+      lockstep::Run(absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp));
   if (!line.ok()) {
     std::cerr << "FAILED: " << line.status() << std::endl;
     return 1;

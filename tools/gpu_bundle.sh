@@ -2,8 +2,8 @@
 # Builds lockstep's GPU tests and benchmarks against the LibTorch 2.11 + CUDA 13 SDK
 # (../shared/gpu-sdk) with --config=cuda, and packs them into .gpu-bundle/ for the H200:
 #   tools/gpu_bundle.sh            then, on the device:  ./.gpu-bundle/run.sh
-# The CPU tests of rng/collectives/testing/base/checkpoint are included too, so the 2.11 build of the CPU paths
-# runs there as well.
+# The CPU tests of rng/collectives/base/checkpoint/tools are included too, so the 2.11 build of
+# the CPU paths runs there as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sdk_script=${GPU_SDK:-../shared/gpu-sdk}
@@ -14,8 +14,11 @@ targets=(
   //rng:rng_cuda_leftover_test
   //rng:rng_benchmark
   //rng:rng_nccl_benchmark
-  //rng:generator_state_test
+  //rng:snapshot_test
+  //rng:rank_streams_test
   //rng:model_stream_test
+  //rng:named_streams_test
+  //rng:resume_state_test
   //rng:philox_test
   //rng:synchronize_test
   //collectives:nccl_communicator_test
@@ -24,11 +27,15 @@ targets=(
   //collectives:gloo_communicator_test
   //collectives:collectives_benchmark
   //collectives:agreement_test
-  //testing:fake_communicator_test
+  //collectives:fake_communicator_test
+  //collectives:communicator_base_test
   //base:torch_boundary_test
+  //base:logging_test
+  //base:subprocess_test
   //checkpoint:checkpoint_cuda_test
   //checkpoint:checkpoint_test
   //checkpoint:checkpoint_benchmark
+  //tools:qualification_cuda_test
 )
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
 bins=()

@@ -4,14 +4,16 @@
 // environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
 // forwards their output line by line with a "[rank K] " prefix, and when one fails stops the
 // others (SIGTERM to each process group, SIGKILL after a grace period) and reports the failure.
-// SIGINT/SIGTERM sent to the launcher are forwarded to the ranks the same way.
+// SIGINT/SIGTERM sent to the launcher are forwarded to the ranks the same way. A job-level
+// deadline bounds the whole run: ranks still running then are named, stopped, and the job
+// fails. Ranks die with the launcher (PR_SET_PDEATHSIG), so a killed launcher leaves none.
 //
 // Thread-safety: Launch installs signal handlers for its duration; run one at a time.
 //
 // Example:
 //   LaunchOptions options;
 //   options.nproc = 4;
-//   options.command = {"bazel-bin/tools/collectives_demo", "--cp", "2"};
+//   options.command = {"bazel-bin/tools/collectives_demo", "--cp=2"};
 //   absl::StatusOr<LaunchResult> result = Launch(options);
 //   return result.ok() ? result->exit_code : 2;
 
@@ -21,14 +23,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace lockstep {
 namespace tools {
 
+// The most processes launch starts on one machine.
+inline constexpr int kMaxLocalProcesses = 1024;
+
 struct LaunchOptions {
-  // Number of processes; 1..1024.
+  // Number of processes; 1..kMaxLocalProcesses. Default: 1.
   int nproc = 1;
   // Address of rank 0's rendezvous store. Default: the loopback address.
   std::string master_addr = "127.0.0.1";
@@ -38,6 +44,8 @@ struct LaunchOptions {
   std::vector<std::string> command;
   // How long the others get between SIGTERM and SIGKILL once one rank failed. Default: 5 s.
   absl::Duration grace = absl::Seconds(5);
+  // The whole job's limit: ranks still running then are stopped and named. Default: none.
+  absl::Duration deadline = absl::InfiniteDuration();
   // Where the prefixed output goes. Default: standard output.
   int output_fd = 1;
 };
@@ -47,16 +55,19 @@ struct LaunchResult {
   int exit_code = 0;
   // The first rank that failed, or -1.
   int failed_rank = -1;
+  // Ranks stopped because the deadline passed (empty otherwise).
+  std::vector<int> stalled_ranks;
   // What happened, for the launcher's last line ("rank 1 exited with code 3").
   std::string summary;
 };
 
-// Parses `launch [--nproc N] [--master_addr A] [--master_port P] [--grace_seconds S] [--]
-// PROGRAM [ARGS...]`. kInvalidArgument names the flag and the accepted range.
-absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
+// kInvalidArgument naming the option (as launch's flag) and its accepted range for: nproc
+// outside [1, kMaxLocalProcesses], an empty master_addr, master_port outside [0, 65535], a
+// negative grace, a non-positive deadline, an empty command.
+absl::Status ValidateLaunchOptions(const LaunchOptions& options);
 
 // Runs the processes to completion. Returns an error only when the launcher itself could not
-// work (no pipe, no fork, bad options); failures of the ranks are in the result.
+// work (bad options, no pipe, no fork); failures of the ranks are in the result.
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options);
 
 }  // namespace tools

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -103,25 +104,52 @@ TEST(LauncherTest, MissingProgramFailsWithExitCode127) {
   EXPECT_EQ(result->exit_code, 127);
 }
 
-TEST(ParseLaunchArgsTest, ParsesFlagsAndTheCommand) {
-  auto options = ParseLaunchArgs({"--nproc", "4", "--master_port", "29501", "--", "prog", "--x"});
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->nproc, 4);
-  EXPECT_EQ(options->master_port, 29501);
-  EXPECT_EQ(options->command, (std::vector<std::string>{"prog", "--x"}));
-  auto no_dashes = ParseLaunchArgs({"--nproc", "2", "prog", "arg"});
-  ASSERT_TRUE(no_dashes.ok());
-  EXPECT_EQ(no_dashes->command, (std::vector<std::string>{"prog", "arg"}));
+TEST(LauncherTest, ADeadlineStopsAndNamesTheStalledRanks) {
+  LaunchOptions options;
+  options.nproc = 3;
+  // Rank 1 stalls; the others finish at once.
+  options.command = {"/bin/sh", "-c", "if [ \"$RANK\" = 1 ]; then sleep 60; fi; echo done $RANK"};
+  options.deadline = absl::Seconds(2);
+  options.grace = absl::Seconds(1);
+  options.output_fd = open("/dev/null", O_WRONLY);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  close(options.output_fd);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(absl::Now() - start, options.deadline + options.grace + absl::Seconds(5));
+  EXPECT_EQ(result->exit_code, 124);
+  EXPECT_EQ(result->stalled_ranks, (std::vector<int>{1}));
+  EXPECT_THAT(result->summary, HasSubstr("rank(s) 1 still running after the job deadline of 2s"));
 }
 
-TEST(ParseLaunchArgsTest, BadArgumentsAreNamed) {
-  EXPECT_THAT(ParseLaunchArgs({"--nproc", "0", "prog"}).status().message(),
+TEST(ValidateLaunchOptionsTest, BadOptionsAreNamedWithTheirRange) {
+  auto with = [](auto change) {
+    LaunchOptions options;
+    options.command = {"prog"};
+    change(options);
+    return ValidateLaunchOptions(options);
+  };
+  EXPECT_TRUE(with([](LaunchOptions&) {}).ok());
+  EXPECT_THAT(with([](LaunchOptions& o) { o.nproc = 0; }).message(),
               HasSubstr("--nproc 0 is not an integer in [1, 1024]"));
-  EXPECT_THAT(ParseLaunchArgs({"--nproc", "2"}).status().message(), HasSubstr("no program"));
-  EXPECT_THAT(ParseLaunchArgs({"--bogus", "1", "prog"}).status().message(),
-              HasSubstr("unknown flag --bogus"));
-  EXPECT_THAT(ParseLaunchArgs({"--master_port", "70000", "p"}).status().message(),
+  EXPECT_THAT(with([](LaunchOptions& o) { o.nproc = 1025; }).message(),
+              HasSubstr("--nproc 1025 is not an integer in [1, 1024]"));
+  EXPECT_THAT(with([](LaunchOptions& o) { o.command.clear(); }).message(), HasSubstr("no program"));
+  EXPECT_THAT(with([](LaunchOptions& o) { o.master_port = 70000; }).message(),
               HasSubstr("--master_port 70000"));
+  EXPECT_THAT(with([](LaunchOptions& o) { o.master_addr = ""; }).message(),
+              HasSubstr("--master_addr is empty"));
+  EXPECT_THAT(with([](LaunchOptions& o) { o.deadline = absl::ZeroDuration(); }).message(),
+              HasSubstr("--deadline_seconds 0 must be positive"));
+  EXPECT_EQ(Launch([] {
+              LaunchOptions o;
+              o.nproc = 0;
+              o.command = {"prog"};
+              return o;
+            }())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# qualify must pass on real topologies and fail under its negative control.
+# qualify must pass on real topologies, fail under each negative control, and refuse bad flags.
 set -euo pipefail
 qualify=tools/qualify
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 
-"$qualify" --dp 2 --tp 1 --cp 2 --out "$tmp/dp2cp2.json"
+"$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/dp2cp2.json"
 grep -q '"passed": true' "$tmp/dp2cp2.json" || { echo "evidence does not say passed"; exit 1; }
 for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute; do
   grep -q "\"name\": \"$check\"" "$tmp/dp2cp2.json" || { echo "evidence lacks $check"; exit 1; }
@@ -12,25 +12,44 @@ done
 
 "$qualify" --dp 2 --tp 2 --cp 1 --out "$tmp/dp2tp2.json"
 
-set +e
-"$qualify" --dp 2 --tp 1 --cp 2 --negative-control no-sync --out "$tmp/nosync.json" >"$tmp/nosync.txt"
-rc=$?
-set -e
-cat "$tmp/nosync.txt"
-[[ $rc == 1 ]] || { echo "negative control no-sync exited $rc, expected 1"; exit 1; }
-grep -q "^replica_agreement *FAIL" "$tmp/nosync.txt" || { echo "replica_agreement did not fail"; exit 1; }
-grep -q '"passed": false' "$tmp/nosync.json"
+# Each negative control must make qualify fail (exit 1) through the check that catches it.
+expect_fail() {  # control check
+  set +e
+  "$qualify" --dp=2 --tp=1 --cp=2 --negative_control="$1" --out="$tmp/$1.json" >"$tmp/$1.txt"
+  local rc=$?
+  set -e
+  cat "$tmp/$1.txt"
+  [[ $rc == 1 ]] || { echo "negative control $1 exited $rc, expected 1"; exit 1; }
+  grep -q "^$2 *FAIL" "$tmp/$1.txt" || { echo "$2 did not fail under $1"; exit 1; }
+  grep -q '"passed": false' "$tmp/$1.json"
+}
+expect_fail no-sync replica_agreement
+expect_fail world-sync dp_workers_independent
+expect_fail unscoped-model-work model_stream
+expect_fail aliasing-snapshot checkpoint_recompute
+expect_fail shard-local-philox partition_invariance
+grep -q "^replica_agreement *PASS" "$tmp/aliasing-snapshot.txt" \
+  || { echo "aliasing-snapshot broke more than recompute"; exit 1; }
 
-set +e
-"$qualify" --dp 2 --tp 1 --cp 2 --negative-control aliasing-snapshot --out "$tmp/alias.json" >"$tmp/alias.txt"
-rc=$?
-set -e
-cat "$tmp/alias.txt"
-[[ $rc == 1 ]] || { echo "negative control aliasing-snapshot exited $rc, expected 1"; exit 1; }
-grep -q "^checkpoint_recompute *FAIL" "$tmp/alias.txt" || { echo "checkpoint_recompute did not fail"; exit 1; }
-grep -q "^replica_agreement *PASS" "$tmp/alias.txt" || { echo "aliasing-snapshot broke more than recompute"; exit 1; }
-
-# Bad flags are named.
-if "$qualify" --dp 0 2>"$tmp/bad.txt"; then echo "--dp 0 accepted"; exit 1; fi
-grep -q -- "--dp 0 is not a positive integer" "$tmp/bad.txt"
+# Bad flags are named and exit 2, before anything starts.
+bad() {  # expected-message flags...
+  local want=$1
+  shift
+  set +e
+  "$qualify" "$@" >"$tmp/bad.out" 2>"$tmp/bad.txt"
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { echo "qualify $* exited $rc, expected 2"; cat "$tmp/bad.txt"; exit 1; }
+  grep -q -- "$want" "$tmp/bad.txt" || { echo "qualify $*: no '$want' in:"; cat "$tmp/bad.txt"; exit 1; }
+}
+bad "--dp 0 is not a positive integer" --dp=0
+bad "exceeds qualify's world limit of 64" --dp=2147483647
+bad "--dp 64 x --tp 64 x --cp 64 = 262144 processes exceeds qualify's limit of 64" --dp=64 --tp=64 --cp=64
+bad "unknown negative control 'bogus'" --negative_control=bogus
+bad "unexpected argument foo" --dp=1 foo
+bad "is empty" --out=
+bad "dp" --dp=abc
+bad "bogus" --bogus=1
+bad "cannot write the evidence file" --dp=1 --out=/nonexistent-dir/qualify.json
+bad "--worker needs --results_dir" --worker
 echo "qualify test: ok"

@@ -12,7 +12,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "rng/philox.h"
+#include "rng/philox_key.h"
 
 namespace lockstep {
 namespace rng {

@@ -1,0 +1,82 @@
+#include "collectives/internal/communicator_base.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+
+namespace lockstep {
+namespace collectives {
+namespace internal {
+
+GroupIdentity GroupIdentity::World(const WorldState& world, int rank) {
+  GroupIdentity identity;
+  for (int r = 0; r < world.world_size; ++r) identity.global_ranks.push_back(r);
+  identity.rank = rank;
+  identity.name = absl::StrCat(world.backend, " world ", FormatRanks(identity.global_ranks));
+  identity.store_key = absl::StrCat("lockstep/", world.backend, "/world");
+  return identity;
+}
+
+GroupIdentity GroupIdentity::Of(const GroupRegistry::Entry& entry) {
+  GroupIdentity identity;
+  identity.global_ranks = entry.global_ranks;
+  identity.rank = entry.member;
+  identity.name = entry.name;
+  identity.store_key = entry.store_key;
+  return identity;
+}
+
+absl::Status ValidateTimeout(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout ", absl::FormatDuration(timeout), " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+std::string CommunicatorBase::What(absl::string_view op) const {
+  return absl::StrCat(op, " on ", identity_.name);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorBase::NewGroup(
+    absl::Span<const int> global_ranks) {
+  const std::string what =
+      absl::StrCat("creating a group of ", FormatRanks(global_ranks), " from ", identity_.name);
+  if (failed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the communicator is unusable after an earlier error (",
+                     first_error_.message(), ")"));
+  }
+  absl::StatusOr<GroupRegistry::Entry> entry = world_->groups.Register(
+      world_->backend, global_ranks, world_->world_size, identity_.global_ranks[identity_.rank]);
+  if (!entry.ok()) return Annotate(entry.status(), what);
+  absl::StatusOr<std::unique_ptr<Communicator>> group = CreateGroup(GroupIdentity::Of(*entry));
+  if (!group.ok()) return Annotate(group.status(), "members must create a group together");
+  return group;
+}
+
+absl::Status CommunicatorBase::Collective(absl::string_view op,
+                                          const std::function<absl::Status()>& body) {
+  if (failed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(What(op), ": the communicator is unusable after an earlier error (",
+                     first_error_.message(), "); create a new one"));
+  }
+  const absl::Time start = absl::Now();
+  absl::Status status = body();
+  if (status.ok()) return status;
+  const absl::Duration elapsed = absl::Now() - start;
+  if (status.code() == absl::StatusCode::kUnavailable && elapsed >= world_->timeout) {
+    status = absl::DeadlineExceededError(
+        absl::StrCat(status.message(), " (no answer within the communicator's timeout of ",
+                     absl::FormatDuration(world_->timeout), ": a peer did not arrive)"));
+  }
+  first_error_ = status;
+  return status;
+}
+
+}  // namespace internal
+}  // namespace collectives
+}  // namespace lockstep

@@ -1,0 +1,106 @@
+// collectives/internal/communicator_base.h
+//
+// Private to collectives/: the skeleton every Communicator implementation (Gloo, NCCL, the
+// in-process fake) shares, so that they agree on the contract of communicator.h by construction:
+//   - group identity (global ranks, this member's rank, a name for errors) and its accessors;
+//   - NewGroup: rank-list validation, numbering of groups created over the same ranks, and the
+//     group's name and rendezvous key (GroupRegistry), then the backend's CreateGroup;
+//   - every collective runs through Collective(), which refuses to run on a communicator that
+//     failed earlier, and marks this one failed on any error: after an error a communicator is
+//     unusable (kFailedPrecondition naming the first error), for every implementation;
+//   - a communication failure (kUnavailable from the exception boundary, base/torch_boundary.h)
+//     that arrives after the communicator's timeout has passed is reported as kDeadlineExceeded:
+//     c10d and Gloo throw the same exception types for a peer that is gone and one that did not
+//     arrive, so the communicator's own clock tells them apart.
+//
+// Thread-safety: as Communicator (one thread per communicator; the registry is thread-safe).
+
+#ifndef LOCKSTEP_COLLECTIVES_INTERNAL_COMMUNICATOR_BASE_H_
+#define LOCKSTEP_COLLECTIVES_INTERNAL_COMMUNICATOR_BASE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "collectives/communicator.h"
+#include "collectives/internal/group_registry.h"
+
+namespace lockstep {
+namespace collectives {
+namespace internal {
+
+// What a world communicator and every group made from it share.
+struct WorldState {
+  WorldState(std::string backend, int world_size, absl::Duration timeout)
+      : backend(std::move(backend)), world_size(world_size), timeout(timeout) {}
+
+  const std::string backend;  // "gloo", "nccl", "fake": names groups and store keys
+  const int world_size;
+  const absl::Duration timeout;
+  GroupRegistry groups;
+};
+
+// One group as its member sees it.
+struct GroupIdentity {
+  std::vector<int> global_ranks;
+  int rank = 0;           // this member's rank in the group
+  std::string name;       // "gloo world [0, 1]", "nccl group [0, 2] #1"
+  std::string store_key;  // where its members meet in the rendezvous store
+
+  // The identity of the whole world of `world` as seen by global rank `rank`.
+  static GroupIdentity World(const WorldState& world, int rank);
+  // The identity of a group the registry numbered.
+  static GroupIdentity Of(const GroupRegistry::Entry& entry);
+};
+
+// Checks what every communicator's Create needs: a positive timeout.
+absl::Status ValidateTimeout(absl::Duration timeout);
+
+class CommunicatorBase : public Communicator {
+ public:
+  int rank() const final { return identity_.rank; }
+  int size() const final { return static_cast<int>(identity_.global_ranks.size()); }
+  const std::vector<int>& global_ranks() const final { return identity_.global_ranks; }
+  absl::Duration timeout() const final { return world_->timeout; }
+  std::string DebugName() const final { return identity_.name; }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
+      absl::Span<const int> global_ranks) final;
+
+  // Whether an earlier error made this communicator unusable.
+  bool failed() const { return !first_error_.ok(); }
+
+ protected:
+  CommunicatorBase(std::shared_ptr<WorldState> world, GroupIdentity identity)
+      : world_(std::move(world)), identity_(std::move(identity)) {}
+
+  const std::shared_ptr<WorldState>& world_state() const { return world_; }
+  const GroupIdentity& identity() const { return identity_; }
+
+  // Creates this backend's communicator for a group registered by NewGroup (identity.rank is
+  // the caller's member index). Collective over the group's members.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(GroupIdentity identity) = 0;
+
+  // "<op> on <name>", the context every error of a collective starts with.
+  std::string What(absl::string_view op) const;
+
+  // Runs one collective (see the top of this file). `body` returns the collective's status;
+  // its LibTorch/c10d calls go through CallTorch with What(op) as context.
+  absl::Status Collective(absl::string_view op, const std::function<absl::Status()>& body);
+
+ private:
+  std::shared_ptr<WorldState> world_;
+  GroupIdentity identity_;
+  absl::Status first_error_;
+};
+
+}  // namespace internal
+}  // namespace collectives
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_COLLECTIVES_INTERNAL_COMMUNICATOR_BASE_H_

@@ -1,0 +1,126 @@
+#include "rng/resume_state.h"
+
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace lockstep {
+namespace rng {
+namespace {
+
+GeneratorSetProto ToProto(const RngSnapshot& snapshot) {
+  GeneratorSetProto proto;
+  proto.set_cpu_state(snapshot.cpu_state());
+  if (snapshot.cuda().has_value()) {
+    proto.mutable_cuda()->set_device(snapshot.cuda()->device);
+    proto.mutable_cuda()->set_seed(snapshot.cuda()->seed);
+    proto.mutable_cuda()->set_offset(snapshot.cuda()->offset);
+  }
+  return proto;
+}
+
+// The snapshot `proto` holds, checked against the rank's generators.
+absl::StatusOr<RngSnapshot> FromProto(const GeneratorSetProto& proto, const RankStreams& streams,
+                                      const std::string& what) {
+  std::optional<CudaGeneratorState> cuda;
+  if (proto.has_cuda()) {
+    cuda = CudaGeneratorState::Eager(proto.cuda().device(), proto.cuda().seed(),
+                                     proto.cuda().offset());
+  }
+  absl::StatusOr<RngSnapshot> snapshot = RngSnapshot::FromParts(proto.cpu_state(), cuda);
+  if (!snapshot.ok()) return Annotate(snapshot.status(), absl::StrCat("in ", what));
+  LOCKSTEP_RETURN_IF_ERROR(streams.CheckGenerators(*snapshot, what));
+  return snapshot;
+}
+
+}  // namespace
+
+absl::StatusOr<RngResumeStateProto> CaptureResumeState(const RankStreams& streams) {
+  if (streams.model().in_scope()) {
+    return absl::FailedPreconditionError(
+        "cannot capture the RNG resume state inside a model-stream scope: the live generators "
+        "hold the model stream, not the caller's state");
+  }
+  if (streams.named().forked()) {
+    return absl::FailedPreconditionError(
+        "cannot capture the RNG resume state during a named-stream fork: the live generators "
+        "hold the named stream, not the caller's state");
+  }
+  const DefaultGenerators& generators = streams.generators();
+  LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot caller, RngSnapshot::Capture(generators));
+  if (caller.cuda().has_value() && caller.cuda()->in_capture.has_value()) {
+    return absl::FailedPreconditionError(
+        "cannot capture the RNG resume state during CUDA graph capture: the CUDA generator's "
+        "position there is graph-relative and only known at replay");
+  }
+  RngResumeStateProto proto;
+  proto.set_version(kRngResumeStateVersion);
+  proto.set_cuda_device(generators.cuda_device);
+  *proto.mutable_caller() = ToProto(caller);
+  if (streams.model().state().has_value())
+    *proto.mutable_model() = ToProto(*streams.model().state());
+  for (const auto& [name, stream] : streams.named().streams()) {
+    NamedStreamProto* named = proto.add_named();
+    named->set_name(name);
+    named->set_seed(stream.seed);
+    *named->mutable_state() = ToProto(stream.state);
+  }
+  return proto;
+}
+
+absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& streams) {
+  if (saved.version() != kRngResumeStateVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("RNG resume state version ", saved.version(),
+                                                   " is not the supported version ",
+                                                   kRngResumeStateVersion));
+  }
+  const int device = streams.generators().cuda_device;
+  if (saved.cuda_device() != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the RNG resume state was saved for CUDA "
+                     "device ",
+                     saved.cuda_device(), ", this rank uses ", device));
+  }
+  if (!streams.caller_state_live()) {
+    return absl::FailedPreconditionError(
+        "cannot restore the RNG resume state inside a model-stream scope or named-stream fork");
+  }
+  // Validate everything first; change nothing until all of it parses.
+  LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot caller, FromProto(saved.caller(), streams, "caller state"));
+  std::optional<RngSnapshot> model_state;
+  if (saved.has_model()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(model_state, FromProto(saved.model(), streams, "model stream"));
+  }
+  std::map<std::string, NamedStreamTracker::Stream> named;
+  std::map<uint64_t, std::string> seeds;
+  for (const NamedStreamProto& stream : saved.named()) {
+    if (stream.name().empty()) {
+      return absl::InvalidArgumentError("a saved named stream has an empty name");
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        RngSnapshot state,
+        FromProto(stream.state(), streams, absl::StrCat("named stream '", stream.name(), "'")));
+    if (!named.emplace(stream.name(), NamedStreamTracker::Stream{stream.seed(), state}).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("named stream '", stream.name(), "' appears twice"));
+    }
+    auto [other, fresh] = seeds.emplace(stream.seed(), stream.name());
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("named streams '", other->second, "' and '",
+                                                     stream.name(), "' share seed ",
+                                                     stream.seed()));
+    }
+  }
+  // The live generators first: the only step that can still fail (it writes both generators or
+  // neither). The model stream and named streams, validated above, then cannot fail.
+  LOCKSTEP_RETURN_IF_ERROR(caller.Restore());
+  LOCKSTEP_RETURN_IF_ERROR(streams.model().Restore(std::move(model_state)));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(streams.named().Restore(std::move(named)),
+                                        "while restoring named streams");
+  return absl::OkStatus();
+}
+
+}  // namespace rng
+}  // namespace lockstep

@@ -1,0 +1,67 @@
+// tools/negative_controls.h
+//
+// The negative controls qualify offers (`qualify --negative_control NAME`): deliberate bugs of
+// the kinds lockstep exists to prevent, each of which qualify's checks must detect as a failure.
+// They prove the checks can fail. Never use them otherwise.
+//
+//   no-sync              skip RNG synchronization across the TP x CP group
+//   world-sync           synchronize across the whole world instead of each TP x CP group, so
+//                        different DP workers are coupled
+//   unscoped-model-work  run the model's random work on the caller's stream (no model-stream
+//                        scope)
+//   aliasing-snapshot    activation checkpoints save aliases of the live generators instead of
+//                        values (AliasingRngSaver), so recompute does not rewind
+//   shard-local-philox   each rank draws its shard of a partitioned mask as if its shard were the
+//                        whole tensor (local instead of global element indices)
+//
+// Thread-safety: as the default generators (one thread).
+
+#ifndef LOCKSTEP_TOOLS_NEGATIVE_CONTROLS_H_
+#define LOCKSTEP_TOOLS_NEGATIVE_CONTROLS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "checkpoint/rng_state_saver.h"
+#include "rng/generators.h"
+
+namespace lockstep {
+namespace qualification {
+
+enum class NegativeControl {
+  kNone,
+  kNoSync,
+  kWorldSync,
+  kUnscopedModelWork,
+  kAliasingSnapshot,
+  kShardLocalPhilox,
+};
+
+// The command-line name of `control` ("" for kNone).
+std::string NegativeControlName(NegativeControl control);
+// Every control's name, in declaration order, without kNone's.
+std::vector<std::string> NegativeControlNames();
+// The control named `name` ("" or "none": kNone). kInvalidArgument naming the value and the
+// known names otherwise.
+absl::StatusOr<NegativeControl> ParseNegativeControl(absl::string_view name);
+
+// A deliberately wrong checkpoint::RngStateSaver: it "saves" the default CPU and CUDA generators
+// by keeping handles to the live generators instead of copying their values — the aliasing bug
+// of real checkpoint implementations. Its Restore() writes the generators' current state back
+// into themselves, so a recompute does not rewind and draws different masks than the forward.
+class AliasingRngSaver : public checkpoint::RngStateSaver {
+ public:
+  explicit AliasingRngSaver(rng::DefaultGenerators generators) : generators_(generators) {}
+  absl::StatusOr<std::unique_ptr<checkpoint::SavedRngState>> Save() const override;
+
+ private:
+  rng::DefaultGenerators generators_;
+};
+
+}  // namespace qualification
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_TOOLS_NEGATIVE_CONTROLS_H_

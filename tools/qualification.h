@@ -1,0 +1,143 @@
+// tools/qualification.h
+//
+// The qualification library behind `qualify`, lockstep's main job: it runs a DP x TP x CP
+// topology as local processes over Gloo and checks lockstep's contracts on every rank, then
+// reports a table and JSON evidence. The checks are library functions so that each can be unit
+// tested with its negative control (negative_controls.h); the qualify binary only parses flags
+// and calls RunQualify.
+//
+// Checks (each runs on every rank, collectively over the world):
+//   replica_agreement       after Synchronize on the TP x CP group, every replica of a DP worker
+//                           draws the same uniforms, dropout mask and token mask as its group
+//                           leader (whose global rank need not be 0)
+//   dp_workers_independent  differently seeded DP workers keep different draws
+//   model_stream            the caller's state is untouched by model-stream scopes, the model
+//                           stream advances between scopes, and model masks agree across replicas
+//   exception_restoration   an exception inside a scope still restores the caller exactly
+//   partition_invariance    TP column x CP zigzag shards of a Philox dropout mask, gathered over
+//                           the TP x CP group, reassemble to the unsharded mask
+//   checkpoint_recompute    a checkpointed MLP block with dropout: the recompute's mask equals the
+//                           forward's, input and parameter gradients are bit-identical to the
+//                           plain block's, the caller's draws and live generator are untouched,
+//                           nothing is retained after backward, and the replicas' gradients agree
+//
+// Thread-safety: the rank checks use the process's default generators (one thread per process).
+//
+// Example:
+//   qualification::QualifyOptions options = qualification::QualifyOptions::Topology(2, 1, 2);
+//   options.evidence_path = "qualify.json";
+//   absl::StatusOr<bool> passed = qualification::RunQualify(options, std::cout);
+
+#ifndef LOCKSTEP_TOOLS_QUALIFICATION_H_
+#define LOCKSTEP_TOOLS_QUALIFICATION_H_
+
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectives/communicator.h"
+#include "collectives/topology.h"
+#include "rng/rank_streams.h"
+#include "rng/snapshot.h"
+#include "tools/negative_controls.h"
+
+namespace lockstep {
+namespace qualification {
+
+struct CheckResult {
+  std::string name;
+  bool passed = false;
+  std::string detail;
+
+  static CheckResult Make(std::string name, bool passed, std::string detail) {
+    CheckResult result;
+    result.name = std::move(name);
+    result.passed = passed;
+    result.detail = std::move(detail);
+    return result;
+  }
+};
+
+// One rank's state for the checks: its groups, its streams, and the caller state the checks
+// start from (synchronized across the TP x CP group unless a negative control says otherwise).
+struct RankSetup {
+  RankSetup(collectives::Communicator& world, collectives::Topology topology)
+      : world(&world), topology(std::move(topology)) {}
+
+  collectives::Communicator* world;
+  collectives::Topology topology;
+  std::unique_ptr<collectives::Communicator> tp_cp_group;
+  std::shared_ptr<rng::RankStreams> streams;
+  NegativeControl control = NegativeControl::kNone;
+  std::optional<rng::RngSnapshot> synced;
+};
+
+// Seeds the rank's default generators differently on every rank (as after independent data
+// loading), creates its TP x CP group and synchronizes it (per `control`). Collective.
+absl::StatusOr<RankSetup> SetUpRank(collectives::Communicator& world,
+                                    const collectives::Topology& topology,
+                                    NegativeControl control);
+
+// The checks; each starts from setup.synced and is collective over the world.
+absl::StatusOr<CheckResult> CheckReplicaAgreement(RankSetup& setup);
+absl::StatusOr<CheckResult> CheckDpWorkersIndependent(RankSetup& setup);
+absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup);
+absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup);
+absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup);
+absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup);
+
+// Every check above, in that order, then a barrier.
+absl::StatusOr<std::vector<CheckResult>> RunRankChecks(collectives::Communicator& world,
+                                                       const collectives::Topology& topology,
+                                                       NegativeControl control);
+
+// The largest world qualify runs: local processes on one machine.
+inline constexpr int kMaxQualifyWorld = 64;
+
+class QualifyOptions {
+ public:
+  // A DP x TP x CP topology; the other options at their defaults.
+  static QualifyOptions Topology(int dp, int tp, int cp) {
+    QualifyOptions options;
+    options.dp = dp;
+    options.tp = tp;
+    options.cp = cp;
+    return options;
+  }
+
+  int dp = 1, tp = 1, cp = 1;
+  // Where to write the JSON evidence; empty: nowhere. Default: empty.
+  std::string evidence_path;
+  NegativeControl control = NegativeControl::kNone;
+  // Every collective's timeout in the workers. Default: 120 s.
+  absl::Duration timeout = absl::Seconds(120);
+  // The qualify executable the workers run. Default: this process's own executable.
+  std::string executable = "/proc/self/exe";
+
+ private:
+  QualifyOptions() = default;
+};
+
+// kInvalidArgument naming the flag and the limit for a non-positive size, a world over
+// kMaxQualifyWorld (or one whose product overflows), or a non-positive timeout.
+absl::Status ValidateQualifyOptions(const QualifyOptions& options);
+
+// Launches dp * tp * cp workers (the executable with --worker), collects their reports, prints
+// the table to `out`, writes the evidence, and returns whether every check passed on every
+// rank. An error when qualify itself could not run (bad options, no processes, unwritable
+// evidence path).
+absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out);
+
+// A worker: joins the world from the torchrun environment, runs the checks, writes its report
+// to `results_dir`/rank<RANK>.json. Returns the process's exit code.
+int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration timeout,
+              const std::string& results_dir);
+
+}  // namespace qualification
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_TOOLS_QUALIFICATION_H_

@@ -1,0 +1,153 @@
+// tools/qualification: each of qualify's checks passes on a real DP2 x CP2 world over Gloo and
+// fails under its negative control; the negative controls themselves; option validation.
+
+#include "tools/qualification.h"
+
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
+#include "checkpoint/checkpoint.h"
+#include "collectives/process_world.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rng/snapshot.h"
+
+namespace lockstep {
+namespace qualification {
+namespace {
+
+using ::testing::HasSubstr;
+
+using Check = absl::StatusOr<CheckResult> (*)(RankSetup&);
+
+// Runs `check` on every rank of a DP2 x TP1 x CP2 world under `control`; returns, per rank,
+// OK when the check passed, kFailedPrecondition carrying its detail when it failed, or the
+// error that stopped it.
+std::vector<absl::Status> RunCheck(NegativeControl control, Check check) {
+  collectives::ProcessWorldOptions options;
+  options.world_size = 4;
+  return collectives::RunProcessWorld(
+      options, [control, check](int, collectives::Communicator& world) -> absl::Status {
+        absl::StatusOr<collectives::Topology> topology = collectives::Topology::Create(4, 1, 2);
+        if (!topology.ok()) return topology.status();
+        absl::StatusOr<RankSetup> setup = SetUpRank(world, *topology, control);
+        if (!setup.ok()) return setup.status();
+        absl::StatusOr<CheckResult> result = check(*setup);
+        if (!result.ok()) return result.status();
+        if (!result->passed) return absl::FailedPreconditionError(result->detail);
+        return absl::OkStatus();
+      });
+}
+
+void ExpectPassesEverywhere(const std::vector<absl::Status>& results) {
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+}
+
+// The check must fail (not error) on at least one rank, with `detail` in its message.
+void ExpectDetected(const std::vector<absl::Status>& results, const std::string& detail) {
+  int failed = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].ok()) continue;
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << r << ": " << results[r];
+    EXPECT_THAT(results[r].message(), HasSubstr(detail)) << r;
+    ++failed;
+  }
+  EXPECT_GT(failed, 0) << "the negative control went undetected";
+}
+
+TEST(QualificationTest, ReplicaAgreementAndItsNegativeControl) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckReplicaAgreement));
+  ExpectDetected(RunCheck(NegativeControl::kNoSync, &CheckReplicaAgreement),
+                 "differ from their leader");
+}
+
+TEST(QualificationTest, DpWorkersIndependentAndItsNegativeControl) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckDpWorkersIndependent));
+  ExpectDetected(RunCheck(NegativeControl::kWorldSync, &CheckDpWorkersIndependent),
+                 "draw what DP worker 0 draws");
+}
+
+TEST(QualificationTest, ModelStreamAndItsNegativeControls) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckModelStream));
+  ExpectDetected(RunCheck(NegativeControl::kUnscopedModelWork, &CheckModelStream),
+                 "caller DISTURBED");
+  ExpectDetected(RunCheck(NegativeControl::kNoSync, &CheckModelStream), "replica(s) differ");
+}
+
+TEST(QualificationTest, ExceptionRestorationAndItsNegativeControl) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckExceptionRestoration));
+  ExpectDetected(RunCheck(NegativeControl::kUnscopedModelWork, &CheckExceptionRestoration),
+                 "caller state changed");
+}
+
+TEST(QualificationTest, PartitionInvarianceAndItsNegativeControl) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckPartitionInvariance));
+  ExpectDetected(RunCheck(NegativeControl::kShardLocalPhilox, &CheckPartitionInvariance),
+                 "DO NOT reassemble");
+}
+
+TEST(QualificationTest, RecomputeAndItsNegativeControl) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckRecompute));
+  ExpectDetected(RunCheck(NegativeControl::kAliasingSnapshot, &CheckRecompute),
+                 "recompute mask != forward mask");
+}
+
+// The aliasing saver itself (moved here from checkpoint_test with the saver): forward is
+// unaffected, but the recompute draws another mask, so the gradients differ from the plain
+// block's.
+TEST(AliasingRngSaverTest, ChangesTheRecomputedMask) {
+  auto run = [](std::shared_ptr<const checkpoint::RngStateSaver> saver, bool checkpointed) {
+    at::manual_seed(11);
+    at::Tensor w = (at::randn({16, 16}) * 0.3).requires_grad_();
+    at::manual_seed(5);
+    at::Tensor x = at::randn({4, 16}).requires_grad_();
+    auto block = [&](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{at::dropout(at::matmul(in[0], w), 0.5, true)};
+    };
+    checkpoint::CheckpointOptions options;
+    options.rng_streams = std::move(saver);
+    at::Tensor out = checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0]
+                                  : block({x})[0];
+    (out * at::linspace(-1, 1, out.numel()).reshape(out.sizes())).sum().backward();
+    return std::make_pair(out.detach(), w.grad().clone());
+  };
+  const rng::DefaultGenerators cpu = rng::DefaultGenerators::CpuOnly();
+  const auto plain = run(nullptr, false);
+  const auto broken = run(std::make_shared<AliasingRngSaver>(cpu), true);
+  EXPECT_TRUE(at::equal(plain.first, broken.first)) << "forward is unaffected";
+  EXPECT_FALSE(at::equal(plain.second, broken.second))
+      << "the aliasing snapshot went unnoticed: recompute reused the forward mask";
+  const auto sound = run(checkpoint::StreamSnapshots::DefaultGeneratorsOnly(cpu), true);
+  EXPECT_TRUE(at::equal(plain.second, sound.second));
+}
+
+TEST(NegativeControlTest, NamesParseBothWays) {
+  for (const std::string& name : NegativeControlNames()) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(NegativeControl control, ParseNegativeControl(name));
+    EXPECT_EQ(NegativeControlName(control), name);
+  }
+  EXPECT_EQ(ParseNegativeControl("").value(), NegativeControl::kNone);
+  const absl::Status unknown = ParseNegativeControl("no_sync").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("unknown negative control 'no_sync'; known: no-sync"));
+}
+
+TEST(QualifyOptionsTest, LimitsAreNamed) {
+  EXPECT_TRUE(ValidateQualifyOptions(QualifyOptions::Topology(2, 1, 2)).ok());
+  EXPECT_THAT(ValidateQualifyOptions(QualifyOptions::Topology(0, 1, 1)).message(),
+              HasSubstr("--dp 0 is not a positive integer"));
+  EXPECT_THAT(ValidateQualifyOptions(QualifyOptions::Topology(2147483647, 1, 1)).message(),
+              HasSubstr("--dp 2147483647 exceeds qualify's world limit of 64"));
+  EXPECT_THAT(ValidateQualifyOptions(QualifyOptions::Topology(16, 8, 1)).message(),
+              HasSubstr("--dp 16 x --tp 8 x --cp 1 = 128 processes exceeds qualify's limit of 64"));
+  QualifyOptions no_time = QualifyOptions::Topology(1, 1, 1);
+  no_time.timeout = absl::ZeroDuration();
+  EXPECT_THAT(ValidateQualifyOptions(no_time).message(), HasSubstr("--timeout_seconds"));
+}
+
+}  // namespace
+}  // namespace qualification
+}  // namespace lockstep
