@@ -6,8 +6,8 @@
 #include <string>
 
 #include "gflags/gflags.h"
-#include "gmock/gmock.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace lockstep {

@@ -43,7 +43,7 @@ TEST(WriteAllTest, ReportsAReaderThatIsGone) {
   close(fds[0]);
   EXPECT_FALSE(WriteAll(fds[1], "nobody reads this"));
   close(fds[1]);
-  EXPECT_TRUE(WriteAll(fds[1] + 1000, "") ) << "an empty write needs no descriptor";
+  EXPECT_TRUE(WriteAll(fds[1] + 1000, "")) << "an empty write needs no descriptor";
 }
 
 TEST(FreeLoopbackPortTest, ThePortCanBeBound) {

@@ -27,25 +27,25 @@ const absl::Status& AsStatus(const absl::StatusOr<T>& value) {
 }  // namespace testing_internal
 }  // namespace lockstep
 
-#define LOCKSTEP_EXPECT_OK(expr)                                                 \
-  do {                                                                           \
-    const auto& lockstep_expect_ok_ = (expr);                                    \
+#define LOCKSTEP_EXPECT_OK(expr)                                                  \
+  do {                                                                            \
+    const auto& lockstep_expect_ok_ = (expr);                                     \
     EXPECT_TRUE(::lockstep::testing_internal::AsStatus(lockstep_expect_ok_).ok()) \
-        << ::lockstep::testing_internal::AsStatus(lockstep_expect_ok_);          \
+        << ::lockstep::testing_internal::AsStatus(lockstep_expect_ok_);           \
   } while (0)
 
-#define LOCKSTEP_ASSERT_OK(expr)                                                 \
-  do {                                                                           \
-    const auto& lockstep_assert_ok_ = (expr);                                    \
+#define LOCKSTEP_ASSERT_OK(expr)                                                  \
+  do {                                                                            \
+    const auto& lockstep_assert_ok_ = (expr);                                     \
     ASSERT_TRUE(::lockstep::testing_internal::AsStatus(lockstep_assert_ok_).ok()) \
-        << ::lockstep::testing_internal::AsStatus(lockstep_assert_ok_);          \
+        << ::lockstep::testing_internal::AsStatus(lockstep_assert_ok_);           \
   } while (0)
 
 #define LOCKSTEP_TESTUTIL_CONCAT_INNER_(a, b) a##b
 #define LOCKSTEP_TESTUTIL_CONCAT_(a, b) LOCKSTEP_TESTUTIL_CONCAT_INNER_(a, b)
 
-#define LOCKSTEP_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                       \
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN_IMPL_(                                                 \
+#define LOCKSTEP_ASSERT_OK_AND_ASSIGN(lhs, rexpr) \
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN_IMPL_(            \
       LOCKSTEP_TESTUTIL_CONCAT_(lockstep_assert_statusor_, __LINE__), lhs, rexpr)
 
 #define LOCKSTEP_ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, rexpr) \

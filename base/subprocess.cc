@@ -92,8 +92,7 @@ absl::StatusOr<Child> Child::Exec(
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execvp(args[0], args.data());
-    WriteAll(STDERR_FILENO,
-             absl::StrCat("cannot run ", argv[0], ": ", std::strerror(errno), "\n"));
+    WriteAll(STDERR_FILENO, absl::StrCat("cannot run ", argv[0], ": ", std::strerror(errno), "\n"));
     _exit(127);
   });
   if (!forked.ok()) return forked.status();

@@ -114,7 +114,8 @@ class Child {
   std::string Describe() const;
 
  private:
-  Child(pid_t pid, int channel, bool own_group) : pid_(pid), channel_(channel), own_group_(own_group) {}
+  Child(pid_t pid, int channel, bool own_group)
+      : pid_(pid), channel_(channel), own_group_(own_group) {}
 
   pid_t pid_ = -1;
   int channel_ = -1;

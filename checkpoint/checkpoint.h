@@ -43,7 +43,7 @@
 // checkpointed block).
 //
 // CUDA graphs: inside a capture, forward saves and backward rewinds the graph-safe generator
-// position (rng/generator_state.h), so replaying the graph replays the same masks in forward
+// position (rng/snapshot.h), so replaying the graph replays the same masks in forward
 // and recompute. Where the LibTorch build has no graph-safe generator state, a checkpoint whose
 // `fn` runs stochastic CUDA ops inside a capture is refused in forward (kFailedPrecondition),
 // while deterministic `fn`s are captured normally. Named streams hold eager (seed, offset)

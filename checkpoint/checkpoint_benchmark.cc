@@ -142,7 +142,7 @@ BENCHMARK(BM_RngReplayWork)
 int main(int argc, char** argv) {
   using lockstep::checkpoint::RetainedState;
   benchmark::Initialize(&argc, argv);
-  lockstep::testing::RatioReporter reporter;
+  lockstep::benchmarking::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   for (int cuda : {0, 1}) {
     const std::string device = cuda ? "CUDA, hidden 4096 bf16" : "CPU, hidden 1024 f32";
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     auto work = reporter.Seconds(absl::StrCat("BM_RngReplayWork/cuda:", cuda, "/real_time"));
     auto without = reporter.Seconds(step + "2/real_time");
     if (work.has_value() && without.has_value()) {
-      lockstep::testing::RatioReporter::PrintLine(
+      lockstep::benchmarking::RatioReporter::PrintLine(
           absl::StrCat("RNG replay work / checkpointed step (", device, ")"),
           (*work * 1e-3) / *without, 0.01);  // microseconds over milliseconds
     }

@@ -58,6 +58,13 @@ class SavedStreams : public SavedRngState {
     if (!cuda.has_value() || cuda->rewindable()) return absl::OkStatus();
     LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now,
                               rng::RngSnapshot::Capture(defaults_.generators()));
+    if (!now.cuda().has_value() || !now.cuda()->in_capture.has_value() ||
+        now.cuda()->in_capture->capture_id != cuda->in_capture->capture_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the CUDA graph capture of device ", cuda->device,
+          " in which this checkpoint's forward began has ended or changed; a checkpoint's "
+          "forward must stay inside one capture"));
+    }
     const uint64_t before = cuda->in_capture->offset_intragraph;
     const uint64_t after = now.cuda()->in_capture->offset_intragraph;
     if (before == after) return absl::OkStatus();

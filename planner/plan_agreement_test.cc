@@ -1,5 +1,5 @@
 // CheckPlanAgreement, and determinism of plan bytes across processes: on a FakeWorld (threads)
-// and on real forked processes joined by Gloo (testing/process_world.h), every rank builds the
+// and on real forked processes joined by Gloo (collectives/process_world.h), every rank builds the
 // plan from the same seeded input and the group's digests must agree and equal the digest this
 // test process computed; negative controls perturb one rank's input and expect every rank to
 // get kFailedPrecondition naming the odd rank.

@@ -48,7 +48,7 @@
 // Thread-safety: stateless functions; concurrent calls are safe.
 //
 // Example:
-//   std::vector<planner::Sequence> batch = {{.num_tokens = 900, .id = 17}, ...};
+//   std::vector<planner::Sequence> batch = {planner::Sequence::Of(900, /*id=*/17), ...};
 //   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(
 //       batch, {.max_tokens_per_microbatch = 65536, .cp_size = 2}));
 //   LOCKSTEP_RETURN_IF_ERROR(planner::CheckPlanAgreement(tp_cp_group, plan));
@@ -63,6 +63,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -76,6 +77,15 @@ namespace planner {
 
 // One sequence of the DP-local batch.
 struct Sequence {
+  // A sequence of `num_tokens` tokens with the caller's `id` and per-token `loss_weights`.
+  static Sequence Of(int64_t num_tokens, int64_t id, std::vector<float> loss_weights = {}) {
+    Sequence sequence;
+    sequence.num_tokens = num_tokens;
+    sequence.id = id;
+    sequence.loss_weights = std::move(loss_weights);
+    return sequence;
+  }
+
   // Number of tokens. Must be positive and at most the microbatch budget.
   int64_t num_tokens = 0;
   // The caller's identifier, carried into the plan and named in errors.

@@ -111,7 +111,8 @@ BENCHMARK(BM_PlanDigest)
     ->UseRealTime();
 
 // Real time of `name` in the reporter's unit (ms here), or -1 if it did not run.
-double ReportedTime(const lockstep::testing::RatioReporter& reporter, const std::string& name) {
+double ReportedTime(const lockstep::benchmarking::RatioReporter& reporter,
+                    const std::string& name) {
   return reporter.Seconds(name).value_or(-1);
 }
 
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
   const bool first_ok = PlanMicrobatches(million, {.max_tokens_per_microbatch = kBudget}).ok();
   const double first_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   const long first_faults = MinorFaults() - faults_before;
-  lockstep::testing::RatioReporter reporter;
+  lockstep::benchmarking::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
   std::printf("\n1M long-tail sequences (max %ld tokens, budget %ld), target < 200 ms:\n",

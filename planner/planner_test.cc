@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 std::vector<Sequence> Lengths(std::vector<int64_t> lengths) {
   std::vector<Sequence> batch;
   for (size_t i = 0; i < lengths.size(); ++i) {
-    batch.push_back({.num_tokens = lengths[i], .id = 100 + static_cast<int64_t>(i)});
+    batch.push_back(Sequence::Of(lengths[i], 100 + static_cast<int64_t>(i)));
   }
   return batch;
 }

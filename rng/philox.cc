@@ -8,6 +8,7 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "base/torch_boundary.h"
+#include "rng/internal/philox_box.h"
 #include "rng/internal/philox_cuda.h"
 
 namespace lockstep {
@@ -108,38 +109,6 @@ std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<u
   Philox(counter.data(), key[0], key[1]);
   return counter;
 }
-
-namespace internal {
-absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_shape,
-                                              absl::Span<const Slice> box) {
-  if (box.size() != global_shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the box has ", box.size(), " dimensions, the global shape ", global_shape.size()));
-  }
-  std::vector<int64_t> strides(global_shape.size(), 1);
-  for (int d = static_cast<int>(global_shape.size()) - 1; d >= 0; --d) {
-    if (global_shape[d] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("global dimension ", d, " has negative size ", global_shape[d]));
-    }
-    if (box[d].begin < 0 || box[d].begin > box[d].end || box[d].end > global_shape[d]) {
-      return absl::InvalidArgumentError(absl::StrCat("box [", box[d].begin, ", ", box[d].end,
-                                                     ") of dimension ", d,
-                                                     " does not fit its size ", global_shape[d]));
-    }
-    if (d + 1 < static_cast<int>(global_shape.size())) {
-      strides[d] = strides[d + 1] * global_shape[d + 1];
-    }
-  }
-  return strides;
-}
-std::vector<int64_t> BoxShape(absl::Span<const Slice> box) {
-  std::vector<int64_t> shape;
-  for (const Slice& s : box) shape.push_back(s.end - s.begin);
-  return shape;
-}
-
-}  // namespace internal
 
 absl::StatusOr<at::Tensor> PartitionedUniform(const PhiloxKey& key,
                                               absl::Span<const int64_t> global_shape,

@@ -62,15 +62,6 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
                                               absl::Span<const int64_t> global_shape,
                                               absl::Span<const Slice> box, double p);
 
-// Below: implementation detail shared with the CUDA kernels (rng/internal/).
-namespace internal {
-// Validates the box and returns the global strides (row-major) of `global_shape`.
-absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_shape,
-                                              absl::Span<const Slice> box);
-// The shape of the box: its extent in every dimension.
-std::vector<int64_t> BoxShape(absl::Span<const Slice> box);
-}  // namespace internal
-
 }  // namespace rng
 }  // namespace lockstep
 

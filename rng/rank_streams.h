@@ -20,8 +20,8 @@
 //       rng::RankStreams::Create(rng::DefaultGenerators::WithCudaDevice(local_rank)));
 //   LOCKSTEP_RETURN_IF_ERROR(streams->named().Add("tensor-parallel", seed + tp_rank));
 //   {
-//     LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(*streams));
-//     RunPlannedWork();  // draws from the model stream
+//     LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope,
+//     rng::ModelStreamScope::Enter(*streams)); RunPlannedWork();  // draws from the model stream
 //   }                    // the caller's state is back
 //   LOCKSTEP_RETURN_IF_ERROR(rng::Synchronize(tp_cp_group, *streams));
 

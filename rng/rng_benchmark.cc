@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   // Forks the peers before this process does any LibTorch work.
   Worlds().Start({2, 4});
-  lockstep::testing::RatioReporter reporter;
+  lockstep::benchmarking::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   Worlds().Stop();
   for (int procs : {2, 4}) {

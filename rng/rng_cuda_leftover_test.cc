@@ -7,13 +7,13 @@
 #include "c10/cuda/CUDAStream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rng/generator_state.h"
+#include "rng/snapshot.h"
 
 namespace lockstep {
 namespace rng {
 namespace {
 
-const DefaultGenerators kGpu{.cuda_device = 0};
+const DefaultGenerators kGpu = DefaultGenerators::WithCudaDevice(0);
 
 TEST(CudaGeneratorLeftoverTest, ARewoundPositionLeftPastTheCaptureIsNamed) {
   const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA, 0);

@@ -86,8 +86,9 @@ absl::StatusOr<RecomputeStep> RunRecomputeStep(const RankSetup& setup, bool chec
     w2 = (at::randn({64, 16}) * 0.2).requires_grad_();
   }));
   LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
-  LOCKSTEP_RETURN_IF_ERROR(
-      CallTorch("drawing the input", [&] { x = at::randn({8, 32}).requires_grad_(); }));
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("drawing the input", [&] {
+    x = at::randn({8, 32}).requires_grad_();
+  }));
   auto block = [&](const std::vector<at::Tensor>& in) {
     at::Tensor h = at::relu(at::matmul(in[0], w1));
     at::Tensor mask = at::bernoulli(at::full_like(h, 0.7));
@@ -173,9 +174,8 @@ absl::StatusOr<CheckResult> CheckDpWorkersIndependent(RankSetup& setup) {
   return CheckResult::Make(
       "dp_workers_independent", same.empty(),
       topo.dp_size() == 1 ? "one DP worker"
-                          : same.empty() ? absl::StrCat(topo.dp_size(), " DP workers all differ")
-                                         : absl::StrCat("DP worker(s) ", Ranks(same),
-                                                        " draw what DP worker 0 draws"));
+      : same.empty()      ? absl::StrCat(topo.dp_size(), " DP workers all differ")
+                     : absl::StrCat("DP worker(s) ", Ranks(same), " draw what DP worker 0 draws"));
 }
 
 absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup) {
@@ -198,10 +198,10 @@ absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup) {
   const std::vector<int> bad = DisagreeWithLeader(setup.topology, masks);
   return CheckResult::Make(
       "model_stream", caller_ok && advanced && bad.empty(),
-      absl::StrCat("caller ", caller_ok ? "untouched" : "DISTURBED", "; stream ",
-                   advanced ? "advances" : "REPLAYS", "; ",
-                   bad.empty() ? "replica masks agree"
-                               : absl::StrCat(bad.size(), " replica(s) differ")));
+      absl::StrCat(
+          "caller ", caller_ok ? "untouched" : "DISTURBED", "; stream ",
+          advanced ? "advances" : "REPLAYS", "; ",
+          bad.empty() ? "replica masks agree" : absl::StrCat(bad.size(), " replica(s) differ")));
 }
 
 absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup) {
@@ -237,8 +237,8 @@ absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup) {
   // chunk were the whole tensor.
   auto draw = [&](int half) -> absl::StatusOr<at::Tensor> {
     if (setup.control == NegativeControl::kShardLocalPhilox) {
-      return rng::PartitionedDropoutMask(key, {chunk, cols_per_tp},
-                                         {{0, chunk}, {0, cols_per_tp}}, 0.2, cpu);
+      return rng::PartitionedDropoutMask(key, {chunk, cols_per_tp}, {{0, chunk}, {0, cols_per_tp}},
+                                         0.2, cpu);
     }
     return rng::PartitionedDropoutMask(key, shape, shard_box(c.cp, c.tp, half), 0.2, cpu);
   };
@@ -246,7 +246,9 @@ absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup) {
   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor b, draw(1));
   Communicator& group = *setup.tp_cp_group;
   at::Tensor mine;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("joining the shards", [&] { mine = at::cat({a, b}, 0).to(at::kByte); }));
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("joining the shards", [&] {
+    mine = at::cat({a, b}, 0).to(at::kByte);
+  }));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> shards, group.AllGather(mine));
   at::Tensor assembled;
   LOCKSTEP_RETURN_IF_ERROR(
@@ -331,10 +333,12 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
                                     {"--tp", options.tp},
                                     {"--cp", options.cp}}) {
     if (value < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, " is not a positive integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", value, " is not a positive integer"));
     }
     if (value > kMaxQualifyWorld) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, " exceeds qualify's world limit of ",
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", value,
+                                                     " exceeds qualify's world limit of ",
                                                      kMaxQualifyWorld, " local processes"));
     }
   }
@@ -399,9 +403,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     // Fail before the job runs, not after it.
     std::ofstream probe(options.evidence_path, std::ios::app);
     if (!probe) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot write the evidence file '",
-                                                     options.evidence_path, "': ",
-                                                     std::strerror(errno)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot write the evidence file '", options.evidence_path, "': ", std::strerror(errno)));
     }
   }
   char dir_template[] = "/tmp/qualify.XXXXXX";
@@ -412,7 +415,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   const std::string log_path = absl::StrCat(dir, "/workers.log");
   FILE* log = std::fopen(log_path.c_str(), "w");
   if (log == nullptr) {
-    const absl::Status error = absl::InternalError(absl::StrCat(log_path, ": ", std::strerror(errno)));
+    const absl::Status error =
+        absl::InternalError(absl::StrCat(log_path, ": ", std::strerror(errno)));
     RemoveDirectory(dir, world);
     return error;
   }
@@ -466,7 +470,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     }
   }
 
-  out << "\n" << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
+  out << "\n"
+      << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
   bool all_passed = errors.empty() && launched->exit_code == 0 && !order.empty();
   json evidence;
   evidence["topology"] = {

@@ -79,8 +79,7 @@ struct RankSetup {
 // Seeds the rank's default generators differently on every rank (as after independent data
 // loading), creates its TP x CP group and synchronizes it (per `control`). Collective.
 absl::StatusOr<RankSetup> SetUpRank(collectives::Communicator& world,
-                                    const collectives::Topology& topology,
-                                    NegativeControl control);
+                                    const collectives::Topology& topology, NegativeControl control);
 
 // The checks; each starts from setup.synced and is collective over the world.
 absl::StatusOr<CheckResult> CheckReplicaAgreement(RankSetup& setup);

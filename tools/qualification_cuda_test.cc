@@ -30,8 +30,8 @@ TEST(AliasingRngSaverCudaTest, ChangesTheRecomputedCudaMask) {
     };
     checkpoint::CheckpointOptions options;
     options.rng_streams = std::move(saver);
-    at::Tensor out = checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0]
-                                  : block({x})[0];
+    at::Tensor out =
+        checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0] : block({x})[0];
     (out * at::linspace(-1, 1, out.numel(), cuda).reshape(out.sizes())).sum().backward();
     return std::make_pair(out.detach().cpu(), w.grad().cpu());
   };

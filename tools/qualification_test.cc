@@ -43,7 +43,8 @@ std::vector<absl::Status> RunCheck(NegativeControl control, Check check) {
 }
 
 void ExpectPassesEverywhere(const std::vector<absl::Status>& results) {
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
 }
 
 // The check must fail (not error) on at least one rank, with `detail` in its message.
@@ -109,8 +110,8 @@ TEST(AliasingRngSaverTest, ChangesTheRecomputedMask) {
     };
     checkpoint::CheckpointOptions options;
     options.rng_streams = std::move(saver);
-    at::Tensor out = checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0]
-                                  : block({x})[0];
+    at::Tensor out =
+        checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0] : block({x})[0];
     (out * at::linspace(-1, 1, out.numel()).reshape(out.sizes())).sum().backward();
     return std::make_pair(out.detach(), w.grad().clone());
   };

@@ -69,8 +69,7 @@ class CommunicatorBase : public Communicator {
   absl::Duration timeout() const final { return world_->timeout; }
   std::string DebugName() const final { return identity_.name; }
 
-  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
-      absl::Span<const int> global_ranks) final;
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(absl::Span<const int> global_ranks) final;
 
   // Whether an earlier error made this communicator unusable.
   bool failed() const { return !first_error_.ok(); }

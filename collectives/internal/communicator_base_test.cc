@@ -94,9 +94,9 @@ TEST(CommunicatorBaseTest, AnErrorMakesTheCommunicatorUnusable) {
   comm->Script(absl::ZeroDuration(), absl::OkStatus());  // the backend would succeed now
   const absl::Status after = comm->Barrier();
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(after.message(), AllOf(HasSubstr("barrier on scripted world [0, 1]"),
-                                     HasSubstr("unusable after an earlier error"),
-                                     HasSubstr("peer 1 hung up")));
+  EXPECT_THAT(after.message(),
+              AllOf(HasSubstr("barrier on scripted world [0, 1]"),
+                    HasSubstr("unusable after an earlier error"), HasSubstr("peer 1 hung up")));
   EXPECT_EQ(comm->NewGroup({0}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 

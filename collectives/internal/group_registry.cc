@@ -9,8 +9,8 @@ namespace collectives {
 namespace internal {
 
 absl::StatusOr<GroupRegistry::Entry> GroupRegistry::Register(absl::string_view backend,
-                                                            absl::Span<const int> global_ranks,
-                                                            int world_size, int my_global_rank) {
+                                                             absl::Span<const int> global_ranks,
+                                                             int world_size, int my_global_rank) {
   absl::StatusOr<int> member = ValidateGroupRanks(global_ranks, world_size, my_global_rank);
   if (!member.ok()) return member.status();
   Entry entry;

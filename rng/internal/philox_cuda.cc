@@ -7,6 +7,7 @@
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
+#include "rng/internal/philox_box.h"
 #include "rng/internal/philox_kernel.h"
 
 namespace lockstep {
