@@ -31,7 +31,7 @@ std::shared_ptr<Rendezvous> FileRendezvous(const std::string& name, int rank, in
 
 TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
   auto rendezvous = FileRendezvous("one", 0, 1, absl::Seconds(30));
-  auto comm = NcclCommunicator::Create(rendezvous, {});
+  auto comm = NcclCommunicator::Create(rendezvous, NcclCommunicator::Options());
   ASSERT_TRUE(comm.ok()) << comm.status();
   NcclCommunicator& world = **comm;
   EXPECT_EQ(world.device(), 0);
@@ -75,14 +75,23 @@ TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
   EXPECT_EQ((*group)->DebugName(), "nccl group [0]");
 }
 
-TEST(NcclCommunicatorTest, UnsupportedDtypeAndBadRootAreInvalidArguments) {
-  auto rendezvous = FileRendezvous("dtype", 0, 1, absl::Seconds(30));
-  auto comm = NcclCommunicator::Create(rendezvous, {});
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  at::Tensor complex =
-      at::zeros({2}, at::TensorOptions().dtype(at::kComplexFloat).device(at::kCUDA));
-  EXPECT_EQ((*comm)->AllReduceSum(complex).code(), absl::StatusCode::kInvalidArgument);
+TEST(NcclCommunicatorTest, UnsupportedDtypeAndBadRootAreInvalidArgumentsThenUnusable) {
   at::Tensor t = at::zeros({2}, at::TensorOptions().device(at::kCUDA));
+  {
+    auto comm = NcclCommunicator::Create(FileRendezvous("dtype", 0, 1, absl::Seconds(30)),
+                                         NcclCommunicator::Options());
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    at::Tensor complex =
+        at::zeros({2}, at::TensorOptions().dtype(at::kComplexFloat).device(at::kCUDA));
+    EXPECT_EQ((*comm)->AllReduceSum(complex).code(), absl::StatusCode::kInvalidArgument);
+    // The shared contract: after an error the communicator is unusable.
+    const absl::Status after = (*comm)->Broadcast(t, 0);
+    EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+    EXPECT_THAT(after.message(), HasSubstr("unusable after an earlier error"));
+  }
+  auto comm = NcclCommunicator::Create(FileRendezvous("root", 0, 1, absl::Seconds(30)),
+                                       NcclCommunicator::Options());
+  ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_THAT((*comm)->Broadcast(t, 1).message(), HasSubstr("root is outside [0, 1)"));
 }
 
