@@ -77,11 +77,8 @@ GlooCommunicator::~GlooCommunicator() = default;
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
-  if (rendezvous == nullptr) return absl::InvalidArgumentError("rendezvous is null");
-  LOCKSTEP_RETURN_IF_ERROR(internal::ValidateTimeout(options.timeout));
-  auto world =
-      std::make_shared<internal::WorldState>("gloo", rendezvous->world_size(), options.timeout);
-  internal::GroupIdentity identity = internal::GroupIdentity::World(*world, rendezvous->rank());
+  LOCKSTEP_ASSIGN_OR_RETURN(internal::NewWorld world,
+                            internal::StartWorld("gloo", rendezvous, options.timeout));
   auto transport = std::make_shared<Transport>();
   transport->rendezvous = rendezvous;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating Gloo's transport device", [&] {
@@ -92,9 +89,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   auto group = std::make_unique<Group>();
   LOCKSTEP_ASSIGN_OR_RETURN(
       group->process_group,
-      MakeProcessGroup(identity, rendezvous, transport->device, options.timeout));
+      MakeProcessGroup(world.identity, rendezvous, transport->device, options.timeout));
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
-      std::move(world), std::move(identity), std::move(transport), std::move(group)));
+      std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(

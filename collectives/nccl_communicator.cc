@@ -230,8 +230,8 @@ int NcclCommunicator::device() const { return transport_->device; }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
-  if (rendezvous == nullptr) return absl::InvalidArgumentError("rendezvous is null");
-  LOCKSTEP_RETURN_IF_ERROR(internal::ValidateTimeout(options.timeout));
+  LOCKSTEP_ASSIGN_OR_RETURN(internal::NewWorld world,
+                            internal::StartWorld("nccl", rendezvous, options.timeout));
   int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
   if (counted != cudaSuccess) {
@@ -244,16 +244,14 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         options.device >= 0 ? "device " : "LOCAL_RANK ", device, " selects CUDA device ", device,
         ", but this process sees ", count, " device(s)"));
   }
-  auto world =
-      std::make_shared<internal::WorldState>("nccl", rendezvous->world_size(), options.timeout);
-  internal::GroupIdentity identity = internal::GroupIdentity::World(*world, rendezvous->rank());
   auto transport = std::make_shared<Transport>();
   transport->rendezvous = rendezvous;
   transport->device = device;
   auto group = std::make_unique<Group>();
-  LOCKSTEP_RETURN_IF_ERROR(CreateComm(*rendezvous, identity, device, options.timeout, group->comm));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CreateComm(*rendezvous, world.identity, device, options.timeout, group->comm));
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
-      std::move(world), std::move(identity), std::move(transport), std::move(group)));
+      std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(

@@ -1,7 +1,6 @@
 #include "collectives/topology.h"
 
 #include "absl/strings/str_cat.h"
-#include "base/logging.h"
 
 namespace lockstep {
 namespace collectives {
@@ -40,7 +39,7 @@ absl::StatusOr<Coordinates> Topology::CoordinatesOf(int global_rank) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", global_rank, " is outside the world [0, ", world_size(), ") of ", DebugString()));
   }
-  return CoordinatesOrDie(global_rank);
+  return CoordinatesInWorld(global_rank);
 }
 
 absl::StatusOr<int> Topology::GlobalRankOf(const Coordinates& c) const {
@@ -52,9 +51,7 @@ absl::StatusOr<int> Topology::GlobalRankOf(const Coordinates& c) const {
   return Rank(c.dp, c.cp, c.tp);
 }
 
-Coordinates Topology::CoordinatesOrDie(int global_rank) const {
-  LOCKSTEP_CHECK(global_rank >= 0 && global_rank < world_size())
-      << "rank " << global_rank << " outside " << DebugString();
+Coordinates Topology::CoordinatesInWorld(int global_rank) const {
   Coordinates c;
   c.tp = global_rank % tp_size_;
   c.cp = (global_rank / tp_size_) % cp_size_;
@@ -63,22 +60,25 @@ Coordinates Topology::CoordinatesOrDie(int global_rank) const {
 }
 
 std::vector<int> Topology::TpGroup(int global_rank) const {
-  const Coordinates c = CoordinatesOrDie(global_rank);
   std::vector<int> group;
+  if (!InWorld(global_rank)) return group;
+  const Coordinates c = CoordinatesInWorld(global_rank);
   for (int tp = 0; tp < tp_size_; ++tp) group.push_back(Rank(c.dp, c.cp, tp));
   return group;
 }
 
 std::vector<int> Topology::CpGroup(int global_rank) const {
-  const Coordinates c = CoordinatesOrDie(global_rank);
   std::vector<int> group;
+  if (!InWorld(global_rank)) return group;
+  const Coordinates c = CoordinatesInWorld(global_rank);
   for (int cp = 0; cp < cp_size_; ++cp) group.push_back(Rank(c.dp, cp, c.tp));
   return group;
 }
 
 std::vector<int> Topology::TpCpGroup(int global_rank) const {
-  const Coordinates c = CoordinatesOrDie(global_rank);
   std::vector<int> group;
+  if (!InWorld(global_rank)) return group;
+  const Coordinates c = CoordinatesInWorld(global_rank);
   for (int cp = 0; cp < cp_size_; ++cp) {
     for (int tp = 0; tp < tp_size_; ++tp) group.push_back(Rank(c.dp, cp, tp));
   }
@@ -86,8 +86,9 @@ std::vector<int> Topology::TpCpGroup(int global_rank) const {
 }
 
 std::vector<int> Topology::DpGroup(int global_rank) const {
-  const Coordinates c = CoordinatesOrDie(global_rank);
   std::vector<int> group;
+  if (!InWorld(global_rank)) return group;
+  const Coordinates c = CoordinatesInWorld(global_rank);
   for (int dp = 0; dp < dp_size_; ++dp) group.push_back(Rank(dp, c.cp, c.tp));
   return group;
 }

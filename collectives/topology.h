@@ -56,22 +56,24 @@ class Topology {
   absl::StatusOr<Coordinates> CoordinatesOf(int global_rank) const;
   absl::StatusOr<int> GlobalRankOf(const Coordinates& coordinates) const;
 
-  // Groups of `global_rank`, as sorted global ranks. Precondition: 0 <= global_rank <
-  // world_size() (checked; out-of-range ranks abort, as they are programming errors).
+  // Groups of `global_rank`, as sorted global ranks; empty for a rank outside the world (which
+  // NewGroup and Leader refuse, so a bad rank surfaces as an error, never an abort).
   std::vector<int> TpGroup(int global_rank) const;
   std::vector<int> CpGroup(int global_rank) const;
   std::vector<int> TpCpGroup(int global_rank) const;
   std::vector<int> DpGroup(int global_rank) const;
 
-  // The leader of a group is its first (lowest) global rank.
-  static int Leader(absl::Span<const int> group) { return group.front(); }
+  // The leader of a group is its first (lowest) global rank; -1 for an empty group.
+  static int Leader(absl::Span<const int> group) { return group.empty() ? -1 : group.front(); }
 
   // "DP2 x TP1 x CP2"
   std::string DebugString() const;
 
  private:
   Topology(int dp, int tp, int cp) : dp_size_(dp), tp_size_(tp), cp_size_(cp) {}
-  Coordinates CoordinatesOrDie(int global_rank) const;
+  bool InWorld(int global_rank) const { return global_rank >= 0 && global_rank < world_size(); }
+  // Precondition: InWorld(global_rank).
+  Coordinates CoordinatesInWorld(int global_rank) const;
   int Rank(int dp, int cp, int tp) const { return (dp * cp_size_ + cp) * tp_size_ + tp; }
 
   int dp_size_;

@@ -93,6 +93,14 @@ TEST(TopologyTest, DpTwoCpTwoGroupsAndNonzeroLeader) {
   EXPECT_THAT(topo.CpGroup(3), ElementsAre(2, 3));
   EXPECT_THAT(topo.DpGroup(3), ElementsAre(1, 3));
   EXPECT_EQ(Topology::Leader(topo.TpCpGroup(3)), 2);
+  // A rank outside the world has no groups (and no leader) instead of aborting.
+  for (int bad : {-1, 4, 1 << 30}) {
+    EXPECT_TRUE(topo.TpGroup(bad).empty());
+    EXPECT_TRUE(topo.CpGroup(bad).empty());
+    EXPECT_TRUE(topo.TpCpGroup(bad).empty());
+    EXPECT_TRUE(topo.DpGroup(bad).empty());
+  }
+  EXPECT_EQ(Topology::Leader({}), -1);
   EXPECT_EQ(topo.DebugString(), "DP2 x TP1 x CP2");
 }
 

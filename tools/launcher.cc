@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/logging.h"
 #include "base/posix_io.h"
 #include "base/subprocess.h"
 
@@ -107,6 +108,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
                      {"LOCAL_RANK", std::to_string(r)},
                      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)}});
     if (!child.ok()) return child.status();  // the ranks started so far are killed with `ranks`
+    LOCKSTEP_VLOG(1) << "launch: started rank " << r << " of " << options.nproc << " as pid "
+                     << child->pid() << " (port " << port << ")";
     ranks.push_back(std::move(*child));
   }
   std::vector<Child*> channels;
@@ -161,6 +164,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
       Child& rank = ranks[r];
       if (rank.exited() || !rank.TryReap()) continue;
       --running;
+      LOCKSTEP_VLOG(1) << "launch: rank " << r << " " << rank.Describe() << "; " << running
+                       << " still running";
       if (!rank.succeeded() && result.failed_rank < 0 && result.exit_code == 0) {
         result.failed_rank = r;
         result.exit_code = rank.ExitCode();

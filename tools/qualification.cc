@@ -438,8 +438,11 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
               ? ""
               : "  negative control: " + NegativeControlName(options.control))
       << std::endl;
+  LOCKSTEP_VLOG(1) << "qualify: launching " << world << " workers; their output goes to "
+                   << log_path;
   absl::StatusOr<tools::LaunchResult> launched = tools::Launch(launch);
   std::fclose(log);
+  if (launched.ok()) LOCKSTEP_VLOG(1) << "qualify: workers done: " << launched->summary;
   if (!launched.ok()) {
     RemoveDirectory(dir, world);
     return launched.status();

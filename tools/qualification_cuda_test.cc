@@ -4,14 +4,14 @@
 // block's gradients bit for bit.
 
 #include <memory>
-#include <utility>
-#include <vector>
 
 #include "ATen/ATen.h"
+#include "base/status_testutil.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/rng_state_saver.h"
 #include "gtest/gtest.h"
 #include "rng/generators.h"
+#include "tools/aliasing_testutil.h"
 #include "tools/negative_controls.h"
 
 namespace lockstep {
@@ -19,30 +19,18 @@ namespace qualification {
 namespace {
 
 TEST(AliasingRngSaverCudaTest, ChangesTheRecomputedCudaMask) {
-  const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA, 0);
-  auto run = [&](std::shared_ptr<const checkpoint::RngStateSaver> saver, bool checkpointed) {
-    at::manual_seed(11);
-    at::Tensor w = (at::randn({64, 64}, cuda) * 0.3).requires_grad_();
-    at::manual_seed(5);
-    at::Tensor x = at::randn({32, 64}, cuda).requires_grad_();
-    auto block = [&](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{at::dropout(at::matmul(in[0], w), 0.5, true)};
-    };
-    checkpoint::CheckpointOptions options;
-    options.rng_streams = std::move(saver);
-    at::Tensor out =
-        checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0] : block({x})[0];
-    (out * at::linspace(-1, 1, out.numel(), cuda).reshape(out.sizes())).sum().backward();
-    return std::make_pair(out.detach().cpu(), w.grad().cpu());
-  };
   const rng::DefaultGenerators gpu = rng::DefaultGenerators::WithCudaDevice(0);
-  const auto plain = run(nullptr, false);
-  const auto broken = run(std::make_shared<AliasingRngSaver>(gpu), true);
-  EXPECT_TRUE(at::equal(plain.first, broken.first)) << "forward is unaffected";
-  EXPECT_FALSE(at::equal(plain.second, broken.second))
+  const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA, 0);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(DropoutBlockRun plain, RunDropoutBlock(cuda, nullptr));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(DropoutBlockRun broken,
+                                RunDropoutBlock(cuda, std::make_shared<AliasingRngSaver>(gpu)));
+  EXPECT_TRUE(at::equal(plain.output, broken.output)) << "forward is unaffected";
+  EXPECT_FALSE(at::equal(plain.weight_grad, broken.weight_grad))
       << "negative control: an aliasing snapshot must change the recomputed mask";
-  const auto sound = run(checkpoint::StreamSnapshots::DefaultGeneratorsOnly(gpu), true);
-  EXPECT_TRUE(at::equal(plain.second, sound.second));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      DropoutBlockRun sound,
+      RunDropoutBlock(cuda, checkpoint::StreamSnapshots::DefaultGeneratorsOnly(gpu)));
+  EXPECT_TRUE(at::equal(plain.weight_grad, sound.weight_grad));
   EXPECT_EQ(checkpoint::RetainedState().nodes, 0);
 }
 

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/snapshot.h"
+#include "tools/aliasing_testutil.h"
 
 namespace lockstep {
 namespace qualification {
@@ -98,31 +99,20 @@ TEST(QualificationTest, RecomputeAndItsNegativeControl) {
 
 // The aliasing saver itself (moved here from checkpoint_test with the saver): forward is
 // unaffected, but the recompute draws another mask, so the gradients differ from the plain
-// block's.
+// block's; the value saver reproduces them.
 TEST(AliasingRngSaverTest, ChangesTheRecomputedMask) {
-  auto run = [](std::shared_ptr<const checkpoint::RngStateSaver> saver, bool checkpointed) {
-    at::manual_seed(11);
-    at::Tensor w = (at::randn({16, 16}) * 0.3).requires_grad_();
-    at::manual_seed(5);
-    at::Tensor x = at::randn({4, 16}).requires_grad_();
-    auto block = [&](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{at::dropout(at::matmul(in[0], w), 0.5, true)};
-    };
-    checkpoint::CheckpointOptions options;
-    options.rng_streams = std::move(saver);
-    at::Tensor out =
-        checkpointed ? checkpoint::Checkpoint(block, {x}, options).value()[0] : block({x})[0];
-    (out * at::linspace(-1, 1, out.numel()).reshape(out.sizes())).sum().backward();
-    return std::make_pair(out.detach(), w.grad().clone());
-  };
   const rng::DefaultGenerators cpu = rng::DefaultGenerators::CpuOnly();
-  const auto plain = run(nullptr, false);
-  const auto broken = run(std::make_shared<AliasingRngSaver>(cpu), true);
-  EXPECT_TRUE(at::equal(plain.first, broken.first)) << "forward is unaffected";
-  EXPECT_FALSE(at::equal(plain.second, broken.second))
+  const at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(DropoutBlockRun plain, RunDropoutBlock(options, nullptr));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(DropoutBlockRun broken,
+                                RunDropoutBlock(options, std::make_shared<AliasingRngSaver>(cpu)));
+  EXPECT_TRUE(at::equal(plain.output, broken.output)) << "forward is unaffected";
+  EXPECT_FALSE(at::equal(plain.weight_grad, broken.weight_grad))
       << "the aliasing snapshot went unnoticed: recompute reused the forward mask";
-  const auto sound = run(checkpoint::StreamSnapshots::DefaultGeneratorsOnly(cpu), true);
-  EXPECT_TRUE(at::equal(plain.second, sound.second));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      DropoutBlockRun sound,
+      RunDropoutBlock(options, checkpoint::StreamSnapshots::DefaultGeneratorsOnly(cpu)));
+  EXPECT_TRUE(at::equal(plain.weight_grad, sound.weight_grad));
 }
 
 TEST(NegativeControlTest, NamesParseBothWays) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 
 namespace lockstep {
@@ -36,6 +37,18 @@ absl::Status ValidateTimeout(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<NewWorld> StartWorld(absl::string_view backend,
+                                    const std::shared_ptr<Rendezvous>& rendezvous,
+                                    absl::Duration timeout) {
+  if (rendezvous == nullptr) return absl::InvalidArgumentError("rendezvous is null");
+  LOCKSTEP_RETURN_IF_ERROR(ValidateTimeout(timeout));
+  NewWorld world;
+  world.state =
+      std::make_shared<WorldState>(std::string(backend), rendezvous->world_size(), timeout);
+  world.identity = GroupIdentity::World(*world.state, rendezvous->rank());
+  return world;
+}
+
 std::string CommunicatorBase::What(absl::string_view op) const {
   return absl::StrCat(op, " on ", identity_.name);
 }
@@ -52,6 +65,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorBase::NewGroup(
   absl::StatusOr<GroupRegistry::Entry> entry = world_->groups.Register(
       world_->backend, global_ranks, world_->world_size, identity_.global_ranks[identity_.rank]);
   if (!entry.ok()) return Annotate(entry.status(), what);
+  LOCKSTEP_VLOG(2) << identity_.name << ": creating " << entry->name << " as its rank "
+                   << entry->member << " (store key " << entry->store_key << ")";
   absl::StatusOr<std::unique_ptr<Communicator>> group = CreateGroup(GroupIdentity::Of(*entry));
   if (!group.ok()) return Annotate(group.status(), "members must create a group together");
   return group;
@@ -73,6 +88,7 @@ absl::Status CommunicatorBase::Collective(absl::string_view op,
         absl::StrCat(status.message(), " (no answer within the communicator's timeout of ",
                      absl::FormatDuration(world_->timeout), ": a peer did not arrive)"));
   }
+  LOCKSTEP_VLOG(1) << What(op) << " failed; the communicator is now unusable: " << status;
   first_error_ = status;
   return status;
 }

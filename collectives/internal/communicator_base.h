@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
 #include "collectives/internal/group_registry.h"
+#include "collectives/rendezvous.h"
 
 namespace lockstep {
 namespace collectives {
@@ -60,6 +61,16 @@ struct GroupIdentity {
 
 // Checks what every communicator's Create needs: a positive timeout.
 absl::Status ValidateTimeout(absl::Duration timeout);
+
+// The shared state and this process's identity of a new world communicator of `backend` over
+// `rendezvous`'s processes. kInvalidArgument for a null rendezvous or a non-positive timeout.
+struct NewWorld {
+  std::shared_ptr<WorldState> state;
+  GroupIdentity identity;
+};
+absl::StatusOr<NewWorld> StartWorld(absl::string_view backend,
+                                    const std::shared_ptr<Rendezvous>& rendezvous,
+                                    absl::Duration timeout);
 
 class CommunicatorBase : public Communicator {
  public:
