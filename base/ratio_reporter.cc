@@ -1,5 +1,6 @@
 #include "base/ratio_reporter.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -24,13 +25,6 @@ std::optional<double> RatioReporter::Seconds(const std::string& name) const {
   return it->second;
 }
 
-void RatioReporter::PrintRatio(const std::string& what, const std::string& numerator,
-                               const std::string& denominator, double target) const {
-  std::optional<double> n = Seconds(numerator), d = Seconds(denominator);
-  if (!n.has_value() || !d.has_value()) return;
-  PrintLine(what, *n / *d, target);
-}
-
 void RatioReporter::PrintInfo(const std::string& what, const std::string& numerator,
                               const std::string& denominator) const {
   std::optional<double> n = Seconds(numerator), d = Seconds(denominator);
@@ -40,12 +34,42 @@ void RatioReporter::PrintInfo(const std::string& what, const std::string& numera
 }
 
 void RatioReporter::PrintCounter(const std::string& what, const std::string& name,
-                                 const std::string& counter, double target) const {
+                                 const std::string& counter, double target) {
   auto run = counters_.find(name);
-  if (run == counters_.end()) return;
-  auto value = run->second.find(counter);
-  if (value == run->second.end()) return;
-  PrintLine(what, value->second, target);
+  const bool found = run != counters_.end() && run->second.count(counter) > 0;
+  if (!found) {
+    std::cerr << "ratio " << what << ": NOT MEASURED (no counter '" << counter << "' of run '"
+              << name << "'; the run was filtered out, skipped or failed)" << std::endl;
+    ++unmeasured_;
+    return;
+  }
+  PrintLine(what, run->second.at(counter), target);
+}
+
+size_t PairedSamples::count(const std::string& name) const {
+  auto it = samples_.find(name);
+  return it == samples_.end() ? 0 : it->second.size();
+}
+
+double PairedSamples::Median(const std::string& name) const {
+  auto it = samples_.find(name);
+  if (it == samples_.end() || it->second.empty()) return 0;
+  std::vector<double> v = it->second;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+bool PairedSamples::Publish(benchmark::State& state, size_t min_samples) const {
+  for (const auto& [name, values] : samples_) {
+    if (values.size() < min_samples) {
+      state.SkipWithError(absl::StrCat(name, ": only ", values.size(),
+                                       " timed iterations; figures need at least ", min_samples)
+                              .c_str());
+      return false;
+    }
+  }
+  for (const auto& [name, values] : samples_) state.counters[name + "_median_us"] = Median(name);
+  return true;
 }
 
 void RatioReporter::PrintLine(const std::string& what, double ratio, double target) {

@@ -1,13 +1,18 @@
 // base/ratio_reporter.h
 //
 // RatioReporter is Google Benchmark's console reporter that also remembers each run's real time
-// by benchmark name, so that a benchmark binary can print, after its runs, the ratios its targets
-// are stated in ("synchronize / bare broadcast <= 1.2") — both sides measured in the same run.
+// and counters by benchmark name, so that a benchmark binary can print, after its runs, the
+// ratios its targets are stated in ("synchronize / bare broadcast <= 1.2"). A ratio with a target
+// comes from a paired loop (PairedSamples: both sides alternate in one loop, each timed on its
+// own, medians compared); ratios of separate runs are printed for context only, without a target.
+// A target ratio that could not be measured is reported on stderr and makes all_measured() false,
+// so the binary can exit non-zero.
 //
 // Example:
 //   benchmarking::RatioReporter reporter;
 //   benchmark::RunSpecifiedBenchmarks(&reporter);
-//   reporter.PrintRatio("ours / torch", "BM_Ours/real_time", "BM_Torch/real_time", 2.0);
+//   reporter.PrintCounter("ours / torch", "BM_Paired/real_time", "ratio", 2.0);
+//   return reporter.all_measured() ? 0 : 1;
 
 #ifndef LOCKSTEP_BASE_RATIO_REPORTER_H_
 #define LOCKSTEP_BASE_RATIO_REPORTER_H_
@@ -41,18 +46,36 @@ class RatioReporter : public benchmark::ConsoleReporter {
                  const std::string& denominator) const;
 
   // Prints "ratio <what>: <value of counter `counter` of run `name`> (target <= <target>: ...)"
-  // for benchmarks that compute their own ratio (e.g. of paired medians); nothing if absent.
+  // for benchmarks that compute their own ratio of paired medians. When the run or the counter is
+  // missing, says so on stderr and records that a target went unmeasured.
   void PrintCounter(const std::string& what, const std::string& name, const std::string& counter,
-                    double target) const;
+                    double target);
 
-  // Prints "ratio <what>: <numerator / denominator> (target <= <target>: met|NOT met)" when both
-  // runs exist; prints nothing otherwise.
-  void PrintRatio(const std::string& what, const std::string& numerator,
-                  const std::string& denominator, double target) const;
+  // Whether every PrintCounter found its figure.
+  bool all_measured() const { return unmeasured_ == 0; }
 
  private:
   std::map<std::string, double> seconds_;
   std::map<std::string, std::map<std::string, double>> counters_;
+  int unmeasured_ = 0;
+};
+
+// The timings of a paired loop: each operation of an iteration timed on its own, all operations
+// alternating in one loop so that they see the same machine state; reported as medians, which
+// resist the scheduler's outliers.
+class PairedSamples {
+ public:
+  void Add(const std::string& name, double value) { samples_[name].push_back(value); }
+  size_t count(const std::string& name) const;
+  // The median of `name`'s samples; 0 when there are none.
+  double Median(const std::string& name) const;
+  // Sets state.counters["<name>_median_us"] for every operation, and, unless every operation
+  // has at least `min_samples` samples, fails the benchmark saying so (a figure from fewer
+  // iterations is not reported). Returns whether it published.
+  bool Publish(benchmark::State& state, size_t min_samples = 10) const;
+
+ private:
+  std::map<std::string, std::vector<double>> samples_;
 };
 
 }  // namespace benchmarking

@@ -4,10 +4,15 @@
 //   - checkpointed with RNG replay (StreamSnapshots: save, rewind, restore every step),
 //   - checkpointed without RNG replay (a saver that saves nothing: the recompute cost alone),
 //   - the RNG replay work alone (what a checkpoint adds per step: two saves, two restores),
+//     timed in the same loop,
 // on CPU with hidden 1024 (float32) and, in CUDA builds with a GPU, hidden 4096 (bfloat16).
-// Printed at the end: the cost of RNG replay relative to the checkpointed step (target: at most
-// 1%), and the bytes the checkpoint machinery retains after backward (target: 0).
+// The three step modes alternate in one paired loop (each timed on its own, medians compared),
+// after warm-up steps of every mode outside the timed region (CUDA context, allocator, autograd
+// threads). Printed at the end: checkpointed with / without RNG replay (target: at most 1.01),
+// the replay work's share of a step (target: at most 1%), and the bytes the checkpoint machinery
+// retains after backward (target: 0). Exits 1 if a target figure could not be measured.
 
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -82,59 +87,89 @@ struct Block {
 };
 
 enum Mode { kPlain, kWithRng, kWithoutRng };
+constexpr const char* kModeNames[] = {"plain", "with_rng", "without_rng"};
 
-void BM_Step(benchmark::State& state) {
+// One forward + backward step of `block` in `mode`; false if the checkpoint failed.
+bool Step(Block& block, Mode mode, const CheckpointOptions& with_rng,
+          const CheckpointOptions& without_rng) {
+  auto fn = [&block](const std::vector<at::Tensor>& in) { return block.Forward(in); };
+  block.ZeroGrad();
+  std::vector<at::Tensor> out;
+  if (mode == kPlain) {
+    out = block.Forward({block.x});
+  } else {
+    absl::StatusOr<std::vector<at::Tensor>> checkpointed =
+        Checkpoint(fn, {block.x}, mode == kWithRng ? with_rng : without_rng);
+    if (!checkpointed.ok()) {
+      std::cerr << "checkpoint_benchmark: " << checkpointed.status() << std::endl;
+      return false;
+    }
+    out = *checkpointed;
+  }
+  out[0].backward(block.grad);
+  Sync(block.cuda);
+  return true;
+}
+
+// Plain, checkpointed with RNG replay and checkpointed without it, alternating in one loop.
+void BM_StepPaired(benchmark::State& state) {
   const bool cuda = state.range(0) != 0;
-  const Mode mode = static_cast<Mode>(state.range(1));
   if (cuda && !HaveCuda()) {
-    state.SkipWithError("no CUDA device");
+    state.SkipWithError("no CUDA device: the CUDA step cannot be measured");
     return;
   }
   Block block(cuda);
-  auto fn = [&block](const std::vector<at::Tensor>& in) { return block.Forward(in); };
-  CheckpointOptions options;
-  if (mode == kWithRng)
-    options.rng_streams = StreamSnapshots::DefaultGeneratorsOnly(block.generators);
-  if (mode == kWithoutRng) options.rng_streams = std::make_shared<NoRngReplay>();
-  for (auto _ : state) {
-    block.ZeroGrad();
-    std::vector<at::Tensor> out =
-        mode == kPlain ? block.Forward({block.x}) : *Checkpoint(fn, {block.x}, options);
-    out[0].backward(block.grad);
-    Sync(cuda);
+  CheckpointOptions with_rng, without_rng;
+  with_rng.rng_streams = StreamSnapshots::DefaultGeneratorsOnly(block.generators);
+  without_rng.rng_streams = std::make_shared<NoRngReplay>();
+  for (int warm = 0; warm < 3; ++warm) {
+    for (Mode mode : {kPlain, kWithRng, kWithoutRng}) {
+      if (!Step(block, mode, with_rng, without_rng)) {
+        state.SkipWithError("a warm-up step failed");
+        return;
+      }
+    }
   }
+  const RngStateSaver& saver = *with_rng.rng_streams;
+  benchmarking::PairedSamples samples;
+  for (auto _ : state) {
+    {  // the RNG replay work alone: two saves and two restores, what a checkpoint adds per step
+      const auto start = std::chrono::steady_clock::now();
+      auto forward = saver.Save();
+      auto live = saver.Save();
+      if (!forward.ok() || !live.ok() || !(*forward)->Restore().ok() || !(*live)->Restore().ok()) {
+        state.SkipWithError("the RNG replay work failed");
+        return;
+      }
+      samples.Add("replay_work", std::chrono::duration<double, std::micro>(
+                                     std::chrono::steady_clock::now() - start)
+                                     .count());
+    }
+    for (Mode mode : {kPlain, kWithRng, kWithoutRng}) {
+      const auto start = std::chrono::steady_clock::now();
+      if (!Step(block, mode, with_rng, without_rng)) {
+        state.SkipWithError("a step failed");
+        return;
+      }
+      samples.Add(kModeNames[mode], std::chrono::duration<double, std::micro>(
+                                        std::chrono::steady_clock::now() - start)
+                                        .count());
+    }
+  }
+  if (!samples.Publish(state)) return;
+  state.counters["with_over_without"] = samples.Median("with_rng") / samples.Median("without_rng");
+  state.counters["checkpointed_over_plain"] = samples.Median("with_rng") / samples.Median("plain");
+  state.counters["replay_share"] = samples.Median("replay_work") / samples.Median("without_rng");
 }
 
-void BM_RngReplayWork(benchmark::State& state) {
-  const bool cuda = state.range(0) != 0;
-  if (cuda && !HaveCuda()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
-  std::shared_ptr<StreamSnapshots> saver = StreamSnapshots::DefaultGeneratorsOnly(
-      cuda ? rng::DefaultGenerators::WithCudaDevice(0) : rng::DefaultGenerators::CpuOnly());
-  for (auto _ : state) {
-    auto forward = saver->Save();  // in forward
-    auto live = saver->Save();     // in backward, before the rewind
-    benchmark::DoNotOptimize((*forward)->Restore());
-    benchmark::DoNotOptimize((*live)->Restore());
-  }
-}
-
-void StepArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"cuda", "mode"})->Unit(benchmark::kMillisecond)->UseRealTime();
-  for (int cuda : {0, 1}) {
-    for (int mode : {kPlain, kWithRng, kWithoutRng}) b->Args({cuda, mode});
-  }
-}
-BENCHMARK(BM_Step)->Apply(StepArgs);
-BENCHMARK(BM_RngReplayWork)
+constexpr int kIterations = 12;
+BENCHMARK(BM_StepPaired)
     ->ArgName("cuda")
     ->Arg(0)
     ->Arg(1)
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(kIterations);  // fixed, so every reported median has that many samples
 }  // namespace
 }  // namespace checkpoint
 }  // namespace lockstep
@@ -144,25 +179,24 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   lockstep::benchmarking::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
+  const bool cuda_present = lockstep::checkpoint::HaveCuda();
   for (int cuda : {0, 1}) {
+    if (cuda && !cuda_present) continue;
     const std::string device = cuda ? "CUDA, hidden 4096 bf16" : "CPU, hidden 1024 f32";
-    const std::string step = absl::StrCat("BM_Step/cuda:", cuda, "/mode:");
-    reporter.PrintRatio(absl::StrCat("checkpointed step with RNG replay / without (", device, ")"),
-                        step + "1/real_time", step + "2/real_time", 1.01);
-    reporter.PrintInfo(absl::StrCat("checkpointed step / plain step (", device, ")"),
-                       step + "1/real_time", step + "0/real_time");
+    const std::string paired =
+        absl::StrCat("BM_StepPaired/cuda:", cuda, "/iterations:", lockstep::checkpoint::kIterations,
+                     "/real_time");
+    reporter.PrintCounter(
+        absl::StrCat("checkpointed step with RNG replay / without, paired medians (", device, ")"),
+        paired, "with_over_without", 1.01);
     // Direct form of the 1% target: the replay work's share of a checkpointed step.
-    auto work = reporter.Seconds(absl::StrCat("BM_RngReplayWork/cuda:", cuda, "/real_time"));
-    auto without = reporter.Seconds(step + "2/real_time");
-    if (work.has_value() && without.has_value()) {
-      lockstep::benchmarking::RatioReporter::PrintLine(
-          absl::StrCat("RNG replay work / checkpointed step (", device, ")"),
-          (*work * 1e-3) / *without, 0.01);  // microseconds over milliseconds
-    }
+    reporter.PrintCounter(
+        absl::StrCat("RNG replay work / checkpointed step, paired medians (", device, ")"), paired,
+        "replay_share", 0.01);
   }
   const auto retained = RetainedState();
   std::cout << "retained after backward: " << retained.nodes << " checkpoint nodes, "
             << retained.rng_bytes << " RNG bytes (target: 0)" << std::endl;
   benchmark::Shutdown();
-  return retained.nodes == 0 && retained.rng_bytes == 0 ? 0 : 1;
+  return retained.nodes == 0 && retained.rng_bytes == 0 && reporter.all_measured() ? 0 : 1;
 }

@@ -10,9 +10,7 @@ namespace lockstep {
 namespace checkpoint {
 namespace {
 
-size_t SnapshotBytes(const rng::RngSnapshot& snapshot) {
-  return sizeof(rng::RngSnapshot) + snapshot.cpu_state().size();
-}
+size_t SnapshotBytes(const rng::RngSnapshot& snapshot) { return sizeof(rng::RngSnapshot); }
 
 class SavedStreams : public SavedRngState {
  public:
@@ -43,7 +41,7 @@ class SavedStreams : public SavedRngState {
     if (cuda.has_value() && !cuda->rewindable()) {
       // Inside a capture without graph-safe state the CUDA generator cannot be rewound; what was
       // saved is only a draw detector (CheckReplayable), so restore the CPU half alone.
-      restored = rng::RngSnapshot::RestoreParts(defaults_.cpu_state(), std::nullopt);
+      restored = rng::RngSnapshot::RestoreParts(defaults_.cpu(), std::nullopt);
     } else {
       restored = defaults_.Restore();
     }

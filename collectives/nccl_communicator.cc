@@ -20,20 +20,119 @@ namespace collectives {
 struct NcclCommunicator::Transport {
   std::shared_ptr<Rendezvous> rendezvous;
   int device = 0;
+  CpuStaging cpu_staging = CpuStaging::kMappedHost;
 };
 
-struct NcclCommunicator::Group {
-  ncclComm_t comm = nullptr;  // null once aborted
-  // Staging of CPU tensors: a pinned host buffer and a device buffer, grown on demand and reused
-  // (each collective completes before the next may use them). Pinned memory lets the copies be
-  // asynchronous on the collective's stream, so one wait covers upload, collective and download.
-  at::Tensor host_staging;
-  at::Tensor device_staging;
+namespace {
 
+absl::Status CudaError(const std::string& what, cudaError_t error) {
+  return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(error)));
+}
+
+// Note [CPU staging]
+// How a CPU tensor reaches NCCL, per communicator, grown on demand and reused (each collective
+// completes before the next may use the buffers):
+//   kMappedHost   one pinned host buffer, mapped into the device's address space; NCCL's kernels
+//                 read and write it directly (zero-copy), so nothing but the collective is
+//                 queued and one wait covers it. For the small, latency-bound tensors lockstep
+//                 moves (RNG states, digests) this saves two copies and their scheduling.
+//   kDeviceCopies a pinned host buffer and a device buffer; the upload, the collective and the
+//                 download are queued on one stream and waited for once.
+class Staging {
+ public:
+  Staging(NcclCommunicator::CpuStaging mode, int device) : mode_(mode), device_(device) {}
+  ~Staging() { FreeMapped(); }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // Makes room for `bytes` bytes.
+  absl::Status Reserve(int64_t bytes, const std::string& what) {
+    if (bytes <= capacity_) return absl::OkStatus();
+    if (mode_ == NcclCommunicator::CpuStaging::kMappedHost) {
+      FreeMapped();
+      void* host = nullptr;
+      if (cudaError_t e = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+          e != cudaSuccess) {
+        return CudaError(what + ": allocating mapped staging memory", e);
+      }
+      void* alias = nullptr;
+      if (cudaError_t e = cudaHostGetDevicePointer(&alias, host, 0); e != cudaSuccess) {
+        cudaFreeHost(host);
+        return CudaError(what + ": mapping staging memory into the device", e);
+      }
+      mapped_host_ = static_cast<char*>(host);
+      mapped_device_ = static_cast<char*>(alias);
+    } else {
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating staging buffers", [&] {
+        host_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+        device_buffer_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(
+                                                at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
+      }));
+    }
+    capacity_ = bytes;
+    return absl::OkStatus();
+  }
+
+  // Where the CPU side reads and writes.
+  char* host() {
+    return mode_ == NcclCommunicator::CpuStaging::kMappedHost
+               ? mapped_host_
+               : static_cast<char*>(host_.data_ptr());
+  }
+  // The address NCCL operates on.
+  char* nccl() {
+    return mode_ == NcclCommunicator::CpuStaging::kMappedHost
+               ? mapped_device_
+               : static_cast<char*>(device_buffer_.data_ptr());
+  }
+  // Queues what must precede NCCL's reads of [offset, offset + bytes).
+  absl::Status BeforeCollective(int64_t offset, int64_t bytes, cudaStream_t stream,
+                                const std::string& what) {
+    if (mode_ == NcclCommunicator::CpuStaging::kMappedHost || bytes == 0) return absl::OkStatus();
+    return Copy(nccl() + offset, host() + offset, bytes, cudaMemcpyHostToDevice, stream,
+                what + ": staging to the device");
+  }
+  // Queues what must follow NCCL's writes of [offset, offset + bytes).
+  absl::Status AfterCollective(int64_t offset, int64_t bytes, cudaStream_t stream,
+                               const std::string& what) {
+    if (mode_ == NcclCommunicator::CpuStaging::kMappedHost || bytes == 0) return absl::OkStatus();
+    return Copy(host() + offset, nccl() + offset, bytes, cudaMemcpyDeviceToHost, stream,
+                what + ": copying back");
+  }
+
+ private:
+  static absl::Status Copy(void* to, const void* from, int64_t bytes, cudaMemcpyKind kind,
+                           cudaStream_t stream, const std::string& what) {
+    if (cudaError_t e = cudaMemcpyAsync(to, from, bytes, kind, stream); e != cudaSuccess) {
+      return CudaError(what, e);
+    }
+    return absl::OkStatus();
+  }
+  void FreeMapped() {
+    if (mapped_host_ != nullptr) cudaFreeHost(mapped_host_);
+    mapped_host_ = mapped_device_ = nullptr;
+  }
+
+  NcclCommunicator::CpuStaging mode_;
+  int device_;
+  int64_t capacity_ = 0;
+  char* mapped_host_ = nullptr;    // kMappedHost
+  char* mapped_device_ = nullptr;  // its device alias
+  at::Tensor host_;                // kDeviceCopies
+  at::Tensor device_buffer_;
+};
+
+}  // namespace
+
+struct NcclCommunicator::Group {
+  Group(CpuStaging mode, int device) : staging(mode, device) {}
   ~Group() {
     // Abort rather than destroy: destroy waits for outstanding work, which could be a hang.
     if (comm != nullptr) ncclCommAbort(comm);
   }
+
+  ncclComm_t comm = nullptr;  // null once aborted
+  Staging staging;            // Note [CPU staging]
 };
 
 namespace {
@@ -59,21 +158,17 @@ absl::Status Abort(ncclComm_t& comm, absl::Status error) {
   return error;
 }
 
-// Polls until `comm` leaves ncclInProgress and, when `stream` is given, the stream is idle.
-// On timeout or error the communicator is aborted.
+// Polls until `comm` leaves ncclInProgress (check_stream false: the operation is enqueued) or,
+// with check_stream, until the stream is idle. The stream is polled every round and NCCL's
+// asynchronous error state every 32nd (it takes a lock), so a completed collective is seen within
+// a microsecond or two while a failed or late peer still ends the wait. On timeout or error the
+// communicator is aborted.
 absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, absl::Duration timeout,
                    const std::string& what) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t query = ncclCommGetAsyncError(comm, &state);
-    if (query != ncclSuccess) state = query;
-    if (state != ncclSuccess && state != ncclInProgress) {
-      return Abort(comm, NcclError(what, state, comm));
-    }
-    if (state == ncclSuccess) {
-      if (!check_stream) return absl::OkStatus();
+  for (int round = 0;; ++round) {
+    if (check_stream) {
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return absl::OkStatus();
       if (done != cudaErrorNotReady) {
@@ -81,14 +176,24 @@ absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, abs
                      absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(done))));
       }
     }
-    if (absl::Now() >= deadline) {
+    if (!check_stream || round % 32 == 0) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+      if (query != ncclSuccess) state = query;
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return Abort(comm, NcclError(what, state, comm));
+      }
+      if (!check_stream && state == ncclSuccess) return absl::OkStatus();
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       return Abort(comm, absl::DeadlineExceededError(absl::StrCat(what, " timed out after ",
                                                                   absl::FormatDuration(timeout),
                                                                   "; a peer did not arrive")));
     }
     // Spin first: small collectives finish in microseconds, and a sleep costs at least the
     // kernel's timer slack (~50 us). Back off to sleeping once the wait is clearly long.
-    if (absl::Now() - start < absl::Milliseconds(2)) {
+    if (now - start < absl::Milliseconds(2)) {
       std::this_thread::yield();
     } else {
       absl::SleepFor(absl::Microseconds(50));
@@ -195,25 +300,6 @@ absl::Status CreateComm(Rendezvous& rendezvous, const internal::GroupIdentity& i
                   what);
 }
 
-// Makes the group's staging buffers hold at least `bytes` bytes.
-absl::Status ReserveStaging(at::Tensor& host, at::Tensor& device_buffer, int64_t bytes, int device,
-                            const std::string& what) {
-  if (host.defined() && host.numel() >= bytes) return absl::OkStatus();
-  return CallTorch(what + ": allocating staging buffers", [&] {
-    host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-    device_buffer = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(
-                                           at::kCUDA, static_cast<c10::DeviceIndex>(device)));
-  });
-}
-
-absl::Status CopyAsync(void* to, const void* from, int64_t bytes, cudaMemcpyKind kind,
-                       cudaStream_t stream, const std::string& what) {
-  if (cudaError_t e = cudaMemcpyAsync(to, from, bytes, kind, stream); e != cudaSuccess) {
-    return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<internal::WorldState> world,
@@ -247,7 +333,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   auto transport = std::make_shared<Transport>();
   transport->rendezvous = rendezvous;
   transport->device = device;
-  auto group = std::make_unique<Group>();
+  transport->cpu_staging = options.cpu_staging;
+  auto group = std::make_unique<Group>(options.cpu_staging, device);
   LOCKSTEP_RETURN_IF_ERROR(
       CreateComm(*rendezvous, world.identity, device, options.timeout, group->comm));
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
@@ -256,7 +343,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
-  auto group = std::make_unique<Group>();
+  auto group = std::make_unique<Group>(transport_->cpu_staging, transport_->device);
   LOCKSTEP_RETURN_IF_ERROR(
       CreateComm(*transport_->rendezvous, identity, transport_->device, timeout(), group->comm));
   return std::unique_ptr<Communicator>(
@@ -269,14 +356,12 @@ namespace {
 using InPlaceOp =
     std::function<ncclResult_t(void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t)>;
 
-}  // namespace
-
-// Runs `op` in place on `tensor` and waits for it: directly on a CUDA tensor, staged through
-// the group's buffers for a CPU tensor (`upload`: whether the CPU contents are needed on the
-// device; not for the receivers of a broadcast).
-static absl::Status InPlace(ncclComm_t& comm, at::Tensor& host_staging, at::Tensor& device_staging,
-                            int device, absl::Duration timeout, const std::string& what,
-                            at::Tensor& tensor, const InPlaceOp& op, bool upload) {
+// Runs `op` in place on `tensor` and waits for it: directly on a CUDA tensor, staged for a CPU
+// tensor (Note [CPU staging]; `upload`: whether the CPU contents are needed by NCCL, not for the
+// receivers of a broadcast).
+absl::Status InPlace(ncclComm_t& comm, Staging& staging, int device, absl::Duration timeout,
+                     const std::string& what, at::Tensor& tensor, const InPlaceOp& op,
+                     bool upload) {
   LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device, what));
   LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(tensor.scalar_type(), what));
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -292,21 +377,19 @@ static absl::Status InPlace(ncclComm_t& comm, at::Tensor& host_staging, at::Tens
   }
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   if (bytes == 0) return absl::OkStatus();
-  LOCKSTEP_RETURN_IF_ERROR(ReserveStaging(host_staging, device_staging, bytes, device, what));
-  void* host = host_staging.data_ptr();
-  void* staged = device_staging.data_ptr();
+  LOCKSTEP_RETURN_IF_ERROR(staging.Reserve(bytes, what));
   if (upload) {
-    std::memcpy(host, tensor.data_ptr(), bytes);
-    LOCKSTEP_RETURN_IF_ERROR(CopyAsync(staged, host, bytes, cudaMemcpyHostToDevice, stream,
-                                       what + ": staging to the device"));
+    std::memcpy(staging.host(), tensor.data_ptr(), bytes);
+    LOCKSTEP_RETURN_IF_ERROR(staging.BeforeCollective(0, bytes, stream, what));
   }
-  LOCKSTEP_RETURN_IF_ERROR(launch(staged));
-  LOCKSTEP_RETURN_IF_ERROR(
-      CopyAsync(host, staged, bytes, cudaMemcpyDeviceToHost, stream, what + ": copying back"));
+  LOCKSTEP_RETURN_IF_ERROR(launch(staging.nccl()));
+  LOCKSTEP_RETURN_IF_ERROR(staging.AfterCollective(0, bytes, stream, what));
   LOCKSTEP_RETURN_IF_ERROR(Await(comm, stream, /*check_stream=*/true, timeout, what));
-  std::memcpy(tensor.data_ptr(), host, bytes);
+  std::memcpy(tensor.data_ptr(), staging.host(), bytes);
   return absl::OkStatus();
 }
+
+}  // namespace
 
 absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
   const std::string op = absl::StrCat("broadcast from group rank ", root);
@@ -317,8 +400,7 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
     }
     // Only the root's bytes matter: the others' staging buffer is overwritten.
     return InPlace(
-        group_->comm, group_->host_staging, group_->device_staging, device(), timeout(), what,
-        tensor,
+        group_->comm, group_->staging, device(), timeout(), what, tensor,
         [root](void* data, size_t count, ncclDataType_t type, ncclComm_t comm,
                cudaStream_t stream) {
           return ncclBroadcast(data, data, count, type, root, comm, stream);
@@ -331,8 +413,7 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
   const std::string what = What("all-reduce (sum)");
   return Collective("all-reduce (sum)", [&]() -> absl::Status {
     return InPlace(
-        group_->comm, group_->host_staging, group_->device_staging, device(), timeout(), what,
-        tensor,
+        group_->comm, group_->staging, device(), timeout(), what, tensor,
         [](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
           return ncclAllReduce(data, data, count, type, ncclSum, comm, stream);
         },
@@ -365,20 +446,16 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
       LOCKSTEP_RETURN_IF_ERROR(launch(input.data_ptr(), gathered.data_ptr()));
       LOCKSTEP_RETURN_IF_ERROR(Await(group_->comm, stream, true, timeout(), what));
     } else if (bytes > 0) {
-      // Staged: [input | size() outputs] in the group's buffers.
+      // Staged (Note [CPU staging]): [input | size() outputs] in the group's buffers.
+      Staging& staging = group_->staging;
       const int64_t total = bytes * (size() + 1);
-      LOCKSTEP_RETURN_IF_ERROR(
-          ReserveStaging(group_->host_staging, group_->device_staging, total, device(), what));
-      char* host = static_cast<char*>(group_->host_staging.data_ptr());
-      char* staged = static_cast<char*>(group_->device_staging.data_ptr());
-      std::memcpy(host, input.data_ptr(), bytes);
-      LOCKSTEP_RETURN_IF_ERROR(CopyAsync(staged, host, bytes, cudaMemcpyHostToDevice, stream,
-                                         what + ": staging to the device"));
-      LOCKSTEP_RETURN_IF_ERROR(launch(staged, staged + bytes));
-      LOCKSTEP_RETURN_IF_ERROR(CopyAsync(host + bytes, staged + bytes, total - bytes,
-                                         cudaMemcpyDeviceToHost, stream, what + ": copying back"));
+      LOCKSTEP_RETURN_IF_ERROR(staging.Reserve(total, what));
+      std::memcpy(staging.host(), input.data_ptr(), bytes);
+      LOCKSTEP_RETURN_IF_ERROR(staging.BeforeCollective(0, bytes, stream, what));
+      LOCKSTEP_RETURN_IF_ERROR(launch(staging.nccl(), staging.nccl() + bytes));
+      LOCKSTEP_RETURN_IF_ERROR(staging.AfterCollective(bytes, total - bytes, stream, what));
       LOCKSTEP_RETURN_IF_ERROR(Await(group_->comm, stream, true, timeout(), what));
-      std::memcpy(gathered.data_ptr(), host + bytes, total - bytes);
+      std::memcpy(gathered.data_ptr(), staging.host() + bytes, total - bytes);
     }
     return CallTorch(what + ": splitting the output", [&] {
       for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);

@@ -3,9 +3,12 @@
 // NcclCommunicator implements Communicator with the NCCL API directly, one NCCL communicator
 // per group, on this process's CUDA device (LOCAL_RANK by default). CUDA tensors of that device
 // move without copies; CPU tensors (such as BroadcastBytes's buffers and RNG states) are staged
-// through a pinned host buffer and a device buffer that each communicator owns and reuses, with
-// the upload, the collective and the download queued on one stream and waited for once (a
-// broadcast's receivers skip the upload). All-gather stages its input and output the same way.
+// through buffers each communicator owns and reuses: by default pinned host memory mapped into
+// the device, which NCCL's kernels read and write directly (zero-copy: nothing but the
+// collective is queued), or, as Options::cpu_staging chooses, a pinned host buffer and a device
+// buffer with the upload, the collective and the download queued on one stream and waited for
+// once (a broadcast's receivers skip the upload). All-gather stages its input and output the same
+// way.
 //
 // Why the NCCL API rather than c10d's ProcessGroupNCCL: lockstep's collectives are small and
 // latency-bound (RNG states, plan digests); the direct calls skip c10d's work objects and
@@ -50,11 +53,19 @@ namespace collectives {
 
 class NcclCommunicator : public internal::CommunicatorBase {
  public:
+  // How CPU tensors reach NCCL (Note [CPU staging] in the .cc).
+  enum class CpuStaging {
+    kMappedHost,    // NCCL reads and writes mapped pinned host memory directly (zero-copy)
+    kDeviceCopies,  // pinned host and device buffers, with copies queued around the collective
+  };
+
   struct Options {
     // How long creation and each collective wait for peers. Default: 60 s.
     absl::Duration timeout = absl::Seconds(60);
     // CUDA device index; -1 selects the rendezvous's local rank. Default: -1.
     int device = -1;
+    // Default: kMappedHost.
+    CpuStaging cpu_staging = CpuStaging::kMappedHost;
   };
 
   // The world communicator of the rendezvous's processes. Collective over every process.

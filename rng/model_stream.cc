@@ -105,14 +105,13 @@ absl::Status ModelStreamScope::Exit() {
   const RngSnapshot& cuda_live = cuda_reseeded ? *advanced : caller;
   const RngSnapshot& cpu_model = cpu_reseeded ? entry : *advanced;
   const RngSnapshot& cuda_model = cuda_reseeded ? entry : *advanced;
-  absl::StatusOr<RngSnapshot> model =
-      RngSnapshot::FromParts(cpu_model.cpu_state(), cuda_model.cuda());
+  absl::StatusOr<RngSnapshot> model = RngSnapshot::FromState(cpu_model.cpu(), cuda_model.cuda());
   if (!model.ok()) {
     (void)caller.Restore();
     return model.status();
   }
   stream.state_ = std::move(*model);
-  return RngSnapshot::RestoreParts(cpu_live.cpu_state(), cuda_live.cuda());
+  return RngSnapshot::RestoreParts(cpu_live.cpu(), cuda_live.cuda());
 }
 
 ModelStreamScope::~ModelStreamScope() {

@@ -4,8 +4,10 @@
 //   - one model-stream scope plus Synchronize, the per-microbatch RNG cost of a TP x CP rank;
 //   - Synchronize over Gloo with 2 and 4 local processes against a bare broadcast of the same
 //     number of bytes in the same run (target: ratio <= 1.2);
-//   - partition-invariant dropout against at::dropout on the same tensor (target: <= 2x), on CPU
-//     and, in CUDA builds, on the GPU.
+//   - partition-invariant dropout against at::dropout on the same tensor (target: <= 2x), paired
+//     in one loop, on CPU and, in CUDA builds, on the GPU.
+// Every ratio with a target comes from a paired loop; each timed loop runs after warm-up outside
+// it; the binary exits 1 when a target figure could not be measured.
 //
 // This process is rank 0 of each Gloo world; peers are forked before any LibTorch work and
 // follow rank 0's commands (operation, bytes, iterations), so every rank runs exactly the
@@ -91,12 +93,23 @@ collectives::CommandedGlooWorlds& Worlds() {
 
 void BM_ModelStreamScope(benchmark::State& state) {
   RankStreams& streams = Streams();
+  // The first scope derives the model stream, and in CUDA builds the first CUDA generator access
+  // creates the device's context: both outside the timed loop.
+  for (int warm = 0; warm < 10; ++warm) {
+    if (!ScopeOnce().ok()) {
+      state.SkipWithError("entering or leaving the model stream failed");
+      return;
+    }
+  }
   for (auto _ : state) {
     absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(streams);
-    benchmark::DoNotOptimize(&scope);
+    if (!scope.ok() || !scope->Exit().ok()) {
+      state.SkipWithError("entering or leaving the model stream failed");
+      return;
+    }
   }
 }
-BENCHMARK(BM_ModelStreamScope)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ModelStreamScope)->Unit(benchmark::kMicrosecond)->Iterations(20000);
 
 void BM_Gloo(benchmark::State& state, Op op) {
   const int size = static_cast<int>(state.range(0));
@@ -127,11 +140,6 @@ BENCHMARK_CAPTURE(BM_Gloo, synchronize, kSynchronize)->Apply(GlooArgs);
 // One model-stream scope (enter + exit) plus Synchronize: the RNG cost per hand-back point.
 BENCHMARK_CAPTURE(BM_Gloo, scope_and_synchronize, kScopeAndSynchronize)->Apply(GlooArgs);
 
-double Median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 // Bare broadcast, Synchronize, and a model-stream scope plus Synchronize (the anchor's "RNG scope
 // plus TP x CP synchronization") alternate within one loop, each timed on its own, so that all
 // see the same machine state; the medians resist the scheduler's outliers. The ratio of the
@@ -139,15 +147,31 @@ double Median(std::vector<double> v) {
 void BM_GlooPaired(benchmark::State& state) {
   const int size = static_cast<int>(state.range(0));
   const int64_t bytes = StateBytes();
+  collectives::Communicator* comm = Worlds().rank0(size);
+  if (comm == nullptr) {
+    state.SkipWithError("the Gloo world did not start");
+    return;
+  }
+  at::Tensor payload = at::zeros({bytes}, at::kByte);
+  // Warm-up rounds (connections, first allocations), run by the peers too, outside the timing.
+  constexpr int kWarmup = 20;
+  if (absl::Status s = Worlds().Command(size, kPaired, bytes, kWarmup); !s.ok()) {
+    state.SkipWithError(std::string(s.message()).c_str());
+    return;
+  }
+  for (int i = 0; i < kWarmup; ++i) {
+    if (absl::Status s = RunOp(*comm, kPaired, payload); !s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      return;
+    }
+  }
   absl::Status commanded =
       Worlds().Command(size, kPaired, bytes, static_cast<int64_t>(state.max_iterations));
   if (!commanded.ok()) {
     state.SkipWithError(std::string(commanded.message()).c_str());
     return;
   }
-  collectives::Communicator* comm = Worlds().rank0(size);
-  at::Tensor payload = at::zeros({bytes}, at::kByte);
-  std::vector<double> bare, sync, scope_sync;
+  benchmarking::PairedSamples samples;
   auto micros = [](auto from, auto to) {
     return std::chrono::duration<double, std::micro>(to - from).count();
   };
@@ -155,86 +179,93 @@ void BM_GlooPaired(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status b = comm->Broadcast(payload, 0);
     const auto t1 = std::chrono::steady_clock::now();
-    absl::Status s = Synchronize(comm, Streams());
+    absl::Status s = b.ok() ? Synchronize(comm, Streams()) : b;
     const auto t2 = std::chrono::steady_clock::now();
-    absl::Status scoped = ScopeOnce();
-    absl::Status ss = Synchronize(comm, Streams());
+    absl::Status scoped = s.ok() ? ScopeOnce() : s;
+    absl::Status ss = scoped.ok() ? Synchronize(comm, Streams()) : scoped;
     const auto t3 = std::chrono::steady_clock::now();
-    if (!b.ok() || !s.ok() || !scoped.ok() || !ss.ok()) {
-      state.SkipWithError("collective failed");
-      break;
+    if (!ss.ok()) {
+      state.SkipWithError(std::string(ss.message()).c_str());
+      return;
     }
-    bare.push_back(micros(t0, t1));
-    sync.push_back(micros(t1, t2));
-    scope_sync.push_back(micros(t2, t3));
+    samples.Add("bare", micros(t0, t1));
+    samples.Add("sync", micros(t1, t2));
+    samples.Add("scope_sync", micros(t2, t3));
   }
-  if (bare.empty()) return;
-  const double bare_median = Median(bare), sync_median = Median(sync);
-  state.counters["bare_median_us"] = bare_median;
-  state.counters["sync_median_us"] = sync_median;
-  state.counters["scope_sync_median_us"] = Median(scope_sync);
-  state.counters["ratio"] = sync_median / bare_median;
+  if (!samples.Publish(state)) return;
+  state.counters["ratio"] = samples.Median("sync") / samples.Median("bare");
 }
-BENCHMARK(BM_GlooPaired)->Apply(GlooArgs);
+constexpr int kGlooIterations = 1000;
+BENCHMARK(BM_GlooPaired)->Apply(GlooArgs)->Iterations(kGlooIterations);
 
-void BM_TorchDropout(benchmark::State& state) {
-  at::Tensor x = at::randn({state.range(0)});
-  for (auto _ : state) benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
-  state.SetItemsProcessed(state.iterations() * state.range(0));
-}
-BENCHMARK(BM_TorchDropout)
-    ->Arg(1 << 20)
-    ->Arg(1 << 24)
-    ->ArgName("elements")
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
-void BM_PartitionedDropout(benchmark::State& state) {
+// at::dropout and partitioned dropout of the same tensor, alternating in one loop (paired).
+void DropoutPaired(benchmark::State& state, const at::TensorOptions& options) {
   const int64_t n = state.range(0);
-  at::Tensor x = at::randn({n});
+  at::Tensor x = at::randn({n}, options);
+  auto sync = [&] {
+#if LOCKSTEP_BUILT_WITH_CUDA
+    if (options.device().is_cuda()) c10::cuda::device_synchronize();
+#endif
+  };
   uint32_t step = 0;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(*PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, 0.1));
+  auto partitioned = [&]() -> bool {
+    absl::StatusOr<at::Tensor> out = PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, 0.1);
+    benchmark::DoNotOptimize(out);
+    sync();
+    return out.ok();
+  };
+  auto torch_dropout = [&] {
+    benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
+    sync();
+  };
+  for (int warm = 0; warm < 3; ++warm) {  // first touches and kernel loads outside the timing
+    torch_dropout();
+    if (!partitioned()) {
+      state.SkipWithError("partitioned dropout failed");
+      return;
+    }
   }
-  state.SetItemsProcessed(state.iterations() * n);
+  benchmarking::PairedSamples samples;
+  auto micros = [](auto from) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - from)
+        .count();
+  };
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    torch_dropout();
+    samples.Add("torch", micros(t0));
+    t0 = std::chrono::steady_clock::now();
+    if (!partitioned()) {
+      state.SkipWithError("partitioned dropout failed");
+      return;
+    }
+    samples.Add("partitioned", micros(t0));
+  }
+  if (!samples.Publish(state)) return;
+  state.counters["ratio"] = samples.Median("partitioned") / samples.Median("torch");
 }
-BENCHMARK(BM_PartitionedDropout)
+
+constexpr int kDropoutIterations = 30;
+
+void BM_DropoutPaired(benchmark::State& state) { DropoutPaired(state, at::TensorOptions()); }
+BENCHMARK(BM_DropoutPaired)
     ->Arg(1 << 20)
     ->Arg(1 << 24)
     ->ArgName("elements")
     ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+    ->UseRealTime()
+    ->Iterations(kDropoutIterations);  // fixed: every reported median has that many samples
 
 #if LOCKSTEP_BUILT_WITH_CUDA
-void BM_TorchDropoutCuda(benchmark::State& state) {
-  at::Tensor x = at::randn({state.range(0)}, at::TensorOptions().device(at::kCUDA, 0));
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
-    c10::cuda::device_synchronize();
-  }
-  state.SetItemsProcessed(state.iterations() * state.range(0));
+void BM_DropoutPairedCuda(benchmark::State& state) {
+  DropoutPaired(state, at::TensorOptions().device(at::kCUDA, 0));
 }
-BENCHMARK(BM_TorchDropoutCuda)
+BENCHMARK(BM_DropoutPairedCuda)
     ->Arg(1 << 24)
     ->ArgName("elements")
     ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-
-void BM_PartitionedDropoutCuda(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  at::Tensor x = at::randn({n}, at::TensorOptions().device(at::kCUDA, 0));
-  uint32_t step = 0;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(*PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, 0.1));
-    c10::cuda::device_synchronize();
-  }
-  state.SetItemsProcessed(state.iterations() * n);
-}
-BENCHMARK(BM_PartitionedDropoutCuda)
-    ->Arg(1 << 24)
-    ->ArgName("elements")
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+    ->UseRealTime()
+    ->Iterations(kDropoutIterations);  // fixed: every reported median has that many samples
 #endif
 
 }  // namespace
@@ -252,20 +283,26 @@ int main(int argc, char** argv) {
   for (int procs : {2, 4}) {
     reporter.PrintCounter(
         absl::StrCat("synchronize / bare broadcast, ", procs, " procs, paired medians"),
-        absl::StrCat("BM_GlooPaired/procs:", procs, "/real_time"), "ratio", 1.2);
-    reporter.PrintRatio(
+        absl::StrCat("BM_GlooPaired/procs:", procs, "/iterations:", kGlooIterations, "/real_time"),
+        "ratio", 1.2);
+    reporter.PrintInfo(
         absl::StrCat("synchronize / bare broadcast, ", procs, " procs, separate runs"),
         absl::StrCat("BM_Gloo/synchronize/procs:", procs, "/real_time"),
-        absl::StrCat("BM_Gloo/bare_broadcast/procs:", procs, "/real_time"), 1.2);
+        absl::StrCat("BM_Gloo/bare_broadcast/procs:", procs, "/real_time"));
   }
-  reporter.PrintRatio("partitioned dropout / torch dropout on CUDA, 16777216 elements",
-                      "BM_PartitionedDropoutCuda/elements:16777216/real_time",
-                      "BM_TorchDropoutCuda/elements:16777216/real_time", 2.0);
+#if LOCKSTEP_BUILT_WITH_CUDA
+  reporter.PrintCounter("partitioned dropout / torch dropout on CUDA, 16777216 elements, paired",
+                        absl::StrCat("BM_DropoutPairedCuda/elements:16777216/iterations:",
+                                     kDropoutIterations, "/real_time"),
+                        "ratio", 2.0);
+#endif
   for (const char* n : {"1048576", "16777216"}) {
-    reporter.PrintRatio(absl::StrCat("partitioned dropout / torch dropout, ", n, " elements"),
-                        absl::StrCat("BM_PartitionedDropout/elements:", n, "/real_time"),
-                        absl::StrCat("BM_TorchDropout/elements:", n, "/real_time"), 2.0);
+    reporter.PrintCounter(
+        absl::StrCat("partitioned dropout / torch dropout, ", n, " elements, paired medians"),
+        absl::StrCat("BM_DropoutPaired/elements:", n, "/iterations:", kDropoutIterations,
+                     "/real_time"),
+        "ratio", 2.0);
   }
   benchmark::Shutdown();
-  return 0;
+  return reporter.all_measured() ? 0 : 1;
 }

@@ -1,8 +1,10 @@
 // gpu: Synchronize of CPU + CUDA generator state between two processes sharing the GPU (Gloo
-// moves the bytes), and its negative control.
+// moves the bytes), and across every GPU of the machine over NCCL (one process per GPU; CPU
+// state staged through each NCCL staging mode), each with its negative control.
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "collectives/nccl_world.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -58,6 +60,66 @@ TEST(CudaSynchronizeTest, NegativeControlWithoutSynchronizeReplicasDisagree) {
       });
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
 }
+
+// One process per GPU, seeded differently; with `synchronize`, several rounds of draws each
+// followed by Synchronize over NCCL must agree on every GPU (CPU and CUDA draws); without it they
+// must not. The draws of each round are gathered and compared on every rank.
+absl::Status NcclRounds(int rank, collectives::NcclCommunicator& world, bool synchronize) {
+  absl::StatusOr<std::shared_ptr<RankStreams>> streams =
+      RankStreams::Create(DefaultGenerators::WithCudaDevice(rank));
+  if (!streams.ok()) return streams.status();
+  const auto cuda = at::TensorOptions().device(at::kCUDA, rank);
+  at::manual_seed(900 + rank);
+  for (int round = 0; round < 20; ++round) {
+    (void)at::rand({rank + round + 1});  // the ranks drift apart again
+    (void)at::rand({rank + 1}, cuda);
+    if (synchronize) {
+      if (absl::Status s = Synchronize(&world, **streams); !s.ok()) return s;
+    }
+    at::Tensor draws = at::cat({at::rand({16}), at::rand({32}, cuda).cpu(),
+                                at::dropout(at::ones({64}, cuda), 0.5, true).cpu()});
+    absl::StatusOr<std::vector<at::Tensor>> gathered = world.AllGather(draws);
+    if (!gathered.ok()) return gathered.status();
+    bool all_equal = true;
+    for (const at::Tensor& other : *gathered) all_equal = all_equal && at::equal(other, draws);
+    if (all_equal != synchronize) {
+      return absl::InternalError(absl::StrCat("round ", round, ": draws ",
+                                              all_equal ? "agree" : "differ", " across ",
+                                              world.size(), " GPUs"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class NcclSynchronize : public ::testing::TestWithParam<collectives::NcclCommunicator::CpuStaging> {
+};
+
+TEST_P(NcclSynchronize, EveryGpuAgreesAfterSynchronize) {
+  collectives::NcclWorldOptions options;
+  options.cpu_staging = GetParam();
+  collectives::NcclWorldResult result =
+      collectives::RunNcclWorld(options, [](int rank, collectives::NcclCommunicator& world) {
+        return NcclRounds(rank, world, /*synchronize=*/true);
+      });
+  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  for (const absl::Status& s : result.ranks) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(NcclSynchronize, NegativeControlWithoutSynchronizeGpusDisagree) {
+  collectives::NcclWorldOptions options;
+  options.cpu_staging = GetParam();
+  collectives::NcclWorldResult result =
+      collectives::RunNcclWorld(options, [](int rank, collectives::NcclCommunicator& world) {
+        return NcclRounds(rank, world, /*synchronize=*/false);
+      });
+  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  for (const absl::Status& s : result.ranks) EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BothModes, NcclSynchronize,
+    ::testing::Values(collectives::NcclCommunicator::CpuStaging::kMappedHost,
+                      collectives::NcclCommunicator::CpuStaging::kDeviceCopies));
 
 }  // namespace
 }  // namespace rng

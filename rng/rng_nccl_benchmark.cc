@@ -1,87 +1,259 @@
-// gpu (two or more GPUs): the RNG cost of one hand-back point on a TP x CP rank over NCCL — one
+// gpu (two or more GPUs): the RNG cost of one hand-back point of a TP x CP rank over NCCL — one
 // model-stream scope (enter + exit, CPU + CUDA generators) plus Synchronize of the CPU and CUDA
-// state across the group — against a bare NcclCommunicator broadcast of the same bytes, in the
-// same run. One process per GPU; prints per-iteration times and the ratio. With fewer than two
-// GPUs it says so and exits 0 without measuring.
+// state across the group — with one process per GPU and the group of all GPUs, against what
+// moving the same bytes costs:
+//   floor_device   plain NCCL (a blocking communicator of its own): ncclBroadcast of a device
+//                  buffer + stream synchronize
+//   floor_staged   plain NCCL: memcpy into pinned memory + host-to-device copy + ncclBroadcast +
+//                  device-to-host copy + stream synchronize
+//   bare_mapped    lockstep's NcclCommunicator broadcasting a CPU tensor of Synchronize's size,
+//                  staged through mapped host memory (the default)
+//   bare_copies    the same, staged through device copies
+//   synchronize    rng::Synchronize over lockstep's communicator
+//   scope          rng::ModelStreamScope enter + exit (no communication)
+//   handback       scope + Synchronize: the figure the <= 20 us target is stated in
+// Every operation runs once per iteration in one loop (paired: all see the same machine state),
+// each timed on its own; medians of --iterations after --warmup iterations are printed by rank 0,
+// with the ratios, and a last line HANDBACK_US=<median> for tools/bench/handback.sh. The
+// broadcast payloads and the synchronized draws are checked, not only timed. Exits 1, naming the
+// rank, the operation and the status, when anything fails, and when the machine has fewer than
+// two GPUs (it then cannot measure).
 //
-//   rng_nccl_benchmark [iterations]     (default 2000, after 200 warm-up iterations)
+//   rng_nccl_benchmark [--iterations=2000] [--warmup=200]
 
+#include <cuda_runtime_api.h>
+#include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "base/subprocess.h"
+#include "c10/cuda/CUDAGuard.h"
 #include "collectives/nccl_communicator.h"
+#include "collectives/nccl_world.h"
 #include "collectives/rendezvous.h"
-#include "cuda_runtime_api.h"
 #include "rng/rank_streams.h"
-#include "rng/snapshot.h"
 #include "rng/synchronize.h"
+
+ABSL_FLAG(int, iterations, 2000, "timed iterations (at least 10)");
+ABSL_FLAG(int, warmup, 200, "iterations run before timing (CUDA contexts, NCCL, first touch)");
 
 namespace lockstep {
 namespace rng {
 namespace {
 
-// Runs rank `rank` of `world`; rank 0 prints the results. Returns the exit code.
-int RunRank(const std::string& store, int rank, int world, int iterations) {
-  auto rendezvous = collectives::Rendezvous::File(store, rank, world, absl::Seconds(60));
-  if (!rendezvous.ok()) return 1;
-  collectives::NcclCommunicator::Options options;
-  options.device = rank;
-  auto comm = collectives::NcclCommunicator::Create(*rendezvous, options);
-  if (!comm.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
-    return 1;
-  }
-  const DefaultGenerators generators = DefaultGenerators::WithCudaDevice(rank);
-  at::manual_seed(100 + rank);
-  absl::StatusOr<std::shared_ptr<RankStreams>> streams = RankStreams::Create(generators);
-  if (!streams.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, streams.status().ToString().c_str());
-    return 1;
-  }
-  const int64_t bytes = static_cast<int64_t>(SynchronizeWireBytes(generators));
-  at::Tensor payload = at::zeros({bytes}, at::kByte);
+using collectives::NcclCommunicator;
 
-  auto time_loop = [&](auto&& body) -> double {
-    for (int i = 0; i < 200; ++i) body();
-    if (!(*comm)->Barrier().ok()) return -1;
-    const absl::Time start = absl::Now();
-    for (int i = 0; i < iterations; ++i) body();
-    if (!(*comm)->Barrier().ok()) return -1;
-    return absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
-  };
-  bool ok = true;
-  const double bare = time_loop([&] { ok = ok && (*comm)->Broadcast(payload, 0).ok(); });
-  const double scope_and_sync = time_loop([&] {
-    {
-      absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(**streams);
-      ok = ok && scope.ok() && scope->Exit().ok();
-    }
-    ok = ok && Synchronize(comm->get(), **streams).ok();
-  });
-  const double sync_only = time_loop([&] { ok = ok && Synchronize(comm->get(), **streams).ok(); });
-  if (!ok || bare < 0 || scope_and_sync < 0 || sync_only < 0) return 1;
-  if (rank == 0) {
-    std::printf("NCCL world of %d GPUs, %lld-byte RNG state, %d iterations\n", world,
-                static_cast<long long>(bytes), iterations);
-    std::printf("bare broadcast (CPU tensor staged through the GPU): %.1f us\n", bare);
-    std::printf("Synchronize:                                         %.1f us\n", sync_only);
-    std::printf("model-stream scope + Synchronize:                    %.1f us\n", scope_and_sync);
-    std::printf("ratio synchronize / bare broadcast: %.3f (target <= 1.2: %s)\n", sync_only / bare,
-                sync_only / bare <= 1.2 ? "met" : "NOT met");
-    std::printf("scope + synchronize vs the 80 us anchor: %.3f\n", scope_and_sync / 80.0);
-    std::fflush(stdout);  // the rank exits with _exit, which does not flush
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+absl::Status Cuda(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(e)));
+}
+
+absl::Status Nccl(ncclResult_t r, const std::string& what) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": NCCL ", ncclGetErrorString(r)));
+}
+
+// Plain NCCL, as a user without lockstep would move the bytes: a blocking communicator, its own
+// stream, a pinned host buffer and a device buffer.
+struct PlainNccl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  void* pinned = nullptr;
+  void* device = nullptr;
+  ~PlainNccl() {
+    if (comm != nullptr) ncclCommDestroy(comm);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    if (device != nullptr) cudaFree(device);
   }
-  return 0;
+};
+
+absl::Status SetUpPlain(NcclCommunicator& world, int rank, size_t bytes, PlainNccl& plain) {
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (absl::Status s = Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"); !s.ok()) return s;
+  }
+  std::string wire(reinterpret_cast<const char*>(&id), sizeof(id));
+  if (absl::Status s = collectives::BroadcastBytes(world, &wire, 0); !s.ok()) return s;
+  std::memcpy(&id, wire.data(), sizeof(id));
+  if (absl::Status s =
+          Nccl(ncclCommInitRank(&plain.comm, world.size(), id, rank), "ncclCommInitRank (plain)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          Cuda(cudaStreamCreateWithFlags(&plain.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Cuda(cudaMallocHost(&plain.pinned, bytes), "cudaMallocHost"); !s.ok()) {
+    return s;
+  }
+  return Cuda(cudaMalloc(&plain.device, bytes), "cudaMalloc");
+}
+
+absl::Status RunRank(int rank, NcclCommunicator& mapped) {
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(rank));
+  absl::StatusOr<std::shared_ptr<RankStreams>> created =
+      RankStreams::Create(DefaultGenerators::WithCudaDevice(rank));
+  if (!created.ok()) return created.status();
+  RankStreams& streams = **created;
+  // A second lockstep world staging through device copies, for comparison; its store is named
+  // by rank 0.
+  std::string store = absl::StrCat("/tmp/rng_nccl_benchmark_copies_", getpid());
+  if (absl::Status s = collectives::BroadcastBytes(mapped, &store, 0); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<collectives::Rendezvous>> rendezvous =
+      collectives::Rendezvous::File(store, rank, mapped.size(), absl::Seconds(60));
+  if (!rendezvous.ok()) return rendezvous.status();
+  NcclCommunicator::Options copies_options;
+  copies_options.device = rank;
+  copies_options.cpu_staging = NcclCommunicator::CpuStaging::kDeviceCopies;
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> copies =
+      NcclCommunicator::Create(*rendezvous, copies_options);
+  if (!copies.ok()) return copies.status();
+  const size_t bytes = SynchronizeWireBytes(streams.generators());
+  PlainNccl plain;
+  if (absl::Status s = SetUpPlain(mapped, rank, bytes, plain); !s.ok()) return s;
+  std::vector<uint8_t> source(bytes);
+  for (size_t i = 0; i < bytes; ++i) source[i] = static_cast<uint8_t>(i * 13 + 5);
+  at::Tensor payload = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
+  const at::Tensor expected =
+      at::from_blob(source.data(), {static_cast<int64_t>(bytes)}, at::kByte);
+  at::manual_seed(100 + rank);
+
+  using Op = std::function<absl::Status()>;
+  auto bare = [&](collectives::Communicator& comm) -> absl::Status {
+    if (comm.rank() == 0) {
+      std::memcpy(payload.data_ptr(), source.data(), bytes);
+    } else {
+      payload.fill_(0);
+    }
+    if (absl::Status s = comm.Broadcast(payload, 0); !s.ok()) return s;
+    if (!at::equal(payload, expected)) {
+      return absl::DataLossError("the broadcast delivered other bytes than the root's");
+    }
+    return absl::OkStatus();
+  };
+  auto scope = [&]() -> absl::Status {
+    absl::StatusOr<ModelStreamScope> entered = ModelStreamScope::Enter(streams);
+    if (!entered.ok()) return entered.status();
+    return entered->Exit();
+  };
+  std::vector<std::pair<std::string, Op>> ops = {
+      {"floor_device",
+       [&]() -> absl::Status {
+         if (absl::Status s = Nccl(ncclBroadcast(plain.device, plain.device, bytes, ncclUint8, 0,
+                                                 plain.comm, plain.stream),
+                                   "ncclBroadcast");
+             !s.ok()) {
+           return s;
+         }
+         return Cuda(cudaStreamSynchronize(plain.stream), "cudaStreamSynchronize");
+       }},
+      {"floor_staged",
+       [&]() -> absl::Status {
+         if (rank == 0) std::memcpy(plain.pinned, source.data(), bytes);
+         if (absl::Status s = Cuda(cudaMemcpyAsync(plain.device, plain.pinned, bytes,
+                                                   cudaMemcpyHostToDevice, plain.stream),
+                                   "upload");
+             !s.ok()) {
+           return s;
+         }
+         if (absl::Status s = Nccl(ncclBroadcast(plain.device, plain.device, bytes, ncclUint8, 0,
+                                                 plain.comm, plain.stream),
+                                   "ncclBroadcast");
+             !s.ok()) {
+           return s;
+         }
+         if (absl::Status s = Cuda(cudaMemcpyAsync(plain.pinned, plain.device, bytes,
+                                                   cudaMemcpyDeviceToHost, plain.stream),
+                                   "download");
+             !s.ok()) {
+           return s;
+         }
+         if (absl::Status s = Cuda(cudaStreamSynchronize(plain.stream), "sync"); !s.ok()) return s;
+         if (std::memcmp(plain.pinned, source.data(), bytes) != 0) {
+           return absl::DataLossError("plain NCCL delivered other bytes than the root's");
+         }
+         return absl::OkStatus();
+       }},
+      {"bare_mapped", [&] { return bare(mapped); }},
+      {"bare_copies", [&] { return bare(**copies); }},
+      {"synchronize", [&] { return Synchronize(&mapped, streams); }},
+      {"scope", scope},
+      {"handback",
+       [&]() -> absl::Status {
+         if (absl::Status s = scope(); !s.ok()) return s;
+         return Synchronize(&mapped, streams);
+       }},
+  };
+  std::map<std::string, std::vector<double>> times;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    for (auto& [name, op] : ops) {
+      const auto start = std::chrono::steady_clock::now();
+      const absl::Status status = op();
+      const auto end = std::chrono::steady_clock::now();
+      if (!status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat(name, " (iteration ", i, "): ", status.message()));
+      }
+      if (i >= warmup) {
+        times[name].push_back(std::chrono::duration<double, std::micro>(end - start).count());
+      }
+    }
+  }
+  // The synchronized streams agree: every GPU draws the same CPU and CUDA numbers.
+  if (absl::Status s = Synchronize(&mapped, streams); !s.ok()) return s;
+  at::Tensor draws =
+      at::cat({at::rand({8}), at::rand({8}, at::TensorOptions().device(at::kCUDA, rank)).cpu()});
+  absl::StatusOr<std::vector<at::Tensor>> all = mapped.AllGather(draws);
+  if (!all.ok()) return all.status();
+  for (const at::Tensor& other : *all) {
+    if (!at::equal(other, draws)) {
+      return absl::InternalError("after Synchronize the GPUs draw different numbers");
+    }
+  }
+  if (rank == 0) {
+    std::map<std::string, double> median;
+    for (const auto& [name, samples] : times) median[name] = Median(samples);
+    std::printf(
+        "NCCL world of %d GPUs (one process each), %zu-byte Synchronize wire, "
+        "%d iterations after %d warm-up, medians of a paired loop:\n",
+        mapped.size(), bytes, iterations, warmup);
+    for (const auto& [name, _] : ops) std::printf("  %-14s %8.1f us\n", name.c_str(), median[name]);
+    const double handback = median["handback"];
+    std::printf("handback (scope + Synchronize): %.1f us (target <= 20 us: %s)\n", handback,
+                handback <= 20.0 ? "met" : "NOT met");
+    std::printf("ratio handback / plain-NCCL staged floor: %.3f\n",
+                handback / median["floor_staged"]);
+    std::printf("ratio handback / plain-NCCL device floor: %.3f\n",
+                handback / median["floor_device"]);
+    std::printf("ratio bare_mapped / plain-NCCL staged floor: %.3f\n",
+                median["bare_mapped"] / median["floor_staged"]);
+    std::printf("ratio bare_copies / plain-NCCL staged floor: %.3f\n",
+                median["bare_copies"] / median["floor_staged"]);
+    std::printf("HANDBACK_US=%.2f\n", handback);
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -89,59 +261,28 @@ int RunRank(const std::string& store, int rank, int world, int iterations) {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  int iterations = 2000;
-  if (argc > 1 && (!absl::SimpleAtoi(argv[1], &iterations) || iterations <= 0)) {
-    std::fprintf(stderr, "usage: rng_nccl_benchmark [iterations > 0]\n");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_iterations) < 10 || absl::GetFlag(FLAGS_warmup) < 1) {
+    std::fprintf(stderr, "rng_nccl_benchmark: --iterations must be >= 10 and --warmup >= 1\n");
     return 2;
   }
-  // Count GPUs in a child, so this process forks the ranks before touching CUDA.
-  int gpus = 0;
-  {
-    absl::StatusOr<lockstep::Child> counter =
-        lockstep::Child::Fork(lockstep::ChildOptions::Reporting(), [](int channel) {
-          int count = 0;
-          if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-          return write(channel, &count, sizeof(count)) == sizeof(count) ? 0 : 1;
-        });
-    if (!counter.ok()) {
-      std::fprintf(stderr, "rng_nccl_benchmark: %s\n", counter.status().ToString().c_str());
-      return 1;
-    }
-    std::string report;
-    while (lockstep::PollChannels({&*counter}, absl::Seconds(60), [&](size_t, absl::string_view b) {
-             report.append(b.data(), b.size());
-           }).value_or(0) > 0) {
-    }
-    counter->Reap();
-    if (report.size() == sizeof(gpus)) std::memcpy(&gpus, report.data(), sizeof(gpus));
-  }
-  if (gpus < 2) {
-    std::printf("rng_nccl_benchmark: needs at least 2 GPUs; this machine has %d: not measured\n",
-                gpus);
-    return 0;
-  }
-  const int world = 2;
-  const std::string store = absl::StrCat("/tmp/lockstep_rng_nccl_", getpid());
-  std::vector<lockstep::Child> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    absl::StatusOr<lockstep::Child> child = lockstep::Child::Fork(
-        lockstep::ChildOptions::Reporting(),
-        [&, rank](int) { return lockstep::rng::RunRank(store, rank, world, iterations); });
-    if (!child.ok()) {
-      std::fprintf(stderr, "rng_nccl_benchmark: starting rank %d: %s\n", rank,
-                   child.status().ToString().c_str());
-      return 1;
-    }
-    ranks.push_back(std::move(*child));
+  lockstep::collectives::NcclWorldOptions options;
+  options.timeout = absl::Seconds(60);
+  options.deadline = absl::Seconds(600);
+  lockstep::collectives::NcclWorldResult result = lockstep::collectives::RunNcclWorld(
+      options, [](int rank, lockstep::collectives::NcclCommunicator& world) {
+        return lockstep::rng::RunRank(rank, world);
+      });
+  if (!result.skip_reason.empty()) {
+    std::fprintf(stderr, "rng_nccl_benchmark: cannot measure: %s\n", result.skip_reason.c_str());
+    return 1;
   }
   int failed = 0;
-  for (int rank = 0; rank < world; ++rank) {
-    ranks[rank].Reap();
-    if (!ranks[rank].succeeded()) {
-      std::fprintf(stderr, "rng_nccl_benchmark: rank %d %s\n", rank,
-                   ranks[rank].Describe().c_str());
-      ++failed;
-    }
+  for (size_t r = 0; r < result.ranks.size(); ++r) {
+    if (result.ranks[r].ok()) continue;
+    std::fprintf(stderr, "rng_nccl_benchmark: rank %zu: %s\n", r,
+                 result.ranks[r].ToString().c_str());
+    ++failed;
   }
   return failed == 0 ? 0 : 1;
 }

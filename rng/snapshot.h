@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "rng/cpu_generator_state.h"
 #include "rng/generators.h"
 
 namespace lockstep {
@@ -60,44 +61,43 @@ class RngSnapshot {
   static absl::StatusOr<RngSnapshot> Seeded(const DefaultGenerators& generators, uint64_t cpu_seed,
                                             uint64_t cuda_seed);
 
-  // A snapshot from serialized parts (see rng/resume_state.h). kInvalidArgument for CPU state bytes
-  // of the wrong length for this LibTorch.
-  static absl::StatusOr<RngSnapshot> FromParts(std::string cpu_state,
+  // A snapshot from serialized parts (see rng/resume_state.h): LibTorch's get_state() bytes of
+  // the CPU generator, strictly validated (cpu_generator_state.h: kInvalidArgument for bytes
+  // LibTorch could not have produced), and the CUDA half.
+  static absl::StatusOr<RngSnapshot> FromParts(absl::string_view cpu_state,
+                                               std::optional<CudaGeneratorState> cuda);
+  // A snapshot from a CPU generator state (validated) and the CUDA half.
+  static absl::StatusOr<RngSnapshot> FromState(const CpuGeneratorState& cpu,
                                                std::optional<CudaGeneratorState> cuda);
 
-  // Writes `cpu_state` (and `cuda`) into the live default generators without building a
-  // snapshot: the lean path for states received from a peer. kInvalidArgument for CPU state
-  // bytes of the wrong length.
-  static absl::Status RestoreParts(absl::string_view cpu_state,
+  // Writes `cpu` (and `cuda`) into the live default generators without building a snapshot:
+  // the lean path for states received from a peer. Both or neither are written.
+  static absl::Status RestoreParts(const CpuGeneratorState& cpu,
                                    const std::optional<CudaGeneratorState>& cuda);
-
-  // Serialized size of a CPU generator's state in this LibTorch.
-  static size_t CpuStateSize();
 
   // Writes this snapshot into the live default generators (the CPU generator, and the CUDA
   // generator of the snapshot's device if it has one).
   absl::Status Restore() const;
 
-  // The CPU generator's serialized state (LibTorch's get_state() bytes).
-  const std::string& cpu_state() const { return cpu_state_; }
+  // The CPU generator's state.
+  const CpuGeneratorState& cpu() const { return cpu_; }
+  // The CPU generator's state as LibTorch's get_state() bytes (kTorchCpuStateBytes long).
+  std::string cpu_state() const { return TorchCpuStateBytes(cpu_); }
   // The seed recorded in the CPU state (what manual_seed last set).
-  uint64_t cpu_seed() const { return cpu_seed_; }
+  uint64_t cpu_seed() const { return cpu_.seed; }
   const std::optional<CudaGeneratorState>& cuda() const { return cuda_; }
   DefaultGenerators generators() const {
     return cuda_.has_value() ? DefaultGenerators::WithCudaDevice(cuda_->device)
                              : DefaultGenerators::CpuOnly();
   }
 
-  bool operator==(const RngSnapshot& o) const {
-    return cpu_state_ == o.cpu_state_ && cuda_ == o.cuda_;
-  }
+  bool operator==(const RngSnapshot& o) const { return cpu_ == o.cpu_ && cuda_ == o.cuda_; }
   bool operator!=(const RngSnapshot& o) const { return !(*this == o); }
 
  private:
   RngSnapshot() = default;
 
-  std::string cpu_state_;
-  uint64_t cpu_seed_ = 0;
+  CpuGeneratorState cpu_;
   std::optional<CudaGeneratorState> cuda_;
 };
 

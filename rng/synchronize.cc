@@ -26,16 +26,14 @@ uint64_t GetWord(const uint8_t* in) {
   return v;
 }
 
-// Writes the leader's state into `data`: CPU state, then (with CUDA) seed and offset.
+constexpr size_t kCpuBytes = kCompactCpuStateBytes;
+
+// Writes the leader's state into `data`: CPU state (compact encoding), then (with CUDA) seed and
+// offset.
 absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::string& context,
-                              uint8_t* data, size_t cpu_bytes) {
+                              uint8_t* data) {
   LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot mine, RngSnapshot::Capture(generators));
-  if (mine.cpu_state().size() != cpu_bytes) {
-    return absl::InternalError(absl::StrCat(context, ": the CPU generator's state has ",
-                                            mine.cpu_state().size(), " bytes, expected ",
-                                            cpu_bytes));
-  }
-  std::memcpy(data, mine.cpu_state().data(), cpu_bytes);
+  EncodeCompact(mine.cpu(), data);
   if (!mine.cuda().has_value()) return absl::OkStatus();
   if (mine.cuda()->in_capture.has_value()) {
     return absl::FailedPreconditionError(
@@ -43,15 +41,15 @@ absl::Status WriteLeaderState(const DefaultGenerators& generators, const std::st
                      ": CUDA graph capture is underway; the generator's position is "
                      "graph-relative there, so synchronize before capturing"));
   }
-  PutWord(data + cpu_bytes, mine.cuda()->seed);
-  PutWord(data + cpu_bytes + 8, mine.cuda()->offset);
+  PutWord(data + kCpuBytes, mine.cuda()->seed);
+  PutWord(data + kCpuBytes + 8, mine.cuda()->offset);
   return absl::OkStatus();
 }
 
 }  // namespace
 
 size_t SynchronizeWireBytes(const DefaultGenerators& generators) {
-  return RngSnapshot::CpuStateSize() + (generators.has_cuda() ? kCudaBytes : 0) + 1;
+  return kCpuBytes + (generators.has_cuda() ? kCudaBytes : 0) + 1;
 }
 
 absl::Status Synchronize(collectives::Communicator* group, const RankStreams& streams) {
@@ -67,10 +65,10 @@ absl::Status Synchronize(collectives::Communicator* group, const RankStreams& st
         ": a model-stream scope or named-stream fork is active, so the live generators "
         "do not hold the caller's state; synchronize outside them"));
   }
-  const size_t cpu_bytes = RngSnapshot::CpuStateSize();
-  // Wire: the CPU state, with CUDA the seed and offset, and last a status byte: whether the
-  // leader could read its state. The leader always broadcasts, so a failure on its side reaches
-  // the members at once instead of leaving them waiting for a broadcast that never comes.
+  // Wire: the CPU state (compact encoding, cpu_generator_state.h), with CUDA the seed and offset,
+  // and last a status byte: whether the leader could read its state. The leader always broadcasts,
+  // so a failure on its side reaches the members at once instead of leaving them waiting for a
+  // broadcast that never comes.
   const size_t total = SynchronizeWireBytes(generators);
   const size_t status_byte = total - 1;
   at::Tensor wire;
@@ -81,7 +79,7 @@ absl::Status Synchronize(collectives::Communicator* group, const RankStreams& st
   uint8_t* data = wire.data_ptr<uint8_t>();
   absl::Status leader_status;
   if (group->rank() == 0) {
-    leader_status = local.ok() ? WriteLeaderState(generators, context, data, cpu_bytes) : local;
+    leader_status = local.ok() ? WriteLeaderState(generators, context, data) : local;
   }
   if (group->rank() == 0 && leader_status.ok()) data[status_byte] = 1;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(wire, 0), context);
@@ -92,15 +90,17 @@ absl::Status Synchronize(collectives::Communicator* group, const RankStreams& st
         absl::StrCat(context, ": the group's leader (global rank ", group->global_ranks()[0],
                      ") could not read its RNG state; its own error says why"));
   }
+  absl::StatusOr<CpuGeneratorState> cpu = DecodeCompact(data);
+  if (!cpu.ok()) {
+    return Annotate(cpu.status(), absl::StrCat(context, ": the state received from global rank ",
+                                               group->global_ranks()[0], " is invalid"));
+  }
   std::optional<CudaGeneratorState> cuda;
   if (generators.has_cuda()) {
-    cuda = CudaGeneratorState::Eager(generators.cuda_device, GetWord(data + cpu_bytes),
-                                     GetWord(data + cpu_bytes + 8));
+    cuda = CudaGeneratorState::Eager(generators.cuda_device, GetWord(data + kCpuBytes),
+                                     GetWord(data + kCpuBytes + 8));
   }
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      RngSnapshot::RestoreParts(absl::string_view(reinterpret_cast<const char*>(data), cpu_bytes),
-                                cuda),
-      context);
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(RngSnapshot::RestoreParts(*cpu, cuda), context);
   return absl::OkStatus();
 }
 

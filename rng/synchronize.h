@@ -10,9 +10,10 @@
 // means "the whole world" — so different DP workers (different groups) are never coupled:
 // identically seeded DP workers stay identical and differently seeded ones stay different.
 //
-// One broadcast of one byte tensor (the state, then a status byte) carries it all; it travels as a
-// CPU tensor, which the Gloo communicator sends as is and the NCCL communicator stages through the
-// device.
+// One broadcast of one byte tensor (the CPU state in lockstep's compact encoding, the CUDA seed
+// and offset, then a status byte) carries it all; a member validates what it receives
+// (cpu_generator_state.h) before installing it. It travels as a CPU tensor, which the Gloo
+// communicator sends as is and the NCCL communicator stages through the device.
 //
 // It synchronizes the caller's state, so not inside a model-stream scope or a named-stream fork
 // (the live generators then hold another stream): kFailedPrecondition. Not during CUDA graph
