@@ -152,14 +152,20 @@ TEST(NcclMultiGpuTest, CudaTensorCollectivesAndGroups) {
   ExpectAllOk(result.ranks);
 }
 
-TEST(NcclMultiGpuTest, DeadPeerIsAnErrorWithinTheTimeout) {
+// A peer that dies between collectives: a CUDA tensor (the non-blocking communicator) and a
+// small CPU tensor (the fast lane) both fail within the timeout instead of hanging.
+class NcclDeadPeer : public ::testing::TestWithParam<bool> {};
+
+TEST_P(NcclDeadPeer, IsAnErrorWithinTheTimeout) {
+  const bool cpu = GetParam();
   NcclWorldOptions options;
   options.timeout = absl::Seconds(5);
   NcclWorldResult result =
-      RunNcclWorld(options, [](int rank, NcclCommunicator& world) -> absl::Status {
+      RunNcclWorld(options, [cpu](int rank, NcclCommunicator& world) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         if (rank == 1) _exit(0);
-        at::Tensor t = at::zeros({4}, at::TensorOptions().device(at::kCUDA, rank));
+        at::Tensor t =
+            cpu ? at::zeros({4}) : at::zeros({4}, at::TensorOptions().device(at::kCUDA, rank));
         const absl::Time start = absl::Now();
         absl::Status s = world.AllReduceSum(t);
         if (s.ok()) return absl::InternalError("all-reduce with a dead peer succeeded");
@@ -177,6 +183,8 @@ TEST(NcclMultiGpuTest, DeadPeerIsAnErrorWithinTheTimeout) {
   if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
   EXPECT_TRUE(result.ranks[0].ok()) << result.ranks[0];
 }
+
+INSTANTIATE_TEST_SUITE_P(CudaAndCpuTensors, NcclDeadPeer, ::testing::Bool());
 
 }  // namespace
 }  // namespace collectives

@@ -23,17 +23,17 @@ absl::StatusOr<int> CountGpusInChild() {
   std::string report;
   Child* child = &*counter;
   for (;;) {
-    absl::StatusOr<int> open = PollChannels({child}, absl::Seconds(60), [&](size_t, absl::string_view b) {
-      report.append(b.data(), b.size());
-    });
+    absl::StatusOr<int> open =
+        PollChannels({child}, absl::Seconds(60),
+                     [&](size_t, absl::string_view b) { report.append(b.data(), b.size()); });
     if (!open.ok()) return open.status();
     if (*open == 0) break;
   }
   counter->Reap();
   int count = 0;
   if (report.size() != sizeof(count)) {
-    return absl::InternalError(absl::StrCat("counting GPUs: the child ", counter->Describe(),
-                                            " without reporting"));
+    return absl::InternalError(
+        absl::StrCat("counting GPUs: the child ", counter->Describe(), " without reporting"));
   }
   std::memcpy(&count, report.data(), sizeof(count));
   return count;
@@ -48,13 +48,13 @@ NcclWorldResult RunNcclWorld(const NcclWorldOptions& options,
     return result;
   }
   if (*gpus < 2) {
-    result.skip_reason = absl::StrCat("NCCL across GPUs needs at least 2 GPUs; this machine has ",
-                                      *gpus);
+    result.skip_reason =
+        absl::StrCat("NCCL across GPUs needs at least 2 GPUs; this machine has ", *gpus);
     return result;
   }
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string store = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/nccl_world_", getpid(),
-                                         "_", std::rand());
+  const std::string store =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/nccl_world_", getpid(), "_", std::rand());
   ProcessWorldOptions world;
   world.world_size = *gpus;
   world.collective_timeout = options.timeout;

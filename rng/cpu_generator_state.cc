@@ -114,8 +114,7 @@ std::string TorchCpuStateBytes(const CpuGeneratorState& state) {
 absl::StatusOr<CpuGeneratorState> ParseTorchCpuState(absl::string_view bytes) {
   if (bytes.size() != kTorchCpuStateBytes) {
     return absl::InvalidArgumentError(absl::StrCat("CPU generator state has ", bytes.size(),
-                                                   " bytes; LibTorch's has ",
-                                                   kTorchCpuStateBytes));
+                                                   " bytes; LibTorch's has ", kTorchCpuStateBytes));
   }
   const uint8_t* in = reinterpret_cast<const uint8_t*>(bytes.data());
   CpuGeneratorState state;

@@ -67,8 +67,8 @@ absl::StatusOr<CpuGeneratorState> ParseTorchCpuState(absl::string_view bytes);
 
 // lockstep's compact encoding (for Synchronize's wire): little-endian seed (8), left (4),
 // next (4), the words (4 each), then per cached sample a flag byte and its value (4 / 8).
-inline constexpr size_t kCompactCpuStateBytes = 8 + 4 + 4 + 4 * CpuGeneratorState::kWords + 1 +
-                                                4 + 1 + 8;
+inline constexpr size_t kCompactCpuStateBytes =
+    8 + 4 + 4 + 4 * CpuGeneratorState::kWords + 1 + 4 + 1 + 8;
 void EncodeCompact(const CpuGeneratorState& state, uint8_t* out);
 // Decodes and validates kCompactCpuStateBytes bytes.
 absl::StatusOr<CpuGeneratorState> DecodeCompact(const uint8_t* in);

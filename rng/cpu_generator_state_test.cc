@@ -32,10 +32,14 @@ void SetCachedSamples(std::optional<float> f, std::optional<double> d) {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   auto* impl = gen.get<at::CPUGeneratorImpl>();
-  if (f.has_value()) impl->set_next_float_normal_sample(*f);
-  else impl->set_next_float_normal_sample({});
-  if (d.has_value()) impl->set_next_double_normal_sample(*d);
-  else impl->set_next_double_normal_sample({});
+  if (f.has_value())
+    impl->set_next_float_normal_sample(*f);
+  else
+    impl->set_next_float_normal_sample({});
+  if (d.has_value())
+    impl->set_next_double_normal_sample(*d);
+  else
+    impl->set_next_double_normal_sample({});
 }
 
 // States reached the ways a run reaches them: seeding, drawing a few words, drawing past a

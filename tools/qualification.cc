@@ -73,7 +73,9 @@ absl::Status OnModelStream(RankSetup& setup, Work&& work) {
 struct RecomputeStep {
   std::vector<at::Tensor> masks;
   at::Tensor x_grad, w1_grad, w2_grad, drawn_between;
-  std::optional<rng::RngSnapshot> after;
+  // A pointer, not an optional: GCC 12 at -O2 reports a moved optional<RngSnapshot> as maybe
+  // uninitialized.
+  std::shared_ptr<const rng::RngSnapshot> after;
 };
 
 absl::StatusOr<RecomputeStep> RunRecomputeStep(const RankSetup& setup, bool checkpointed,
@@ -112,7 +114,7 @@ absl::StatusOr<RecomputeStep> RunRecomputeStep(const RankSetup& setup, bool chec
   }));
   LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot after,
                             rng::RngSnapshot::Capture(setup.streams->generators()));
-  step.after = std::move(after);
+  step.after = std::make_shared<const rng::RngSnapshot>(std::move(after));
   return step;
 }
 
