@@ -211,6 +211,32 @@ TEST(CheckpointTest, OnlyTheNamedStreamsAskedForAreRewound) {
   EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("'nope'"));
 }
 
+// A named stream saved in forward and removed before backward: the recompute cannot rewind it,
+// so backward fails naming it, and the live streams are left as they were.
+TEST(CheckpointTest, ANamedStreamRemovedBeforeBackwardIsNamed) {
+  std::shared_ptr<rng::RankStreams> streams = Streams();
+  ASSERT_TRUE(streams->named().Add("expert", 5).ok());
+  Block block = [&](const std::vector<at::Tensor>& in) {
+    auto fork = streams->named().Fork("expert");
+    return std::vector<at::Tensor>{at::dropout(in[0], 0.5, true)};
+  };
+  CheckpointOptions options;
+  options.rng_streams = StreamSnapshots::Of(streams);
+  at::Tensor x = at::ones({16}).requires_grad_();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> out, Checkpoint(block, {x}, options));
+  ASSERT_TRUE(streams->named().Reset().ok());
+  ASSERT_TRUE(streams->named().Add("other", 6).ok());
+  const rng::RngSnapshot live = rng::RngSnapshot::Capture(kCpu).value();
+  try {
+    out[0].sum().backward();
+    ADD_FAILURE() << "backward rewound a stream that no longer exists";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("named RNG stream 'expert' was removed"));
+  }
+  EXPECT_EQ(rng::RngSnapshot::Capture(kCpu).value(), live);
+  EXPECT_TRUE(streams->named().Has("other"));
+}
+
 TEST(CheckpointTest, NestedCheckpointsMatchThePlainBlock) {
   Mlp mlp;
   Block inner = [&](const std::vector<at::Tensor>& in) {

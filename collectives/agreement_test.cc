@@ -23,7 +23,7 @@ TEST(AgreementDigestTest, IsSha256OfTheFramedParts) {
 
 TEST(AgreementDigestTest, FramingSeparatesOperationFromMetadata) {
   EXPECT_NE(AgreementDigest("ab", "c"), AgreementDigest("a", "bc"));
-  EXPECT_EQ(AgreementDigest("op", "meta"), AgreementDigest("op", "meta"));
+  EXPECT_NE(AgreementDigest("op", "meta"), AgreementDigest("opm", "eta"));
 }
 
 TEST(CheckAgreementTest, AgreeingRanksPass) {

@@ -255,6 +255,44 @@ std::function<std::optional<std::string>(const char*)> Env(
   };
 }
 
+TEST(LaunchEnvironmentTest, ReadsTheProcessEnvironment) {
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29555", 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  auto env = LaunchEnvironmentFromProcess();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->master_port, 29555);
+  EXPECT_EQ(env->world_size, 1);
+  unsetenv("WORLD_SIZE");
+  EXPECT_THAT(LaunchEnvironmentFromProcess().status().message(),
+              HasSubstr("WORLD_SIZE is not set"));
+}
+
+// A world of one from the environment: the store works (Set then Get), and a key nobody sets
+// fails within the timeout, naming the key.
+TEST(RendezvousTest, FromEnvironmentSetAndGet) {
+  const int port = *FreeLoopbackPort();
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  auto rendezvous = Rendezvous::FromEnvironment(absl::Seconds(2));
+  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+  EXPECT_EQ((*rendezvous)->rank(), 0);
+  EXPECT_EQ((*rendezvous)->world_size(), 1);
+  ASSERT_TRUE((*rendezvous)->Set("lockstep/test/key", std::string("va\0lue", 6)).ok());
+  auto value = (*rendezvous)->Get("lockstep/test/key");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, std::string("va\0lue", 6));
+  const absl::Time start = absl::Now();
+  auto missing = (*rendezvous)->Get("lockstep/test/never");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
+  EXPECT_THAT(missing.status().message(), HasSubstr("lockstep/test/never"));
+  EXPECT_LT(absl::Now() - start, 2 * (*rendezvous)->timeout() + absl::Seconds(5));
+}
+
 TEST(LaunchEnvironmentTest, ParsesTheTorchrunVariables) {
   auto env = ParseLaunchEnvironment(Env({{"MASTER_ADDR", "10.1.2.3"},
                                          {"MASTER_PORT", "29500"},

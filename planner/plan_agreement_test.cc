@@ -6,6 +6,7 @@
 
 #include "planner/plan_agreement.h"
 
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
+#include "base/subprocess.h"
 #include "collectives/fake_communicator.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
@@ -26,15 +28,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr PlanOptions kOptions{.max_tokens_per_microbatch = 65536, .cp_size = 2};
+const PlanOptions kOptions = DeterminismOptions();
 
-std::vector<Sequence> Batch(uint64_t seed) {
-  return RandomBatch({.distribution = LengthDistribution::kLongTail,
-                      .num_sequences = 2000,
-                      .max_length = 32768,
-                      .seed = seed,
-                      .weighted_fraction = 0.1});
-}
+std::vector<Sequence> Batch(uint64_t seed) { return DeterminismBatch(seed); }
 
 // Plans the seeded batch (perturbed on `odd_rank`: one sequence a token shorter).
 absl::StatusOr<Plan> RankPlan(int rank, int odd_rank) {
@@ -49,6 +45,30 @@ absl::StatusOr<Plan> RankPlan(int rank, int odd_rank) {
 TEST(PlanAgreementTest, SameBytesAcrossRunsInOneProcess) {
   const std::string first = SerializePlan(*RankPlan(0, -1));
   for (int run = 0; run < 3; ++run) EXPECT_EQ(SerializePlan(*RankPlan(0, -1)), first);
+}
+
+// Freshly exec'd processes (their own heap layout and address randomisation, unlike forked
+// ones) make the same plan bytes as this process.
+TEST(PlanAgreementTest, SameDigestInFreshlyExecdProcesses) {
+  const std::string expected = DigestHex(PlanDigest(*RankPlan(0, -1)));
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  ASSERT_NE(srcdir, nullptr);
+  const std::string tool = absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "lockstep",
+                                        "/planner/plan_digest_main");
+  for (int run = 0; run < 2; ++run) {
+    absl::StatusOr<Child> child = Child::Exec(ChildOptions::Output(), {tool, "42"}, {});
+    ASSERT_TRUE(child.ok()) << child.status();
+    std::string output;
+    Child* pointer = &*child;
+    while (PollChannels({pointer}, absl::Seconds(60), [&](size_t, absl::string_view bytes) {
+             output.append(bytes.data(), bytes.size());
+           }).value_or(0) > 0) {
+    }
+    child->Reap();
+    ASSERT_TRUE(child->succeeded()) << child->Describe() << ": " << output;
+    EXPECT_EQ(output, expected + "\n") << "exec'd run " << run;
+  }
 }
 
 TEST(PlanAgreementTest, FakeWorldAgreesAndNamesTheOddRank) {

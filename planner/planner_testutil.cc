@@ -54,5 +54,22 @@ std::vector<Sequence> RandomBatch(const RandomBatchOptions& options) {
   return batch;
 }
 
+std::vector<Sequence> DeterminismBatch(uint64_t seed) {
+  RandomBatchOptions options;
+  options.distribution = LengthDistribution::kLongTail;
+  options.num_sequences = 2000;
+  options.max_length = 32768;
+  options.seed = seed;
+  options.weighted_fraction = 0.1;
+  return RandomBatch(options);
+}
+
+PlanOptions DeterminismOptions() {
+  PlanOptions options;
+  options.max_tokens_per_microbatch = 65536;
+  options.cp_size = 2;
+  return options;
+}
+
 }  // namespace planner
 }  // namespace lockstep

@@ -44,6 +44,11 @@ struct RandomBatchOptions {
 // A batch drawn as described above; ids are 1000 + index.
 std::vector<Sequence> RandomBatch(const RandomBatchOptions& options);
 
+// The batch and options of the cross-process determinism tests: 2000 long-tail sequences (max
+// 32768 tokens, 10% with loss weights) from `seed`, planned with a 65536-token budget at CP 2.
+std::vector<Sequence> DeterminismBatch(uint64_t seed);
+PlanOptions DeterminismOptions();
+
 }  // namespace planner
 }  // namespace lockstep
 

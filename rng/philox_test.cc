@@ -38,6 +38,25 @@ TEST(PhiloxTest, ElementValueIsTheDocumentedWordOfItsBlock) {
   }
 }
 
+// Beyond one parallel_for chunk (2^15 elements) and across its boundaries, with a block that
+// straddles one: every element is the documented word of its block. A shard of the same range,
+// offset so its chunk boundaries fall elsewhere, gives the same values.
+TEST(PhiloxTest, EveryElementOfALargeTensorIsItsDocumentedWord) {
+  const PhiloxKey key{0xfeedfacecafebeefull, 11, 5};
+  const int64_t n = 3 * (1 << 15) + 7;
+  at::Tensor u = *PartitionedUniform(key, {n}, {{0, n}}, kCpu);
+  const float* got = u.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto words =
+        Philox4x32({static_cast<uint32_t>(i / 4), static_cast<uint32_t>(i >> 34), 5, 11},
+                   {0xcafebeefu, 0xfeedfaceu});
+    ASSERT_EQ(got[i], static_cast<float>(words[i % 4] >> 8) / 16777216.0f) << i;
+  }
+  const int64_t begin = (1 << 15) - 3, end = n - 2;
+  at::Tensor shard = *PartitionedUniform(key, {n}, {{begin, end}}, kCpu);
+  EXPECT_TRUE(at::equal(shard, u.slice(0, begin, end)));
+}
+
 at::Tensor Full(const PhiloxKey& key, std::vector<int64_t> shape) {
   std::vector<Slice> box;
   for (int64_t s : shape) box.push_back({0, s});
@@ -100,8 +119,8 @@ TEST(PartitionInvarianceTest, DropoutOfAShardIsTheSliceOfUnshardedDropout) {
   at::Tensor input = at::randn(shape);
   at::Tensor full = *PartitionedDropout(input, key, shape, {{0, 8}, {0, 32}}, 0.25);
   at::Tensor mask = *PartitionedDropoutMask(key, shape, {{0, 8}, {0, 32}}, 0.25, kCpu);
-  EXPECT_TRUE(at::equal(full, input * mask.to(at::kFloat) * (1.0f / 0.75f)) ||
-              at::allclose(full, input * mask.to(at::kFloat) / 0.75));
+  // Bit for bit: kept values are x * float(1 / 0.75), as the header promises.
+  EXPECT_TRUE(at::equal(full, input * mask.to(at::kFloat) * (1.0f / 0.75f)));
   for (int r = 0; r < 4; ++r) {
     at::Tensor shard = input.slice(1, r * 8, (r + 1) * 8).contiguous();
     at::Tensor out = *PartitionedDropout(shard, key, shape, {{0, 8}, {r * 8, (r + 1) * 8}}, 0.25);

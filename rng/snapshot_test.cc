@@ -4,6 +4,7 @@
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -13,16 +14,36 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The value check every snapshot implementation must pass: a snapshot captured before draws,
+// then restored, makes the same draws happen again (uniforms and a dropout mask). `capture`
+// returns a snapshot; `restore(snapshot)` writes it back and returns a status.
+template <typename Capture, typename Restore>
+absl::Status CheckSnapshotIsAValue(const Capture& capture, const Restore& restore) {
+  at::manual_seed(1234);
+  auto snapshot = capture();
+  const at::Tensor first = at::rand({64});
+  const at::Tensor mask = at::dropout(at::ones({256}), 0.5, /*train=*/true);
+  if (absl::Status s = restore(snapshot); !s.ok()) return s;
+  if (!at::equal(at::rand({64}), first)) {
+    return absl::InternalError("the draws after restoring the snapshot differ from the first");
+  }
+  if (!at::equal(at::dropout(at::ones({256}), 0.5, true), mask)) {
+    return absl::InternalError("the dropout mask after restoring the snapshot differs");
+  }
+  return absl::OkStatus();
+}
+
 // Negative control: a "snapshot" that keeps a handle to the live generator instead of copying
-// its state — the bug this module exists to avoid. It changes when the generator advances.
+// its state — the bug this module exists to avoid. Restoring it writes back whatever the live
+// generator holds at that moment.
 class AliasingSnapshot {
  public:
   AliasingSnapshot() : generator_(at::detail::getDefaultCPUGenerator()) {}
-  void Restore() const {
-    // Restoring from the alias writes back whatever the live generator holds *now*.
+  absl::Status Restore() const {
     at::Generator live = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(live.mutex());
     live.set_state(generator_.get_state());
+    return absl::OkStatus();
   }
 
  private:
@@ -30,29 +51,26 @@ class AliasingSnapshot {
 };
 
 TEST(RngSnapshotTest, SnapshotIsAValueAndRestoreIsBitExact) {
+  const absl::Status checked =
+      CheckSnapshotIsAValue([] { return RngSnapshot::Capture({}).value(); },
+                            [](const RngSnapshot& snapshot) { return snapshot.Restore(); });
+  EXPECT_TRUE(checked.ok()) << checked;
+  // A value: it does not change when the live generator advances.
   at::manual_seed(1234);
-  absl::StatusOr<RngSnapshot> snapshot = RngSnapshot::Capture({});
-  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-  const RngSnapshot copy = *snapshot;
-  at::Tensor first = at::rand({64});
-  at::Tensor mask = at::dropout(at::ones({256}), 0.5, /*train=*/true);
-  // The live generator advanced; the snapshot did not.
-  EXPECT_EQ(*snapshot, copy);
-  EXPECT_NE(*RngSnapshot::Capture({}), copy);
-  ASSERT_TRUE(snapshot->Restore().ok());
-  EXPECT_TRUE(at::equal(at::rand({64}), first));
-  EXPECT_TRUE(at::equal(at::dropout(at::ones({256}), 0.5, true), mask));
-  EXPECT_EQ(snapshot->cpu_seed(), 1234u);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot snapshot, RngSnapshot::Capture({}));
+  const RngSnapshot copy = snapshot;
+  (void)at::rand({64});
+  EXPECT_EQ(snapshot, copy);
+  EXPECT_NE(RngSnapshot::Capture({}).value(), copy);
+  EXPECT_EQ(snapshot.cpu_seed(), 1234u);
 }
 
 TEST(RngSnapshotTest, NegativeControlAliasingSnapshotFailsTheSameCheck) {
-  at::manual_seed(1234);
-  AliasingSnapshot alias;
-  at::Tensor first = at::rand({64});
-  alias.Restore();
-  // The alias "restores" the advanced state, so the draws do not repeat: the check above
-  // (draws after Restore equal the first draws) would catch this implementation.
-  EXPECT_FALSE(at::equal(at::rand({64}), first));
+  const absl::Status checked =
+      CheckSnapshotIsAValue([] { return AliasingSnapshot(); },
+                            [](const AliasingSnapshot& alias) { return alias.Restore(); });
+  EXPECT_EQ(checked.code(), absl::StatusCode::kInternal)
+      << "the value check did not catch an aliasing snapshot";
 }
 
 TEST(RngSnapshotTest, SeededEqualsManualSeed) {

@@ -13,6 +13,7 @@
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/cpu_generator_state.h"
 #include "rng/rank_streams.h"
 
 namespace lockstep {
@@ -224,6 +225,13 @@ TEST(SynchronizeTest, ModelStreamsDerivedAfterSyncAgreeAcrossReplicas) {
           return absl::InternalError("model masks differ");
         return absl::OkStatus();
       }));
+}
+
+TEST(SynchronizeWireBytesTest, CompactCpuStateThenCudaSeedAndOffsetThenStatus) {
+  EXPECT_EQ(SynchronizeWireBytes(DefaultGenerators::CpuOnly()), kCompactCpuStateBytes + 1);
+  EXPECT_EQ(SynchronizeWireBytes(DefaultGenerators::WithCudaDevice(3)),
+            kCompactCpuStateBytes + 16 + 1);
+  EXPECT_EQ(kCompactCpuStateBytes, 2526u);
 }
 
 }  // namespace
