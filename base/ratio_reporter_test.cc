@@ -15,8 +15,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-benchmark::BenchmarkReporter::Run MakeRun(const std::string& name, double seconds,
-                                          double ratio) {
+benchmark::BenchmarkReporter::Run MakeRun(const std::string& name, double seconds, double ratio) {
   benchmark::BenchmarkReporter::Run run;
   run.run_name.function_name = name;
   run.iterations = 10;

@@ -148,7 +148,28 @@ TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeoutAndTheCommunicatorIs
               AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << results[0];
   EXPECT_THAT(results[0].message(), HasSubstr("broadcast from group rank 0 on gloo world [0, 1]"));
+  EXPECT_THAT(results[0].message(), HasSubstr("global rank(s) [1] gone"));
   EXPECT_THAT(results[1].message(), HasSubstr("exited with code 3"));
+}
+
+// In a world of 4, rank 2 dies: every survivor's error names global rank 2, and only it.
+TEST(GlooCommunicatorTest, EverySurvivorNamesTheRankThatDied) {
+  collectives::ProcessWorldOptions options = World(4);
+  options.collective_timeout = absl::Seconds(6);
+  std::vector<absl::Status> results =
+      collectives::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
+        if (rank == 2) _exit(3);
+        at::Tensor t = at::ones({1024});
+        return world.AllReduceSum(t);
+      });
+  for (int r : {0, 1, 3}) {
+    EXPECT_THAT(results[r].code(),
+                AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
+        << results[r];
+    EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [2] gone"))
+        << "rank " << r << ": " << results[r];
+  }
 }
 
 // A CPU allocator that throws c10::OutOfMemoryError for allocations of `threshold` bytes or
@@ -222,6 +243,7 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
       });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
   EXPECT_THAT(results[0].message(), HasSubstr("all-reduce (sum) on gloo world [0, 1]"));
+  EXPECT_THAT(results[0].message(), HasSubstr("global rank(s) [1] alive but not answering"));
 }
 
 TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
@@ -233,6 +255,34 @@ TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
     if (!s.ok()) return s;
     return Expect(t.item<float>() == 3.0f, "sum");
   }));
+}
+
+// Rank 0 alone in a world of 2: the rendezvous fails within its timeout, naming the address,
+// the world size, the rank that arrived and the one missing.
+TEST(RendezvousTest, AMissingRankIsNamedWithinTheTimeout) {
+  const int port = *FreeLoopbackPort();
+  const absl::Duration timeout = absl::Seconds(2);
+  const absl::Time start = absl::Now();
+  auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 0, 2, timeout);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kDeadlineExceeded) << rendezvous.status();
+  EXPECT_THAT(rendezvous.status().message(),
+              AllOf(HasSubstr(absl::StrCat("127.0.0.1:", port)), HasSubstr("of world size 2"),
+                    HasSubstr("(0)"), HasSubstr("missing rank(s) 1")));
+  EXPECT_LT(took, timeout + absl::Seconds(3));
+  // The file store says the same.
+  auto file = Rendezvous::File(absl::StrCat(::testing::TempDir(), "/alone_", port), 1, 3, timeout);
+  EXPECT_THAT(file.status().message(), AllOf(HasSubstr("(1)"), HasSubstr("missing rank(s) 0, 2")));
+}
+
+TEST(RendezvousTest, AnUnresolvableHostIsOneClearError) {
+  const absl::Time start = absl::Now();
+  auto rendezvous =
+      Rendezvous::Tcp("lockstep-no-such-host.invalid", 29500, 1, 2, absl::Seconds(30));
+  EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rendezvous.status().message(),
+              HasSubstr("cannot resolve the rendezvous host 'lockstep-no-such-host.invalid'"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
 TEST(RendezvousTest, EnvironmentRendezvousTimesOutWhenPeersNeverCome) {

@@ -1,11 +1,20 @@
 #include "collectives/rendezvous.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/internal/store.h"
 #include "torch/csrc/distributed/c10d/FileStore.hpp"
@@ -30,6 +39,55 @@ absl::Status StoreCall(const std::string& what, absl::Duration timeout, Fn&& fn)
                                                     absl::FormatDuration(timeout), ")"));
   }
   return status;
+}
+
+// Every rank announces itself in the store, then waits for the others' announcements, so that a
+// rendezvous that cannot complete fails within its timeout naming the ranks that arrived and the
+// ones that did not (instead of a store error naming neither).
+absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, absl::Duration timeout,
+                           const std::string& where) {
+  auto key = [](int r) { return absl::StrCat("lockstep/rendezvous/arrived/", r); };
+  const absl::Time deadline = absl::Now() + timeout;
+  LOCKSTEP_RETURN_IF_ERROR(StoreCall(absl::StrCat(where, ": announcing rank ", rank), timeout,
+                                     [&] { store.set(key(rank), std::vector<uint8_t>{1}); }));
+  std::vector<std::string> all;
+  for (int r = 0; r < world_size; ++r) all.push_back(key(r));
+  for (;;) {
+    bool complete = false;
+    LOCKSTEP_RETURN_IF_ERROR(StoreCall(absl::StrCat(where, ": waiting for the other ranks"),
+                                       timeout, [&] { complete = store.check(all); }));
+    if (complete) return absl::OkStatus();
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::vector<int> arrived, missing;
+  for (int r = 0; r < world_size; ++r) {
+    bool here = false;
+    LOCKSTEP_RETURN_IF_ERROR(StoreCall(where, timeout, [&] { here = store.check({key(r)}); }));
+    (here ? arrived : missing).push_back(r);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(where, ": ", arrived.size(), " of world size ", world_size, " rank(s) arrived ",
+                   "within ", absl::FormatDuration(timeout), " (", absl::StrJoin(arrived, ", "),
+                   "); missing rank(s) ", absl::StrJoin(missing, ", ")));
+}
+
+// The address `host` resolves to, or a clear error (once, instead of c10d's retry warnings).
+absl::Status CheckResolvable(const std::string& host, int port) {
+  if (host.empty()) {
+    return absl::InvalidArgumentError("the rendezvous host (MASTER_ADDR) is empty");
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (error != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve the rendezvous host '", host,
+                                                   "' (MASTER_ADDR): ", gai_strerror(error)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> ParseInt(const char* name, const std::optional<std::string>& value, int lo,
@@ -106,7 +164,52 @@ Rendezvous::Rendezvous(std::unique_ptr<Impl> impl, int rank, int world_size, int
       local_rank_(local_rank),
       timeout_(timeout) {}
 
-Rendezvous::~Rendezvous() = default;
+// The heartbeat thread and how to stop it.
+struct Rendezvous::Beat {
+  std::mutex mu;
+  std::condition_variable stop_cv;
+  bool stop = false;
+  std::thread thread;
+};
+
+Rendezvous::~Rendezvous() {
+  if (beat_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    beat_->stop = true;
+  }
+  beat_->stop_cv.notify_all();
+  if (beat_->thread.joinable()) beat_->thread.join();
+}
+
+void Rendezvous::StartHeartbeat() {
+  if (beat_ != nullptr) return;
+  beat_ = std::make_unique<Beat>();
+  Beat* beat = beat_.get();
+  c10d::Store* store = impl_->store.get();
+  const std::string key = absl::StrCat("lockstep/heartbeat/", rank_);
+  beat_->thread = std::thread([beat, store, key] {
+    std::unique_lock<std::mutex> lock(beat->mu);
+    while (!beat->stop) {
+      lock.unlock();
+      // A failing store (its server gone) only means no more beats.
+      (void)CallTorch("heartbeat", [&] { store->add(key, 1); });
+      lock.lock();
+      beat->stop_cv.wait_for(lock,
+                             std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatPeriod)),
+                             [beat] { return beat->stop; });
+    }
+  });
+}
+
+absl::StatusOr<int64_t> Rendezvous::Heartbeat(int rank) {
+  int64_t beats = 0;
+  absl::Status status =
+      StoreCall(absl::StrCat("reading the heartbeat of rank ", rank), timeout_,
+                [&] { beats = impl_->store->add(absl::StrCat("lockstep/heartbeat/", rank), 0); });
+  if (!status.ok()) return status;
+  return beats;
+}
 
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::File(const std::string& path, int rank,
                                                              int world_size,
@@ -115,11 +218,13 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::File(const std::string& 
   CheckRanks(rank, world_size, &valid);
   if (!valid.ok()) return valid;
   auto impl = std::make_unique<Impl>();
+  const std::string where = absl::StrCat("rendezvous through the file store ", path);
   absl::Status status = StoreCall(absl::StrCat("opening the file store ", path), timeout, [&] {
     impl->store = c10::make_intrusive<c10d::FileStore>(path, world_size);
     impl->store->setTimeout(internal::ToChrono(timeout));
   });
   if (!status.ok()) return status;
+  LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size, timeout, where));
   return std::shared_ptr<Rendezvous>(
       new Rendezvous(std::move(impl), rank, world_size, /*local_rank=*/0, timeout));
 }
@@ -134,7 +239,10 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
   if (port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", port, " is outside [1, 65535]"));
   }
+  LOCKSTEP_RETURN_IF_ERROR(CheckResolvable(host, port));
   auto impl = std::make_unique<Impl>();
+  const std::string where =
+      absl::StrCat("rendezvous at ", host, ":", port, " as rank ", rank, " of ", world_size);
   absl::Status status = StoreCall(absl::StrCat("joining the TCP store at ", host, ":", port,
                                                " as rank ", rank, " of ", world_size),
                                   timeout, [&] {
@@ -142,12 +250,14 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
                                     options.port = static_cast<uint16_t>(port);
                                     options.isServer = rank == 0;
                                     options.numWorkers = world_size;
-                                    options.waitWorkers = true;
+                                    // Arrivals are awaited below, naming who is missing.
+                                    options.waitWorkers = false;
                                     options.timeout = internal::ToChrono(timeout);
                                     impl->store =
                                         c10::make_intrusive<c10d::TCPStore>(host, options);
                                   });
   if (!status.ok()) return status;
+  LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size, timeout, where));
   return std::shared_ptr<Rendezvous>(
       new Rendezvous(std::move(impl), rank, world_size, local_rank, timeout));
 }
@@ -163,6 +273,14 @@ absl::Status Rendezvous::Set(const std::string& key, absl::string_view value) {
   return StoreCall(absl::StrCat("setting rendezvous key ", key), timeout_, [&] {
     impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   });
+}
+
+absl::StatusOr<bool> Rendezvous::Check(const std::string& key) {
+  bool found = false;
+  absl::Status status = StoreCall(absl::StrCat("checking rendezvous key ", key), timeout_,
+                                  [&] { found = impl_->store->check({key}); });
+  if (!status.ok()) return status;
+  return found;
 }
 
 absl::StatusOr<std::string> Rendezvous::Get(const std::string& key) {

@@ -11,8 +11,10 @@
 //   RANK         this process's global rank          (required, 0 <= RANK < WORLD_SIZE)
 //   WORLD_SIZE   number of processes                 (required, positive)
 //   LOCAL_RANK   rank on this host, selects the GPU  (optional, default 0)
-// Rank 0 serves the TCP store; every rank waits up to the timeout for all the others to join,
-// then fails with kDeadlineExceeded naming the address.
+// Rank 0 serves the TCP store; every rank announces itself in the store and waits up to the
+// timeout for all the others, then fails with kDeadlineExceeded naming the address, the world
+// size, the ranks that arrived and the ones missing. An address that does not resolve is
+// kInvalidArgument at once.
 //
 // Thread-safety: Set/Get are thread-safe (the stores are).
 //
@@ -77,6 +79,17 @@ class Rendezvous {
   absl::Status Set(const std::string& key, absl::string_view value);
   // Waits up to timeout() for `key` to be set, then returns its value.
   absl::StatusOr<std::string> Get(const std::string& key);
+  // Whether `key` is set, without waiting.
+  absl::StatusOr<bool> Check(const std::string& key);
+
+  // Liveness (Note [Roll call] in collectives/internal/communicator_base.h): once started, a
+  // thread of this process adds 1 to its counter "lockstep/heartbeat/<rank>" every
+  // kHeartbeatPeriod until the Rendezvous is destroyed; a process that dies or is stopped stops
+  // counting. StartHeartbeat is idempotent; communicators start it. Heartbeat(r) reads rank r's
+  // counter (0 before its first beat).
+  static constexpr absl::Duration kHeartbeatPeriod = absl::Milliseconds(250);
+  void StartHeartbeat();
+  absl::StatusOr<int64_t> Heartbeat(int rank);
 
   // Implementation detail for communicators in this package (collectives/internal/).
   struct Impl;
@@ -86,7 +99,9 @@ class Rendezvous {
   Rendezvous(std::unique_ptr<Impl> impl, int rank, int world_size, int local_rank,
              absl::Duration timeout);
 
+  struct Beat;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Beat> beat_;
   int rank_;
   int world_size_;
   int local_rank_;

@@ -11,12 +11,19 @@ absl::StatusOr<Topology> Topology::Create(int world_size, int tp_size, int cp_si
                                                    " and CP size ", cp_size,
                                                    " must all be positive"));
   }
-  if (world_size % (tp_size * cp_size) != 0) {
+  if (world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size,
+                                                   " exceeds the largest supported world of ",
+                                                   kMaxWorldSize, " ranks"));
+  }
+  // In 64 bits: tp * cp of two ints cannot overflow there (and would in 32).
+  const int64_t replicas = int64_t{tp_size} * cp_size;
+  if (world_size % replicas != 0) {
     return absl::InvalidArgumentError(absl::StrCat("TP size ", tp_size, " x CP size ", cp_size,
-                                                   " = ", tp_size * cp_size,
+                                                   " = ", replicas,
                                                    " does not divide the world size ", world_size));
   }
-  return Topology(world_size / (tp_size * cp_size), tp_size, cp_size);
+  return Topology(static_cast<int>(world_size / replicas), tp_size, cp_size);
 }
 
 absl::StatusOr<Topology> Topology::CreateExact(int world_size, int dp_size, int tp_size,
@@ -27,9 +34,9 @@ absl::StatusOr<Topology> Topology::CreateExact(int world_size, int dp_size, int 
   absl::StatusOr<Topology> topology = Create(world_size, tp_size, cp_size);
   if (!topology.ok()) return topology.status();
   if (topology->dp_size() != dp_size) {
-    return absl::InvalidArgumentError(absl::StrCat("DP ", dp_size, " x TP ", tp_size, " x CP ",
-                                                   cp_size, " = ", dp_size * tp_size * cp_size,
-                                                   " ranks, but the world has ", world_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DP ", dp_size, " x TP ", tp_size, " x CP ", cp_size, " = ",
+        int64_t{dp_size} * tp_size * cp_size, " ranks, but the world has ", world_size));
   }
   return topology;
 }

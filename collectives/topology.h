@@ -20,6 +20,7 @@
 #ifndef LOCKSTEP_COLLECTIVES_TOPOLOGY_H_
 #define LOCKSTEP_COLLECTIVES_TOPOLOGY_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,11 +37,15 @@ struct Coordinates {
   bool operator==(const Coordinates& o) const { return dp == o.dp && cp == o.cp && tp == o.tp; }
 };
 
+// The largest world a Topology describes: 2^20 ranks. Every product of sizes is computed in 64
+// bits, so no combination of valid int sizes overflows.
+inline constexpr int kMaxWorldSize = 1 << 20;
+
 class Topology {
  public:
   // A topology of `world_size` ranks with the given TP and CP sizes; DP is what remains.
-  // kInvalidArgument when a size is not positive or tp_size * cp_size does not divide
-  // world_size (the message names the sizes).
+  // kInvalidArgument when a size is not positive, the world exceeds kMaxWorldSize, or
+  // tp_size * cp_size does not divide world_size (the message names the sizes).
   static absl::StatusOr<Topology> Create(int world_size, int tp_size, int cp_size);
 
   // As Create, with DP given too; kInvalidArgument unless dp * tp * cp == world_size.

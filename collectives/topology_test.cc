@@ -88,6 +88,18 @@ TEST(TopologyTest, EveryWorldUpTo16AndEveryFactorization) {
   EXPECT_EQ(factorizations, 1 + 3 + 3 + 6 + 3 + 9 + 3 + 10 + 6 + 9 + 3 + 18 + 3 + 9 + 9 + 15);
 }
 
+TEST(TopologyTest, HugeSizesAreRefusedWithoutOverflow) {
+  // 65536 x 65536 overflows a 32-bit product to 0 (a division by zero before the fix).
+  absl::StatusOr<Topology> huge = Topology::Create(1024, 65536, 65536);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(huge.status().message(), ::testing::HasSubstr("= 4294967296 does not divide"));
+  EXPECT_THAT(Topology::Create(1 << 21, 1, 1).status().message(),
+              ::testing::HasSubstr("exceeds the largest supported world of 1048576"));
+  EXPECT_THAT(Topology::CreateExact(4, 2147483647, 2, 2).status().message(),
+              ::testing::HasSubstr("= 8589934588 ranks, but the world has 4"));
+  EXPECT_TRUE(Topology::Create(kMaxWorldSize, 1 << 10, 1 << 10).ok());
+}
+
 TEST(TopologyTest, DpTwoCpTwoGroupsAndNonzeroLeader) {
   Topology topo = *Topology::Create(4, /*tp=*/1, /*cp=*/2);
   EXPECT_THAT(topo.CpGroup(3), ElementsAre(2, 3));

@@ -1,5 +1,7 @@
 #include "collectives/internal/communicator_base.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,8 +45,9 @@ absl::StatusOr<NewWorld> StartWorld(absl::string_view backend,
   if (rendezvous == nullptr) return absl::InvalidArgumentError("rendezvous is null");
   LOCKSTEP_RETURN_IF_ERROR(ValidateTimeout(timeout));
   NewWorld world;
-  world.state =
-      std::make_shared<WorldState>(std::string(backend), rendezvous->world_size(), timeout);
+  rendezvous->StartHeartbeat();  // Note [Roll call]
+  world.state = std::make_shared<WorldState>(std::string(backend), rendezvous->world_size(),
+                                             timeout, rendezvous);
   world.identity = GroupIdentity::World(*world.state, rendezvous->rank());
   return world;
 }
@@ -79,6 +82,7 @@ absl::Status CommunicatorBase::Collective(absl::string_view op,
         absl::StrCat(What(op), ": the communicator is unusable after an earlier error (",
                      first_error_.message(), "); create a new one"));
   }
+  ++collectives_;
   const absl::Time start = absl::Now();
   absl::Status status = body();
   if (status.ok()) return status;
@@ -88,9 +92,68 @@ absl::Status CommunicatorBase::Collective(absl::string_view op,
         absl::StrCat(status.message(), " (no answer within the communicator's timeout of ",
                      absl::FormatDuration(world_->timeout), ": a peer did not arrive)"));
   }
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kDeadlineExceeded) {
+    status = RollCall(std::move(status));
+  }
   LOCKSTEP_VLOG(1) << What(op) << " failed; the communicator is now unusable: " << status;
   first_error_ = status;
   return status;
+}
+
+absl::Status CommunicatorBase::RollCall(absl::Status status) {
+  Rendezvous* store = world_->rendezvous.get();
+  if (store == nullptr || identity_.global_ranks.size() < 2) return status;
+  const std::string prefix =
+      absl::StrCat(identity_.store_key, "/roll-call/", collectives_ - 1, "/");
+  const int me = identity_.global_ranks[identity_.rank];
+  const std::string unreachable =
+      "the rendezvous store is unreachable for the roll call (global rank 0 serves it and may be "
+      "the one gone)";
+  if (absl::Status s = store->Set(absl::StrCat(prefix, me), "1"); !s.ok()) {
+    return Annotate(status, unreachable);
+  }
+  std::map<int, int64_t> beats_before;
+  for (int r : identity_.global_ranks) {
+    if (r == me) continue;
+    absl::StatusOr<int64_t> beats = store->Heartbeat(r);
+    if (!beats.ok()) return Annotate(status, unreachable);
+    beats_before[r] = *beats;
+  }
+  // Wait for the others' answers, long enough to see a live process's heartbeat advance.
+  const absl::Time now = absl::Now();
+  const absl::Time deadline = now + std::max(std::min(absl::Seconds(2), world_->timeout / 2),
+                                             5 * Rendezvous::kHeartbeatPeriod);
+  std::vector<int> silent;
+  for (;;) {
+    silent.clear();
+    for (const auto& [r, _] : beats_before) {
+      absl::StatusOr<bool> answered = store->Check(absl::StrCat(prefix, r));
+      if (!answered.ok()) return Annotate(status, unreachable);
+      if (!*answered) silent.push_back(r);
+    }
+    if (silent.empty() || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (silent.empty()) {
+    return Annotate(status, "every member answered the roll call (the failure is shared)");
+  }
+  std::vector<int> gone, late;
+  for (int r : silent) {
+    absl::StatusOr<int64_t> beats = store->Heartbeat(r);
+    if (!beats.ok()) return Annotate(status, unreachable);
+    (*beats > beats_before[r] ? late : gone).push_back(r);
+  }
+  std::string verdict;
+  if (!gone.empty()) {
+    absl::StrAppend(&verdict, "global rank(s) ", FormatRanks(gone),
+                    " gone (no answer to the roll call and no heartbeat: dead or stopped)");
+  }
+  if (!late.empty()) {
+    absl::StrAppend(&verdict, verdict.empty() ? "" : "; ", "global rank(s) ", FormatRanks(late),
+                    " alive but not answering (still inside the collective: late)");
+  }
+  return Annotate(status, verdict);
 }
 
 }  // namespace internal

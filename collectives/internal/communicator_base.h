@@ -11,7 +11,15 @@
 //   - a communication failure (kUnavailable from the exception boundary, base/torch_boundary.h)
 //     that arrives after the communicator's timeout has passed is reported as kDeadlineExceeded:
 //     c10d and Gloo throw the same exception types for a peer that is gone and one that did not
-//     arrive, so the communicator's own clock tells them apart.
+//     arrive, so the communicator's own clock tells them apart;
+//   - Note [Roll call]: transports name a socket address, not a rank. So after a kUnavailable or
+//     kDeadlineExceeded, each member that saw the failure writes its global rank under the
+//     collective's sequence number in the rendezvous store and waits up to min(2 s, timeout / 2)
+//     (at least five heartbeat periods) for the others. A member that does not answer is named:
+//     "gone" when its process's heartbeat (Rendezvous::StartHeartbeat, a counter a thread of
+//     every process advances) stopped too — dead or stopped — and "late" when it is alive but
+//     still inside the collective. Only on the failure path; the error comes at most that wait
+//     after the failure was seen.
 //
 // Thread-safety: as Communicator (one thread per communicator; the registry is thread-safe).
 
@@ -37,12 +45,18 @@ namespace internal {
 
 // What a world communicator and every group made from it share.
 struct WorldState {
-  WorldState(std::string backend, int world_size, absl::Duration timeout)
-      : backend(std::move(backend)), world_size(world_size), timeout(timeout) {}
+  WorldState(std::string backend, int world_size, absl::Duration timeout,
+             std::shared_ptr<Rendezvous> rendezvous = nullptr)
+      : backend(std::move(backend)),
+        world_size(world_size),
+        timeout(timeout),
+        rendezvous(std::move(rendezvous)) {}
 
   const std::string backend;  // "gloo", "nccl", "fake": names groups and store keys
   const int world_size;
   const absl::Duration timeout;
+  // The store of the roll call that names the members a failed collective lost (null: none).
+  const std::shared_ptr<Rendezvous> rendezvous;
   GroupRegistry groups;
 };
 
@@ -104,9 +118,13 @@ class CommunicatorBase : public Communicator {
   absl::Status Collective(absl::string_view op, const std::function<absl::Status()>& body);
 
  private:
+  // Note [Roll call]: `status` annotated with the members that did not report the failure.
+  absl::Status RollCall(absl::Status status);
+
   std::shared_ptr<WorldState> world_;
   GroupIdentity identity_;
   absl::Status first_error_;
+  int64_t collectives_ = 0;  // sequence number of the next collective
 };
 
 }  // namespace internal
