@@ -19,6 +19,28 @@ if "$launch" --nproc=2 -- "$demo" --cp=4 >"$bad" 2>&1; then
 fi
 grep -q "does not divide the world size 2" "$bad" || { cat "$bad"; exit 1; }
 
+# A SIGKILLed launcher takes its ranks with it (PR_SET_PDEATHSIG): none may outlive it.
+piddir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/launch_pids.XXXXXX")
+"$launch" --nproc=2 -- /bin/sh -c "echo \$\$ > $piddir/\$RANK.tmp && mv $piddir/\$RANK.tmp $piddir/\$RANK; exec sleep 60" \
+  >/dev/null 2>&1 &
+launcher=$!
+for _ in $(seq 200); do [[ -s $piddir/0 && -s $piddir/1 ]] && break; sleep 0.05; done
+[[ -s $piddir/0 && -s $piddir/1 ]] || { echo "the ranks did not start"; exit 1; }
+alive() {  # pid: running or stopped, not a zombie
+  [[ -r /proc/$1/stat ]] && ! sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | grep -q '^[ZX]'
+}
+sleep 60 & bystander=$!  # the control: a process that is not a rank stays alive
+kill -9 "$launcher"
+for _ in $(seq 40); do
+  alive "$(cat "$piddir/0")" || alive "$(cat "$piddir/1")" || break
+  sleep 0.05
+done
+for r in 0 1; do
+  if alive "$(cat "$piddir/$r")"; then echo "rank $r outlived its SIGKILLed launcher"; exit 1; fi
+done
+alive "$bystander" || { echo "the liveness check cannot see a live process"; exit 1; }
+kill "$bystander"
+
 # Flags: bad values and unknown flags are named, exit 2, and start nothing.
 expect_bad() {  # expected-message command...
   local want=$1

@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -354,6 +358,29 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--timeout_seconds ", absl::FormatDuration(options.timeout), " must be positive"));
   }
+  if (options.deadline.has_value() && *options.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--deadline_seconds ", absl::FormatDuration(*options.deadline), " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration DefaultDeadline(absl::Duration timeout) { return 3 * timeout + absl::Seconds(60); }
+
+absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
+                                    int64_t available_bytes) {
+  const int64_t world = int64_t{options.dp} * options.tp * options.cp;
+  const std::string flags = absl::StrCat("--dp ", options.dp, " x --tp ", options.tp, " x --cp ",
+                                         options.cp, " = ", world, " worker processes");
+  if (world > int64_t{kProcessesPerCore} * std::max(cores, 1)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        flags, " exceed ", kProcessesPerCore, " per core on this machine's ", cores, " core(s)"));
+  }
+  if (available_bytes >= 0 && world * kBytesPerWorker > available_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        flags, " need ", (world * kBytesPerWorker) >> 20, " MiB (", kBytesPerWorker >> 20,
+        " MiB each); this machine has ", available_bytes >> 20, " MiB available"));
+  }
   return absl::OkStatus();
 }
 
@@ -398,8 +425,26 @@ void RemoveDirectory(const std::string& dir, int world) {
 
 }  // namespace
 
+namespace {
+
+// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
+int64_t AvailableMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+}  // namespace
+
 absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out) {
   LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyOptions(options));
+  LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyMachine(
+      options, static_cast<int>(std::thread::hardware_concurrency()), AvailableMemory()));
   const int world = options.dp * options.tp * options.cp;
   if (!options.evidence_path.empty()) {
     // Fail before the job runs, not after it.
@@ -425,6 +470,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   tools::LaunchOptions launch;
   launch.nproc = world;
   launch.output_fd = fileno(log);
+  launch.deadline = options.deadline.value_or(DefaultDeadline(options.timeout));
   launch.command = {options.executable,
                     "--worker",
                     absl::StrCat("--dp=", options.dp),
@@ -494,6 +540,9 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   for (const std::string& e : errors) out << "error: " << e << "\n";
   if (launched->exit_code != 0) {
     out << "launch: " << launched->summary << " (worker output in " << log_path << ")\n";
+  }
+  if (!launched->stalled_ranks.empty()) {
+    evidence["stalled_ranks"] = launched->stalled_ranks;
   }
   evidence["errors"] = errors;
   evidence["passed"] = all_passed;

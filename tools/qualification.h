@@ -114,6 +114,9 @@ class QualifyOptions {
   NegativeControl control = NegativeControl::kNone;
   // Every collective's timeout in the workers. Default: 120 s.
   absl::Duration timeout = absl::Seconds(120);
+  // The whole job's limit: workers still running then are named, stopped, and qualify fails.
+  // Default: DefaultDeadline(timeout).
+  std::optional<absl::Duration> deadline;
   // The qualify executable the workers run. Default: this process's own executable.
   std::string executable = "/proc/self/exe";
 
@@ -121,9 +124,21 @@ class QualifyOptions {
   QualifyOptions() = default;
 };
 
+// The job deadline derived from the collective timeout: 3 x timeout + 60 s (set-up, the checks'
+// few dozen collectives, and reporting all fit well within it).
+absl::Duration DefaultDeadline(absl::Duration timeout);
+
 // kInvalidArgument naming the flag and the limit for a non-positive size, a world over
-// kMaxQualifyWorld (or one whose product overflows), or a non-positive timeout.
+// kMaxQualifyWorld (or one whose product overflows), or a non-positive timeout or deadline.
 absl::Status ValidateQualifyOptions(const QualifyOptions& options);
+
+// What a qualify worker needs of the machine: at most kProcessesPerCore workers per core, and
+// kBytesPerWorker of available memory each. kResourceExhausted naming the flags, the machine's
+// figure and the limit otherwise.
+inline constexpr int kProcessesPerCore = 16;
+inline constexpr int64_t kBytesPerWorker = int64_t{256} << 20;
+absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
+                                    int64_t available_bytes);
 
 // Launches dp * tp * cp workers (the executable with --worker), collects their reports, prints
 // the table to `out`, writes the evidence, and returns whether every check passed on every

@@ -3,11 +3,16 @@
 
 #include "tools/qualification.h"
 
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_testutil.h"
 #include "checkpoint/checkpoint.h"
 #include "collectives/process_world.h"
@@ -137,6 +142,65 @@ TEST(QualifyOptionsTest, LimitsAreNamed) {
   QualifyOptions no_time = QualifyOptions::Topology(1, 1, 1);
   no_time.timeout = absl::ZeroDuration();
   EXPECT_THAT(ValidateQualifyOptions(no_time).message(), HasSubstr("--timeout_seconds"));
+}
+
+TEST(QualifyOptionsTest, TheMachineLimitsAreNamed) {
+  const QualifyOptions four = QualifyOptions::Topology(2, 1, 2);
+  EXPECT_TRUE(ValidateQualifyMachine(four, 2, int64_t{8} << 30).ok());
+  // Unknown memory (-1) is not held against the job.
+  EXPECT_TRUE(ValidateQualifyMachine(four, 2, -1).ok());
+  const absl::Status cores = ValidateQualifyMachine(QualifyOptions::Topology(8, 1, 4), 1, -1);
+  EXPECT_EQ(cores.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(cores.message(), HasSubstr("--dp 8 x --tp 1 x --cp 4 = 32 worker processes exceed "
+                                         "16 per core on this machine's 1 core(s)"));
+  const absl::Status memory = ValidateQualifyMachine(four, 2, int64_t{512} << 20);
+  EXPECT_EQ(memory.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(memory.message(),
+              HasSubstr("need 1024 MiB (256 MiB each); this machine has 512 MiB available"));
+  QualifyOptions no_deadline = four;
+  no_deadline.deadline = absl::Seconds(-1);
+  EXPECT_THAT(ValidateQualifyOptions(no_deadline).message(),
+              HasSubstr("--deadline_seconds -1s must be positive"));
+  EXPECT_EQ(DefaultDeadline(absl::Seconds(120)), absl::Seconds(420));
+}
+
+// A stand-in worker: writes a passing report for its rank, then (when `stall`) stops itself
+// with SIGSTOP after reporting, as a rank wedged after its last collective would.
+std::string WriteStubWorker(bool stall) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/stub_worker_", stall, ".sh");
+  std::ofstream script(path, std::ios::trunc);
+  script << "#!/bin/sh\n"
+            "for a; do case $a in --results_dir=*) dir=${a#--results_dir=};; esac; done\n"
+            "echo '{\"checks\": [{\"name\": \"stub\", \"passed\": true, \"detail\": \"\"}]}'"
+            " > \"$dir/rank$RANK.json\"\n"
+         << (stall ? "[ \"$RANK\" = 1 ] && kill -STOP $$\n" : "") << "exit 0\n";
+  script.close();
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+TEST(RunQualifyTest, ARankStalledAfterReportingIsNamedAtTheDeadline) {
+  for (const bool stall : {false, true}) {
+    QualifyOptions options = QualifyOptions::Topology(2, 1, 1);
+    options.executable = WriteStubWorker(stall);
+    options.timeout = absl::Seconds(1);
+    options.deadline = absl::Seconds(2);
+    std::ostringstream out;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<bool> passed = RunQualify(options, out);
+    const absl::Duration took = absl::Now() - start;
+    ASSERT_TRUE(passed.ok()) << passed.status();
+    if (!stall) {
+      // The control: the same reports without the stall pass.
+      EXPECT_TRUE(*passed) << out.str();
+      continue;
+    }
+    EXPECT_FALSE(*passed) << out.str();
+    EXPECT_THAT(out.str(), HasSubstr("rank(s) 1 still running after the job deadline of 2s"));
+    EXPECT_THAT(out.str(), HasSubstr("FAIL: DP2 x TP1 x CP1"));
+    // The deadline, then the grace between SIGTERM and SIGKILL (5 s), and some slack.
+    EXPECT_LT(took, absl::Seconds(2 + 5 + 3));
+  }
 }
 
 }  // namespace

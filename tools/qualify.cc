@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
           "aliasing-snapshot, shard-local-philox");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout in the workers");
+ABSL_FLAG(int64_t, deadline_seconds, 0,
+          "the whole job's limit: workers still running then are named and stopped, and qualify "
+          "fails (0: 3 x timeout + 60 s)");
 ABSL_FLAG(bool, worker, false, "internal: run as one rank (started by qualify itself)");
 ABSL_FLAG(std::string, results_dir, "", "internal: where a worker writes its report");
 
@@ -50,6 +53,9 @@ int main(int argc, char** argv) {
   options.control = *control;
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   options.evidence_path = absl::GetFlag(FLAGS_out).path;
+  if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
+    options.deadline = absl::Seconds(deadline);
+  }
   if (absl::Status s = q::ValidateQualifyOptions(options); !s.ok()) return fail(s);
   if (absl::GetFlag(FLAGS_worker)) {
     if (absl::GetFlag(FLAGS_results_dir).empty()) {

@@ -52,4 +52,5 @@ bad "dp" --dp=abc
 bad "bogus" --bogus=1
 bad "cannot write the evidence file" --dp=1 --out=/nonexistent-dir/qualify.json
 bad "--worker needs --results_dir" --worker
+bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
 echo "qualify test: ok"
