@@ -4,13 +4,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace rng {
 
-absl::Status NamedStreamTracker::Add(absl::string_view name, uint64_t seed) {
+absl::Status CheckStreamName(absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("a named stream needs a non-empty name");
+  if (name.size() > static_cast<size_t>(kMaxStreamNameBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("a named stream's name of ", name.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxStreamNameBytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NamedStreamTracker::Add(absl::string_view name, uint64_t seed) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckStreamName(name));
+  if (streams_.size() >= static_cast<size_t>(kMaxNamedStreams)) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot add named stream '", name,
+                                                     "': the rank already holds the limit of ",
+                                                     kMaxNamedStreams, " named streams"));
+  }
   if (Has(name)) {
     return absl::AlreadyExistsError(absl::StrCat("named stream '", name, "' already exists"));
   }
@@ -35,9 +51,13 @@ std::vector<std::string> NamedStreamTracker::Names() const {
 
 absl::Status NamedStreamTracker::Restore(std::map<std::string, Stream> streams) {
   if (forked_) return absl::FailedPreconditionError("cannot restore streams during a fork");
+  if (streams.size() > static_cast<size_t>(kMaxNamedStreams)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(streams.size(), " named streams exceed the limit of ", kMaxNamedStreams));
+  }
   std::map<uint64_t, std::string> seeds;
   for (const auto& [name, stream] : streams) {
-    if (name.empty()) return absl::InvalidArgumentError("a named stream needs a non-empty name");
+    LOCKSTEP_RETURN_IF_ERROR(CheckStreamName(name));
     auto [it, inserted] = seeds.emplace(stream.seed, name);
     if (!inserted) {
       return absl::AlreadyExistsError(absl::StrCat("named streams '", it->second, "' and '", name,

@@ -46,6 +46,15 @@ namespace rng {
 class RankStreams;
 class NamedStreamFork;
 
+// The most named streams a rank holds, and the longest name in bytes. Each stream is a full
+// generator state (2.5 KiB on CPU): the limits bound what a rank keeps and what a resume state
+// may ask a restoring rank to allocate.
+inline constexpr int kMaxNamedStreams = 1024;
+inline constexpr int kMaxStreamNameBytes = 256;
+
+// kInvalidArgument for an empty name or one longer than kMaxStreamNameBytes, naming its length.
+absl::Status CheckStreamName(absl::string_view name);
+
 class NamedStreamTracker {
  public:
   struct Stream {
@@ -57,7 +66,8 @@ class NamedStreamTracker {
   NamedStreamTracker& operator=(const NamedStreamTracker&) = delete;
 
   // Adds a stream seeded with `seed` (CPU and CUDA generators both seeded with it).
-  // kAlreadyExists for a name or a seed already in use; kInvalidArgument for an empty name.
+  // kAlreadyExists for a name or a seed already in use; kInvalidArgument for a name
+  // CheckStreamName refuses; kResourceExhausted when kMaxNamedStreams streams exist already.
   absl::Status Add(absl::string_view name, uint64_t seed);
 
   // Whether a fork is active.
@@ -72,7 +82,8 @@ class NamedStreamTracker {
   const std::map<std::string, Stream>& streams() const { return streams_; }
   // Replaces every stream with `streams` (names, seeds and states). kFailedPrecondition while a
   // fork is active; kAlreadyExists if two of the given streams share a seed; kInvalidArgument for
-  // an empty name or a state of other generators than the rank's.
+  // more than kMaxNamedStreams streams, a name CheckStreamName refuses, or a state of other
+  // generators than the rank's.
   absl::Status Restore(std::map<std::string, Stream> streams);
 
   // Forgets every stream. kFailedPrecondition while a fork is active.

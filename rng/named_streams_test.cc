@@ -149,6 +149,26 @@ TEST(NamedStreamTrackerTest, RestoreRefusesEmptyNames) {
   EXPECT_EQ(streams->named().Restore(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(NamedStreamTrackerTest, TheStreamCountAndNameLengthAreLimited) {
+  auto streams = Streams();
+  EXPECT_TRUE(streams->named().Add(std::string(kMaxStreamNameBytes, 'n'), 1).ok());
+  const absl::Status long_name = streams->named().Add(std::string(kMaxStreamNameBytes + 1, 'n'), 2);
+  EXPECT_EQ(long_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(long_name.message(), HasSubstr("name of 257 bytes exceeds the limit of 256 bytes"));
+  for (int i = 1; i < kMaxNamedStreams; ++i) {
+    ASSERT_TRUE(streams->named().Add(absl::StrCat("s", i), 100 + i).ok()) << i;
+  }
+  const absl::Status full = streams->named().Add("one-more", 1u << 20);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("already holds the limit of 1024 named streams"));
+
+  std::map<std::string, NamedStreamTracker::Stream> crowded = streams->named().Snapshot();
+  crowded.emplace("one-more", NamedStreamTracker::Stream{1u << 20, crowded.begin()->second.state});
+  const absl::Status restore = streams->named().Restore(crowded);
+  EXPECT_EQ(restore.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(restore.message(), HasSubstr("1025 named streams exceed the limit of 1024"));
+}
+
 }  // namespace
 }  // namespace rng
 }  // namespace lockstep

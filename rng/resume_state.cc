@@ -1,9 +1,13 @@
 #include "rng/resume_state.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
+#include "base/sha256_message.h"
 #include "base/status_macros.h"
 
 namespace lockstep {
@@ -35,7 +39,105 @@ absl::StatusOr<RngSnapshot> FromProto(const GeneratorSetProto& proto, const Rank
   return snapshot;
 }
 
+// The structural checks SerializeResumeState and ParseResumeState share (RestoreResumeState
+// repeats them against the rank's generators).
+absl::Status CheckStructure(const RngResumeStateProto& saved) {
+  if (saved.version() != kRngResumeStateVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("RNG resume state version ", saved.version(),
+                                                   " is not the supported version ",
+                                                   kRngResumeStateVersion));
+  }
+  if (saved.named_size() > kMaxNamedStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the RNG resume state holds ", saved.named_size(),
+                     " named streams; the limit is ", kMaxNamedStreams));
+  }
+  for (const NamedStreamProto& stream : saved.named()) {
+    LOCKSTEP_RETURN_IF_ERROR(CheckStreamName(stream.name()));
+  }
+  return absl::OkStatus();
+}
+
+// The stream set an envelope lists for `saved`.
+std::vector<std::string> StreamSet(const RngResumeStateProto& saved) {
+  std::vector<std::string> streams = {"caller"};
+  if (saved.has_model()) streams.push_back("model");
+  for (const NamedStreamProto& stream : saved.named()) {
+    streams.push_back(absl::StrCat("named/", stream.name()));
+  }
+  return streams;
+}
+
+// The seal over everything else in the envelope.
+std::string EnvelopeDigest(const RngResumeStateEnvelope& envelope) {
+  Sha256Hasher hasher;
+  hasher.AppendFramed("lockstep/rng-resume-state");
+  hasher.AppendLength(envelope.format());
+  hasher.AppendLength(static_cast<uint64_t>(envelope.streams_size()));
+  for (const std::string& stream : envelope.streams()) hasher.AppendFramed(stream);
+  hasher.AppendFramed(envelope.payload());
+  const Sha256Digest digest = hasher.Finish();
+  return std::string(digest.begin(), digest.end());
+}
+
+absl::Status Corrupt(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("corrupt RNG resume state: ", what));
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> SerializeResumeState(const RngResumeStateProto& saved) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckStructure(saved));
+  RngResumeStateEnvelope envelope;
+  envelope.set_format(kRngResumeEnvelopeFormat);
+  for (std::string& stream : StreamSet(saved)) envelope.add_streams(std::move(stream));
+  envelope.set_payload(SerializeDeterministically(saved));
+  envelope.set_sha256(EnvelopeDigest(envelope));
+  std::string bytes = SerializeDeterministically(envelope);
+  if (bytes.size() > kMaxResumeStateBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the sealed RNG resume state of ", bytes.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxResumeStateBytes, " bytes"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<RngResumeStateProto> ParseResumeState(absl::string_view bytes) {
+  if (bytes.size() > kMaxResumeStateBytes) {
+    return Corrupt(absl::StrCat(bytes.size(), " bytes exceed the limit of ", kMaxResumeStateBytes));
+  }
+  RngResumeStateEnvelope envelope;
+  if (!envelope.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return Corrupt(absl::StrCat("the ", bytes.size(), " bytes are not an envelope"));
+  }
+  // Canonical encoding: appended messages, repeated or reordered fields, explicit defaults and
+  // unknown fields all re-encode differently.
+  if (SerializeDeterministically(envelope) != bytes) {
+    return Corrupt("the envelope is not in canonical encoding (bytes appended or re-encoded)");
+  }
+  if (envelope.sha256() != EnvelopeDigest(envelope)) {
+    return Corrupt("the checksum does not match the contents");
+  }
+  if (envelope.format() != kRngResumeEnvelopeFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RNG resume state envelope format ", envelope.format(),
+                     " is not the supported format ", kRngResumeEnvelopeFormat));
+  }
+  RngResumeStateProto saved;
+  if (!saved.ParseFromString(envelope.payload()) ||
+      SerializeDeterministically(saved) != envelope.payload()) {
+    return Corrupt("the sealed payload is not a canonical resume state");
+  }
+  const std::vector<std::string> streams = StreamSet(saved);
+  if (!std::equal(streams.begin(), streams.end(), envelope.streams().begin(),
+                  envelope.streams().end())) {
+    return Corrupt(absl::StrCat("the envelope lists ", envelope.streams_size(),
+                                " streams, the payload holds ", streams.size(),
+                                " that differ from them"));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CheckStructure(saved));
+  return saved;
+}
 
 absl::StatusOr<RngResumeStateProto> CaptureResumeState(const RankStreams& streams) {
   if (streams.model().in_scope()) {
@@ -71,11 +173,7 @@ absl::StatusOr<RngResumeStateProto> CaptureResumeState(const RankStreams& stream
 }
 
 absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& streams) {
-  if (saved.version() != kRngResumeStateVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("RNG resume state version ", saved.version(),
-                                                   " is not the supported version ",
-                                                   kRngResumeStateVersion));
-  }
+  LOCKSTEP_RETURN_IF_ERROR(CheckStructure(saved));
   const int device = streams.generators().cuda_device;
   if (saved.cuda_device() != device) {
     return absl::InvalidArgumentError(
@@ -96,9 +194,6 @@ absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& s
   std::map<std::string, NamedStreamTracker::Stream> named;
   std::map<uint64_t, std::string> seeds;
   for (const NamedStreamProto& stream : saved.named()) {
-    if (stream.name().empty()) {
-      return absl::InvalidArgumentError("a saved named stream has an empty name");
-    }
     LOCKSTEP_ASSIGN_OR_RETURN(
         RngSnapshot state,
         FromProto(stream.state(), streams, absl::StrCat("named stream '", stream.name(), "'")));

@@ -7,10 +7,12 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "base/status_testutil.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/cpu_generator_state.h"
 
 namespace lockstep {
 namespace rng {
@@ -166,6 +168,178 @@ TEST(ResumeStateTest, CaptureInsideAModelScopeIsRefused) {
   auto streams = Streams();
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*streams));
   EXPECT_EQ(CaptureResumeState(*streams).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A rank with a model stream and two named streams, after a step: every kind of stream saved.
+struct SavedRank {
+  std::shared_ptr<RankStreams> streams;
+  RngResumeStateProto saved;
+  std::string bytes;
+};
+SavedRank SaveRank() {
+  at::manual_seed(11);
+  SavedRank rank{Streams(), {}, {}};
+  EXPECT_TRUE(rank.streams->named().Add("tp", 7).ok());
+  EXPECT_TRUE(rank.streams->named().Add("expert-0", 8).ok());
+  EXPECT_TRUE(Step(*rank.streams).ok());
+  rank.saved = *CaptureResumeState(*rank.streams);
+  rank.bytes = *SerializeResumeState(rank.saved);
+  return rank;
+}
+
+// Seals `envelope` as a forger who knows the documented format would (payload and stream list
+// chosen freely, checksum recomputed), so that the checks behind the checksum are reached.
+std::string Forge(RngResumeStateEnvelope envelope) {
+  Sha256Hasher hasher;
+  hasher.AppendFramed("lockstep/rng-resume-state");
+  hasher.AppendLength(envelope.format());
+  hasher.AppendLength(static_cast<uint64_t>(envelope.streams_size()));
+  for (const std::string& stream : envelope.streams()) hasher.AppendFramed(stream);
+  hasher.AppendFramed(envelope.payload());
+  const Sha256Digest digest = hasher.Finish();
+  envelope.set_sha256(std::string(digest.begin(), digest.end()));
+  return envelope.SerializeAsString();
+}
+
+RngResumeStateEnvelope Open(const std::string& bytes) {
+  RngResumeStateEnvelope envelope;
+  EXPECT_TRUE(envelope.ParseFromString(bytes));
+  return envelope;
+}
+
+TEST(SealedResumeStateTest, RoundTripRestoresEveryStream) {
+  SavedRank rank = SaveRank();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor expected, TwoSteps(*rank.streams));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto parsed, ParseResumeState(rank.bytes));
+  EXPECT_EQ(parsed.SerializeAsString(), rank.saved.SerializeAsString());
+  const RngResumeStateEnvelope envelope = Open(rank.bytes);
+  EXPECT_THAT(std::vector<std::string>(envelope.streams().begin(), envelope.streams().end()),
+              ::testing::ElementsAre("caller", "model", "named/expert-0", "named/tp"));
+  auto restored = Streams();
+  LOCKSTEP_ASSERT_OK(RestoreResumeState(parsed, *restored));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor replayed, TwoSteps(*restored));
+  EXPECT_TRUE(at::equal(replayed, expected));
+  // The control for Forge: resealing the genuine contents gives the genuine bytes.
+  EXPECT_EQ(Forge(envelope), rank.bytes);
+}
+
+TEST(SealedResumeStateTest, EverySingleByteFlipIsRefused) {
+  const std::string bytes = SaveRank().bytes;
+  ASSERT_GT(bytes.size(), 3 * kTorchCpuStateBytes);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (const uint8_t mask : {0x01, 0x80, 0xff}) {
+      std::string flipped = bytes;
+      flipped[i] = static_cast<char>(flipped[i] ^ mask);
+      const absl::Status s = ParseResumeState(flipped).status();
+      ASSERT_EQ(s.code(), absl::StatusCode::kDataLoss) << "byte " << i << " ^ " << int{mask};
+    }
+  }
+}
+
+TEST(SealedResumeStateTest, EveryCutAndEveryAppendIsRefused) {
+  SavedRank rank = SaveRank();
+  for (size_t size = 0; size < rank.bytes.size(); ++size) {
+    ASSERT_EQ(ParseResumeState(rank.bytes.substr(0, size)).status().code(),
+              absl::StatusCode::kDataLoss)
+        << "cut to " << size << " of " << rank.bytes.size() << " bytes";
+  }
+  // Two states concatenated (protobuf would merge them), and a stray trailing byte.
+  (void)at::rand({4});
+  const std::string later = *SerializeResumeState(*CaptureResumeState(*rank.streams));
+  const absl::Status twice = ParseResumeState(rank.bytes + later).status();
+  EXPECT_EQ(twice.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(twice.message(), HasSubstr("not in canonical encoding"));
+  EXPECT_EQ(ParseResumeState(rank.bytes + std::string(1, '\0')).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_THAT(ParseResumeState(std::string(kMaxResumeStateBytes + 1, 'x')).status().message(),
+              HasSubstr("exceed the limit of 16777216"));
+}
+
+TEST(SealedResumeStateTest, SwappedStatesBreakTheSeal) {
+  SavedRank rank = SaveRank();
+  RngResumeStateEnvelope envelope = Open(rank.bytes);
+  RngResumeStateProto swapped = rank.saved;
+  swapped.mutable_caller()->Swap(swapped.mutable_model());
+  envelope.set_payload(swapped.SerializeAsString());
+  const absl::Status s = ParseResumeState(envelope.SerializeAsString()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("checksum does not match"));
+}
+
+TEST(SealedResumeStateTest, ForgedEnvelopesAreCheckedBehindTheSeal) {
+  SavedRank rank = SaveRank();
+  const RngResumeStateEnvelope genuine = Open(rank.bytes);
+
+  // A stream dropped from the payload (a cut at a field boundary), list left as it was.
+  RngResumeStateProto no_model = rank.saved;
+  no_model.clear_model();
+  RngResumeStateEnvelope dropped = genuine;
+  dropped.set_payload(no_model.SerializeAsString());
+  absl::Status s = ParseResumeState(Forge(dropped)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("lists 4 streams, the payload holds 3"));
+
+  // Another format.
+  RngResumeStateEnvelope future = genuine;
+  future.set_format(2);
+  s = ParseResumeState(Forge(future)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("format 2 is not the supported format 1"));
+
+  // A payload that is not canonical (an explicit default field appended).
+  RngResumeStateEnvelope padded = genuine;
+  padded.set_payload(genuine.payload() + std::string("\x10\x00", 2));
+  s = ParseResumeState(Forge(padded)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("payload is not a canonical resume state"));
+
+  // An empty name and 10,000 named streams, listed consistently.
+  auto reseal = [&](const RngResumeStateProto& payload) {
+    RngResumeStateEnvelope envelope = genuine;
+    envelope.clear_streams();
+    envelope.add_streams("caller");
+    if (payload.has_model()) envelope.add_streams("model");
+    for (const NamedStreamProto& n : payload.named()) envelope.add_streams("named/" + n.name());
+    envelope.set_payload(payload.SerializeAsString());
+    return Forge(envelope);
+  };
+  RngResumeStateProto unnamed = rank.saved;
+  unnamed.mutable_named(0)->clear_name();
+  s = ParseResumeState(reseal(unnamed)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("non-empty name"));
+  EXPECT_EQ(SerializeResumeState(unnamed).status().code(), absl::StatusCode::kInvalidArgument);
+
+  RngResumeStateProto crowded = rank.saved;
+  for (int i = 0; i < 10000 - 2; ++i) {
+    NamedStreamProto* extra = crowded.add_named();
+    extra->set_name(absl::StrCat("s", i));  // no state: 10,000 full ones exceed the byte limit
+    extra->set_seed(100 + i);
+  }
+  s = ParseResumeState(reseal(crowded)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("holds 10000 named streams; the limit is 1024"));
+  EXPECT_THAT(SerializeResumeState(crowded).status().message(), HasSubstr("limit is 1024"));
+}
+
+TEST(SealedResumeStateTest, AnImpossibleGeneratorStateIsInvalidArgumentAndChangesNothing) {
+  SavedRank rank = SaveRank();
+  // Sealed correctly, but the model stream's engine position reads past its 624 words.
+  CpuGeneratorState state = *ParseTorchCpuState(rank.saved.model().cpu_state());
+  state.left = 624;
+  state.next = 624;
+  // TorchCpuStateBytes writes what it is given; only parsing validates.
+  RngResumeStateProto bad = rank.saved;
+  bad.mutable_model()->set_cpu_state(TorchCpuStateBytes(state));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto parsed,
+                                ParseResumeState(*SerializeResumeState(bad)));
+  auto restored = Streams();
+  const RngSnapshot live = *RngSnapshot::Capture({});
+  const absl::Status s = RestoreResumeState(parsed, *restored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model stream"));
+  EXPECT_EQ(*RngSnapshot::Capture({}), live);
+  EXPECT_FALSE(restored->model().state().has_value());
 }
 
 }  // namespace
