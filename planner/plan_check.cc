@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,10 +20,12 @@ absl::Status Invalid(int m, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("microbatch ", m, ": ", what));
 }
 
-// The loss scale the plan's normalisation gives sequence i of `batch`.
-std::vector<double> ExpectedScales(const Plan& plan, absl::Span<const Sequence> batch) {
+// The loss scale the plan's normalisation gives sequence i of `batch`; `total` receives the sum
+// of the batch's loss weights, summed as PlanMicrobatches sums them.
+std::vector<double> ExpectedScales(const Plan& plan, absl::Span<const Sequence> batch,
+                                   double& total) {
   std::vector<double> weight(batch.size());
-  double total = 0;
+  total = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Sequence& s = batch[i];
     double w = 0;
@@ -53,19 +56,49 @@ std::vector<double> ExpectedScales(const Plan& plan, absl::Span<const Sequence> 
 
 }  // namespace
 
+bool KnownPacking(PackingPolicy packing) {
+  return packing == PACKING_FIRST_FIT_DECREASING || packing == PACKING_IN_ORDER;
+}
+
+bool Close(double value, double want) {
+  return std::isfinite(value) && std::abs(value - want) <= 1e-12 * std::abs(want);
+}
+
 absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
   const int64_t budget = plan.limits().max_tokens_per_microbatch();
   const int cp = plan.limits().cp_size();
-  if (budget <= 0 || cp <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("limits: max_tokens_per_microbatch ", budget, ", cp_size ", cp));
+  if (budget <= 0 || cp <= 0 || cp > kMaxCpSize || budget < 2 * int64_t{cp}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "limits: max_tokens_per_microbatch ", budget, ", cp_size ", cp, " (cp_size in [1, ",
+        kMaxCpSize, "], the budget positive and at least 2 x cp_size)"));
   }
   const LossNormalization norm = plan.limits().loss_normalization();
   if (norm != LOSS_TOKEN_MEAN && norm != LOSS_SUM && norm != LOSS_SEQUENCE_MEAN) {
     return absl::InvalidArgumentError(absl::StrCat("limits: loss normalization ", norm));
   }
+  if (!KnownPacking(plan.limits().packing()) || !KnownPacking(plan.packing_applied()) ||
+      (plan.limits().packing() == PACKING_IN_ORDER && plan.packing_applied() != PACKING_IN_ORDER)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "packing: the limits ask for policy ", plan.limits().packing(), ", the plan applied ",
+        plan.packing_applied(), " (policies: ", PACKING_FIRST_FIT_DECREASING,
+        " first-fit-decreasing, which may fall back to ", PACKING_IN_ORDER,
+        " in order; in order applies in order)"));
+  }
+  if (plan.splits() < 0 || plan.splits() >= std::max(plan.microbatches_size(), 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan says it was split ", plan.splits(), " times; with ",
+                     plan.microbatches_size(), " microbatches it can have been split 0 to ",
+                     std::max(plan.microbatches_size() - 1, 0), " times"));
+  }
   int64_t batch_tokens = 0;
-  for (const Sequence& s : batch) batch_tokens += s.num_tokens;
+  for (const Sequence& s : batch) {
+    if (s.num_tokens <= 0 || s.num_tokens > std::numeric_limits<int64_t>::max() - batch_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the batch is not plannable: sequence id ", s.id, " has ", s.num_tokens,
+                       " tokens after ", batch_tokens, " (each positive, the sum within 64 bits)"));
+    }
+    batch_tokens += s.num_tokens;
+  }
   if (plan.num_sequences() != static_cast<int64_t>(batch.size()) ||
       plan.num_tokens() != batch_tokens) {
     return absl::InvalidArgumentError(
@@ -86,7 +119,13 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
         absl::BytesToHexString(plan.loss_weights_digest()).substr(0, 16),
         " does not match the batch's per-token loss weights (", DigestHex(weights_digest, 8), ")"));
   }
-  const std::vector<double> expected_scale = ExpectedScales(plan, batch);
+  double weight_total = 0;
+  const std::vector<double> expected_scale = ExpectedScales(plan, batch, weight_total);
+  if (!Close(plan.loss_weight_total(), weight_total)) {
+    return absl::InvalidArgumentError(absl::StrCat("the plan's loss weight total ",
+                                                   plan.loss_weight_total(), " is not the batch's ",
+                                                   weight_total));
+  }
   // Scratch for the shard checks, reused across microbatches.
   std::vector<ShardPiece> pieces, ordered;
   std::vector<int64_t> bucket_start, bucket_fill;
@@ -124,15 +163,18 @@ absl::Status VerifyPlan(const Plan& plan, absl::Span<const Sequence> batch) {
         return Invalid(m, absl::StrCat("packed sequence ", k, " refers to sequence ", i));
       }
       const int64_t begin = TokenBegin(mb, k);
-      const int64_t end = begin + mb.cu_seqlens(k + 1) - mb.cu_seqlens(k);
-      if (mb.sequence_id(k) != batch[i].id || begin < 0 || end > batch[i].num_tokens) {
+      const int64_t length = mb.cu_seqlens(k + 1) - mb.cu_seqlens(k);
+      // Compared without forming begin + length first: an unverified begin may be near 2^63.
+      const bool inside = begin >= 0 && length <= batch[i].num_tokens - begin;
+      if (mb.sequence_id(k) != batch[i].id || !inside) {
         return Invalid(
-            m, absl::StrCat("packed sequence ", k, " (id ", mb.sequence_id(k), ", tokens [", begin,
-                            ", ", end, ")) does not match sequence ", i, " (id ", batch[i].id, ", ",
-                            batch[i].num_tokens, " tokens)"));
+            m, absl::StrCat("packed sequence ", k, " (id ", mb.sequence_id(k), ", ", length,
+                            " tokens from token ", begin, ") does not match sequence ", i, " (id ",
+                            batch[i].id, ", ", batch[i].num_tokens, " tokens)"));
       }
+      const int64_t end = begin + length;
       const double want = expected_scale[i];
-      if (!(std::abs(LossScale(mb, k) - want) <= 1e-12 * std::abs(want))) {
+      if (!Close(LossScale(mb, k), want)) {
         return Invalid(m, absl::StrCat("packed sequence ", k, " has loss scale ", LossScale(mb, k),
                                        "; the normalisation gives ", want));
       }

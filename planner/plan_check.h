@@ -3,12 +3,16 @@
 // VerifyPlan checks a Plan against the batch it claims to cover, independently of how the plan
 // was made: the property tests run it on every plan they build, and a trainer can run it on a
 // plan it received instead of computed. It works on token ranges, not tokens: O(sequences x
-// cp_size^2 + per-token weights), even for long sequences.
+// cp_size^2 + per-token weights), even for long sequences; every size it reads is checked
+// before it is used, so an arbitrary (hostile) plan gets a status, never an abort or overflow.
 //
 // What it checks (the first violation is returned as kInvalidArgument naming the microbatch,
 // the packed sequence or CP rank, and the values):
-//   - limits: positive budget and CP size, a known normalisation and CP chunk rule; totals match
-//     the batch; the loss weights digest matches the batch's weights (LossWeightsDigest);
+//   - limits: a CP size in [1, kMaxCpSize], a budget of at least 2 x cp_size, known packing
+//     policies (the applied one in order when the limits ask for in order), a known
+//     normalisation and CP chunk rule; splits in [0, microbatches - 1]; the batch plannable
+//     (positive lengths, total within 64 bits); totals and the loss weight total match the
+//     batch; the loss weights digest matches the batch's weights (LossWeightsDigest);
 //   - every microbatch: consistent per-sequence arrays, cu_seqlens starting at 0 and strictly
 //     increasing, at least one sequence, at most max_tokens_per_microbatch tokens, ids and token
 //     ranges matching the batch;

@@ -1,11 +1,15 @@
 // Negative controls for VerifyPlan: a valid plan passes, and each corruption of what a compact
 // plan stores (a dropped or duplicated microbatch or sequence, an over-budget microbatch, broken
 // boundaries, shifted token ranges, a missing or mislabelled shard, wrong shard counts, an
-// unknown chunk rule, a changed loss scale or loss weights digest) is reported.
+// unknown chunk rule, a changed loss scale or loss weights digest, a wrong loss weight total,
+// unknown or inconsistent packing policies, impossible split counts and CP sizes, token offsets
+// near 2^63) is reported.
 
 #include "planner/plan_check.h"
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -187,8 +191,52 @@ INSTANTIATE_TEST_SUITE_P(
                    },
                    "does not match the batch's per-token loss weights"},
         Corruption{"WrongTotals", [](Plan& p) { p.set_num_tokens(p.num_tokens() + 1); },
-                   "the batch has 40"}),
+                   "the batch has 40"},
+        Corruption{"ZeroLossWeightTotal", [](Plan& p) { p.set_loss_weight_total(0); },
+                   "the plan's loss weight total 0 is not the batch's"},
+        Corruption{"HugeNegativeLossWeightTotal",
+                   [](Plan& p) { p.set_loss_weight_total(-1.8e100); },
+                   "loss weight total -1.8e+100"},
+        Corruption{"NanLossWeightTotal", [](Plan& p) { p.set_loss_weight_total(std::nan("")); },
+                   "loss weight total nan"},
+        Corruption{"UnknownPackingLimit",
+                   [](Plan& p) { p.mutable_limits()->set_packing(static_cast<PackingPolicy>(7)); },
+                   "the limits ask for policy 7"},
+        Corruption{"UnknownPackingApplied",
+                   [](Plan& p) { p.set_packing_applied(static_cast<PackingPolicy>(-3)); },
+                   "the plan applied -3"},
+        Corruption{"FirstFitAppliedUnderInOrder",
+                   [](Plan& p) {
+                     p.mutable_limits()->set_packing(PACKING_IN_ORDER);
+                     p.set_packing_applied(PACKING_FIRST_FIT_DECREASING);
+                   },
+                   "the limits ask for policy 2, the plan applied 1"},
+        Corruption{"NegativeSplits", [](Plan& p) { p.set_splits(-1); }, "split -1 times"},
+        Corruption{"MoreSplitsThanMicrobatches",
+                   [](Plan& p) { p.set_splits(p.microbatches_size()); },
+                   "can have been split 0 to"},
+        Corruption{"HugeCpSize", [](Plan& p) { p.mutable_limits()->set_cp_size(1 << 30); },
+                   "cp_size 1073741824 (cp_size in [1, 1024]"},
+        Corruption{"BudgetUnderTwoChunksPerRank",
+                   [](Plan& p) { p.mutable_limits()->set_cp_size(100); }, "at least 2 x cp_size"},
+        Corruption{"TokenBeginNearInt64Max",
+                   [](Plan& p) {
+                     Microbatch& mb = *p.mutable_microbatches(0);
+                     mb.mutable_token_begin()->Resize(mb.batch_index_size(), 0);
+                     mb.set_token_begin(0, std::numeric_limits<int64_t>::max() - 1);
+                   },
+                   "tokens from token 9223372036854775806) does not match"}),
     [](const ::testing::TestParamInfo<Corruption>& info) { return info.param.name; });
+
+TEST(VerifyPlanBatchTest, AnUnplannableBatchIsNamedNotSummedPastInt64) {
+  const std::vector<Sequence> batch = {Sequence::Of(10, 1)};
+  const Plan plan = *PlanMicrobatches(batch, {.max_tokens_per_microbatch = 16});
+  ASSERT_TRUE(VerifyPlan(plan, batch).ok());
+  const std::vector<Sequence> huge = {Sequence::Of(std::numeric_limits<int64_t>::max(), 1),
+                                      Sequence::Of(2, 2)};
+  EXPECT_THAT(VerifyPlan(plan, huge).message(), HasSubstr("the batch is not plannable"));
+  EXPECT_THAT(VerifyPlan(plan, {Sequence::Of(-5, 1)}).message(), HasSubstr("has -5 tokens"));
+}
 
 }  // namespace
 }  // namespace planner

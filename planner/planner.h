@@ -95,10 +95,19 @@ struct Sequence {
   std::vector<float> loss_weights;
 };
 
+// The largest context-parallel group a plan may name. A plan stores cp_size shard entries per
+// microbatch and ShardPieces costs O(packed sequences x cp_size), so the limit bounds what an
+// unverified plan can make a reader allocate or compute; real CP groups are far smaller.
+inline constexpr int kMaxCpSize = 1024;
+
+// The most tokens PositionIds, ShardTokenIndices and TokenLossWeights list for one microbatch
+// (16 GiB of indices): beyond it they return kResourceExhausted instead of allocating.
+inline constexpr int64_t kMaxListedTokens = int64_t{1} << 31;
+
 struct PlanOptions {
   // Most tokens a microbatch may hold. Required: positive and at least 2 * cp_size.
   int64_t max_tokens_per_microbatch = 0;
-  // Size of the context-parallel group. Default: 1 (no CP).
+  // Size of the context-parallel group, 1..kMaxCpSize. Default: 1 (no CP).
   int cp_size = 1;
   // Default: first-fit-decreasing (never more microbatches than in-order filling).
   PackingPolicy packing = PACKING_FIRST_FIT_DECREASING;
@@ -107,11 +116,11 @@ struct PlanOptions {
 };
 
 // Plans `batch` under `options`. kInvalidArgument, naming the sequence (index and id) and the
-// limit, for: a non-positive budget or CP size; a budget under 2 * cp_size (a microbatch could
-// not give every CP rank its two chunks); an empty batch; a sequence with no tokens, more tokens
-// than the budget, or loss weights of the wrong count, negative or not finite; loss weights that
-// sum to 0 where the normalisation divides by that sum (the batch for token mean, a sequence for
-// sequence mean). Nothing is dropped or truncated.
+// limit, for: a non-positive budget, a CP size outside [1, kMaxCpSize]; a budget under 2 * cp_size
+// (a microbatch could not give every CP rank its two chunks); an empty batch; a sequence with no
+// tokens, more tokens than the budget, or loss weights of the wrong count, negative or not finite;
+// loss weights that sum to 0 where the normalisation divides by that sum (the batch for token mean,
+// a sequence for sequence mean). Nothing is dropped or truncated.
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOptions& options);
 
 // As above, but plans into `plan`, replacing its contents and reusing its storage: a trainer
@@ -168,8 +177,11 @@ int64_t TokenBegin(const Microbatch& microbatch, int k);
 double LossScale(const Microbatch& microbatch, int k);
 
 // Position ids of the microbatch's packed tokens, restarting at each sequence (continuing from
-// token_begin for the later part of a split sequence).
-std::vector<int64_t> PositionIds(const Microbatch& microbatch);
+// token_begin for the later part of a split sequence). kInvalidArgument for a malformed
+// microbatch (per-sequence arrays of other lengths, cu_seqlens not starting at 0 or not strictly
+// increasing, num_tokens not its end, a negative token_begin or one whose positions overflow);
+// kResourceExhausted for more than kMaxListedTokens tokens.
+absl::StatusOr<std::vector<int64_t>> PositionIds(const Microbatch& microbatch);
 
 // One token range a CP rank owns: packed sequence `sequence` of the microbatch, its chunk
 // `chunk` in [0, 2 * cp_size), packed-buffer offsets [begin, end), begin < end.
@@ -185,19 +197,22 @@ struct ShardPiece {
 // Empty for a rank that owns nothing; its count and token sum are the shard entry's
 // shard_num_pieces and shard_num_tokens in a valid plan. O(packed sequences x cp_size).
 // kInvalidArgument, naming the value and the range, for a microbatch or rank out of range, a
-// non-positive cp_size or malformed cu_seqlens (not starting at 0, not strictly increasing);
+// cp_size outside [1, kMaxCpSize] or malformed cu_seqlens (not starting at 0, not strictly
+// increasing);
 // kFailedPrecondition for a CP chunk rule this library does not know.
 absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microbatch, int cp_rank);
 
 // Offsets into the microbatch's packed token buffer of the tokens `cp_rank` owns, in piece order
 // (ShardPieces expanded token by token). Empty for a rank that owns nothing. Errors as
-// ShardPieces.
+// ShardPieces, and kResourceExhausted for a microbatch of more than kMaxListedTokens tokens.
 absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int microbatch,
                                                        int cp_rank);
 
 // Loss weight of each packed token of `microbatch` (caller weight times LossScale), in packed
-// order. `batch` is the batch the plan was made from; kInvalidArgument if the microbatch does not
-// match it (unknown batch index, different id, tokens beyond the sequence).
+// order. `batch` is the batch the plan was made from; kInvalidArgument if the microbatch is
+// malformed (as PositionIds) or does not match it (unknown batch index, different id, tokens
+// beyond the sequence, a sequence with loss weights of another count than its tokens);
+// kResourceExhausted for more than kMaxListedTokens tokens.
 absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
                                                      absl::Span<const Sequence> batch);
 

@@ -76,7 +76,7 @@ double CheckTokens(const Plan& plan, const std::vector<Sequence>& batch,
   for (int m = 0; m < plan.microbatches_size(); ++m) {
     const Microbatch& mb = plan.microbatches(m);
     EXPECT_LE(mb.num_tokens(), budget) << "microbatch " << m;
-    const std::vector<int64_t> positions = PositionIds(mb);
+    const std::vector<int64_t> positions = *PositionIds(mb);
     const std::vector<double> weights = *TokenLossWeights(mb, batch);
     EXPECT_EQ(static_cast<int64_t>(positions.size()), mb.num_tokens());
     // Packed token -> packed sequence, and the positions' consistency with the boundaries.

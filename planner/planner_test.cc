@@ -127,7 +127,7 @@ TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
   EXPECT_THAT(mb.loss_scale(), ElementsAre(DoubleEq(1.0 / 9)));
   EXPECT_EQ(TokenBegin(mb, 2), 0);
   EXPECT_THAT(LossScale(mb, 2), DoubleEq(1.0 / 9));
-  EXPECT_THAT(PositionIds(mb), ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
+  EXPECT_THAT(*PositionIds(mb), ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
 }
 
 TEST(CpShardTest, RankOwnsChunksIAnd2CpMinus1MinusI) {
@@ -239,7 +239,7 @@ std::vector<std::vector<double>> WeightsByToken(const Plan& plan,
   for (size_t i = 0; i < batch.size(); ++i) w[i].assign(batch[i].num_tokens, 0.0);
   for (const Microbatch& mb : plan.microbatches()) {
     std::vector<double> tw = *TokenLossWeights(mb, batch);
-    std::vector<int64_t> pos = PositionIds(mb);
+    std::vector<int64_t> pos = *PositionIds(mb);
     for (int k = 0; k < mb.batch_index_size(); ++k) {
       for (int64_t t = mb.cu_seqlens(k); t < mb.cu_seqlens(k + 1); ++t) {
         w[mb.batch_index(k)][pos[t]] += tw[t];
@@ -321,7 +321,7 @@ TEST(SplitTest, SplitsOneSequenceAtACpCompatibleCut) {
   EXPECT_THAT(split->microbatches(0).token_begin(), ElementsAre());
   EXPECT_THAT(split->microbatches(1).token_begin(), ElementsAre(8));
   EXPECT_EQ(TokenBegin(split->microbatches(1), 0), 8);
-  EXPECT_EQ(PositionIds(split->microbatches(1)).front(), 8);
+  EXPECT_EQ(PositionIds(split->microbatches(1))->front(), 8);
   EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
 }
 
@@ -367,6 +367,89 @@ TEST(PackingTest, HugeBudgetStillPacksFirstFitDecreasing) {
   EXPECT_EQ(plan.packing_applied(), PACKING_FIRST_FIT_DECREASING);
   ASSERT_EQ(plan.microbatches_size(), 1);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(1, 2, 0));
+}
+
+// The largest budget with the largest CP size and 2^63 - 1 tokens: no overflow in
+// the in-order count, the chunk arithmetic or the shard counts, and VerifyPlan agrees.
+TEST(PackingTest, HugeBudgetHugeSequencesAndLargestCp) {
+  const int64_t big = int64_t{1} << 62;
+  // INT64_MAX tokens in all: the most a plan can count.
+  const std::vector<Sequence> batch = Lengths({big, 3, big - 4});
+  const Plan plan = MustPlan(
+      batch,
+      {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max(), .cp_size = kMaxCpSize});
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 2, 1));
+  EXPECT_TRUE(VerifyPlan(plan, batch).ok()) << VerifyPlan(plan, batch);
+  EXPECT_EQ(plan.microbatches(0).num_tokens(), std::numeric_limits<int64_t>::max());
+  for (const Microbatch& mb : plan.microbatches()) {
+    int64_t tokens = 0;
+    for (int64_t t : mb.shard_num_tokens()) tokens += t;
+    EXPECT_EQ(tokens, mb.num_tokens());
+  }
+  // Listing the tokens of such a microbatch is refused, not attempted.
+  const absl::Status listed = ShardTokenIndices(plan, 0, 0).status();
+  EXPECT_EQ(listed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(listed.message(), HasSubstr("the limit is 2147483648"));
+  EXPECT_EQ(PositionIds(plan.microbatches(0)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(TokenLossWeights(plan.microbatches(0), batch).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// The token-listing functions take plans from anywhere: impossible values get a status, never an
+// abort, an overflow or an allocation the size of the claim.
+TEST(UnverifiedPlanTest, TokenListsRefuseImpossibleMicrobatches) {
+  const std::vector<Sequence> batch = Lengths({5, 3});
+  const Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8, .cp_size = 2});
+  const Microbatch& good = plan.microbatches(0);
+  ASSERT_TRUE(PositionIds(good).ok());
+  ASSERT_TRUE(TokenLossWeights(good, batch).ok());
+
+  auto expect_refused = [&](const Microbatch& mb, const char* message) {
+    const absl::Status positions = PositionIds(mb).status();
+    EXPECT_EQ(positions.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(positions.message(), HasSubstr(message));
+    const absl::Status weights = TokenLossWeights(mb, batch).status();
+    EXPECT_EQ(weights.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(weights.message(), HasSubstr(message));
+  };
+  Microbatch claims_more = good;
+  claims_more.set_num_tokens(int64_t{1} << 60);
+  expect_refused(claims_more, "num_tokens 1152921504606846976 but cu_seqlens ends at 8");
+  Microbatch negative = good;
+  negative.set_cu_seqlens(1, -4);
+  expect_refused(negative, "not strictly increasing at 1");
+  Microbatch short_ids = good;
+  short_ids.mutable_sequence_id()->RemoveLast();
+  expect_refused(short_ids, "the microbatch is malformed");
+  Microbatch far_begin = good;
+  far_begin.mutable_token_begin()->Resize(far_begin.batch_index_size(), 0);
+  far_begin.set_token_begin(0, std::numeric_limits<int64_t>::max() - 2);
+  expect_refused(far_begin, "begins at token 9223372036854775805");
+  Microbatch negative_begin = good;
+  negative_begin.mutable_token_begin()->Resize(negative_begin.batch_index_size(), 0);
+  negative_begin.set_token_begin(1, -1);
+  expect_refused(negative_begin, "begins at token -1");
+
+  // A token begin that fits the positions but not the batch: only TokenLossWeights knows.
+  Microbatch beyond = good;
+  beyond.mutable_token_begin()->Resize(beyond.batch_index_size(), 0);
+  beyond.set_token_begin(0, std::numeric_limits<int64_t>::max() - 8);
+  EXPECT_TRUE(PositionIds(beyond).ok());
+  EXPECT_THAT(TokenLossWeights(beyond, batch).status().message(), HasSubstr("does not match"));
+
+  // A batch whose weights do not cover its tokens (never read past them).
+  std::vector<Sequence> short_weights = batch;
+  short_weights[good.batch_index(0)].loss_weights = {1.0f};
+  EXPECT_THAT(TokenLossWeights(good, short_weights).status().message(),
+              HasSubstr("1 loss weights for"));
+
+  Plan huge_cp = plan;
+  huge_cp.mutable_limits()->set_cp_size(1 << 30);
+  EXPECT_THAT(ShardTokenIndices(huge_cp, 0, 0).status().message(),
+              HasSubstr("cp_size is 1073741824; it must be in [1, 1024]"));
+  EXPECT_THAT(SplitMicrobatch(huge_cp, 0).status().message(), HasSubstr("1073741824"));
 }
 
 TEST(DeterminismTest, SameInputSameBytesAndDigest) {
@@ -515,6 +598,15 @@ INSTANTIATE_TEST_SUITE_P(
                  Lengths({4}),
                  {.max_tokens_per_microbatch = 8, .cp_size = -2},
                  {"cp_size is -2"}},
+        BadInput{"CpOverTheLimit",
+                 Lengths({4}),
+                 {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max(),
+                  .cp_size = std::numeric_limits<int>::max()},
+                 {"cp_size is 2147483647; it must be in [1, 1024]"}},
+        BadInput{"BatchBeyondInt64Tokens",
+                 Lengths({int64_t{1} << 62, int64_t{1} << 62}),
+                 {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max()},
+                 {"the batch holds more than 9223372036854775807 tokens at sequence 1"}},
         BadInput{"BudgetCannotServeCp",
                  Lengths({4}),
                  {.max_tokens_per_microbatch = 7, .cp_size = 4},
