@@ -185,12 +185,19 @@ absl::StatusOr<CpuGeneratorState> DecodeCompact(const uint8_t* in) {
   const uint8_t float_valid = Get<uint8_t>(in, at);
   at += 1;
   const float float_sample = Get<float>(in, at);
+  const bool float_bytes_zero = Get<uint32_t>(in, at) == 0;
   at += 4;
   const uint8_t double_valid = Get<uint8_t>(in, at);
   at += 1;
   const double double_sample = Get<double>(in, at);
+  const bool double_bytes_zero = Get<uint64_t>(in, at) == 0;
   if (float_valid > 1 || double_valid > 1) {
     return Invalid("cached-sample flag", "is neither 0 nor 1");
+  }
+  // Canonical, as the LibTorch form: a sample without its flag must be all-zero bytes, so that
+  // one state has one encoding (equal states, equal wire bytes).
+  if ((float_valid == 0 && !float_bytes_zero) || (double_valid == 0 && !double_bytes_zero)) {
+    return Invalid("cached-sample value", "is set although its flag is 0");
   }
   if (float_valid == 1) state.next_float_normal = float_sample;
   if (double_valid == 1) state.next_double_normal = double_sample;

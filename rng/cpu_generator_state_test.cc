@@ -189,6 +189,12 @@ TEST(CpuGeneratorStateTest, CompactEncodingRoundTripsAndValidates) {
   EncodeCompact(state, wire.data());
   wire[8 + 4 + 4 + 4 * 624] = 7;  // the float sample's flag
   EXPECT_EQ(DecodeCompact(wire.data()).status().code(), absl::StatusCode::kInvalidArgument);
+  // The double sample has no flag: its bytes must be zero (one encoding per state).
+  EncodeCompact(state, wire.data());
+  wire[kCompactCpuStateBytes - 1] = 0x80;
+  const absl::Status stray = DecodeCompact(wire.data()).status();
+  EXPECT_EQ(stray.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stray.message(), ::testing::HasSubstr("set although its flag is 0"));
 }
 
 }  // namespace

@@ -9,9 +9,25 @@
 #include "base/sha256.h"
 #include "base/sha256_message.h"
 #include "base/status_macros.h"
+#include "rng/internal/resume_envelope.h"
 
 namespace lockstep {
 namespace rng {
+namespace internal {
+
+std::string ResumeEnvelopeDigest(const RngResumeStateEnvelope& envelope) {
+  Sha256Hasher hasher;
+  hasher.AppendFramed("lockstep/rng-resume-state");
+  hasher.AppendLength(envelope.format());
+  hasher.AppendLength(static_cast<uint64_t>(envelope.streams_size()));
+  for (const std::string& stream : envelope.streams()) hasher.AppendFramed(stream);
+  hasher.AppendFramed(envelope.payload());
+  const Sha256Digest digest = hasher.Finish();
+  return std::string(digest.begin(), digest.end());
+}
+
+}  // namespace internal
+
 namespace {
 
 GeneratorSetProto ToProto(const RngSnapshot& snapshot) {
@@ -68,18 +84,6 @@ std::vector<std::string> StreamSet(const RngResumeStateProto& saved) {
   return streams;
 }
 
-// The seal over everything else in the envelope.
-std::string EnvelopeDigest(const RngResumeStateEnvelope& envelope) {
-  Sha256Hasher hasher;
-  hasher.AppendFramed("lockstep/rng-resume-state");
-  hasher.AppendLength(envelope.format());
-  hasher.AppendLength(static_cast<uint64_t>(envelope.streams_size()));
-  for (const std::string& stream : envelope.streams()) hasher.AppendFramed(stream);
-  hasher.AppendFramed(envelope.payload());
-  const Sha256Digest digest = hasher.Finish();
-  return std::string(digest.begin(), digest.end());
-}
-
 absl::Status Corrupt(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("corrupt RNG resume state: ", what));
 }
@@ -92,7 +96,7 @@ absl::StatusOr<std::string> SerializeResumeState(const RngResumeStateProto& save
   envelope.set_format(kRngResumeEnvelopeFormat);
   for (std::string& stream : StreamSet(saved)) envelope.add_streams(std::move(stream));
   envelope.set_payload(SerializeDeterministically(saved));
-  envelope.set_sha256(EnvelopeDigest(envelope));
+  envelope.set_sha256(internal::ResumeEnvelopeDigest(envelope));
   std::string bytes = SerializeDeterministically(envelope);
   if (bytes.size() > kMaxResumeStateBytes) {
     return absl::InvalidArgumentError(absl::StrCat("the sealed RNG resume state of ", bytes.size(),
@@ -115,7 +119,7 @@ absl::StatusOr<RngResumeStateProto> ParseResumeState(absl::string_view bytes) {
   if (SerializeDeterministically(envelope) != bytes) {
     return Corrupt("the envelope is not in canonical encoding (bytes appended or re-encoded)");
   }
-  if (envelope.sha256() != EnvelopeDigest(envelope)) {
+  if (envelope.sha256() != internal::ResumeEnvelopeDigest(envelope)) {
     return Corrupt("the checksum does not match the contents");
   }
   if (envelope.format() != kRngResumeEnvelopeFormat) {

@@ -7,12 +7,12 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
-#include "base/sha256.h"
 #include "base/status_testutil.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/cpu_generator_state.h"
+#include "rng/internal/resume_envelope.h"
 
 namespace lockstep {
 namespace rng {
@@ -187,17 +187,10 @@ SavedRank SaveRank() {
   return rank;
 }
 
-// Seals `envelope` as a forger who knows the documented format would (payload and stream list
-// chosen freely, checksum recomputed), so that the checks behind the checksum are reached.
+// Seals `envelope` with the right checksum (payload and stream list chosen freely), so that the
+// checks behind the checksum are reached.
 std::string Forge(RngResumeStateEnvelope envelope) {
-  Sha256Hasher hasher;
-  hasher.AppendFramed("lockstep/rng-resume-state");
-  hasher.AppendLength(envelope.format());
-  hasher.AppendLength(static_cast<uint64_t>(envelope.streams_size()));
-  for (const std::string& stream : envelope.streams()) hasher.AppendFramed(stream);
-  hasher.AppendFramed(envelope.payload());
-  const Sha256Digest digest = hasher.Finish();
-  envelope.set_sha256(std::string(digest.begin(), digest.end()));
+  envelope.set_sha256(internal::ResumeEnvelopeDigest(envelope));
   return envelope.SerializeAsString();
 }
 

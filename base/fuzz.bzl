@@ -1,0 +1,25 @@
+"""Fuzz targets: one source, built for libFuzzer and as a replay test (see base/fuzz_target.h).
+
+Example:
+    load("//base:fuzz.bzl", "lockstep_fuzz_target")
+    lockstep_fuzz_target(name = "plan_check_fuzzer", srcs = ["plan_check_fuzzer.cc"],
+                         deps = [":plan_check"])
+"""
+
+def lockstep_fuzz_target(name, srcs, deps, size = "small"):
+    """Declares `name` (the fuzzer; libFuzzer under --config=fuzz) and `name + "_replay_test"`."""
+    native.cc_binary(
+        name = name,
+        srcs = srcs,
+        deps = deps + ["//base:fuzz_target"] + select({
+            "//base:fuzzing": ["//base:fuzz_seed_init", "//third_party:libfuzzer"],
+            "//conditions:default": ["//base:fuzz_replay_main"],
+        }),
+        tags = ["fuzz"],
+    )
+    native.cc_test(
+        name = name + "_replay_test",
+        size = size,
+        srcs = srcs,
+        deps = deps + ["//base:fuzz_target", "//base:fuzz_replay_main"],
+    )

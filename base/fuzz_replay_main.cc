@@ -1,0 +1,120 @@
+// The main of a fuzz target built without libFuzzer (base/fuzz_target.h): replays the seeds and
+// their single-byte mutations and cuts, or the files and directories named on the command line,
+// through LLVMFuzzerTestOneInput; --write_seeds=DIR writes the seeds as files.
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/fuzz_target.h"
+
+namespace {
+
+void Run(const std::string& input) {
+  LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(input.data()), input.size());
+}
+
+bool ReadFile(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  out = bytes.str();
+  return true;
+}
+
+// Every seed, each byte of it flipped under three masks, and cuts at 64 evenly spaced lengths.
+int ReplaySeeds() {
+  const std::vector<std::string> seeds = lockstep::FuzzSeeds();
+  if (seeds.empty()) {
+    std::fprintf(stderr, "the fuzz target has no seeds\n");
+    return 1;
+  }
+  size_t runs = 0;
+  for (const std::string& seed : seeds) {
+    Run(seed);
+    ++runs;
+    for (size_t i = 0; i < seed.size(); ++i) {
+      for (const unsigned char mask : {0x01, 0x80, 0xff}) {
+        std::string flipped = seed;
+        flipped[i] = static_cast<char>(flipped[i] ^ mask);
+        Run(flipped);
+        ++runs;
+      }
+    }
+    for (size_t cut = 0; cut < 64; ++cut) {
+      Run(seed.substr(0, seed.size() * cut / 64));
+      ++runs;
+    }
+  }
+  std::printf("replayed %zu seeds and %zu mutations of them: every oracle held\n", seeds.size(),
+              runs - seeds.size());
+  return 0;
+}
+
+int WriteSeeds(const std::string& dir) {
+  const std::vector<std::string> seeds = lockstep::FuzzSeeds();
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    const std::string path = dir + "/seed-" + std::to_string(i);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << seeds[i];
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+      return 1;
+    }
+  }
+  std::printf("wrote %zu seeds to %s\n", seeds.size(), dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 1) return ReplaySeeds();
+  const std::string flag = "--write_seeds=";
+  if (argc == 2 && std::strncmp(argv[1], flag.c_str(), flag.size()) == 0) {
+    return WriteSeeds(argv[1] + flag.size());
+  }
+  size_t runs = 0;
+  for (int a = 1; a < argc; ++a) {
+    std::vector<std::string> paths;
+    struct stat info;
+    if (stat(argv[a], &info) != 0) {
+      std::fprintf(stderr, "%s: %s\n", argv[a], std::strerror(errno));
+      return 1;
+    }
+    if (S_ISDIR(info.st_mode)) {
+      // The directory's entries other than . and .. (a libFuzzer corpus is flat).
+      DIR* dir = opendir(argv[a]);
+      if (dir == nullptr) {
+        std::fprintf(stderr, "%s: %s\n", argv[a], std::strerror(errno));
+        return 1;
+      }
+      while (const dirent* entry = readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") paths.push_back(std::string(argv[a]) + "/" + name);
+      }
+      closedir(dir);
+    } else {
+      paths.push_back(argv[a]);
+    }
+    for (const std::string& path : paths) {
+      std::string input;
+      if (!ReadFile(path, input)) {
+        std::fprintf(stderr, "cannot read %s\n", path.c_str());
+        return 1;
+      }
+      Run(input);
+      ++runs;
+    }
+  }
+  std::printf("replayed %zu inputs: every oracle held\n", runs);
+  return 0;
+}
