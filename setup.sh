@@ -14,6 +14,8 @@ packages=(
   libbenchmark-dev
   libssl-dev                 # OpenSSL's libcrypto: SHA-256
   nlohmann-json3-dev         # JSON evidence written by the tools
+  clang libclang-rt-14-dev   # tools/fuzz.sh: clang with libFuzzer and the sanitizers
+  valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
 )
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo

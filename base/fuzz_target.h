@@ -9,9 +9,9 @@
 //     for a set time); the seeds are written into the corpus directory named by
 //     $LOCKSTEP_FUZZ_SEED_DIR before the search starts;
 //   - `<name>_replay_test`: with the default compiler, a test that runs every seed, every seed
-//     with each byte flipped (masks 0x01, 0x80, 0xff) and cuts of every seed (base/fuzz_replay_main),
-//     so that CI exercises the oracle on every change without clang. Given files or
-//     directories it replays those instead (a crash found by the fuzzer, or a corpus under
+//     with each byte flipped (masks 0x01, 0x80, 0xff) and cuts of every seed
+//     (base/fuzz_replay_main), so that CI exercises the oracle on every change without clang. Given
+//     files or directories it replays those instead (a crash found by the fuzzer, or a corpus under
 //     valgrind), and --write_seeds=DIR writes the seeds.
 //
 // Thread-safety: a target runs inputs one at a time.
@@ -37,9 +37,9 @@ std::vector<std::string> FuzzSeeds();
 }  // namespace lockstep
 
 // Aborts the run (a finding) unless `condition` holds; `detail` says what was seen.
-#define LOCKSTEP_FUZZ_CHECK(condition, detail)                                         \
-  do {                                                                                 \
-    if (!(condition)) ::lockstep::FuzzCheckFailed(#condition, (detail));               \
+#define LOCKSTEP_FUZZ_CHECK(condition, detail)                           \
+  do {                                                                   \
+    if (!(condition)) ::lockstep::FuzzCheckFailed(#condition, (detail)); \
   } while (false)
 
 #endif  // LOCKSTEP_BASE_FUZZ_TARGET_H_

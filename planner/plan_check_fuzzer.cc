@@ -113,8 +113,9 @@ void CheckVerified(const Plan& plan, absl::Span<const Sequence> batch) {
                                                        owners[t], " CP owners in a verified plan"));
     }
     absl::StatusOr<std::vector<int64_t>> positions = PositionIds(mb);
-    LOCKSTEP_FUZZ_CHECK(positions.ok() && static_cast<int64_t>(positions->size()) == mb.num_tokens(),
-                        "PositionIds of a verified microbatch");
+    LOCKSTEP_FUZZ_CHECK(
+        positions.ok() && static_cast<int64_t>(positions->size()) == mb.num_tokens(),
+        "PositionIds of a verified microbatch");
     absl::StatusOr<std::vector<double>> weights = TokenLossWeights(mb, batch);
     LOCKSTEP_FUZZ_CHECK(weights.ok(), weights.status().ToString());
     for (double w : *weights) weight_sum += w;

@@ -31,8 +31,8 @@ at::Tensor Draws() {
 void CheckRestoresIdentically(const CpuGeneratorState& state, const char* form) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const absl::Status written = WriteDefaultCpuGenerator(state);
-    LOCKSTEP_FUZZ_CHECK(written.ok(), absl::StrCat(form, ": parsed but not writable: ",
-                                                   written.ToString()));
+    LOCKSTEP_FUZZ_CHECK(written.ok(),
+                        absl::StrCat(form, ": parsed but not writable: ", written.ToString()));
     absl::StatusOr<CpuGeneratorState> read = ReadDefaultCpuGenerator();
     LOCKSTEP_FUZZ_CHECK(read.ok() && *read == state,
                         absl::StrCat(form, ": the live generator does not hold what was written"));

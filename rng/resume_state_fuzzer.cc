@@ -85,8 +85,7 @@ void CheckInput(const std::string& bytes) {
   LOCKSTEP_FUZZ_CHECK(before.ok(), before.status().ToString());
   const absl::Status restored = RestoreResumeState(*parsed, *streams);
   if (!restored.ok()) {
-    LOCKSTEP_FUZZ_CHECK(restored.code() == absl::StatusCode::kInvalidArgument,
-                        restored.ToString());
+    LOCKSTEP_FUZZ_CHECK(restored.code() == absl::StatusCode::kInvalidArgument, restored.ToString());
     absl::StatusOr<RngSnapshot> after = RngSnapshot::Capture({});
     LOCKSTEP_FUZZ_CHECK(after.ok() && *after == *before,
                         "a refused resume state changed the live generator");

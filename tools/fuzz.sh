@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds lockstep's fuzz targets with clang, libFuzzer, ASan and UBSan (--config=fuzz, in an
+# output base of its own so the default build is not reconfigured) and runs each for a set time,
+# starting from its seeds (base/fuzz_target.h). Afterwards the corpus each search built is
+# replayed under valgrind through the default build's replay binary, which catches invalid reads
+# inside the uninstrumented LibTorch that ASan cannot see.
+#
+# Usage: tools/fuzz.sh [seconds per target, default 600] [target ...]  (default: every target)
+# Work goes to $FUZZ_DIR (default ~/.cache/lockstep-fuzz; the corpora persist between runs).
+# Prints one line "fuzz result: <target> PASSED|FAILED ..." per target and exits non-zero on any
+# finding (the crashing input is kept under $FUZZ_DIR/<target>/) or when a target cannot run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-600}
+shift || true
+targets=("$@")
+if [[ ${#targets[@]} == 0 ]]; then
+  # Every fuzz target (base/fuzz.bzl tags them).
+  mapfile -t targets < <(bazel query --noshow_progress 'attr(tags, "\bfuzz\b", kind(cc_binary, //...))' 2>/dev/null)
+fi
+echo "fuzz: ${#targets[@]} targets: ${targets[*]}"
+[[ $seconds =~ ^[0-9]+$ && $seconds -ge 1 ]] || { echo "fuzz: seconds '$seconds' is not a positive integer" >&2; exit 2; }
+command -v clang >/dev/null || { echo "fuzz: clang is not installed (./setup.sh installs it)" >&2; exit 2; }
+fuzz_dir=${FUZZ_DIR:-$HOME/.cache/lockstep-fuzz}
+output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/lockstep-fuzz-output-base}
+mkdir -p "$fuzz_dir"
+
+bazel --output_base="$output_base" build --config=fuzz "${targets[@]}"
+bazel build "${targets[@]}"  # the replay binaries, for valgrind
+fuzz_bin=$(bazel --output_base="$output_base" info --config=fuzz bazel-bin)
+replay_bin=$(bazel info bazel-bin)
+
+# valgrind cannot start LibTorch binaries here without the shim (tools/valgrind/hwy_timer_shim.cc).
+shim="$fuzz_dir/libhwy_timer_shim.so"
+g++ -shared -fPIC -O2 -Wl,--version-script=tools/valgrind/hwy_timer_shim.map \
+  -o "$shim" tools/valgrind/hwy_timer_shim.cc
+
+status=0
+for target in "${targets[@]}"; do
+  path=${target#//}
+  path=${path/://}
+  name=$(basename "$path")
+  work="$fuzz_dir/$name"
+  mkdir -p "$work/corpus"
+  echo "fuzz: $name for ${seconds}s (corpus $work/corpus)"
+  set +e
+  (cd "$work" && LOCKSTEP_FUZZ_SEED_DIR="$work/corpus" ASAN_OPTIONS=alloc_dealloc_mismatch=0 \
+    "$fuzz_bin/$path" -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 \
+    -print_final_stats=1 corpus >"$work/fuzz.log" 2>&1)
+  rc=$?
+  set -e
+  grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|Done)|cov: .*ft:" "$work/fuzz.log" | tail -4
+  if [[ $rc != 0 ]]; then
+    echo "fuzz: $name FOUND A PROBLEM (exit $rc); log $work/fuzz.log, input under $work/"
+    tail -30 "$work/fuzz.log"
+    echo "fuzz result: $target FAILED (libFuzzer exit $rc)"
+    status=1
+    continue
+  fi
+  corpus_size=$(ls "$work/corpus" | wc -l)
+  echo "fuzz: $name clean; replaying its $corpus_size corpus inputs under valgrind"
+  if ! LD_PRELOAD="$shim" valgrind --error-exitcode=99 --quiet \
+    --suppressions=tools/valgrind/lockstep.supp \
+    "$replay_bin/$path" "$work/corpus" >"$work/valgrind.log" 2>&1; then
+    echo "fuzz: $name: valgrind reported errors (log $work/valgrind.log)"
+    tail -30 "$work/valgrind.log"
+    echo "fuzz result: $target FAILED (valgrind)"
+    status=1
+  else
+    tail -1 "$work/valgrind.log"
+    echo "fuzz result: $target PASSED"
+  fi
+done
+exit $status
