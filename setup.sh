@@ -13,7 +13,9 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libssl-dev                 # OpenSSL's libcrypto: SHA-256
-  nlohmann-json3-dev         # JSON evidence written by the tools
+  nlohmann-json3-dev         # JSON evidence written by the tools; safetensors headers
+  libxxhash-dev              # XXH3-128: numerics' tensor and state digests
+  python3-xxhash             # numerics/digest_reference.py, the digest's reference
   clang libclang-rt-14-dev   # tools/fuzz.sh: clang with libFuzzer and the sanitizers
   valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
 )

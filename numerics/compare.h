@@ -1,0 +1,152 @@
+// numerics/compare.h
+//
+// Strict comparison of tensors under a declared tolerance, with the figures that show how close
+// they are: the oracle behind `compare`, the repeatability harness and qualify.
+//
+// `actual` is compared with `expected` (the reference). Under a Tolerance a tensor passes when
+//   - elementwise: every element satisfies |a - b| <= atol + rtol * |b|, and
+//   - relative L2: ||a - b||_2 / ||b||_2 <= relative_l2 (0 when both norms are 0, infinite when
+//     only the difference's is),
+// with the arithmetic in float64 on the tensors' own device (only reductions come to the host).
+// Elements that are exactly equal (equal infinities included) always pass; NaN equals NaN only
+// with nan_equal; any other non-finite pair (NaN against anything, an infinity against another
+// value) fails and makes the maximum difference, ratio and relative L2 infinite. In bitwise mode
+// a tensor passes only when every element's bytes are equal (NaN payloads and -0.0 included);
+// the other figures are still reported. Integers are compared through float64 (exact up to 2^53;
+// use bitwise mode for exact int64 comparison).
+//
+// Shape, dtype and device mismatches are results (failures), not errors: nothing is converted
+// silently.
+//
+// Thread-safety: stateless functions; results are values.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(numerics::TensorComparison c,
+//                             numerics::CompareTensors(actual, expected, numerics::Tolerance()));
+//   if (!c.passed) LOG(ERROR) << c.Summary();
+
+#ifndef LOCKSTEP_NUMERICS_COMPARE_H_
+#define LOCKSTEP_NUMERICS_COMPARE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace lockstep {
+namespace numerics {
+
+class Tolerance {
+ public:
+  // The defaults: atol 1e-5, rtol 0.016, relative L2 0.03, NaN unequal to NaN, not bitwise.
+  Tolerance() = default;
+  // Bitwise equality.
+  static Tolerance Bitwise() { return Tolerance().set_bitwise(true); }
+
+  Tolerance& set_atol(double v) { atol_ = v; return *this; }
+  Tolerance& set_rtol(double v) { rtol_ = v; return *this; }
+  Tolerance& set_relative_l2(double v) { relative_l2_ = v; return *this; }
+  Tolerance& set_nan_equal(bool v) { nan_equal_ = v; return *this; }
+  Tolerance& set_bitwise(bool v) { bitwise_ = v; return *this; }
+
+  double atol() const { return atol_; }
+  double rtol() const { return rtol_; }
+  double relative_l2() const { return relative_l2_; }
+  bool nan_equal() const { return nan_equal_; }
+  bool bitwise() const { return bitwise_; }
+
+  // kInvalidArgument naming the field for a negative or non-finite limit.
+  absl::Status Validate() const;
+
+ private:
+  double atol_ = 1e-5;
+  double rtol_ = 0.016;
+  double relative_l2_ = 0.03;
+  bool nan_equal_ = false;
+  bool bitwise_ = false;
+};
+
+// What comparing one pair found.
+struct TensorComparison {
+  enum class Outcome {
+    kCompared,        // same shape, dtype and device: the figures below hold
+    kShapeMismatch,
+    kDtypeMismatch,
+    kDeviceMismatch,
+    kMissing,         // in the expected set only
+    kExtra,           // in the actual set only
+  };
+  std::string name;
+  Outcome outcome = Outcome::kCompared;
+  bool passed = false;
+  // Each criterion's verdict (kCompared only).
+  bool elementwise_passed = false;
+  bool relative_l2_passed = false;
+  bool bitwise_equal = false;
+  int64_t elements = 0;
+  // Elements failing the elementwise criterion (bitwise mode: elements whose bytes differ).
+  int64_t over_tolerance = 0;
+  double max_abs_diff = 0;
+  // max |a - b| / (atol + rtol * |b|): <= 1 passes (infinite where the allowance is 0 and the
+  // difference is not).
+  double max_tolerance_ratio = 0;
+  double relative_l2 = 0;
+  // Multi-dimensional index of the first failing element in row-major order; empty if none.
+  std::vector<int64_t> first_offending_index;
+  // For a mismatch: what differs ("shape [2, 3] vs [3, 2]").
+  std::string detail;
+
+  // One line: name, verdict and the figures.
+  std::string Summary() const;
+};
+
+std::string OutcomeName(TensorComparison::Outcome outcome);
+
+// Compares `actual` with `expected` (see the top of this file). Errors only for an invalid
+// tolerance, an undefined tensor, a dtype the comparison cannot take (complex), or LibTorch
+// failing (with context).
+absl::StatusOr<TensorComparison> CompareTensors(const at::Tensor& actual,
+                                                const at::Tensor& expected,
+                                                const Tolerance& tolerance,
+                                                std::string name = "");
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Comparison of two named sets: every name in either, sorted by name; a name in only one set is
+// a failure (kMissing / kExtra).
+struct SetComparison {
+  Tolerance tolerance;
+  std::vector<TensorComparison> tensors;
+  int passed = 0;
+  int failed = 0;
+  bool all_passed() const { return failed == 0; }
+  // Names of the (up to `n`) compared tensors with the largest tolerance ratio / relative L2,
+  // worst first.
+  std::vector<std::string> WorstByToleranceRatio(size_t n) const;
+  std::vector<std::string> WorstByRelativeL2(size_t n) const;
+};
+
+// kInvalidArgument for a duplicate name within one set; otherwise as CompareTensors.
+absl::StatusOr<SetComparison> CompareTensorSets(const NamedTensors& actual,
+                                                const NamedTensors& expected,
+                                                const Tolerance& tolerance);
+
+// JSON of a tolerance ({atol, rtol, relative_l2, nan_equal, bitwise}), a comparison ({name,
+// outcome, passed, elementwise_passed, relative_l2_passed, bitwise_equal, elements,
+// over_tolerance, max_abs_diff, max_tolerance_ratio, relative_l2, first_offending_index,
+// detail}) and a set comparison ({tolerance, passed, failed, all_passed,
+// worst_by_tolerance_ratio, worst_by_relative_l2, tensors: [comparison...]}). An infinite figure
+// is the string "inf" (JSON has no infinity); NaN never occurs.
+nlohmann::json ToleranceJson(const Tolerance& tolerance);
+nlohmann::json ComparisonJson(const TensorComparison& comparison);
+nlohmann::json SetComparisonJson(const SetComparison& comparison);
+
+}  // namespace numerics
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NUMERICS_COMPARE_H_

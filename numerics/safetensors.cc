@@ -1,0 +1,334 @@
+#include "numerics/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/file_io.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "nlohmann/json.hpp"
+#include "torch/version.h"
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors bytes are little-endian, as this host's");
+
+using json = nlohmann::json;
+
+struct DtypeName {
+  at::ScalarType dtype;
+  const char* name;
+};
+
+// The format's names for the dtypes LibTorch has.
+constexpr DtypeName kDtypes[] = {
+    {at::kDouble, "F64"}, {at::kFloat, "F32"},    {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},   {at::kInt, "I32"},      {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},    {at::kBool, "BOOL"},
+#if TORCH_VERSION_MAJOR >= 2
+    {at::kFloat8_e4m3fn, "F8_E4M3"}, {at::kFloat8_e5m2, "F8_E5M2"},
+    {at::kUInt16, "U16"},  {at::kUInt32, "U32"},  {at::kUInt64, "U64"},
+#endif
+};
+
+absl::Status Invalid(absl::string_view what, absl::string_view detail) {
+  return absl::InvalidArgumentError(absl::StrCat(what, ": not a valid safetensors file: ", detail));
+}
+
+// A non-negative JSON integer, or an error naming `field`.
+absl::StatusOr<uint64_t> Unsigned(const json& value, absl::string_view field) {
+  if (!value.is_number_unsigned()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", value.dump(), ", not a non-negative integer"));
+  }
+  return value.get<uint64_t>();
+}
+
+// Parses the header, refusing a duplicate key at any depth (nlohmann keeps the last silently).
+absl::StatusOr<json> ParseHeader(absl::string_view text) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::string duplicate;
+  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && parsed.is_string() &&
+            !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  json header = json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return absl::InvalidArgumentError("the header is not valid JSON");
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the header has key '", duplicate, "' twice"));
+  }
+  if (!header.is_object()) return absl::InvalidArgumentError("the header is not a JSON object");
+  return header;
+}
+
+struct Range {
+  uint64_t begin;
+  uint64_t end;
+  size_t entry;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> SafetensorsDtypeName(at::ScalarType dtype) {
+  for (const DtypeName& d : kDtypes) {
+    if (d.dtype == dtype) return std::string(d.name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype ", c10::toString(dtype), " has no safetensors name"));
+}
+
+absl::StatusOr<at::ScalarType> SafetensorsDtype(absl::string_view name) {
+  for (const DtypeName& d : kDtypes) {
+    if (name == d.name) return d.dtype;
+  }
+  std::string known;
+  for (const DtypeName& d : kDtypes) absl::StrAppend(&known, known.empty() ? "" : ", ", d.name);
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype '", name, "' is not one this LibTorch reads (", known, ")"));
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
+  const absl::string_view bytes = file->bytes();
+  return Parse(std::move(file), bytes, path);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::FromBytes(std::string bytes, std::string what) {
+  auto owned = std::make_shared<const std::string>(std::move(bytes));
+  const absl::string_view view = *owned;
+  return Parse(std::move(owned), view, std::move(what));
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const void> owner,
+                                                       absl::string_view bytes,
+                                                       std::string what) {
+  if (bytes.size() < 8) {
+    return Invalid(what, absl::StrCat(bytes.size(), " bytes, fewer than the 8 of the length"));
+  }
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  if (header_size > kMaxSafetensorsHeaderBytes || header_size > bytes.size() - 8) {
+    return Invalid(what, absl::StrCat("header length ", header_size, " exceeds ",
+                                      header_size > kMaxSafetensorsHeaderBytes
+                                          ? absl::StrCat("the format's limit of ",
+                                                         kMaxSafetensorsHeaderBytes)
+                                          : absl::StrCat("the ", bytes.size() - 8,
+                                                         " bytes after the length")));
+  }
+  absl::StatusOr<json> header = ParseHeader(bytes.substr(8, header_size));
+  if (!header.ok()) return Invalid(what, header.status().message());
+  const absl::string_view buffer = bytes.substr(8 + header_size);
+
+  SafetensorsFile file;
+  file.what_ = what;
+  file.owner_ = std::move(owner);
+  std::vector<Range> ranges;
+  for (const auto& [name, value] : header->items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) return Invalid(what, "__metadata__ is not an object");
+      for (const auto& [key, text] : value.items()) {
+        if (!text.is_string()) {
+          return Invalid(what, absl::StrCat("metadata '", key, "' is not a string"));
+        }
+        file.metadata_[key] = text.get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = absl::StrCat("tensor '", name, "'");
+    if (name.empty()) return Invalid(what, "a tensor has an empty name");
+    if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
+        !value.contains("shape") || !value.contains("data_offsets")) {
+      return Invalid(what, absl::StrCat(where, " is not an object with exactly dtype, shape and "
+                                               "data_offsets"));
+    }
+    SafetensorsEntry entry;
+    entry.name = name;
+    if (!value["dtype"].is_string()) return Invalid(what, absl::StrCat(where, ": dtype is not a string"));
+    absl::StatusOr<at::ScalarType> dtype = SafetensorsDtype(value["dtype"].get<std::string>());
+    if (!dtype.ok()) return Invalid(what, absl::StrCat(where, ": ", dtype.status().message()));
+    entry.dtype = *dtype;
+    const json& shape = value["shape"];
+    if (!shape.is_array()) return Invalid(what, absl::StrCat(where, ": shape is not an array"));
+    uint64_t elements = 1;
+    bool overflow = false;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      absl::StatusOr<uint64_t> dim = Unsigned(shape[d], absl::StrCat("shape[", d, "]"));
+      if (!dim.ok()) return Invalid(what, absl::StrCat(where, ": ", dim.status().message()));
+      if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+      entry.shape.push_back(static_cast<int64_t>(*dim));
+      if (*dim != 0 && elements > std::numeric_limits<uint64_t>::max() / *dim) overflow = true;
+      elements = overflow ? 0 : elements * *dim;
+    }
+    const uint64_t item = c10::elementSize(entry.dtype);
+    if (overflow || elements > std::numeric_limits<uint64_t>::max() / item) {
+      return Invalid(what, absl::StrCat(where, ": shape ", shape.dump(), " overflows 64 bits"));
+    }
+    const json& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2) {
+      return Invalid(what, absl::StrCat(where, ": data_offsets is not [begin, end]"));
+    }
+    absl::StatusOr<uint64_t> begin = Unsigned(offsets[0], "data_offsets[0]");
+    absl::StatusOr<uint64_t> end = Unsigned(offsets[1], "data_offsets[1]");
+    if (!begin.ok() || !end.ok()) {
+      return Invalid(what, absl::StrCat(where, ": ",
+                                        (!begin.ok() ? begin : end).status().message()));
+    }
+    if (*begin > *end || *end > buffer.size()) {
+      return Invalid(what, absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
+                                        ") are not a range inside the ", buffer.size(),
+                                        "-byte buffer"));
+    }
+    if (*end - *begin != elements * item) {
+      return Invalid(what, absl::StrCat(where, ": data_offsets [", *begin, ", ", *end, ") hold ",
+                                        *end - *begin, " bytes; shape ", shape.dump(), " of ",
+                                        value["dtype"].get<std::string>(), " needs ",
+                                        elements * item));
+    }
+    entry.bytes = buffer.substr(*begin, *end - *begin);
+    if (entry.dtype == at::kBool) {
+      for (size_t i = 0; i < entry.bytes.size(); ++i) {
+        if (static_cast<uint8_t>(entry.bytes[i]) > 1) {
+          return Invalid(what, absl::StrCat(where, ": bool element ", i, " is byte ",
+                                            static_cast<int>(static_cast<uint8_t>(entry.bytes[i])),
+                                            ", not 0 or 1"));
+        }
+      }
+    }
+    ranges.push_back({*begin, *end, file.entries_.size()});
+    file.entries_.push_back(std::move(entry));
+  }
+  // The ranges must tile the buffer: sorted by (begin, end), each starts where the last ended.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (const Range& range : ranges) {
+    const std::string& name = file.entries_[range.entry].name;
+    if (range.begin != covered) {
+      return Invalid(what, absl::StrCat("tensor '", name, "' starts at byte ", range.begin,
+                                        range.begin < covered ? ", overlapping the tensor before it"
+                                                              : ", leaving a hole",
+                                        " (the buffer is covered up to ", covered, ")"));
+    }
+    covered = range.end;
+  }
+  if (covered != buffer.size()) {
+    return Invalid(what, absl::StrCat("the tensors cover ", covered, " of the ", buffer.size(),
+                                      " buffer bytes"));
+  }
+  std::vector<SafetensorsEntry> ordered;
+  ordered.reserve(ranges.size());
+  for (const Range& range : ranges) ordered.push_back(std::move(file.entries_[range.entry]));
+  file.entries_ = std::move(ordered);
+  return file;
+}
+
+const SafetensorsEntry* SafetensorsFile::Find(absl::string_view name) const {
+  for (const SafetensorsEntry& entry : entries_) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(absl::string_view name) const {
+  const SafetensorsEntry* entry = Find(name);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat(what_, " has no tensor '", name, "'"));
+  }
+  at::Tensor tensor;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("reading tensor '", name, "' of ", what_), [&] {
+    tensor = at::empty(entry->shape, at::TensorOptions().dtype(entry->dtype));
+    if (!entry->bytes.empty()) {
+      std::memcpy(tensor.data_ptr(), entry->bytes.data(), entry->bytes.size());
+    }
+  }));
+  return tensor;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SafetensorsFile::Tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const SafetensorsEntry& entry : entries_) {
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor tensor, Tensor(entry.name));
+    tensors.emplace_back(entry.name, std::move(tensor));
+  }
+  return tensors;
+}
+
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> contiguous;
+  uint64_t offset = 0;
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.empty() || name == "__metadata__" || !names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor name '", name, "' is empty, reserved or given twice; safetensors names are "
+                                 "unique and not __metadata__"));
+    }
+    if (!tensor.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string dtype, SafetensorsDtypeName(tensor.scalar_type()));
+    at::Tensor bytes;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("copying tensor '", name, "' for writing"),
+                                       [&] { bytes = tensor.to(at::kCPU).contiguous(); }));
+    const uint64_t size = bytes.numel() * bytes.element_size();
+    header[name] = {{"dtype", dtype}, {"shape", tensor.sizes().vec()},
+                    {"data_offsets", {offset, offset + size}}};
+    offset += size;
+    contiguous.push_back(std::move(bytes));
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {  // a name or metadata string that is not UTF-8
+    return absl::InvalidArgumentError(
+        absl::StrCat("the safetensors header cannot be written: ", e.what()));
+  }
+  // The buffer 8-byte aligned: pad the header with spaces (the format allows trailing ones).
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  const uint64_t header_size = text.size();
+  out.append(reinterpret_cast<const char*>(&header_size), 8);
+  out.append(text);
+  for (const at::Tensor& t : contiguous) {
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  }
+  return out;
+}
+
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(tensors, metadata));
+  return WriteFileAtomically(path, bytes);
+}
+
+}  // namespace numerics
+}  // namespace lockstep

@@ -1,0 +1,111 @@
+// numerics/safetensors.h
+//
+// The safetensors format (a little-endian u64 header length, a JSON header naming each tensor's
+// dtype, shape and [begin, end) byte range in the buffer that follows, an optional
+// "__metadata__" object of strings), read strictly and written atomically.
+//
+// Reading maps the file (base/file_io.h) and validates all of the header before anything is
+// returned: the length within the file and within kMaxSafetensorsHeaderBytes; JSON that is one
+// object, with no duplicate key at any level; per tensor exactly the keys dtype, shape and
+// data_offsets; a dtype this LibTorch has; non-negative dimensions whose element count and byte
+// size do not overflow; ranges that match that size and together tile the buffer from 0 to its
+// end with no hole or overlap (as the format requires); bool bytes 0 or 1. A corrupt or hostile
+// file gets kInvalidArgument naming the file, the tensor and the value, and nothing past the
+// mapping is ever read.
+//
+// Writing takes CPU or CUDA tensors in any layout and stores their logical contiguous bytes
+// (little-endian), in the order given, with the header padded by spaces to a multiple of 8 bytes
+// so that the buffer starts 8-byte aligned (the format forbids gaps between tensors, so later
+// tensors are aligned only as their predecessors' sizes allow).
+//
+// Thread-safety: a SafetensorsFile is immutable once opened.
+//
+// Example:
+//   LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors("state.safetensors", {{"w", weight}}));
+//   LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile file,
+//                             numerics::SafetensorsFile::Open("state.safetensors"));
+//   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor w, file.Tensor("w"));
+
+#ifndef LOCKSTEP_NUMERICS_SAFETENSORS_H_
+#define LOCKSTEP_NUMERICS_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/file_io.h"
+
+namespace lockstep {
+namespace numerics {
+
+// The format's limit on the JSON header.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// The safetensors name of a LibTorch dtype ("F32", "BF16", ...), and back. kInvalidArgument
+// naming the dtype for one the format or this LibTorch does not have.
+absl::StatusOr<std::string> SafetensorsDtypeName(at::ScalarType dtype);
+absl::StatusOr<at::ScalarType> SafetensorsDtype(absl::string_view name);
+
+// One tensor of a file: where its bytes are, without copying them.
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  // The tensor's logical contiguous bytes, inside the file's mapping (valid while the
+  // SafetensorsFile or a copy of it lives).
+  absl::string_view bytes;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path` (see the top of this file).
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+  // Validates `bytes` as a file's contents; `what` names it in errors.
+  static absl::StatusOr<SafetensorsFile> FromBytes(std::string bytes, std::string what);
+
+  const std::string& what() const { return what_; }
+  // Every tensor, in buffer order.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The entry named `name`, or null.
+  const SafetensorsEntry* Find(absl::string_view name) const;
+
+  // A CPU tensor with a copy of the entry's bytes. kNotFound for an unknown name.
+  absl::StatusOr<at::Tensor> Tensor(absl::string_view name) const;
+  // Every tensor, copied, in buffer order.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Tensors() const;
+
+ private:
+  SafetensorsFile() = default;
+  static absl::StatusOr<SafetensorsFile> Parse(std::shared_ptr<const void> owner,
+                                               absl::string_view bytes, std::string what);
+
+  std::string what_;
+  std::shared_ptr<const void> owner_;  // keeps the mapped or owned bytes alive
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// The bytes of a safetensors file holding `tensors` (in that order) and `metadata`.
+// kInvalidArgument for an empty or duplicate name, a name "__metadata__", or a dtype the format
+// lacks; a tensor on another device is copied to the CPU first.
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata = {});
+
+// SerializeSafetensors written to `path` atomically (base/file_io.h).
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace numerics
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NUMERICS_SAFETENSORS_H_
