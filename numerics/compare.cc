@@ -79,7 +79,8 @@ void Measure(const at::Tensor& actual, const at::Tensor& expected, const Toleran
   // |a - b| where it counts; 0 where settled; +inf for unsettled non-finite pairs.
   at::Tensor diff = at::where(settled, at::zeros_like(a64), (a64 - b64).abs());
   diff = at::where(unsettled_nonfinite, at::full_like(diff, kInf), diff);
-  const at::Tensor allowed = tol.atol() + tol.rtol() * at::where(settled, at::zeros_like(b64), b64.abs());
+  const at::Tensor allowed =
+      tol.atol() + tol.rtol() * at::where(settled, at::zeros_like(b64), b64.abs());
   const at::Tensor failing = diff.gt(allowed).logical_or(unsettled_nonfinite);
   const at::Tensor offending = tol.bitwise() ? bit_differs : failing;
   out.over_tolerance = offending.sum().item<int64_t>();
@@ -98,15 +99,13 @@ void Measure(const at::Tensor& actual, const at::Tensor& expected, const Toleran
         at::where(settled.logical_and(b64.isnan()), at::zeros_like(b64), b64).norm().item<double>();
     out.relative_l2 = denominator > 0 ? numerator / denominator : (numerator == 0 ? 0 : kInf);
   }
-  out.elementwise_passed =
-      tol.bitwise() ? !failing.any().item<bool>() : out.over_tolerance == 0;
+  out.elementwise_passed = tol.bitwise() ? !failing.any().item<bool>() : out.over_tolerance == 0;
   out.relative_l2_passed = out.relative_l2 <= tol.relative_l2();
   if (out.over_tolerance > 0) {
     const int64_t flat = offending.reshape({-1}).to(at::kByte).argmax().item<int64_t>();
     out.first_offending_index = Unravel(flat, a.sizes());
   }
-  out.passed = tol.bitwise() ? out.bitwise_equal
-                             : out.elementwise_passed && out.relative_l2_passed;
+  out.passed = tol.bitwise() ? out.bitwise_equal : out.elementwise_passed && out.relative_l2_passed;
 }
 
 }  // namespace
@@ -145,10 +144,10 @@ std::string TensorComparison::Summary() const {
   if (outcome != Outcome::kCompared) {
     return absl::StrCat(name, ": FAIL ", OutcomeName(outcome), " (", detail, ")");
   }
-  std::string line = absl::StrCat(name, ": ", passed ? "PASS" : "FAIL", " ", over_tolerance, "/",
-                                  elements, " over tolerance, max |a-b| ", max_abs_diff,
-                                  ", max ratio ", max_tolerance_ratio, ", relative L2 ",
-                                  relative_l2, bitwise_equal ? ", bitwise equal" : "");
+  std::string line =
+      absl::StrCat(name, ": ", passed ? "PASS" : "FAIL", " ", over_tolerance, "/", elements,
+                   " over tolerance, max |a-b| ", max_abs_diff, ", max ratio ", max_tolerance_ratio,
+                   ", relative L2 ", relative_l2, bitwise_equal ? ", bitwise equal" : "");
   if (!first_offending_index.empty()) {
     absl::StrAppend(&line, ", first at [", absl::StrJoin(first_offending_index, ", "), "]");
   }
@@ -160,7 +159,8 @@ absl::StatusOr<TensorComparison> CompareTensors(const at::Tensor& actual,
                                                 const Tolerance& tolerance, std::string name) {
   LOCKSTEP_RETURN_IF_ERROR(tolerance.Validate());
   if (!actual.defined() || !expected.defined()) {
-    return absl::InvalidArgumentError(absl::StrCat("comparing '", name, "': a tensor is undefined"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("comparing '", name, "': a tensor is undefined"));
   }
   TensorComparison out;
   out.name = std::move(name);
@@ -181,9 +181,9 @@ absl::StatusOr<TensorComparison> CompareTensors(const at::Tensor& actual,
     return out;
   }
   if (actual.is_complex()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "comparing '", out.name, "': complex dtype ", c10::toString(actual.scalar_type()),
-        " is not supported"));
+    return absl::InvalidArgumentError(absl::StrCat("comparing '", out.name, "': complex dtype ",
+                                                   c10::toString(actual.scalar_type()),
+                                                   " is not supported"));
   }
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("comparing '", out.name, "'"),
                                      [&] { Measure(actual, expected, tolerance, out); }));
@@ -222,7 +222,8 @@ absl::StatusOr<SetComparison> CompareTensorSets(const NamedTensors& actual,
   std::map<std::string, const at::Tensor*> a, b;
   for (const auto& [name, tensor] : actual) {
     if (!a.emplace(name, &tensor).second) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' appears twice in actual"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' appears twice in actual"));
     }
   }
   for (const auto& [name, tensor] : expected) {
@@ -255,8 +256,10 @@ absl::StatusOr<SetComparison> CompareTensorSets(const NamedTensors& actual,
 }
 
 json ToleranceJson(const Tolerance& t) {
-  return {{"atol", t.atol()},           {"rtol", t.rtol()},
-          {"relative_l2", t.relative_l2()}, {"nan_equal", t.nan_equal()},
+  return {{"atol", t.atol()},
+          {"rtol", t.rtol()},
+          {"relative_l2", t.relative_l2()},
+          {"nan_equal", t.nan_equal()},
           {"bitwise", t.bitwise()}};
 }
 

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
+#include "numerics/named_tensors.h"
 
 namespace lockstep {
 namespace numerics {
@@ -48,11 +49,26 @@ class Tolerance {
   // Bitwise equality.
   static Tolerance Bitwise() { return Tolerance().set_bitwise(true); }
 
-  Tolerance& set_atol(double v) { atol_ = v; return *this; }
-  Tolerance& set_rtol(double v) { rtol_ = v; return *this; }
-  Tolerance& set_relative_l2(double v) { relative_l2_ = v; return *this; }
-  Tolerance& set_nan_equal(bool v) { nan_equal_ = v; return *this; }
-  Tolerance& set_bitwise(bool v) { bitwise_ = v; return *this; }
+  Tolerance& set_atol(double v) {
+    atol_ = v;
+    return *this;
+  }
+  Tolerance& set_rtol(double v) {
+    rtol_ = v;
+    return *this;
+  }
+  Tolerance& set_relative_l2(double v) {
+    relative_l2_ = v;
+    return *this;
+  }
+  Tolerance& set_nan_equal(bool v) {
+    nan_equal_ = v;
+    return *this;
+  }
+  Tolerance& set_bitwise(bool v) {
+    bitwise_ = v;
+    return *this;
+  }
 
   double atol() const { return atol_; }
   double rtol() const { return rtol_; }
@@ -74,12 +90,12 @@ class Tolerance {
 // What comparing one pair found.
 struct TensorComparison {
   enum class Outcome {
-    kCompared,        // same shape, dtype and device: the figures below hold
+    kCompared,  // same shape, dtype and device: the figures below hold
     kShapeMismatch,
     kDtypeMismatch,
     kDeviceMismatch,
-    kMissing,         // in the expected set only
-    kExtra,           // in the actual set only
+    kMissing,  // in the expected set only
+    kExtra,    // in the actual set only
   };
   std::string name;
   Outcome outcome = Outcome::kCompared;
@@ -112,10 +128,7 @@ std::string OutcomeName(TensorComparison::Outcome outcome);
 // failing (with context).
 absl::StatusOr<TensorComparison> CompareTensors(const at::Tensor& actual,
                                                 const at::Tensor& expected,
-                                                const Tolerance& tolerance,
-                                                std::string name = "");
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+                                                const Tolerance& tolerance, std::string name = "");
 
 // Comparison of two named sets: every name in either, sorted by name; a name in only one set is
 // a failure (kMissing / kExtra).

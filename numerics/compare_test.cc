@@ -51,7 +51,7 @@ TEST(CompareTest, AbsoluteToleranceAtAndPastTheBoundary) {
 
 TEST(CompareTest, RelativeToleranceScalesWithTheExpectedValue) {
   const Tolerance t = Only(0, 0.5);
-  EXPECT_TRUE(Compare(D({3.0, -3.0}), D({2.0, -2.0}), t).passed);       // |1| <= 0.5 * 2
+  EXPECT_TRUE(Compare(D({3.0, -3.0}), D({2.0, -2.0}), t).passed);  // |1| <= 0.5 * 2
   EXPECT_FALSE(Compare(D({std::nextafter(3.0, 4.0)}), D({2.0}), t).passed);
   // Relative to `expected`, not to `actual`: 2 vs 3 is |1| > 0.5 * 1.5... checked as 0.5 * 3.
   EXPECT_TRUE(Compare(D({2.0}), D({3.0}), t).passed);
@@ -127,21 +127,25 @@ TEST(CompareTest, InfinitiesPassOnlyWhenEqual) {
 TEST(CompareTest, ReducedPrecisionAndIntegerDtypes) {
   // One bf16 / fp16 step above 1 is within rtol 0.016 of 1; three bf16 steps are not.
   const at::Tensor one = at::ones({1});
-  EXPECT_TRUE(Compare(at::full({1}, 1.0078125).to(at::kBFloat16), one.to(at::kBFloat16),
-                      Tolerance()).passed);
-  EXPECT_FALSE(Compare(at::full({1}, 1.0234375).to(at::kBFloat16), one.to(at::kBFloat16),
-                       Tolerance()).passed);
-  EXPECT_TRUE(Compare(at::full({1}, 1.0009765625).to(at::kHalf), one.to(at::kHalf),
-                      Tolerance()).passed);
-  EXPECT_FALSE(Compare(at::full({1}, 1.03125).to(at::kHalf), one.to(at::kHalf), Tolerance()).passed);
+  EXPECT_TRUE(
+      Compare(at::full({1}, 1.0078125).to(at::kBFloat16), one.to(at::kBFloat16), Tolerance())
+          .passed);
+  EXPECT_FALSE(
+      Compare(at::full({1}, 1.0234375).to(at::kBFloat16), one.to(at::kBFloat16), Tolerance())
+          .passed);
+  EXPECT_TRUE(
+      Compare(at::full({1}, 1.0009765625).to(at::kHalf), one.to(at::kHalf), Tolerance()).passed);
+  EXPECT_FALSE(
+      Compare(at::full({1}, 1.03125).to(at::kHalf), one.to(at::kHalf), Tolerance()).passed);
   EXPECT_TRUE(Compare(at::full({2}, 1.0f + 1e-3f), at::ones({2}), Tolerance()).passed);
   EXPECT_FALSE(Compare(at::full({2}, 1.02f), at::ones({2}), Tolerance()).passed);
   // Integers: |5 - 6| = 1 against atol 1 and 0.5.
   const at::Tensor five = at::full({1}, 5, at::kInt), six = at::full({1}, 6, at::kInt);
   EXPECT_TRUE(Compare(five, six, Only(1, 0)).passed);
   EXPECT_FALSE(Compare(five, six, Only(0.5, 0)).passed);
-  EXPECT_TRUE(Compare(at::full({3}, 7, at::kLong), at::full({3}, 7, at::kLong), Tolerance::Bitwise())
-                  .passed);
+  EXPECT_TRUE(
+      Compare(at::full({3}, 7, at::kLong), at::full({3}, 7, at::kLong), Tolerance::Bitwise())
+          .passed);
   EXPECT_TRUE(Compare(at::ones({2}, at::kBool), at::ones({2}, at::kBool), Tolerance()).passed);
 }
 
@@ -202,9 +206,8 @@ TEST(CompareSetTest, MissingAndExtraNamesFailAndTheWorstComeFirst) {
   EXPECT_EQ(j["tensors"][4]["outcome"], "missing");
   EXPECT_EQ(j["tensors"][2]["name"], "c");
   EXPECT_EQ(j["tensors"][2]["first_offending_index"], nlohmann::json::array({0}));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SetComparison nan, CompareTensorSets({{"n", D({kNan})}},
-                                                                     {{"n", D({kNan})}},
-                                                                     Tolerance()));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      SetComparison nan, CompareTensorSets({{"n", D({kNan})}}, {{"n", D({kNan})}}, Tolerance()));
   EXPECT_EQ(SetComparisonJson(nan)["tensors"][0]["relative_l2"], "inf");
   EXPECT_THAT(CompareTensorSets({{"a", D({1})}, {"a", D({1})}}, {}, Tolerance()).status().message(),
               HasSubstr("'a' appears twice in actual"));

@@ -29,12 +29,22 @@ struct DtypeName {
 
 // The format's names for the dtypes LibTorch has.
 constexpr DtypeName kDtypes[] = {
-    {at::kDouble, "F64"}, {at::kFloat, "F32"},    {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
-    {at::kLong, "I64"},   {at::kInt, "I32"},      {at::kShort, "I16"}, {at::kChar, "I8"},
-    {at::kByte, "U8"},    {at::kBool, "BOOL"},
+    {at::kDouble, "F64"},
+    {at::kFloat, "F32"},
+    {at::kHalf, "F16"},
+    {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},
+    {at::kInt, "I32"},
+    {at::kShort, "I16"},
+    {at::kChar, "I8"},
+    {at::kByte, "U8"},
+    {at::kBool, "BOOL"},
 #if TORCH_VERSION_MAJOR >= 2
-    {at::kFloat8_e4m3fn, "F8_E4M3"}, {at::kFloat8_e5m2, "F8_E5M2"},
-    {at::kUInt16, "U16"},  {at::kUInt32, "U32"},  {at::kUInt64, "U64"},
+    {at::kFloat8_e4m3fn, "F8_E4M3"},
+    {at::kFloat8_e5m2, "F8_E5M2"},
+    {at::kUInt16, "U16"},
+    {at::kUInt32, "U32"},
+    {at::kUInt64, "U64"},
 #endif
 };
 
@@ -122,20 +132,19 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::FromBytes(std::string bytes, st
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const void> owner,
-                                                       absl::string_view bytes,
-                                                       std::string what) {
+                                                       absl::string_view bytes, std::string what) {
   if (bytes.size() < 8) {
     return Invalid(what, absl::StrCat(bytes.size(), " bytes, fewer than the 8 of the length"));
   }
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes.data(), 8);
   if (header_size > kMaxSafetensorsHeaderBytes || header_size > bytes.size() - 8) {
-    return Invalid(what, absl::StrCat("header length ", header_size, " exceeds ",
-                                      header_size > kMaxSafetensorsHeaderBytes
-                                          ? absl::StrCat("the format's limit of ",
-                                                         kMaxSafetensorsHeaderBytes)
-                                          : absl::StrCat("the ", bytes.size() - 8,
-                                                         " bytes after the length")));
+    return Invalid(
+        what,
+        absl::StrCat("header length ", header_size, " exceeds ",
+                     header_size > kMaxSafetensorsHeaderBytes
+                         ? absl::StrCat("the format's limit of ", kMaxSafetensorsHeaderBytes)
+                         : absl::StrCat("the ", bytes.size() - 8, " bytes after the length")));
   }
   absl::StatusOr<json> header = ParseHeader(bytes.substr(8, header_size));
   if (!header.ok()) return Invalid(what, header.status().message());
@@ -160,12 +169,14 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
     if (name.empty()) return Invalid(what, "a tensor has an empty name");
     if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
         !value.contains("shape") || !value.contains("data_offsets")) {
-      return Invalid(what, absl::StrCat(where, " is not an object with exactly dtype, shape and "
-                                               "data_offsets"));
+      return Invalid(what, absl::StrCat(where,
+                                        " is not an object with exactly dtype, shape and "
+                                        "data_offsets"));
     }
     SafetensorsEntry entry;
     entry.name = name;
-    if (!value["dtype"].is_string()) return Invalid(what, absl::StrCat(where, ": dtype is not a string"));
+    if (!value["dtype"].is_string())
+      return Invalid(what, absl::StrCat(where, ": dtype is not a string"));
     absl::StatusOr<at::ScalarType> dtype = SafetensorsDtype(value["dtype"].get<std::string>());
     if (!dtype.ok()) return Invalid(what, absl::StrCat(where, ": ", dtype.status().message()));
     entry.dtype = *dtype;
@@ -192,19 +203,19 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
     absl::StatusOr<uint64_t> begin = Unsigned(offsets[0], "data_offsets[0]");
     absl::StatusOr<uint64_t> end = Unsigned(offsets[1], "data_offsets[1]");
     if (!begin.ok() || !end.ok()) {
-      return Invalid(what, absl::StrCat(where, ": ",
-                                        (!begin.ok() ? begin : end).status().message()));
+      return Invalid(what,
+                     absl::StrCat(where, ": ", (!begin.ok() ? begin : end).status().message()));
     }
     if (*begin > *end || *end > buffer.size()) {
-      return Invalid(what, absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
-                                        ") are not a range inside the ", buffer.size(),
-                                        "-byte buffer"));
+      return Invalid(what,
+                     absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
+                                  ") are not a range inside the ", buffer.size(), "-byte buffer"));
     }
     if (*end - *begin != elements * item) {
-      return Invalid(what, absl::StrCat(where, ": data_offsets [", *begin, ", ", *end, ") hold ",
-                                        *end - *begin, " bytes; shape ", shape.dump(), " of ",
-                                        value["dtype"].get<std::string>(), " needs ",
-                                        elements * item));
+      return Invalid(what,
+                     absl::StrCat(where, ": data_offsets [", *begin, ", ", *end, ") hold ",
+                                  *end - *begin, " bytes; shape ", shape.dump(), " of ",
+                                  value["dtype"].get<std::string>(), " needs ", elements * item));
     }
     entry.bytes = buffer.substr(*begin, *end - *begin);
     if (entry.dtype == at::kBool) {
@@ -267,8 +278,8 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(absl::string_view name) const
   return tensor;
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SafetensorsFile::Tensors() const {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+absl::StatusOr<NamedTensors> SafetensorsFile::Tensors() const {
+  NamedTensors tensors;
   for (const SafetensorsEntry& entry : entries_) {
     LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor tensor, Tensor(entry.name));
     tensors.emplace_back(entry.name, std::move(tensor));
@@ -277,8 +288,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SafetensorsFile:
 }
 
 absl::StatusOr<std::string> SerializeSafetensors(
-    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> contiguous;
@@ -286,9 +296,10 @@ absl::StatusOr<std::string> SerializeSafetensors(
   std::set<std::string> names;
   for (const auto& [name, tensor] : tensors) {
     if (name.empty() || name == "__metadata__" || !names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor name '", name, "' is empty, reserved or given twice; safetensors names are "
-                                 "unique and not __metadata__"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name '", name,
+                       "' is empty, reserved or given twice; safetensors names are "
+                       "unique and not __metadata__"));
     }
     if (!tensor.defined()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
@@ -298,7 +309,8 @@ absl::StatusOr<std::string> SerializeSafetensors(
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("copying tensor '", name, "' for writing"),
                                        [&] { bytes = tensor.to(at::kCPU).contiguous(); }));
     const uint64_t size = bytes.numel() * bytes.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", tensor.sizes().vec()},
+    header[name] = {{"dtype", dtype},
+                    {"shape", tensor.sizes().vec()},
                     {"data_offsets", {offset, offset + size}}};
     offset += size;
     contiguous.push_back(std::move(bytes));
@@ -323,8 +335,7 @@ absl::StatusOr<std::string> SerializeSafetensors(
   return out;
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(tensors, metadata));
   return WriteFileAtomically(path, bytes);

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "base/file_io.h"
+#include "numerics/named_tensors.h"
 
 namespace lockstep {
 namespace numerics {
@@ -80,7 +81,7 @@ class SafetensorsFile {
   // A CPU tensor with a copy of the entry's bytes. kNotFound for an unknown name.
   absl::StatusOr<at::Tensor> Tensor(absl::string_view name) const;
   // Every tensor, copied, in buffer order.
-  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Tensors() const;
+  absl::StatusOr<NamedTensors> Tensors() const;
 
  private:
   SafetensorsFile() = default;
@@ -97,12 +98,10 @@ class SafetensorsFile {
 // kInvalidArgument for an empty or duplicate name, a name "__metadata__", or a dtype the format
 // lacks; a tensor on another device is copied to the CPU first.
 absl::StatusOr<std::string> SerializeSafetensors(
-    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata = {});
+    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 
 // SerializeSafetensors written to `path` atomically (base/file_io.h).
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace numerics

@@ -68,8 +68,9 @@ TEST(SafetensorsTest, ReadsAFileWrittenFromTheSpecification) {
   EXPECT_EQ(tensor("f64_scalar").dim(), 0);
   EXPECT_EQ(tensor("f64_scalar").item<double>(), 3.141592653589793);
   EXPECT_TRUE(at::equal(tensor("bf16"), at::tensor({1.5f, -2.0f, 0.25f, 3.0f}).to(at::kBFloat16)));
-  EXPECT_TRUE(at::equal(tensor("f16").to(at::kFloat),
-                        at::tensor({0.5f, -1.0f, 65504.0f, 5.9604644775390625e-08f}).reshape({2, 2})));
+  EXPECT_TRUE(
+      at::equal(tensor("f16").to(at::kFloat),
+                at::tensor({0.5f, -1.0f, 65504.0f, 5.9604644775390625e-08f}).reshape({2, 2})));
   EXPECT_TRUE(at::equal(tensor("i64"), at::tensor(std::vector<int64_t>{-(int64_t{1} << 62), 0,
                                                                        (int64_t{1} << 53) + 1})));
   EXPECT_TRUE(at::equal(tensor("i32"), at::tensor(std::vector<int32_t>{-7, 2147483647})));
@@ -110,9 +111,9 @@ TEST(SafetensorsTest, HostileFilesAreRefusedNamingWhatIsWrong) {
                      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                      eight),
                 "key 'a' twice");
-  ExpectRefused(File(R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-                     eight),
-                "key 'dtype' twice");
+  ExpectRefused(
+      File(R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
+      "key 'dtype' twice");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2]}})", eight), "exactly dtype, shape");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", eight),
                 "exactly dtype, shape");
@@ -122,16 +123,16 @@ TEST(SafetensorsTest, HostileFilesAreRefusedNamingWhatIsWrong) {
                 "shape[0] is -2, not a non-negative integer");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", eight),
                 "not a non-negative integer");
-  ExpectRefused(File(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-                     eight),
-                "overflows 64 bits");
+  ExpectRefused(
+      File(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight),
+      "overflows 64 bits");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,9]}})", eight),
                 "not a range inside the 8-byte buffer");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", eight),
                 "not a range inside");
-  ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})",
-                     eight),
-                "not a range inside");
+  ExpectRefused(
+      File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})", eight),
+      "not a range inside");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight),
                 "needs 12");
   // Overlap, hole, and a buffer only partly covered.
@@ -147,13 +148,12 @@ TEST(SafetensorsTest, HostileFilesAreRefusedNamingWhatIsWrong) {
                      std::string("\x01\x02", 2)),
                 "bool element 1 is byte 2");
   ExpectRefused(File(R"({"__metadata__":{"k":3}})", ""), "metadata 'k' is not a string");
-  ExpectRefused(File(R"({"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", ""),
-                "empty name");
+  ExpectRefused(File(R"({"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", ""), "empty name");
 }
 
 TEST(SafetensorsTest, EveryCutOfAValidFileIsRefusedOrReadsWithinItsBytes) {
-  const std::string bytes = *SerializeSafetensors({{"w", at::arange(10, at::kFloat)},
-                                                   {"b", at::ones({3}, at::kDouble)}});
+  const std::string bytes =
+      *SerializeSafetensors({{"w", at::arange(10, at::kFloat)}, {"b", at::ones({3}, at::kDouble)}});
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(SafetensorsFile::FromBytes(bytes.substr(0, n), "cut").ok()) << n;
   }
@@ -166,8 +166,9 @@ TEST(SafetensorsTest, WritingRefusesWhatTheFormatCannotHold) {
   EXPECT_FALSE(SerializeSafetensors({{"__metadata__", at::ones({1})}}).ok());
   EXPECT_THAT(SerializeSafetensors({{"c", at::ones({1}, at::kComplexFloat)}}).status().message(),
               HasSubstr("has no safetensors name"));
-  EXPECT_THAT(SerializeSafetensors({{std::string("\xff\xfe", 2), at::ones({1})}}).status().message(),
-              HasSubstr("cannot be written"));
+  EXPECT_THAT(
+      SerializeSafetensors({{std::string("\xff\xfe", 2), at::ones({1})}}).status().message(),
+      HasSubstr("cannot be written"));
   const absl::Status unwritable =
       WriteSafetensors("/nonexistent-dir/x.safetensors", {{"a", at::ones({1})}});
   EXPECT_EQ(unwritable.code(), absl::StatusCode::kNotFound);

@@ -1,0 +1,118 @@
+// numerics/digest: the definition (DIGEST.md) held against the Python reference bit for bit,
+// invariance to registration order and layout, sensitivity to every bit, name, dtype and shape.
+
+#include "numerics/digest.h"
+
+#include <cstdio>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "numerics/inventory.h"
+#include "numerics/safetensors.h"
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Tensors spanning the chunk edge cases: empty, one byte, exactly one chunk, one chunk and a
+// bit, several chunks, every dtype.
+NamedTensors Assorted() {
+  at::manual_seed(3);
+  return {
+      {"empty", at::empty({0, 5})},
+      {"byte", at::full({1}, 7, at::kByte)},
+      {"one_chunk", at::randn({4096})},                     // 16384 bytes
+      {"chunk_and_a_bit", at::randn({4097})},               // 16388 bytes
+      {"several", at::randn({3, 50000}, at::kDouble)},      // 1.2 MB
+      {"bf16", at::randn({777}).to(at::kBFloat16)},
+      {"f16", at::randn({5, 3}).to(at::kHalf)},
+      {"i64", at::randint(-9, 9, {33}, at::kLong)},
+      {"i32", at::randint(-9, 9, {33}, at::kInt)},
+      {"i16", at::randint(-9, 9, {3}, at::kShort)},
+      {"i8", at::randint(-9, 9, {3}, at::kChar)},
+      {"flags", at::rand({9}).gt(0.5)},
+      {"scalar", at::scalar_tensor(1.25)},
+      {"layer.0.weight", at::randn({17, 19}).t()},          // non-contiguous
+  };
+}
+
+TEST(DigestTest, MatchesThePythonReferenceBitForBit) {
+  const NamedTensors tensors = Assorted();
+  const std::string path = testing::TempDir() + "/assorted.safetensors";
+  LOCKSTEP_ASSERT_OK(WriteSafetensors(path, tensors));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory inventory, Inventory::Of(tensors));
+  FILE* pipe = popen(absl::StrCat("/usr/bin/python3 numerics/digest_reference.py ", path).c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  ASSERT_EQ(pclose(pipe), 0) << output;
+  const nlohmann::json reference = nlohmann::json::parse(output);
+  EXPECT_EQ(reference["state_digest"], DigestHex128(inventory.state_digest()));
+  ASSERT_EQ(reference["tensors"].size(), tensors.size());
+  for (const InventoryEntry& entry : inventory.entries()) {
+    EXPECT_EQ(reference["tensors"][entry.name], DigestHex128(entry.digest)) << entry.name;
+  }
+}
+
+TEST(DigestTest, IndependentOfRegistrationOrderAndLayout) {
+  NamedTensors tensors = Assorted();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory forward, Inventory::Of(tensors));
+  NamedTensors reversed(tensors.rbegin(), tensors.rend());
+  for (auto& [name, tensor] : reversed) tensor = tensor.contiguous();  // another layout
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory backward, Inventory::Of(reversed));
+  EXPECT_EQ(forward.state_digest(), backward.state_digest());
+  EXPECT_TRUE(CompareInventories(forward, backward).empty());
+  // A channels-last copy and a strided slice of a larger tensor hash as their values.
+  const at::Tensor image = at::randn({2, 3, 4, 5});
+  EXPECT_EQ(*DigestTensor(image), *DigestTensor(image.contiguous(at::MemoryFormat::ChannelsLast)));
+  const at::Tensor big = at::randn({10, 10});
+  const at::Tensor slice = big.index({at::indexing::Slice(1, 9, 2), at::indexing::Slice(3, 7)});
+  EXPECT_EQ(*DigestTensor(slice), *DigestTensor(slice.clone()));
+}
+
+TEST(DigestTest, SensitiveToEveryBitAndToNamesDtypesAndShapes) {
+  const at::Tensor base = at::randn({3, 8193});  // two chunks and a bit, 98316 bytes
+  const Digest128 original = *DigestTensor(base);
+  // One flipped bit in every 997th byte (first chunk, chunk edges, the padded tail).
+  const int64_t bytes = base.numel() * 4;
+  for (int64_t byte = 0; byte < bytes; byte += 997) {
+    at::Tensor flipped = base.clone();
+    static_cast<uint8_t*>(flipped.data_ptr())[byte] ^= 1u << (byte % 8);
+    EXPECT_NE(*DigestTensor(flipped), original) << "byte " << byte;
+  }
+  at::Tensor last = base.clone();
+  static_cast<uint8_t*>(last.data_ptr())[bytes - 1] ^= 0x80;
+  EXPECT_NE(*DigestTensor(last), original);
+  // Same bytes, other shape or dtype.
+  EXPECT_NE(*DigestTensor(base.reshape({8193, 3})), original);
+  EXPECT_NE(*DigestTensor(base.view(at::kInt)), original);
+  // Zero-padding is not confusable with real zeros: a tensor and it with a zero appended.
+  const at::Tensor short_one = at::ones({5}, at::kByte);
+  EXPECT_NE(*DigestTensor(short_one), *DigestTensor(at::cat({short_one, at::zeros({1}, at::kByte)})));
+  // A renamed tensor changes the state digest, not the tensor digest.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory a, Inventory::Of({{"w", base}}));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory b, Inventory::Of({{"w2", base}}));
+  EXPECT_NE(a.state_digest(), b.state_digest());
+  EXPECT_EQ(a.entries()[0].digest, b.entries()[0].digest);
+}
+
+TEST(DigestTest, RefusesWhatItCannotDigest) {
+  EXPECT_EQ(DigestTensor(at::Tensor()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(DigestTensor(at::ones({1}, at::kComplexFloat)).status().message(),
+              HasSubstr("has no safetensors name"));
+  EXPECT_THAT(StateDigest({{"a", {}}, {"a", {}}}).status().message(), HasSubstr("'a' appears twice"));
+  EXPECT_EQ(DigestTensor(at::empty({2}, at::TensorOptions().device(at::kMeta))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace numerics
+}  // namespace lockstep

@@ -1,0 +1,27 @@
+// numerics/internal/chunk_hash_device.h
+//
+// Private to numerics/: the digest chunk hashes of a tensor on a device (DIGEST.md step 2),
+// computed there: the CUDA kernel under --config=cuda, a refusal in CPU-only builds (where no
+// CUDA tensor can exist).
+
+#ifndef LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_DEVICE_H_
+#define LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_DEVICE_H_
+
+#include <string>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+
+namespace lockstep {
+namespace numerics {
+namespace internal {
+
+// 16 bytes per chunk of the tensor's logical contiguous bytes, in chunk order.
+// kFailedPrecondition for a device this build cannot hash on.
+absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor);
+
+}  // namespace internal
+}  // namespace numerics
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_DEVICE_H_

@@ -1,0 +1,95 @@
+#include "numerics/internal/chunk_hash_kernel.h"
+
+#include "numerics/internal/xxh3_chunk.h"
+
+namespace lockstep {
+namespace numerics {
+namespace internal {
+namespace {
+
+__constant__ uint8_t kSecret[kXxh3SecretBytes] = {LOCKSTEP_XXH3_SECRET_BYTES};
+
+constexpr int kThreadsPerBlock = 256;  // 32 chunks per block
+
+// Word `offset` (bytes, multiple of 8) of a chunk: a plain load when the chunk is whole, else
+// the bytes that exist and zeros past them.
+__device__ __forceinline__ uint64_t Load(const uint8_t* chunk, int offset, uint64_t available) {
+  if (offset + 8 <= available) return __ldg(reinterpret_cast<const unsigned long long*>(chunk + offset));
+  uint64_t v = 0;
+  for (int b = 7; b >= 0; --b) {
+    v = (v << 8) | (offset + b < available ? chunk[offset + b] : 0);
+  }
+  return v;
+}
+
+// Thread 8c + l hashes lane l of chunk c; lanes i and i ^ 1 swap their input words through a
+// shuffle, and lane 0 gathers the lanes to merge them.
+__global__ void ChunkHashKernel(const uint8_t* __restrict__ data, uint64_t num_bytes,
+                                uint64_t chunks, uint8_t* __restrict__ out) {
+  const uint64_t thread = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const uint64_t chunk = thread / 8;
+  if (chunk >= chunks) return;  // whole groups of 8 leave together
+  const int lane = threadIdx.x & 7;
+  const unsigned group = 0xFFu << (threadIdx.x & 24);
+  const uint8_t* input = data + chunk * kXxh3ChunkBytes;
+  const uint64_t left = num_bytes - chunk * kXxh3ChunkBytes;
+  const uint64_t available = left < kXxh3ChunkBytes ? left : kXxh3ChunkBytes;
+
+  uint64_t keys[kXxh3StripesPerBlock];
+#pragma unroll
+  for (int s = 0; s < kXxh3StripesPerBlock; ++s) keys[s] = Xxh3ReadLe64(kSecret + 8 * (s + lane));
+  const uint64_t scramble_key = Xxh3ReadLe64(kSecret + kXxh3ScrambleSecret + 8 * lane);
+  uint64_t acc = Xxh3InitialLane(lane);
+
+  constexpr int kBlockBytes = 64 * kXxh3StripesPerBlock;
+  for (int n = 0; n < kXxh3Blocks; ++n) {
+    uint64_t words[kXxh3StripesPerBlock];
+#pragma unroll
+    for (int s = 0; s < kXxh3StripesPerBlock; ++s) {
+      words[s] = Load(input, n * kBlockBytes + 64 * s + 8 * lane, available);
+    }
+#pragma unroll
+    for (int s = 0; s < kXxh3StripesPerBlock; ++s) {
+      acc += Xxh3LaneProduct(words[s], keys[s]);
+      acc += __shfl_xor_sync(group, words[s], 1, 8);
+    }
+    acc = Xxh3Scramble(acc, scramble_key);
+  }
+  {
+    uint64_t words[kXxh3TailStripes];
+#pragma unroll
+    for (int s = 0; s < kXxh3TailStripes; ++s) {
+      words[s] = Load(input, kXxh3Blocks * kBlockBytes + 64 * s + 8 * lane, available);
+    }
+#pragma unroll
+    for (int s = 0; s < kXxh3TailStripes; ++s) {
+      acc += Xxh3LaneProduct(words[s], keys[s]);
+      acc += __shfl_xor_sync(group, words[s], 1, 8);
+    }
+  }
+  const uint64_t last = Load(input, kXxh3ChunkBytes - 64 + 8 * lane, available);
+  acc += Xxh3LaneProduct(last, Xxh3ReadLe64(kSecret + kXxh3LastStripeSecret + 8 * lane));
+  acc += __shfl_xor_sync(group, last, 1, 8);
+
+  uint64_t lanes[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) lanes[i] = __shfl_sync(group, acc, i, 8);
+  if (lane == 0) Xxh3Finish(lanes, kSecret, out + 16 * chunk);
+}
+
+}  // namespace
+
+cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
+                            cudaStream_t stream) {
+  const uint64_t chunks = (num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes;
+  if (chunks == 0) return cudaSuccess;
+  const uint64_t threads = 8 * chunks;
+  const uint64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  ChunkHashKernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(data, num_bytes,
+                                                                                  chunks, out);
+  return cudaGetLastError();
+}
+
+}  // namespace internal
+}  // namespace numerics
+}  // namespace lockstep

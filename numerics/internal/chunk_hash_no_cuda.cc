@@ -1,0 +1,17 @@
+// CPU-only builds: CUDA tensors cannot be produced.
+#include "absl/strings/str_cat.h"
+#include "numerics/internal/chunk_hash_device.h"
+
+namespace lockstep {
+namespace numerics {
+namespace internal {
+
+absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("digesting a tensor on ", tensor.device().str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
+}
+
+}  // namespace internal
+}  // namespace numerics
+}  // namespace lockstep
