@@ -6,8 +6,12 @@ Example:
                          deps = [":plan_check"])
 """
 
-def lockstep_fuzz_target(name, srcs, deps, size = "small"):
-    """Declares `name` (the fuzzer; libFuzzer under --config=fuzz) and `name + "_replay_test"`."""
+def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
+    """Declares `name` (the fuzzer; libFuzzer under --config=fuzz) and `name + "_replay_test"`.
+
+    `regressions`: input files that once failed (kept beside the target); the replay test runs
+    them after the seeds.
+    """
     native.cc_binary(
         name = name,
         srcs = srcs,
@@ -21,5 +25,7 @@ def lockstep_fuzz_target(name, srcs, deps, size = "small"):
         name = name + "_replay_test",
         size = size,
         srcs = srcs,
+        data = regressions,
+        args = ["--seeds"] + ["$(location %s)" % r for r in regressions],
         deps = deps + ["//base:fuzz_target", "//base:fuzz_replay_main"],
     )

@@ -1,6 +1,7 @@
 // The main of a fuzz target built without libFuzzer (base/fuzz_target.h): replays the seeds and
-// their single-byte mutations and cuts, or the files and directories named on the command line,
-// through LLVMFuzzerTestOneInput; --write_seeds=DIR writes the seeds as files.
+// their single-byte mutations and cuts (no arguments, or --seeds before files), and the files
+// and directories named on the command line, through LLVMFuzzerTestOneInput; --write_seeds=DIR
+// writes the seeds as files.
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -82,8 +83,14 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strncmp(argv[1], flag.c_str(), flag.size()) == 0) {
     return WriteSeeds(argv[1] + flag.size());
   }
+  // --seeds first: the seeds and their mutations, then the files that follow.
+  int first = 1;
+  if (std::strcmp(argv[1], "--seeds") == 0) {
+    if (const int status = ReplaySeeds(); status != 0) return status;
+    first = 2;
+  }
   size_t runs = 0;
-  for (int a = 1; a < argc; ++a) {
+  for (int a = first; a < argc; ++a) {
     std::vector<std::string> paths;
     struct stat info;
     if (stat(argv[a], &info) != 0) {

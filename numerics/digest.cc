@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ATen/Parallel.h"
 #include "ATen/ATen.h"
+#include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -41,7 +41,8 @@ Digest128 Xxh3Digest(absl::string_view bytes) {
 }
 
 void HashChunks(absl::string_view bytes, uint8_t* out) {
-  const int64_t chunks = static_cast<int64_t>((bytes.size() + kDigestChunkBytes - 1) / kDigestChunkBytes);
+  const int64_t chunks =
+      static_cast<int64_t>((bytes.size() + kDigestChunkBytes - 1) / kDigestChunkBytes);
   // Grain: 64 chunks (1 MiB) per task.
   at::parallel_for(0, chunks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -87,10 +88,9 @@ absl::StatusOr<Digest128> DigestTensor(const at::Tensor& tensor) {
   if (tensor.is_cpu()) {
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting a CPU tensor", [&] {
       const at::Tensor contiguous = tensor.contiguous();
-      digest = TensorBytesDigest(
-          dtype, tensor.sizes(),
-          absl::string_view(static_cast<const char*>(contiguous.data_ptr()),
-                            contiguous.numel() * contiguous.element_size()));
+      digest = TensorBytesDigest(dtype, tensor.sizes(),
+                                 absl::string_view(static_cast<const char*>(contiguous.data_ptr()),
+                                                   contiguous.numel() * contiguous.element_size()));
     }));
     return digest;
   }

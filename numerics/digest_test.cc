@@ -28,9 +28,9 @@ NamedTensors Assorted() {
   return {
       {"empty", at::empty({0, 5})},
       {"byte", at::full({1}, 7, at::kByte)},
-      {"one_chunk", at::randn({4096})},                     // 16384 bytes
-      {"chunk_and_a_bit", at::randn({4097})},               // 16388 bytes
-      {"several", at::randn({3, 50000}, at::kDouble)},      // 1.2 MB
+      {"one_chunk", at::randn({4096})},                 // 16384 bytes
+      {"chunk_and_a_bit", at::randn({4097})},           // 16388 bytes
+      {"several", at::randn({3, 50000}, at::kDouble)},  // 1.2 MB
       {"bf16", at::randn({777}).to(at::kBFloat16)},
       {"f16", at::randn({5, 3}).to(at::kHalf)},
       {"i64", at::randint(-9, 9, {33}, at::kLong)},
@@ -39,7 +39,7 @@ NamedTensors Assorted() {
       {"i8", at::randint(-9, 9, {3}, at::kChar)},
       {"flags", at::rand({9}).gt(0.5)},
       {"scalar", at::scalar_tensor(1.25)},
-      {"layer.0.weight", at::randn({17, 19}).t()},          // non-contiguous
+      {"layer.0.weight", at::randn({17, 19}).t()},  // non-contiguous
   };
 }
 
@@ -48,7 +48,8 @@ TEST(DigestTest, MatchesThePythonReferenceBitForBit) {
   const std::string path = testing::TempDir() + "/assorted.safetensors";
   LOCKSTEP_ASSERT_OK(WriteSafetensors(path, tensors));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory inventory, Inventory::Of(tensors));
-  FILE* pipe = popen(absl::StrCat("/usr/bin/python3 numerics/digest_reference.py ", path).c_str(), "r");
+  FILE* pipe =
+      popen(absl::StrCat("/usr/bin/python3 numerics/digest_reference.py ", path).c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string output;
   char buffer[4096];
@@ -96,7 +97,8 @@ TEST(DigestTest, SensitiveToEveryBitAndToNamesDtypesAndShapes) {
   EXPECT_NE(*DigestTensor(base.view(at::kInt)), original);
   // Zero-padding is not confusable with real zeros: a tensor and it with a zero appended.
   const at::Tensor short_one = at::ones({5}, at::kByte);
-  EXPECT_NE(*DigestTensor(short_one), *DigestTensor(at::cat({short_one, at::zeros({1}, at::kByte)})));
+  EXPECT_NE(*DigestTensor(short_one),
+            *DigestTensor(at::cat({short_one, at::zeros({1}, at::kByte)})));
   // A renamed tensor changes the state digest, not the tensor digest.
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory a, Inventory::Of({{"w", base}}));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory b, Inventory::Of({{"w2", base}}));
@@ -108,7 +110,8 @@ TEST(DigestTest, RefusesWhatItCannotDigest) {
   EXPECT_EQ(DigestTensor(at::Tensor()).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(DigestTensor(at::ones({1}, at::kComplexFloat)).status().message(),
               HasSubstr("has no safetensors name"));
-  EXPECT_THAT(StateDigest({{"a", {}}, {"a", {}}}).status().message(), HasSubstr("'a' appears twice"));
+  EXPECT_THAT(StateDigest({{"a", {}}, {"a", {}}}).status().message(),
+              HasSubstr("'a' appears twice"));
   EXPECT_EQ(DigestTensor(at::empty({2}, at::TensorOptions().device(at::kMeta))).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }

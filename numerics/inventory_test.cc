@@ -37,10 +37,13 @@ TEST(InventoryTest, DifferencesAreNamed) {
   at::Tensor changed = w.clone();
   changed[1] = changed[1].item<float>() + 1;
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      Inventory a, Inventory::Of({{"same", w}, {"changed", w}, {"dtype", w}, {"shape", w}, {"gone", w}}));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      Inventory b, Inventory::Of({{"same", w}, {"changed", changed}, {"dtype", w.to(at::kHalf)},
-                                  {"shape", w.reshape({3, 1})}, {"new", w}}));
+      Inventory a,
+      Inventory::Of({{"same", w}, {"changed", w}, {"dtype", w}, {"shape", w}, {"gone", w}}));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory b, Inventory::Of({{"same", w},
+                                                            {"changed", changed},
+                                                            {"dtype", w.to(at::kHalf)},
+                                                            {"shape", w.reshape({3, 1})},
+                                                            {"new", w}}));
   const std::vector<InventoryDifference> diff = CompareInventories(a, b);
   ASSERT_EQ(diff.size(), 5u);
   EXPECT_EQ(diff[0].name, "changed");

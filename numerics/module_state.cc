@@ -70,14 +70,14 @@ absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
       const auto found = states.find(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
       if (found == states.end()) continue;  // no step taken for it yet
       auto path = path_of.find(params[i].unsafeGetTensorImpl());
-      const std::string prefix =
-          path != path_of.end() ? absl::StrCat("optimizer/", path->second)
-                                : absl::StrCat("optimizer/group", g, "/param", i);
+      const std::string prefix = path != path_of.end()
+                                     ? absl::StrCat("optimizer/", path->second)
+                                     : absl::StrCat("optimizer/group", g, "/param", i);
       const torch::optim::OptimizerParamState& state = *found->second;
       if (!AddParamState(out, prefix, state)) {
-        return absl::UnimplementedError(absl::StrCat(
-            "the optimizer state of ", prefix, " is a ", typeid(state).name(),
-            "; inventories know Adam, AdamW, SGD, Adagrad and RMSprop states"));
+        return absl::UnimplementedError(
+            absl::StrCat("the optimizer state of ", prefix, " is a ", typeid(state).name(),
+                         "; inventories know Adam, AdamW, SGD, Adagrad and RMSprop states"));
       }
     }
   }

@@ -1,5 +1,6 @@
 #include "rng/cpu_generator_state.h"
 
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -81,6 +82,16 @@ absl::Status CpuGeneratorState::Validate() const {
     return Invalid(absl::StrCat("position (left ", left, ", next ", next, ")"),
                    "is neither freshly seeded (1, 0) nor left + next == 625 with left in "
                    "[1, 624], and would make the engine read past its 624 words");
+  }
+  // LibTorch caches the second Box-Muller sample, always finite: a NaN or infinity is no state
+  // it produces (and a NaN would make two equal states compare unequal).
+  if (next_float_normal.has_value() && !std::isfinite(*next_float_normal)) {
+    return Invalid("cached float normal sample",
+                   absl::StrCat("is ", *next_float_normal, ", not finite"));
+  }
+  if (next_double_normal.has_value() && !std::isfinite(*next_double_normal)) {
+    return Invalid("cached double normal sample",
+                   absl::StrCat("is ", *next_double_normal, ", not finite"));
   }
   return absl::OkStatus();
 }

@@ -13,8 +13,9 @@
 // (left 1, next 0) or has drawn since (left + next == 625, 1 <= left <= 624). Any other position
 // would make the engine read past its 624 words. The byte form must also be canonical: words and
 // `next` within 32 bits, flags 0 or 1, the unused fields and every padding byte 0, no sample
-// value without its flag — so that re-encoding the parsed state gives the very same bytes. What
-// fails is kInvalidArgument naming the field and the value.
+// value without its flag, cached samples finite (Box-Muller never gives anything else) — so that
+// re-encoding the parsed state gives the very same bytes. What fails is kInvalidArgument naming the
+// field and the value.
 //
 // Thread-safety: values; ReadDefaultCpuGenerator/WriteDefaultCpuGenerator take the generator's
 // lock.

@@ -5,6 +5,7 @@
 #include "rng/cpu_generator_state.h"
 
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -189,6 +190,13 @@ TEST(CpuGeneratorStateTest, CompactEncodingRoundTripsAndValidates) {
   EncodeCompact(state, wire.data());
   wire[8 + 4 + 4 + 4 * 624] = 7;  // the float sample's flag
   EXPECT_EQ(DecodeCompact(wire.data()).status().code(), absl::StatusCode::kInvalidArgument);
+  // A NaN cached sample (found by the fuzzer): LibTorch never caches one.
+  EncodeCompact(state, wire.data());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(wire.data() + 8 + 4 + 4 + 4 * 624 + 1, &nan, 4);
+  const absl::Status not_finite = DecodeCompact(wire.data()).status();
+  EXPECT_EQ(not_finite.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_finite.message(), ::testing::HasSubstr("cached float normal sample"));
   // The double sample has no flag: its bytes must be zero (one encoding per state).
   EncodeCompact(state, wire.data());
   wire[kCompactCpuStateBytes - 1] = 0x80;

@@ -27,7 +27,8 @@ absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor) {
     // The kernel loads 8-byte words: a view at an odd offset is copied to an aligned buffer.
     if (reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 8 != 0) bytes = bytes.clone();
     const uint64_t num_bytes = static_cast<uint64_t>(bytes.numel()) * bytes.element_size();
-    const int64_t chunks = static_cast<int64_t>((num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
+    const int64_t chunks =
+        static_cast<int64_t>((num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
     if (chunks == 0) return;
     at::Tensor out = at::empty({16 * chunks}, bytes.options().dtype(at::kByte));
     const cudaError_t error = LaunchChunkHash(

@@ -14,7 +14,8 @@ constexpr int kThreadsPerBlock = 256;  // 32 chunks per block
 // Word `offset` (bytes, multiple of 8) of a chunk: a plain load when the chunk is whole, else
 // the bytes that exist and zeros past them.
 __device__ __forceinline__ uint64_t Load(const uint8_t* chunk, int offset, uint64_t available) {
-  if (offset + 8 <= available) return __ldg(reinterpret_cast<const unsigned long long*>(chunk + offset));
+  if (offset + 8 <= available)
+    return __ldg(reinterpret_cast<const unsigned long long*>(chunk + offset));
   uint64_t v = 0;
   for (int b = 7; b >= 0; --b) {
     v = (v << 8) | (offset + b < available ? chunk[offset + b] : 0);

@@ -24,7 +24,7 @@
 #endif
 
 // XXH3's default secret (192 bytes), as a list for array initializers on host and device.
-#define LOCKSTEP_XXH3_SECRET_BYTES                                                              \
+#define LOCKSTEP_XXH3_SECRET_BYTES                                                                \
   0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c, \
       0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67,   \
       0x1f, 0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff,   \
@@ -45,10 +45,10 @@ namespace internal {
 
 inline constexpr int kXxh3ChunkBytes = 16384;
 inline constexpr int kXxh3SecretBytes = 192;
-inline constexpr int kXxh3Blocks = 15;           // full blocks of 16 stripes before the tail
-inline constexpr int kXxh3StripesPerBlock = 16;  // (192 - 64) / 8
-inline constexpr int kXxh3TailStripes = 15;      // ((16384 - 1) - 15 * 1024) / 64
-inline constexpr int kXxh3ScrambleSecret = 128;  // 192 - 64
+inline constexpr int kXxh3Blocks = 15;             // full blocks of 16 stripes before the tail
+inline constexpr int kXxh3StripesPerBlock = 16;    // (192 - 64) / 8
+inline constexpr int kXxh3TailStripes = 15;        // ((16384 - 1) - 15 * 1024) / 64
+inline constexpr int kXxh3ScrambleSecret = 128;    // 192 - 64
 inline constexpr int kXxh3LastStripeSecret = 121;  // 192 - 64 - 7
 inline constexpr int kXxh3LowMergeSecret = 11;
 inline constexpr int kXxh3HighMergeSecret = 117;  // 192 - 64 - 11
@@ -65,14 +65,22 @@ inline constexpr uint64_t kXxhPrime64_5 = 0x27D4EB2F165667C5ULL;
 // The initial value of accumulator lane i.
 LOCKSTEP_HOST_DEVICE inline uint64_t Xxh3InitialLane(int i) {
   switch (i) {
-    case 0: return kXxhPrime32_3;
-    case 1: return kXxhPrime64_1;
-    case 2: return kXxhPrime64_2;
-    case 3: return kXxhPrime64_3;
-    case 4: return kXxhPrime64_4;
-    case 5: return kXxhPrime32_2;
-    case 6: return kXxhPrime64_5;
-    default: return kXxhPrime32_1;
+    case 0:
+      return kXxhPrime32_3;
+    case 1:
+      return kXxhPrime64_1;
+    case 2:
+      return kXxhPrime64_2;
+    case 3:
+      return kXxhPrime64_3;
+    case 4:
+      return kXxhPrime64_4;
+    case 5:
+      return kXxhPrime32_2;
+    case 6:
+      return kXxhPrime64_5;
+    default:
+      return kXxhPrime32_1;
   }
 }
 
