@@ -22,7 +22,9 @@ echo "fuzz: ${#targets[@]} targets: ${targets[*]}"
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 1 ]] || { echo "fuzz: seconds '$seconds' is not a positive integer" >&2; exit 2; }
 command -v clang >/dev/null || { echo "fuzz: clang is not installed (./setup.sh installs it)" >&2; exit 2; }
 fuzz_dir=${FUZZ_DIR:-$HOME/.cache/lockstep-fuzz}
-output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/lockstep-fuzz-output-base}
+# One output base per checkout (Bazel ties an output base to its workspace); the disk cache in
+# .bazelrc is shared, so a fresh clone still reuses earlier compilations.
+output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/lockstep-fuzz-output-base/$(pwd | md5sum | cut -c1-12)}
 mkdir -p "$fuzz_dir"
 
 bazel --output_base="$output_base" build --config=fuzz "${targets[@]}"

@@ -9,7 +9,7 @@ def _cuda_repository_impl(ctx):
     path = ctx.path(root)
     if path.get_child("include").get_child("cuda_runtime.h").exists:
         ctx.symlink(path.get_child("include"), "include")
-        for lib in ["libcudart.so", "libnccl.so"]:
+        for lib in ["libcudart.so", "libnccl.so", "libcublas.so"]:
             src = path.get_child("lib64").get_child(lib)
             if not src.exists:
                 fail("CUDA toolkit at %s lacks lib64/%s" % (root, lib))
@@ -30,6 +30,12 @@ cc_library(
     srcs = ["lib/libnccl.so"],
     deps = [":cudart"],
 )
+
+cc_library(
+    name = "cublas",
+    srcs = ["lib/libcublas.so"],
+    deps = [":cudart"],
+)
 """)
     else:
         ctx.file("BUILD.bazel", """
@@ -44,6 +50,8 @@ genrule(
 cc_library(name = "cudart", hdrs = [":missing"])
 
 cc_library(name = "nccl", hdrs = [":missing"])
+
+cc_library(name = "cublas", hdrs = [":missing"])
 """.format(root = root))
 
 cuda_repository = repository_rule(

@@ -1,0 +1,65 @@
+// numerics/execution_context: the record holds the documented fields, its digest covers exactly
+// the stable part, it travels in safetensors metadata, and differences are named by path.
+
+#include "numerics/execution_context.h"
+
+#include "ATen/ATen.h"
+#include "ATen/Parallel.h"
+#include "base/status_testutil.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "numerics/safetensors.h"
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(ExecutionContextTest, RecordsTheDocumentedFieldsWithAStableDigest) {
+  const nlohmann::json context = CaptureExecutionContext({{"seed", "1234"}, {"topology", "DP2xCP2"}});
+  const nlohmann::json& stable = context["stable"];
+  EXPECT_FALSE(stable["libtorch_version"].get<std::string>().empty());
+  EXPECT_FALSE(stable["compiler"].get<std::string>().empty());
+  // Stamped from git when built in a checkout (tools/workspace_status.sh).
+  EXPECT_TRUE(stable["lockstep_commit"].is_string());
+  EXPECT_TRUE(stable["cuda"].contains("built_with_cuda"));
+  for (const char* key : {"deterministic_algorithms", "tf32_cublas", "tf32_cudnn",
+                          "float32_matmul_precision", "cublas_workspace_config"}) {
+    EXPECT_TRUE(stable["determinism"].contains(key)) << key;
+  }
+  EXPECT_EQ(stable["threads"]["intra_op"], at::get_num_threads());
+  EXPECT_EQ(stable["caller"]["seed"], "1234");
+  EXPECT_TRUE(context["volatile"].contains("host"));
+  EXPECT_EQ(context["digest"], ContextDigest(context));
+  // Volatile fields do not enter the digest; stable ones do.
+  nlohmann::json later = context;
+  later["volatile"]["pid"] = 1;
+  EXPECT_EQ(ContextDigest(later), context["digest"]);
+  later["stable"]["caller"]["seed"] = "1235";
+  EXPECT_NE(ContextDigest(later), context["digest"]);
+}
+
+TEST(ExecutionContextTest, DifferencesAreNamedAndTravelInSafetensorsMetadata) {
+  const nlohmann::json a = CaptureExecutionContext({{"seed", "1"}});
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  at::globalContext().setDeterministicAlgorithms(!deterministic, false);
+  const nlohmann::json b = CaptureExecutionContext({{"seed", "2"}, {"extra", "x"}});
+  at::globalContext().setDeterministicAlgorithms(deterministic, false);
+  EXPECT_THAT(ContextDifferences(a, b),
+              ElementsAre("caller.extra", "caller.seed", "determinism.deterministic_algorithms"));
+  EXPECT_TRUE(ContextDifferences(a, a).empty());
+
+  const std::string path = testing::TempDir() + "/with_context.safetensors";
+  LOCKSTEP_ASSERT_OK(WriteSafetensors(path, {{"x", at::ones({2})}}, ContextMetadata(a)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SafetensorsFile file, SafetensorsFile::Open(path));
+  const std::optional<nlohmann::json> read = ContextFromMetadata(file.metadata());
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(*read, a);
+  EXPECT_FALSE(ContextFromMetadata({{kContextMetadataKey, "not json"}}).has_value());
+  EXPECT_FALSE(ContextFromMetadata({}).has_value());
+}
+
+}  // namespace
+}  // namespace numerics
+}  // namespace lockstep
