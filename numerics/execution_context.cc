@@ -75,7 +75,8 @@ json CaptureExecutionContext(const std::map<std::string, std::string>& caller) {
   gethostname(host, sizeof host - 1);
   json record = {{"stable", stable},
                  {"volatile",
-                  {{"host", host}, {"pid", static_cast<int64_t>(getpid())},
+                  {{"host", host},
+                   {"pid", static_cast<int64_t>(getpid())},
                    {"unix_time", static_cast<int64_t>(std::time(nullptr))}}}};
   record["digest"] = ContextDigest(record);
   return record;

@@ -19,7 +19,8 @@
 //
 // Example:
 //   nlohmann::json context = numerics::CaptureExecutionContext({{"seed", "1234"}});
-//   LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors(path, grads, numerics::ContextMetadata(context)));
+//   LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors(path, grads,
+//   numerics::ContextMetadata(context)));
 
 #ifndef LOCKSTEP_NUMERICS_EXECUTION_CONTEXT_H_
 #define LOCKSTEP_NUMERICS_EXECUTION_CONTEXT_H_
@@ -46,7 +47,8 @@ std::string ContextDigest(const nlohmann::json& context);
 std::map<std::string, std::string> ContextMetadata(const nlohmann::json& context);
 
 // The record a file's metadata carries, if any (and if it parses as one).
-std::optional<nlohmann::json> ContextFromMetadata(const std::map<std::string, std::string>& metadata);
+std::optional<nlohmann::json> ContextFromMetadata(
+    const std::map<std::string, std::string>& metadata);
 
 // The paths ("cuda.driver_version", "determinism.tf32_cublas", "caller.seed") of stable fields
 // whose values differ between `a` and `b`, or that only one has, sorted.

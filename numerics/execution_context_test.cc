@@ -17,7 +17,8 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ExecutionContextTest, RecordsTheDocumentedFieldsWithAStableDigest) {
-  const nlohmann::json context = CaptureExecutionContext({{"seed", "1234"}, {"topology", "DP2xCP2"}});
+  const nlohmann::json context =
+      CaptureExecutionContext({{"seed", "1234"}, {"topology", "DP2xCP2"}});
   const nlohmann::json& stable = context["stable"];
   EXPECT_FALSE(stable["libtorch_version"].get<std::string>().empty());
   EXPECT_FALSE(stable["compiler"].get<std::string>().empty());

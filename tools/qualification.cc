@@ -26,6 +26,7 @@
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
 #include "nlohmann/json.hpp"
+#include "numerics/execution_context.h"
 #include "rng/philox.h"
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
@@ -528,6 +529,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   evidence["topology"] = {
       {"dp", options.dp}, {"tp", options.tp}, {"cp", options.cp}, {"world", world}};
   evidence["negative_control"] = NegativeControlName(options.control);
+  evidence["context"] = numerics::CaptureExecutionContext(
+      {{"topology", topology}, {"negative_control", NegativeControlName(options.control)}});
   for (const std::string& name : order) {
     int passed = 0;
     for (const json& e : per_check[name]) passed += e.value("passed", false) ? 1 : 0;

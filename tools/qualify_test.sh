@@ -6,6 +6,7 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 
 "$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/dp2cp2.json"
 grep -q '"passed": true' "$tmp/dp2cp2.json" || { echo "evidence does not say passed"; exit 1; }
+grep -q "\"lockstep_commit\"" "$tmp/dp2cp2.json" || { echo "evidence lacks the execution context"; exit 1; }
 for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute; do
   grep -q "\"name\": \"$check\"" "$tmp/dp2cp2.json" || { echo "evidence lacks $check"; exit 1; }
 done

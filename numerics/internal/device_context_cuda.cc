@@ -44,11 +44,11 @@ nlohmann::json DeviceContext() {
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp props;
     if (cudaGetDeviceProperties(&props, d) != cudaSuccess) continue;
-    devices.push_back({{"index", d},
-                       {"name", props.name},
-                       {"uuid", Uuid(props.uuid)},
-                       {"compute_capability", std::to_string(props.major) + "." +
-                                                  std::to_string(props.minor)}});
+    devices.push_back(
+        {{"index", d},
+         {"name", props.name},
+         {"uuid", Uuid(props.uuid)},
+         {"compute_capability", std::to_string(props.major) + "." + std::to_string(props.minor)}});
   }
   cuda["devices"] = devices;
   return cuda;
