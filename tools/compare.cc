@@ -118,8 +118,9 @@ int main(int argc, char** argv) {
               << (differ.empty() ? "identical" : "differ in " + absl::StrJoin(differ, ", "))
               << "\n";
   }
-  std::cout << "\n" << (result->all_passed() ? "PASS" : "FAIL") << ": " << result->passed
-            << " passed, " << result->failed << " failed (state digests "
+  std::cout << "\n"
+            << (result->all_passed() ? "PASS" : "FAIL") << ": " << result->passed << " passed, "
+            << result->failed << " failed (state digests "
             << inputs[0]["state_digest"].get<std::string>() << " vs "
             << inputs[1]["state_digest"].get<std::string>() << ")\n";
   if (const std::string out = absl::GetFlag(FLAGS_out).path; !out.empty()) {

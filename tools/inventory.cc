@@ -67,9 +67,8 @@ int main(int argc, char** argv) {
     contexts.push_back(numerics::ContextFromMetadata(file->metadata()));
     inventories.push_back(std::move(*inventory));
   }
-  nlohmann::json evidence = {{"tool", "inventory"},
-                             {"files", files},
-                             {"context", numerics::CaptureExecutionContext()}};
+  nlohmann::json evidence = {
+      {"tool", "inventory"}, {"files", files}, {"context", numerics::CaptureExecutionContext()}};
   bool same = true;
   if (inventories.size() == 2) {
     const std::vector<numerics::InventoryDifference> differences =
@@ -84,7 +83,8 @@ int main(int argc, char** argv) {
     std::cout << "\n";
     for (const auto& d : differences) std::cout << "  " << d.name << ": " << d.what << "\n";
     if (contexts[0] && contexts[1]) {
-      const std::vector<std::string> differ = numerics::ContextDifferences(*contexts[0], *contexts[1]);
+      const std::vector<std::string> differ =
+          numerics::ContextDifferences(*contexts[0], *contexts[1]);
       evidence["input_context_differences"] = differ;
       std::cout << "execution contexts of the inputs: "
                 << (differ.empty() ? "identical" : "differ in " + absl::StrJoin(differ, ", "))

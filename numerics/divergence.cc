@@ -1,0 +1,275 @@
+#include "numerics/divergence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "ATen/ATen.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "nlohmann/json.hpp"
+#include "numerics/safetensors.h"
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kRecordingMetadataKey[] = "lockstep.recording";
+
+std::optional<RecordKind> KindFromName(const std::string& name) {
+  for (RecordKind kind :
+       {RecordKind::kForwardOutput, RecordKind::kGradientAtOutput, RecordKind::kGradientAtInput}) {
+    if (RecordKindName(kind) == name) return kind;
+  }
+  return std::nullopt;
+}
+
+std::string TensorName(const Record& r) {
+  return absl::StrCat(r.index, "/", r.module, "/", RecordKindName(r.kind));
+}
+
+RecordSummary Summarize(const at::Tensor& t) {
+  RecordSummary s;
+  if (t.numel() == 0) return s;
+  const at::Tensor d = t.detach().to(at::kDouble);
+  s.sum = d.sum().item<double>();
+  s.mean_abs = d.abs().mean().item<double>();
+  s.min = d.min().item<double>();
+  s.max = d.max().item<double>();
+  s.l2 = d.norm().item<double>();
+  return s;
+}
+
+json Number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double FromNumber(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  const std::string s = v.is_string() ? v.get<std::string>() : "nan";
+  if (s == "inf") return std::numeric_limits<double>::infinity();
+  if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+absl::StatusOr<Record> RecordFromJson(const json& j) {
+  Record r;
+  if (!j.is_object() || !j.contains("index") || !j["index"].is_number_integer() ||
+      !j.contains("module") || !j["module"].is_string() || !j.contains("kind") ||
+      !j["kind"].is_string() || !j.contains("dtype") || !j["dtype"].is_string() ||
+      !j.contains("shape") || !j["shape"].is_array() || !j.contains("digest") ||
+      !j["digest"].is_string() || !j.contains("summary") || !j["summary"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("a record is malformed: ", j.dump()));
+  }
+  r.index = j["index"].get<int64_t>();
+  r.module = j["module"].get<std::string>();
+  std::optional<RecordKind> kind = KindFromName(j["kind"].get<std::string>());
+  if (!kind) return absl::InvalidArgumentError(absl::StrCat("unknown record kind ", j["kind"].dump()));
+  r.kind = *kind;
+  r.dtype = j["dtype"].get<std::string>();
+  for (const json& d : j["shape"]) {
+    if (!d.is_number_integer()) return absl::InvalidArgumentError("a record's shape is malformed");
+    r.shape.push_back(d.get<int64_t>());
+  }
+  const std::string hex = j["digest"].get<std::string>();
+  const std::string bytes = absl::HexStringToBytes(hex);
+  if (hex.size() != 32 || bytes.size() != 16 || absl::BytesToHexString(bytes) != hex) {
+    return absl::InvalidArgumentError(absl::StrCat("a record's digest '", hex, "' is not 32 hex digits"));
+  }
+  std::copy(bytes.begin(), bytes.end(), r.digest.begin());
+  const json& s = j["summary"];
+  for (const char* key : {"sum", "mean_abs", "min", "max", "l2"}) {
+    if (!s.contains(key)) return absl::InvalidArgumentError("a record's summary is malformed");
+  }
+  r.summary = {FromNumber(s["sum"]), FromNumber(s["mean_abs"]), FromNumber(s["min"]),
+               FromNumber(s["max"]), FromNumber(s["l2"])};
+  return r;
+}
+
+}  // namespace
+
+std::string RecordKindName(RecordKind kind) {
+  switch (kind) {
+    case RecordKind::kForwardOutput:
+      return "forward_output";
+    case RecordKind::kGradientAtOutput:
+      return "gradient_at_output";
+    case RecordKind::kGradientAtInput:
+      return "gradient_at_input";
+  }
+  return "unknown";
+}
+
+json RecordJson(const Record& r) {
+  return {{"index", r.index},
+          {"module", r.module},
+          {"kind", RecordKindName(r.kind)},
+          {"dtype", r.dtype},
+          {"shape", r.shape},
+          {"digest", DigestHex128(r.digest)},
+          {"summary",
+           {{"sum", Number(r.summary.sum)},
+            {"mean_abs", Number(r.summary.mean_abs)},
+            {"min", Number(r.summary.min)},
+            {"max", Number(r.summary.max)},
+            {"l2", Number(r.summary.l2)}}},
+          {"kept", r.tensor.defined()}};
+}
+
+Recorder::Recorder(RecorderOptions options) : shared_(std::make_shared<Shared>()) {
+  shared_->options = options;
+}
+
+void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
+                   const at::Tensor& tensor) {
+  Record record;
+  record.module = module;
+  record.kind = kind;
+  absl::Status status = CallTorch(absl::StrCat("recording ", module, " ", RecordKindName(kind)), [&] {
+    at::NoGradGuard no_grad;
+    const at::Tensor t = tensor.detach();
+    record.shape = t.sizes().vec();
+    record.summary = Summarize(t);
+    record.tensor = t;  // dropped below unless kept
+  });
+  absl::StatusOr<std::string> dtype = SafetensorsDtypeName(tensor.scalar_type());
+  if (status.ok() && !dtype.ok()) status = dtype.status();
+  if (status.ok()) record.dtype = *dtype;
+  absl::StatusOr<Digest128> digest =
+      status.ok() ? DigestTensor(record.tensor) : absl::StatusOr<Digest128>(status);
+  std::lock_guard<std::mutex> lock(shared.mu);
+  if (!digest.ok()) {
+    if (shared.status.ok()) shared.status = digest.status();
+    return;
+  }
+  record.digest = *digest;
+  record.index = static_cast<int64_t>(shared.records.size());
+  if (record.index < shared.options.keep_full_tensors()) {
+    record.tensor = record.tensor.to(at::kCPU).clone();
+  } else {
+    record.tensor = at::Tensor();
+  }
+  shared.records.push_back(std::move(record));
+}
+
+at::Tensor Recorder::Enter(const std::string& module, const at::Tensor& input) {
+  if (!input.defined() || !input.requires_grad()) return input;
+  at::Tensor through = input.view_as(input);
+  through.register_hook([shared = shared_, module](const at::Tensor& grad) {
+    Add(*shared, module, RecordKind::kGradientAtInput, grad);
+  });
+  return through;
+}
+
+at::Tensor Recorder::Exit(const std::string& module, const at::Tensor& output) {
+  if (!output.defined()) return output;
+  Add(*shared_, module, RecordKind::kForwardOutput, output);
+  if (output.requires_grad()) {
+    output.register_hook([shared = shared_, module](const at::Tensor& grad) {
+      Add(*shared, module, RecordKind::kGradientAtOutput, grad);
+    });
+  }
+  return output;
+}
+
+absl::Status Recorder::status() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->status;
+}
+
+Recording Recorder::Snapshot() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return Recording(shared_->records);
+}
+
+absl::Status Recording::Save(const std::string& path) const {
+  json records = json::array();
+  NamedTensors kept;
+  for (const Record& r : records_) {
+    records.push_back(RecordJson(r));
+    if (r.tensor.defined()) kept.emplace_back(TensorName(r), r.tensor);
+  }
+  return WriteSafetensors(path, kept, {{kRecordingMetadataKey, records.dump()}});
+}
+
+absl::StatusOr<Recording> Recording::Load(const std::string& path) {
+  LOCKSTEP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a lockstep recording: ", why));
+  };
+  const auto found = file.metadata().find(kRecordingMetadataKey);
+  if (found == file.metadata().end()) return invalid("no lockstep.recording metadata");
+  const json records = json::parse(found->second, nullptr, /*allow_exceptions=*/false);
+  if (records.is_discarded() || !records.is_array()) return invalid("its records are not a JSON array");
+  std::vector<Record> out;
+  for (const json& j : records) {
+    absl::StatusOr<Record> r = RecordFromJson(j);
+    if (!r.ok()) return invalid(r.status().message());
+    if (r->index != static_cast<int64_t>(out.size())) {
+      return invalid(absl::StrCat("record ", out.size(), " has index ", r->index));
+    }
+    if (j.value("kept", false)) {
+      absl::StatusOr<at::Tensor> tensor = file.Tensor(TensorName(*r));
+      if (!tensor.ok()) return invalid(tensor.status().message());
+      r->tensor = *tensor;
+    }
+    out.push_back(std::move(*r));
+  }
+  return Recording(std::move(out));
+}
+
+absl::StatusOr<std::optional<Divergence>> FirstDivergence(const Recording& a, const Recording& b,
+                                                          const Tolerance& tolerance) {
+  const auto& ra = a.records();
+  const auto& rb = b.records();
+  const size_t n = std::max(ra.size(), rb.size());
+  for (size_t i = 0; i < n; ++i) {
+    Divergence d;
+    d.index = static_cast<int64_t>(i);
+    if (i < ra.size()) d.a = ra[i];
+    if (i < rb.size()) d.b = rb[i];
+    const Record& known = d.a ? *d.a : *d.b;
+    d.module = known.module;
+    d.kind = known.kind;
+    if (!d.a || !d.b) {
+      d.reason = "length";
+    } else if (d.a->module != d.b->module || d.a->kind != d.b->kind || d.a->dtype != d.b->dtype ||
+               d.a->shape != d.b->shape) {
+      d.reason = "structure";
+    } else if (d.a->digest != d.b->digest) {
+      d.reason = "digest";
+      if (d.a->tensor.defined() && d.b->tensor.defined()) {
+        LOCKSTEP_ASSIGN_OR_RETURN(d.comparison, CompareTensors(d.a->tensor, d.b->tensor, tolerance,
+                                                               TensorName(*d.a)));
+      }
+    } else {
+      continue;
+    }
+    return std::optional<Divergence>(std::move(d));
+  }
+  return std::optional<Divergence>();
+}
+
+json DivergenceJson(const std::optional<Divergence>& divergence) {
+  if (!divergence) return {{"diverged", false}};
+  const Divergence& d = *divergence;
+  json j = {{"diverged", true},
+            {"index", d.index},
+            {"module", d.module},
+            {"kind", RecordKindName(d.kind)},
+            {"reason", d.reason},
+            {"a", d.a ? RecordJson(*d.a) : json()},
+            {"b", d.b ? RecordJson(*d.b) : json()}};
+  if (d.comparison) j["comparison"] = ComparisonJson(*d.comparison);
+  return j;
+}
+
+}  // namespace numerics
+}  // namespace lockstep
