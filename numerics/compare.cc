@@ -2,15 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
+#include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "nlohmann/json.hpp"
+#include "numerics/internal/compare_device.h"
 
 namespace lockstep {
 namespace numerics {
@@ -18,20 +22,6 @@ namespace {
 
 using json = nlohmann::json;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// The integer dtype of the same width, for comparing bytes.
-at::ScalarType BitsType(at::ScalarType dtype) {
-  switch (c10::elementSize(dtype)) {
-    case 1:
-      return at::kByte;
-    case 2:
-      return at::kShort;
-    case 4:
-      return at::kInt;
-    default:
-      return at::kLong;
-  }
-}
 
 std::string Shape(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
@@ -51,61 +41,122 @@ json Figure(double value) {
   return value;
 }
 
-// The figures of two tensors of one shape, dtype and device.
-void Measure(const at::Tensor& actual, const at::Tensor& expected, const Tolerance& tol,
-             TensorComparison& out) {
-  out.elements = actual.numel();
-  const at::Tensor a = actual.contiguous();
-  const at::Tensor b = expected.contiguous();
-  const at::Tensor a_bits = a.view(BitsType(a.scalar_type()));
-  const at::Tensor b_bits = b.view(BitsType(b.scalar_type()));
-  const at::Tensor bit_differs = a_bits.ne(b_bits);
-  out.bitwise_equal = out.elements == 0 || !bit_differs.any().item<bool>();
-  if (out.elements == 0) {
-    out.elementwise_passed = out.relative_l2_passed = true;
-    out.passed = true;
-    return;
+// Bits of an element, for the bitwise criterion.
+template <typename T>
+uint64_t BitsOf(const T& v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  return bits;
+}
+
+// Compares elements [begin, end) of two contiguous CPU buffers of T.
+template <typename T>
+internal::ComparePartial CompareRange(const T* a, const T* b, int64_t begin, int64_t end,
+                                      const internal::CompareParams& params) {
+  internal::ComparePartial p;
+  for (int64_t i = begin; i < end; ++i) {
+    internal::VisitElement(static_cast<double>(a[i]), static_cast<double>(b[i]),
+                           BitsOf(a[i]) == BitsOf(b[i]), i, params, p);
   }
-  const at::Tensor a64 = a.to(at::kDouble);
-  const at::Tensor b64 = b.to(at::kDouble);
-  // Pairs that pass whatever the tolerance: exactly equal, or NaN against NaN when asked.
-  at::Tensor settled = a.eq(b);
-  if (tol.nan_equal() && a.is_floating_point()) {
-    settled = settled.logical_or(a64.isnan().logical_and(b64.isnan()));
-  }
-  const at::Tensor unsettled_nonfinite =
-      settled.logical_not().logical_and(a64.isfinite().logical_and(b64.isfinite()).logical_not());
-  const bool any_nonfinite = unsettled_nonfinite.any().item<bool>();
-  // |a - b| where it counts; 0 where settled; +inf for unsettled non-finite pairs.
-  at::Tensor diff = at::where(settled, at::zeros_like(a64), (a64 - b64).abs());
-  diff = at::where(unsettled_nonfinite, at::full_like(diff, kInf), diff);
-  const at::Tensor allowed =
-      tol.atol() + tol.rtol() * at::where(settled, at::zeros_like(b64), b64.abs());
-  const at::Tensor failing = diff.gt(allowed).logical_or(unsettled_nonfinite);
-  const at::Tensor offending = tol.bitwise() ? bit_differs : failing;
-  out.over_tolerance = offending.sum().item<int64_t>();
-  out.max_abs_diff = diff.max().item<double>();
-  // diff / allowed, with 0 / 0 = 0 and x / 0 = inf for x > 0.
-  const at::Tensor ratio =
-      at::where(allowed.gt(0), diff / allowed,
-                at::where(diff.gt(0), at::full_like(diff, kInf), at::zeros_like(diff)));
-  out.max_tolerance_ratio = ratio.max().item<double>();
-  if (any_nonfinite) {
+  return p;
+}
+
+// The figures of two contiguous CPU tensors of one shape and dtype: fixed blocks of
+// kCpuCompareBlock elements hashed out to LibTorch's threads, reduced in block order so that the
+// sums do not depend on the thread count.
+constexpr int64_t kCpuCompareBlock = 1 << 16;
+
+template <typename T>
+internal::ComparePartial CompareCpu(const at::Tensor& a, const at::Tensor& b,
+                                    const internal::CompareParams& params) {
+  const T* pa = a.data_ptr<T>();
+  const T* pb = b.data_ptr<T>();
+  const int64_t n = a.numel();
+  const int64_t blocks = (n + kCpuCompareBlock - 1) / kCpuCompareBlock;
+  std::vector<internal::ComparePartial> partials(blocks);
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) {
+      partials[k] = CompareRange(pa, pb, k * kCpuCompareBlock,
+                                 std::min(n, (k + 1) * kCpuCompareBlock), params);
+    }
+  });
+  internal::ComparePartial total;
+  for (const internal::ComparePartial& p : partials) internal::MergePartial(total, p);
+  return total;
+}
+
+}  // namespace
+
+namespace internal {
+
+void FillComparison(const ComparePartial& total, const Tolerance& tol, at::IntArrayRef sizes,
+                    TensorComparison& out) {
+  out.bitwise_equal = total.bit_differs == 0;
+  out.over_tolerance = tol.bitwise() ? total.bit_differs : total.over;
+  out.max_abs_diff = total.max_diff;
+  out.max_tolerance_ratio = total.max_ratio;
+  if (total.nonfinite > 0) {
     out.relative_l2 = kInf;
   } else {
-    // Settled NaN pairs count as 0 in both norms; equal infinities make ||b|| infinite.
-    const double numerator = diff.norm().item<double>();
-    const double denominator =
-        at::where(settled.logical_and(b64.isnan()), at::zeros_like(b64), b64).norm().item<double>();
+    // Equal infinities make ||b|| infinite and the ratio 0; settled NaNs count in neither norm.
+    const double numerator = std::sqrt(total.sum_diff2);
+    const double denominator = std::sqrt(total.sum_b2);
     out.relative_l2 = denominator > 0 ? numerator / denominator : (numerator == 0 ? 0 : kInf);
   }
-  out.elementwise_passed = tol.bitwise() ? !failing.any().item<bool>() : out.over_tolerance == 0;
+  out.elementwise_passed = total.over == 0;
   out.relative_l2_passed = out.relative_l2 <= tol.relative_l2();
-  if (out.over_tolerance > 0) {
-    const int64_t flat = offending.reshape({-1}).to(at::kByte).argmax().item<int64_t>();
-    out.first_offending_index = Unravel(flat, a.sizes());
-  }
+  const int64_t first = tol.bitwise() ? total.first_bit_diff : total.first_over;
+  if (first >= 0 && !sizes.empty()) out.first_offending_index = Unravel(first, sizes);
   out.passed = tol.bitwise() ? out.bitwise_equal : out.elementwise_passed && out.relative_l2_passed;
+}
+
+}  // namespace internal
+
+namespace {
+
+absl::Status MeasureCpu(const at::Tensor& actual, const at::Tensor& expected, const Tolerance& tol,
+                        TensorComparison& out) {
+  const internal::CompareParams params{tol.atol(), tol.rtol(), tol.nan_equal()};
+  internal::ComparePartial total;
+  const at::Tensor a = actual.contiguous();
+  const at::Tensor b = expected.contiguous();
+  switch (a.scalar_type()) {
+    case at::kDouble:
+      total = CompareCpu<double>(a, b, params);
+      break;
+    case at::kFloat:
+      total = CompareCpu<float>(a, b, params);
+      break;
+    case at::kHalf:
+      total = CompareCpu<at::Half>(a, b, params);
+      break;
+    case at::kBFloat16:
+      total = CompareCpu<at::BFloat16>(a, b, params);
+      break;
+    case at::kLong:
+      total = CompareCpu<int64_t>(a, b, params);
+      break;
+    case at::kInt:
+      total = CompareCpu<int32_t>(a, b, params);
+      break;
+    case at::kShort:
+      total = CompareCpu<int16_t>(a, b, params);
+      break;
+    case at::kChar:
+      total = CompareCpu<int8_t>(a, b, params);
+      break;
+    case at::kByte:
+      total = CompareCpu<uint8_t>(a, b, params);
+      break;
+    case at::kBool:
+      total = CompareCpu<bool>(a, b, params);
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", c10::toString(a.scalar_type()), " cannot be compared"));
+  }
+  internal::FillComparison(total, tol, a.sizes(), out);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -185,8 +236,28 @@ absl::StatusOr<TensorComparison> CompareTensors(const at::Tensor& actual,
                                                    c10::toString(actual.scalar_type()),
                                                    " is not supported"));
   }
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("comparing '", out.name, "'"),
-                                     [&] { Measure(actual, expected, tolerance, out); }));
+  out.elements = actual.numel();
+  if (actual.numel() == 0) {
+    internal::FillComparison(internal::ComparePartial(), tolerance, actual.sizes(), out);
+    return out;
+  }
+  {
+    // CUDA tensors: one fused pass on the device (numerics/internal/compare_device.h).
+    absl::StatusOr<bool> on_device = internal::MeasureOnDevice(actual, expected, tolerance, out);
+    if (!on_device.ok())
+      return Annotate(on_device.status(), absl::StrCat("comparing '", out.name, "'"));
+    if (*on_device) return out;
+  }
+  if (!actual.is_cpu()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("comparing '", out.name, "': tensors on ", actual.device().str(),
+                     " can be compared only on the CPU or (CUDA builds) a CUDA device"));
+  }
+  absl::Status measured = absl::OkStatus();
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("comparing '", out.name, "'"), [&] {
+    measured = MeasureCpu(actual, expected, tolerance, out);
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(measured);
   return out;
 }
 

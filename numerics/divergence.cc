@@ -71,7 +71,8 @@ absl::StatusOr<Record> RecordFromJson(const json& j) {
   r.index = j["index"].get<int64_t>();
   r.module = j["module"].get<std::string>();
   std::optional<RecordKind> kind = KindFromName(j["kind"].get<std::string>());
-  if (!kind) return absl::InvalidArgumentError(absl::StrCat("unknown record kind ", j["kind"].dump()));
+  if (!kind)
+    return absl::InvalidArgumentError(absl::StrCat("unknown record kind ", j["kind"].dump()));
   r.kind = *kind;
   r.dtype = j["dtype"].get<std::string>();
   for (const json& d : j["shape"]) {
@@ -81,7 +82,8 @@ absl::StatusOr<Record> RecordFromJson(const json& j) {
   const std::string hex = j["digest"].get<std::string>();
   const std::string bytes = absl::HexStringToBytes(hex);
   if (hex.size() != 32 || bytes.size() != 16 || absl::BytesToHexString(bytes) != hex) {
-    return absl::InvalidArgumentError(absl::StrCat("a record's digest '", hex, "' is not 32 hex digits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a record's digest '", hex, "' is not 32 hex digits"));
   }
   std::copy(bytes.begin(), bytes.end(), r.digest.begin());
   const json& s = j["summary"];
@@ -132,13 +134,14 @@ void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
   Record record;
   record.module = module;
   record.kind = kind;
-  absl::Status status = CallTorch(absl::StrCat("recording ", module, " ", RecordKindName(kind)), [&] {
-    at::NoGradGuard no_grad;
-    const at::Tensor t = tensor.detach();
-    record.shape = t.sizes().vec();
-    record.summary = Summarize(t);
-    record.tensor = t;  // dropped below unless kept
-  });
+  absl::Status status =
+      CallTorch(absl::StrCat("recording ", module, " ", RecordKindName(kind)), [&] {
+        at::NoGradGuard no_grad;
+        const at::Tensor t = tensor.detach();
+        record.shape = t.sizes().vec();
+        record.summary = Summarize(t);
+        record.tensor = t;  // dropped below unless kept
+      });
   absl::StatusOr<std::string> dtype = SafetensorsDtypeName(tensor.scalar_type());
   if (status.ok() && !dtype.ok()) status = dtype.status();
   if (status.ok()) record.dtype = *dtype;
@@ -207,7 +210,8 @@ absl::StatusOr<Recording> Recording::Load(const std::string& path) {
   const auto found = file.metadata().find(kRecordingMetadataKey);
   if (found == file.metadata().end()) return invalid("no lockstep.recording metadata");
   const json records = json::parse(found->second, nullptr, /*allow_exceptions=*/false);
-  if (records.is_discarded() || !records.is_array()) return invalid("its records are not a JSON array");
+  if (records.is_discarded() || !records.is_array())
+    return invalid("its records are not a JSON array");
   std::vector<Record> out;
   for (const json& j : records) {
     absl::StatusOr<Record> r = RecordFromJson(j);
@@ -246,8 +250,8 @@ absl::StatusOr<std::optional<Divergence>> FirstDivergence(const Recording& a, co
     } else if (d.a->digest != d.b->digest) {
       d.reason = "digest";
       if (d.a->tensor.defined() && d.b->tensor.defined()) {
-        LOCKSTEP_ASSIGN_OR_RETURN(d.comparison, CompareTensors(d.a->tensor, d.b->tensor, tolerance,
-                                                               TensorName(*d.a)));
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            d.comparison, CompareTensors(d.a->tensor, d.b->tensor, tolerance, TensorName(*d.a)));
       }
     } else {
       continue;

@@ -23,7 +23,8 @@
 //   numerics::Recorder recorder(numerics::RecorderOptions().set_keep_full_tensors(4));
 //   ... forward with taps, loss.backward() ...
 //   LOCKSTEP_RETURN_IF_ERROR(recorder.Save("run_a.rec"));
-//   // later: numerics::FirstDivergence(*Recording::Load("run_a.rec"), *Recording::Load("run_b.rec"))
+//   // later: numerics::FirstDivergence(*Recording::Load("run_a.rec"),
+//   *Recording::Load("run_b.rec"))
 
 #ifndef LOCKSTEP_NUMERICS_DIVERGENCE_H_
 #define LOCKSTEP_NUMERICS_DIVERGENCE_H_
@@ -72,7 +73,10 @@ class RecorderOptions {
  public:
   RecorderOptions() = default;
   // Keep the full tensors of the first `n` records (default 0: digests and summaries only).
-  RecorderOptions& set_keep_full_tensors(int n) { keep_full_tensors_ = n; return *this; }
+  RecorderOptions& set_keep_full_tensors(int n) {
+    keep_full_tensors_ = n;
+    return *this;
+  }
   int keep_full_tensors() const { return keep_full_tensors_; }
 
  private:

@@ -64,7 +64,8 @@ TEST(DivergenceTest, RecordsFollowExecutionOrder) {
 }
 
 TEST(DivergenceTest, IdenticalRunsDoNotDiverge) {
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> d, FirstDivergence(RecordRun(-1, -1), RecordRun(-1, -1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> d,
+                                FirstDivergence(RecordRun(-1, -1), RecordRun(-1, -1)));
   EXPECT_FALSE(d.has_value());
   EXPECT_EQ(DivergenceJson(d)["diverged"], false);
 }
@@ -72,7 +73,8 @@ TEST(DivergenceTest, IdenticalRunsDoNotDiverge) {
 TEST(DivergenceTest, AForwardPerturbationIsFoundInItsModuleForEveryK) {
   const Recording reference = RecordRun(-1, -1);
   for (int k = 0; k < kModules; ++k) {
-    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> d, FirstDivergence(reference, RecordRun(k, -1)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> d,
+                                  FirstDivergence(reference, RecordRun(k, -1)));
     ASSERT_TRUE(d.has_value()) << k;
     EXPECT_EQ(d->module, absl::StrCat("block", k));
     EXPECT_EQ(d->kind, RecordKind::kForwardOutput) << k;
@@ -84,7 +86,8 @@ TEST(DivergenceTest, AForwardPerturbationIsFoundInItsModuleForEveryK) {
 TEST(DivergenceTest, ABackwardPerturbationIsFoundInItsModuleForEveryK) {
   const Recording reference = RecordRun(-1, -1);
   for (int k = 0; k < kModules; ++k) {
-    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> d, FirstDivergence(reference, RecordRun(-1, k)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> d,
+                                  FirstDivergence(reference, RecordRun(-1, k)));
     ASSERT_TRUE(d.has_value()) << k;
     EXPECT_EQ(d->module, absl::StrCat("block", k)) << k;
     EXPECT_EQ(d->kind, RecordKind::kGradientAtInput) << k;

@@ -33,7 +33,9 @@ struct Model {
 TEST(RepeatabilityTest, ADeterministicStepWithDropoutIsBitwiseRepeatable) {
   at::manual_seed(1);
   Model model;
-  auto step = [&]() -> absl::StatusOr<NamedTensors> { return NamedTensors{{"loss", model.Step()}}; };
+  auto step = [&]() -> absl::StatusOr<NamedTensors> {
+    return NamedTensors{{"loss", model.Step()}};
+  };
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RepeatabilityReport report,
                                 RunRepeatability(step, model.parameters(), Tolerance::Bitwise()));
   EXPECT_TRUE(report.repeatable());

@@ -76,12 +76,12 @@ int main(int argc, char** argv) {
     if (d->b) PrintRecord("B", *d->b);
     if (d->comparison) std::cout << "  " << d->comparison->Summary() << "\n";
   }
-  nlohmann::json evidence = {{"tool", "diverge"},
-                             {"inputs", args},
-                             {"records", {recordings[0].records().size(),
-                                          recordings[1].records().size()}},
-                             {"divergence", numerics::DivergenceJson(d)},
-                             {"context", numerics::CaptureExecutionContext()}};
+  nlohmann::json evidence = {
+      {"tool", "diverge"},
+      {"inputs", args},
+      {"records", {recordings[0].records().size(), recordings[1].records().size()}},
+      {"divergence", numerics::DivergenceJson(d)},
+      {"context", numerics::CaptureExecutionContext()}};
   if (const std::string out = absl::GetFlag(FLAGS_out).path; !out.empty()) {
     if (absl::Status s = lockstep::WriteFileAtomically(out, evidence.dump(2) + "\n"); !s.ok()) {
       return Fail(s);

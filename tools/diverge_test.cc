@@ -54,7 +54,8 @@ TEST(DivergeToolTest, NamesTheFirstDivergentModuleAndExitsByVerdict) {
   const std::string json_path = testing::TempDir() + "/divergence.json";
   std::tie(rc, out) = Diverge(absl::StrCat(a, " ", bumped, " --out=", json_path));
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_THAT(out, HasSubstr("first divergence at record 1: module block1, forward_output (digest)"));
+  EXPECT_THAT(out,
+              HasSubstr("first divergence at record 1: module block1, forward_output (digest)"));
   EXPECT_THAT(out, HasSubstr("1/block1/forward_output: FAIL"));  // the kept tensors' comparison
   std::ifstream in(json_path);
   const nlohmann::json j = nlohmann::json::parse(in);

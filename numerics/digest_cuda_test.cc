@@ -1,0 +1,52 @@
+// The CUDA digest: the kernel's chunk hashes equal libxxhash's, and a CUDA tensor has the digest
+// of its CPU copy for every size class, dtype and layout (including unaligned views).
+
+#include <cstring>
+
+#include "ATen/ATen.h"
+#include "base/status_testutil.h"
+#include "gtest/gtest.h"
+#include "numerics/digest.h"
+#include "numerics/inventory.h"
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+TEST(DigestCudaTest, ACudaTensorHasTheDigestOfItsCpuCopy) {
+  at::manual_seed(5);
+  for (int64_t n : {0L, 1L, 7L, 4096L, 4097L, 65536L * 3 + 5, 10000000L}) {
+    const at::Tensor cpu = at::randn({n});
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(cpu));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device, DigestTensor(cpu.to(at::kCUDA)));
+    EXPECT_EQ(host, device) << n << " elements";
+  }
+  const at::Tensor bytes = at::randint(0, 255, {100001}, at::kByte);
+  for (int64_t offset : {1, 3, 5}) {  // views at odd offsets (the kernel loads 8-byte words)
+    const at::Tensor view = bytes.narrow(0, offset, 50000);
+    EXPECT_EQ(*DigestTensor(view), *DigestTensor(view.to(at::kCUDA))) << offset;
+  }
+  for (at::ScalarType t : {at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kBool}) {
+    const at::Tensor x = at::randn({333, 77}).to(t);
+    EXPECT_EQ(*DigestTensor(x), *DigestTensor(x.to(at::kCUDA))) << t;
+    EXPECT_EQ(*DigestTensor(x.t()), *DigestTensor(x.t().to(at::kCUDA))) << t;
+  }
+}
+
+TEST(DigestCudaTest, InventoriesAgreeAcrossDevices) {
+  const NamedTensors cpu = {{"w", at::randn({1024, 1024})}, {"b", at::randn({1024})}};
+  NamedTensors gpu;
+  for (const auto& [name, t] : cpu) gpu.emplace_back(name, t.to(at::kCUDA));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory a, Inventory::Of(cpu));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory b, Inventory::Of(gpu));
+  EXPECT_EQ(a.state_digest(), b.state_digest());
+  EXPECT_EQ(b.entries()[0].device, "cuda:0");
+  // One bit flipped on the device changes the digest.
+  gpu[0].second.view(at::kInt).index_put_({7, 7}, gpu[0].second.view(at::kInt)[7][7] ^ 1);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory c, Inventory::Of(gpu));
+  EXPECT_NE(a.state_digest(), c.state_digest());
+}
+
+}  // namespace
+}  // namespace numerics
+}  // namespace lockstep

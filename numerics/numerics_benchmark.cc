@@ -1,0 +1,90 @@
+// Throughput of numerics' evidence tools: the state digest, the tensor comparison and an
+// inventory of a 1 GiB state, on the CPU and, in CUDA builds, on the GPU (issue targets on the
+// H200: device digest >= 500 GB/s, comparison of two device tensors >= 1 TB/s of input).
+// Bytes per second count the input bytes read: one tensor for a digest, both for a comparison.
+// Every benchmark runs its operation once before timing (first-touch memory, CUDA context,
+// kernel load). A CUDA build without a GPU exits 1: it cannot measure what it is for.
+
+#include <cstdio>
+
+#include "ATen/ATen.h"
+#include "benchmark/benchmark.h"
+#include "numerics/compare.h"
+#include "numerics/digest.h"
+#include "numerics/inventory.h"
+#if LOCKSTEP_BUILT_WITH_CUDA
+#include "ATen/cuda/CUDAContext.h"
+#endif
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+at::Tensor Floats(int64_t bytes, at::Device device) {
+  return at::randn({bytes / 4}, at::TensorOptions().device(device));
+}
+
+void Synchronize(at::Device device) {
+#if LOCKSTEP_BUILT_WITH_CUDA
+  if (device.is_cuda()) at::cuda::getCurrentCUDAStream().synchronize();
+#else
+  (void)device;
+#endif
+}
+
+void BM_Digest(benchmark::State& state, at::Device device) {
+  const int64_t bytes = state.range(0) * kMiB;
+  const at::Tensor t = Floats(bytes, device);
+  if (!DigestTensor(t).ok()) state.SkipWithError("the digest failed");
+  for (auto _ : state) benchmark::DoNotOptimize(DigestTensor(t));
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+void BM_Compare(benchmark::State& state, at::Device device) {
+  const int64_t bytes = state.range(0) * kMiB;
+  const at::Tensor b = Floats(bytes, device);
+  const at::Tensor a = b + 1e-4 * at::randn_like(b);
+  Synchronize(device);
+  if (!CompareTensors(a, b, Tolerance()).ok()) state.SkipWithError("the comparison failed");
+  for (auto _ : state) benchmark::DoNotOptimize(CompareTensors(a, b, Tolerance()));
+  state.SetBytesProcessed(state.iterations() * 2 * bytes);
+}
+
+// A 1 GiB state of 8 tensors of 128 MiB, inventoried end to end (digests and state digest).
+void BM_Inventory1GiB(benchmark::State& state, at::Device device) {
+  NamedTensors tensors;
+  for (int i = 0; i < 8; ++i) tensors.emplace_back("layer" + std::to_string(i), Floats(128 * kMiB, device));
+  Synchronize(device);
+  if (!Inventory::Of(tensors).ok()) state.SkipWithError("the inventory failed");
+  for (auto _ : state) benchmark::DoNotOptimize(Inventory::Of(tensors));
+  state.SetBytesProcessed(state.iterations() * 1024 * kMiB);
+}
+
+BENCHMARK_CAPTURE(BM_Digest, cpu, at::Device(at::kCPU))->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Compare, cpu, at::Device(at::kCPU))->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Inventory1GiB, cpu, at::Device(at::kCPU))->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+#if LOCKSTEP_BUILT_WITH_CUDA
+BENCHMARK_CAPTURE(BM_Digest, cuda, at::Device(at::kCUDA, 0))->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Compare, cuda, at::Device(at::kCUDA, 0))->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Inventory1GiB, cuda, at::Device(at::kCUDA, 0))->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(20);
+#endif
+
+}  // namespace
+}  // namespace numerics
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+#if LOCKSTEP_BUILT_WITH_CUDA
+  if (!at::cuda::is_available()) {
+    std::fprintf(stderr, "numerics_benchmark: built with CUDA but no GPU is visible; the device "
+                         "benchmarks cannot measure\n");
+    return 1;
+  }
+#endif
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
