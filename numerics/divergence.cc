@@ -6,6 +6,7 @@
 #include <map>
 
 #include "ATen/ATen.h"
+#include "ATen/core/grad_mode.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"

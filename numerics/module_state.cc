@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "torch/torch.h"
+#include "torch/version.h"
 
 namespace lockstep {
 namespace numerics {
@@ -48,6 +49,14 @@ bool AddParamState(NamedTensors& out, const std::string& prefix,
   return true;
 }
 
+// The optimizer's key for a parameter's state: its TensorImpl's address, as a string before
+// LibTorch 2 and as a pointer since.
+#if TORCH_VERSION_MAJOR >= 2
+void* StateKey(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
+std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+#endif
+
 }  // namespace
 
 absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
@@ -67,7 +76,7 @@ absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& params = groups[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
-      const auto found = states.find(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
+      const auto found = states.find(StateKey(params[i]));
       if (found == states.end()) continue;  // no step taken for it yet
       auto path = path_of.find(params[i].unsafeGetTensorImpl());
       const std::string prefix = path != path_of.end()

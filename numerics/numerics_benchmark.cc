@@ -55,20 +55,39 @@ void BM_Compare(benchmark::State& state, at::Device device) {
 // A 1 GiB state of 8 tensors of 128 MiB, inventoried end to end (digests and state digest).
 void BM_Inventory1GiB(benchmark::State& state, at::Device device) {
   NamedTensors tensors;
-  for (int i = 0; i < 8; ++i) tensors.emplace_back("layer" + std::to_string(i), Floats(128 * kMiB, device));
+  for (int i = 0; i < 8; ++i)
+    tensors.emplace_back("layer" + std::to_string(i), Floats(128 * kMiB, device));
   Synchronize(device);
   if (!Inventory::Of(tensors).ok()) state.SkipWithError("the inventory failed");
   for (auto _ : state) benchmark::DoNotOptimize(Inventory::Of(tensors));
   state.SetBytesProcessed(state.iterations() * 1024 * kMiB);
 }
 
-BENCHMARK_CAPTURE(BM_Digest, cpu, at::Device(at::kCPU))->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Compare, cpu, at::Device(at::kCPU))->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Inventory1GiB, cpu, at::Device(at::kCPU))->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK_CAPTURE(BM_Digest, cpu, at::Device(at::kCPU))
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Compare, cpu, at::Device(at::kCPU))
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Inventory1GiB, cpu, at::Device(at::kCPU))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
 #if LOCKSTEP_BUILT_WITH_CUDA
-BENCHMARK_CAPTURE(BM_Digest, cuda, at::Device(at::kCUDA, 0))->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Compare, cuda, at::Device(at::kCUDA, 0))->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Inventory1GiB, cuda, at::Device(at::kCUDA, 0))->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_Digest, cuda, at::Device(at::kCUDA, 0))
+    ->Arg(1024)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Compare, cuda, at::Device(at::kCUDA, 0))
+    ->Arg(1024)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Inventory1GiB, cuda, at::Device(at::kCUDA, 0))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(20);
 #endif
 
 }  // namespace
@@ -79,8 +98,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
 #if LOCKSTEP_BUILT_WITH_CUDA
   if (!at::cuda::is_available()) {
-    std::fprintf(stderr, "numerics_benchmark: built with CUDA but no GPU is visible; the device "
-                         "benchmarks cannot measure\n");
+    std::fprintf(stderr,
+                 "numerics_benchmark: built with CUDA but no GPU is visible; the device "
+                 "benchmarks cannot measure\n");
     return 1;
   }
 #endif

@@ -36,6 +36,16 @@ targets=(
   //checkpoint:checkpoint_test
   //checkpoint:checkpoint_benchmark
   //tools:qualification_cuda_test
+  //numerics:digest_cuda_test
+  //numerics:compare_cuda_test
+  //numerics:numerics_benchmark
+  //numerics:compare_test
+  //numerics:inventory_test
+  //numerics:divergence_test
+  //numerics:repeatability_test
+  //numerics:execution_context_test
+  //numerics:xxh3_chunk_test
+  //rng:cpu_generator_state_test
 )
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
 bins=()

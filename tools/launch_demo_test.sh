@@ -18,6 +18,11 @@ if "$launch" --nproc=2 -- "$demo" --cp=4 >"$bad" 2>&1; then
   echo "launch exited 0 although every rank failed"; exit 1
 fi
 grep -q "does not divide the world size 2" "$bad" || { cat "$bad"; exit 1; }
+# A TP x CP product that overflows 32 bits (once a division by zero): a clear error on every rank.
+if "$launch" --nproc=2 -- "$demo" --tp=65536 --cp=65536 >"$bad" 2>&1; then
+  echo "launch exited 0 for TP 65536 x CP 65536"; exit 1
+fi
+grep -q "TP size 65536 x CP size 65536" "$bad" || { cat "$bad"; exit 1; }
 
 # A SIGKILLed launcher takes its ranks with it (PR_SET_PDEATHSIG): none may outlive it.
 piddir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/launch_pids.XXXXXX")

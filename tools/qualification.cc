@@ -555,7 +555,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     file << evidence.dump(2) << "\n";
     if (!file) {
       return absl::InternalError(
-          absl::StrCat("cannot write the evidence file '", options.evidence_path, "'"));
+          absl::StrCat("cannot write the evidence file '", options.evidence_path,
+                       "' (per-rank reports and worker output kept in ", dir, ")"));
     }
     out << "evidence: " << options.evidence_path << "\n";
   }

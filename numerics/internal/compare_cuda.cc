@@ -18,17 +18,28 @@ namespace {
 
 std::optional<CompareType> TypeOf(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return CompareType::kDouble;
-    case at::kFloat: return CompareType::kFloat;
-    case at::kHalf: return CompareType::kHalf;
-    case at::kBFloat16: return CompareType::kBFloat16;
-    case at::kLong: return CompareType::kInt64;
-    case at::kInt: return CompareType::kInt32;
-    case at::kShort: return CompareType::kInt16;
-    case at::kChar: return CompareType::kInt8;
-    case at::kByte: return CompareType::kUInt8;
-    case at::kBool: return CompareType::kBool;
-    default: return std::nullopt;
+    case at::kDouble:
+      return CompareType::kDouble;
+    case at::kFloat:
+      return CompareType::kFloat;
+    case at::kHalf:
+      return CompareType::kHalf;
+    case at::kBFloat16:
+      return CompareType::kBFloat16;
+    case at::kLong:
+      return CompareType::kInt64;
+    case at::kInt:
+      return CompareType::kInt32;
+    case at::kShort:
+      return CompareType::kInt16;
+    case at::kChar:
+      return CompareType::kInt8;
+    case at::kByte:
+      return CompareType::kUInt8;
+    case at::kBool:
+      return CompareType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -44,12 +55,13 @@ absl::StatusOr<bool> MeasureOnDevice(const at::Tensor& actual, const at::Tensor&
     c10::cuda::CUDAGuard guard(actual.device());
     const at::Tensor a = actual.contiguous();
     const at::Tensor b = expected.contiguous();
-    at::Tensor partials = at::empty({static_cast<int64_t>(kComparePartials * sizeof(ComparePartial))},
-                                    a.options().dtype(at::kByte));
-    const cudaError_t error = LaunchCompare(
-        a.data_ptr(), b.data_ptr(), a.numel(), *type, tol.atol(), tol.rtol(), tol.nan_equal(),
-        reinterpret_cast<ComparePartial*>(partials.data_ptr()),
-        c10::cuda::getCurrentCUDAStream(actual.device().index()).stream());
+    at::Tensor partials =
+        at::empty({static_cast<int64_t>(kComparePartials * sizeof(ComparePartial))},
+                  a.options().dtype(at::kByte));
+    const cudaError_t error =
+        LaunchCompare(a.data_ptr(), b.data_ptr(), a.numel(), *type, tol.atol(), tol.rtol(),
+                      tol.nan_equal(), reinterpret_cast<ComparePartial*>(partials.data_ptr()),
+                      c10::cuda::getCurrentCUDAStream(actual.device().index()).stream());
     if (error != cudaSuccess) {
       launched = absl::InternalError(
           absl::StrCat("launching the comparison kernel: ", cudaGetErrorString(error)));

@@ -21,8 +21,8 @@ namespace internal {
 // this build can compare on.
 // Fills `out`'s figures from the reduced partial of a comparison of tensors of shape `sizes`
 // (defined in compare.cc, shared by both paths).
-void FillComparison(const ComparePartial& total, const Tolerance& tolerance,
-                    at::IntArrayRef sizes, TensorComparison& out);
+void FillComparison(const ComparePartial& total, const Tolerance& tolerance, at::IntArrayRef sizes,
+                    TensorComparison& out);
 
 absl::StatusOr<bool> MeasureOnDevice(const at::Tensor& actual, const at::Tensor& expected,
                                      const Tolerance& tolerance, TensorComparison& out);

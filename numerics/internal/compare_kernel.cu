@@ -25,16 +25,46 @@ __device__ __forceinline__ double ToDouble(__nv_bfloat16 v) {
 
 template <typename T>
 struct BitsOf;
-template <> struct BitsOf<double> { using type = unsigned long long; };
-template <> struct BitsOf<int64_t> { using type = unsigned long long; };
-template <> struct BitsOf<float> { using type = unsigned int; };
-template <> struct BitsOf<int32_t> { using type = unsigned int; };
-template <> struct BitsOf<__half> { using type = unsigned short; };
-template <> struct BitsOf<__nv_bfloat16> { using type = unsigned short; };
-template <> struct BitsOf<int16_t> { using type = unsigned short; };
-template <> struct BitsOf<int8_t> { using type = unsigned char; };
-template <> struct BitsOf<uint8_t> { using type = unsigned char; };
-template <> struct BitsOf<bool> { using type = unsigned char; };
+template <>
+struct BitsOf<double> {
+  using type = unsigned long long;
+};
+template <>
+struct BitsOf<int64_t> {
+  using type = unsigned long long;
+};
+template <>
+struct BitsOf<float> {
+  using type = unsigned int;
+};
+template <>
+struct BitsOf<int32_t> {
+  using type = unsigned int;
+};
+template <>
+struct BitsOf<__half> {
+  using type = unsigned short;
+};
+template <>
+struct BitsOf<__nv_bfloat16> {
+  using type = unsigned short;
+};
+template <>
+struct BitsOf<int16_t> {
+  using type = unsigned short;
+};
+template <>
+struct BitsOf<int8_t> {
+  using type = unsigned char;
+};
+template <>
+struct BitsOf<uint8_t> {
+  using type = unsigned char;
+};
+template <>
+struct BitsOf<bool> {
+  using type = unsigned char;
+};
 
 __device__ __forceinline__ ComparePartial Shuffle(const ComparePartial& p, int offset) {
   ComparePartial q;
@@ -69,7 +99,8 @@ __global__ void CompareKernel(const T* __restrict__ a, const T* __restrict__ b, 
                               CompareParams params, ComparePartial* __restrict__ partials) {
   ComparePartial p;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
     Visit(a, b, i, params, p);
   }
   for (int offset = 16; offset > 0; offset /= 2) MergePartial(p, Shuffle(p, offset));
@@ -99,17 +130,26 @@ cudaError_t LaunchCompare(const void* a, const void* b, int64_t n, CompareType t
                           double rtol, bool nan_equal, ComparePartial* partials,
                           cudaStream_t stream) {
   switch (type) {
-    case CompareType::kDouble: return Launch<double>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kFloat: return Launch<float>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kHalf: return Launch<__half>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kDouble:
+      return Launch<double>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kFloat:
+      return Launch<float>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kHalf:
+      return Launch<__half>(a, b, n, atol, rtol, nan_equal, partials, stream);
     case CompareType::kBFloat16:
       return Launch<__nv_bfloat16>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt64: return Launch<int64_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt32: return Launch<int32_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt16: return Launch<int16_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt8: return Launch<int8_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kUInt8: return Launch<uint8_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kBool: return Launch<bool>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kInt64:
+      return Launch<int64_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kInt32:
+      return Launch<int32_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kInt16:
+      return Launch<int16_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kInt8:
+      return Launch<int8_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kUInt8:
+      return Launch<uint8_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
+    case CompareType::kBool:
+      return Launch<bool>(a, b, n, atol, rtol, nan_equal, partials, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -17,8 +17,18 @@ namespace lockstep {
 namespace numerics {
 namespace internal {
 
-enum class CompareType { kDouble, kFloat, kHalf, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8,
-                         kBool };
+enum class CompareType {
+  kDouble,
+  kFloat,
+  kHalf,
+  kBFloat16,
+  kInt64,
+  kInt32,
+  kInt16,
+  kInt8,
+  kUInt8,
+  kBool
+};
 
 inline constexpr int kComparePartials = 1056;  // blocks of the grid (8 per SM of an H200)
 
