@@ -1,10 +1,12 @@
 // gpu: NcclCommunicator in one process on the rank's GPU (a world of one), its refusal of a
-// device that does not exist, and its bounded wait for a peer that never joins.
+// device that does not exist, and its bounded wait for a peer that never joins (at the
+// rendezvous, or after it at the communicator's creation).
 #include "collectives/nccl_communicator.h"
 
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -104,9 +106,24 @@ TEST(NcclCommunicatorTest, DeviceThatDoesNotExistIsNamed) {
   EXPECT_THAT(comm.status().message(), HasSubstr("device 99 selects CUDA device 99"));
 }
 
-TEST(NcclCommunicatorTest, PeerThatNeverJoinsTimesOutInsteadOfHanging) {
-  // Rank 0 of a world of 2 whose rank 1 never comes: creation must fail within the timeout.
-  auto rendezvous = FileRendezvous("alone", 0, 2, absl::Seconds(3));
+TEST(NcclCommunicatorTest, PeerMissingAtRendezvousIsNamedWithinTheTimeout) {
+  // Rank 0 of a world of 2 whose rank 1 never comes: the rendezvous fails within its timeout.
+  const absl::Time start = absl::Now();
+  auto rendezvous = Rendezvous::File(StorePath("absent"), 0, 2, absl::Seconds(3));
+  EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(rendezvous.status().message(), HasSubstr("missing rank(s) 1"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3 + 10));
+}
+
+TEST(NcclCommunicatorTest, PeerThatNeverCreatesItsCommunicatorTimesOutInsteadOfHanging) {
+  // Rank 1 arrives at the rendezvous but never creates its NCCL communicator: rank 0's creation
+  // must fail within the timeout, naming the world.
+  std::shared_ptr<Rendezvous> peer;
+  std::thread peer_thread([&peer] { peer = FileRendezvous("silent", 1, 2, absl::Seconds(30)); });
+  auto rendezvous = FileRendezvous("silent", 0, 2, absl::Seconds(30));
+  peer_thread.join();
+  ASSERT_NE(rendezvous, nullptr);
+  ASSERT_NE(peer, nullptr);
   NcclCommunicator::Options options;
   options.timeout = absl::Seconds(3);
   const absl::Time start = absl::Now();
