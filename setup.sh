@@ -18,6 +18,7 @@ packages=(
   python3-xxhash             # numerics/digest_reference.py, the digest's reference
   clang libclang-rt-14-dev   # tools/fuzz.sh: clang with libFuzzer and the sanitizers
   valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
+  libsqlite3-dev sqlite3     # admission's recovery ledger; sqlite3 to inspect one
 )
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo

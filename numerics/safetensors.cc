@@ -306,8 +306,9 @@ absl::StatusOr<std::string> SerializeSafetensors(
     }
     LOCKSTEP_ASSIGN_OR_RETURN(std::string dtype, SafetensorsDtypeName(tensor.scalar_type()));
     at::Tensor bytes;
+    const at::Tensor& source = tensor;  // a lambda may not capture a structured binding (C++17)
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("copying tensor '", name, "' for writing"),
-                                       [&] { bytes = tensor.to(at::kCPU).contiguous(); }));
+                                       [&] { bytes = source.to(at::kCPU).contiguous(); }));
     const uint64_t size = bytes.numel() * bytes.element_size();
     header[name] = {{"dtype", dtype},
                     {"shape", tensor.sizes().vec()},

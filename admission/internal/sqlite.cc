@@ -1,0 +1,164 @@
+#include "admission/internal/sqlite.h"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace admission {
+namespace internal {
+namespace {
+
+absl::StatusCode CodeOf(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+    case SQLITE_FORMAT:
+      return absl::StatusCode::kDataLoss;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::StatusCode::kUnavailable;
+    case SQLITE_FULL:
+    case SQLITE_NOMEM:
+      return absl::StatusCode::kResourceExhausted;
+    case SQLITE_CONSTRAINT:
+      return absl::StatusCode::kFailedPrecondition;
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+    case SQLITE_READONLY:
+      return absl::StatusCode::kPermissionDenied;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path, bool create) {
+  struct stat info;
+  if (!create && stat(path.c_str(), &info) != 0) {
+    return absl::NotFoundError(absl::StrCat("ledger ", path, " does not exist"));
+  }
+  sqlite3* db = nullptr;
+  const int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) |
+                    SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_PRIVATECACHE;
+  const int rc = sqlite3_open_v2(path.c_str(), &db, flags, nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status status(CodeOf(rc), absl::StrCat("opening ledger ", path, ": ",
+                                                 db != nullptr ? sqlite3_errmsg(db) : "no memory"));
+    sqlite3_close(db);
+    return status;
+  }
+  sqlite3_extended_result_codes(db, 1);
+  return std::unique_ptr<SqliteDb>(new SqliteDb(db, path));
+}
+
+SqliteDb::~SqliteDb() { sqlite3_close(db_); }
+
+absl::Status SqliteDb::Error(int rc, absl::string_view what) const {
+  return absl::Status(CodeOf(rc),
+                      absl::StrCat("ledger ", path_, ": ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status SqliteDb::Exec(absl::string_view sql) {
+  const std::string text(sql);
+  const int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) return Error(rc, absl::StrCat("running '", sql.substr(0, 60), "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SqliteStatement> SqliteDb::Prepare(absl::string_view sql) {
+  sqlite3_stmt* stmt = nullptr;
+  const int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  if (rc != SQLITE_OK) return Error(rc, absl::StrCat("preparing '", sql.substr(0, 60), "'"));
+  return SqliteStatement(this, stmt, std::string(sql.substr(0, 60)));
+}
+
+absl::StatusOr<int64_t> SqliteDb::QueryInt(absl::string_view sql) {
+  absl::StatusOr<SqliteStatement> statement = Prepare(sql);
+  if (!statement.ok()) return statement.status();
+  absl::StatusOr<bool> row = statement->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) {
+    return absl::InternalError(absl::StrCat("ledger ", path_, ": '", sql, "' returned no row"));
+  }
+  return statement->ColumnInt(0);
+}
+
+SqliteStatement::SqliteStatement(SqliteStatement&& other) noexcept
+    : db_(other.db_), stmt_(other.stmt_), sql_(std::move(other.sql_)) {
+  other.stmt_ = nullptr;
+}
+
+SqliteStatement::~SqliteStatement() { sqlite3_finalize(stmt_); }
+
+absl::Status SqliteStatement::BindInt(int index, int64_t value) {
+  const int rc = sqlite3_bind_int64(stmt_, index, value);
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStatement::BindText(int index, absl::string_view value) {
+  const int rc =
+      sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStatement::BindBlob(int index, absl::string_view value) {
+  const int rc = sqlite3_bind_blob64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT);
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStatement::BindNull(int index) {
+  const int rc = sqlite3_bind_null(stmt_, index);
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SqliteStatement::Step() {
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  absl::Status status = db_->Error(rc, absl::StrCat("running '", sql_, "'"));
+  sqlite3_reset(stmt_);
+  return status;
+}
+
+absl::Status SqliteStatement::Run() {
+  absl::StatusOr<bool> row = Step();
+  if (!row.ok()) return row.status();
+  if (*row) return absl::InternalError(absl::StrCat("'", sql_, "' returned a row"));
+  return absl::OkStatus();
+}
+
+void SqliteStatement::Reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+}
+
+int64_t SqliteStatement::ColumnInt(int column) const { return sqlite3_column_int64(stmt_, column); }
+
+std::string SqliteStatement::ColumnText(int column) const {
+  const unsigned char* text = sqlite3_column_text(stmt_, column);
+  const int size = sqlite3_column_bytes(stmt_, column);
+  return text == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(text), size);
+}
+
+std::string SqliteStatement::ColumnBlob(int column) const {
+  const void* blob = sqlite3_column_blob(stmt_, column);
+  const int size = sqlite3_column_bytes(stmt_, column);
+  return blob == nullptr ? std::string() : std::string(static_cast<const char*>(blob), size);
+}
+
+bool SqliteStatement::ColumnIsNull(int column) const {
+  return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+}
+
+}  // namespace internal
+}  // namespace admission
+}  // namespace lockstep

@@ -1,0 +1,242 @@
+// admission/ledger.h
+//
+// The recovery ledger: a crash-safe record, in one SQLite file per DP rank, of every attempt the
+// rank made at the microbatches of a training step (planned, admitted, started, completed,
+// failed, split, retried, step committed), with the token ranges each attempt covered. Its
+// purpose is exactly-once gradient contributions: every token of a step's plan contributes to the
+// accumulated gradient once — never lost, never doubled — and after a crash, Replay answers which
+// work of the current step has completed and whether the step committed.
+//
+// Contract:
+// - Exactly-once is enforced by the schema at write time (a completed token range that overlaps
+//   one already completed in the step, lies outside the step's plan, or arrives after the step
+//   committed is refused by a trigger, and nothing of that event is written) and checked again on
+//   replay. CommitStep refuses, naming the first missing range, a step whose planned tokens have
+//   not all completed.
+// - Durability: WAL mode. Every Record is its own transaction; with the default options it is
+//   not fsynced (it survives the process being killed, since the WAL is in the OS page cache, but
+//   an OS crash or power loss may lose events after the last fsync). CommitStep runs one
+//   transaction and, with `fsync_at_commit` (default on), fsyncs the WAL before returning, so a
+//   committed step and every event before it survive power loss. `fsync_every_event` fsyncs
+//   every transaction.
+// - Integrity: every event row carries a SHA-256 chain over its fields and the previous row's
+//   chain. Opening (writer or replay) checks the file is a lockstep ledger of this schema version
+//   (PRAGMA application_id, user_version), runs PRAGMA integrity_check, verifies the chain and
+//   that the derived tables are exactly what the events imply. Any failure is kDataLoss naming the
+//   path and what is wrong: a corrupt, truncated or edited ledger is never silently used.
+// - One writer per ledger: OpenWriter holds an exclusive flock on the file for the writer's life;
+//   a second writer (any process, or the same one) gets kFailedPrecondition. Replay may run while
+//   a writer is open.
+// - Failure atomicity: an operation that returns an error has written nothing.
+//
+// Schema (version 1; inspect with `sqlite3 ledger.db`):
+//   events(seq INTEGER PRIMARY KEY,    -- 1, 2, ... in recording order
+//          step INTEGER, dp_rank INTEGER,
+//          kind TEXT,                  -- planned|admitted|started|completed|failed|split|
+//                                      -- retried|step_committed
+//          microbatch TEXT,            -- stable id: "3" (plan index), "3.1" (second half of 3)
+//          ranges TEXT,                -- "batch_index:begin-end;..." (input-sequence tokens)
+//          detail TEXT,                -- free text (error message, wave, attempt)
+//          chain BLOB)                 -- SHA-256 over the previous chain and this row
+//   planned(step, dp_rank, batch_index, num_tokens)            -- a step's sequences
+//   contributions(step, dp_rank, batch_index, token_begin, token_end, event_seq)
+//                                                              -- completed ranges, no overlap
+//   commits(step, dp_rank, event_seq)                          -- committed steps
+//   e.g. `SELECT kind, microbatch, ranges, detail FROM events WHERE step = 7;`
+//
+// Thread-safety: a Ledger is used by one thread at a time.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Ledger> ledger,
+//                             Ledger::OpenWriter("/ckpt/ledger.rank3.db", LedgerOptions::Of(3)));
+//   LOCKSTEP_RETURN_IF_ERROR(ledger->BeginStep(step, PlannedWorkOf(plan)));
+//   ... Record(kStarted ...), Record(kCompleted ...) ...
+//   LOCKSTEP_RETURN_IF_ERROR(ledger->CommitStep(step));
+//   // after a crash:
+//   LOCKSTEP_ASSIGN_OR_RETURN(LedgerReplay replay, Ledger::Replay("/ckpt/ledger.rank3.db"));
+
+#ifndef LOCKSTEP_ADMISSION_LEDGER_H_
+#define LOCKSTEP_ADMISSION_LEDGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace lockstep {
+namespace admission {
+
+namespace internal {
+class SqliteDb;
+}  // namespace internal
+
+enum class LedgerEventKind {
+  kPlanned,
+  kAdmitted,
+  kStarted,
+  kCompleted,
+  kFailed,
+  kSplit,
+  kRetried,
+  kStepCommitted,
+};
+
+// "planned", "admitted", ..., "step_committed" (the schema's kind column).
+absl::string_view LedgerEventKindName(LedgerEventKind kind);
+
+// Tokens [begin, end) of input sequence `batch_index` of the step's batch.
+struct TokenRange {
+  int32_t batch_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+
+  friend bool operator==(const TokenRange& a, const TokenRange& b) {
+    return a.batch_index == b.batch_index && a.begin == b.begin && a.end == b.end;
+  }
+};
+
+// "batch_index:begin-end;..." as stored in the ranges column.
+std::string FormatTokenRanges(const std::vector<TokenRange>& ranges);
+
+// A microbatch of a step's plan: its stable id and the token ranges it holds.
+struct PlannedMicrobatch {
+  static PlannedMicrobatch Of(std::string id, std::vector<TokenRange> ranges) {
+    PlannedMicrobatch microbatch;
+    microbatch.id = std::move(id);
+    microbatch.ranges = std::move(ranges);
+    return microbatch;
+  }
+  std::string id;
+  std::vector<TokenRange> ranges;
+};
+
+// One event: what happened to which microbatch of which step.
+struct LedgerEvent {
+  static LedgerEvent Of(LedgerEventKind kind, int64_t step, std::string microbatch,
+                        std::vector<TokenRange> ranges, std::string detail = "") {
+    LedgerEvent event;
+    event.kind = kind;
+    event.step = step;
+    event.microbatch = std::move(microbatch);
+    event.ranges = std::move(ranges);
+    event.detail = std::move(detail);
+    return event;
+  }
+  LedgerEventKind kind = LedgerEventKind::kPlanned;
+  int64_t step = 0;
+  // Filled by the ledger from its options when recording; read back by Replay.
+  int dp_rank = 0;
+  std::string microbatch;
+  std::vector<TokenRange> ranges;
+  std::string detail;
+  // Position in the ledger (1, 2, ...); set by the ledger.
+  int64_t seq = 0;
+};
+
+struct LedgerOptions {
+  // Options for the ledger of DP rank `dp_rank` (>= 0).
+  static LedgerOptions Of(int dp_rank) {
+    LedgerOptions options;
+    options.dp_rank = dp_rank;
+    return options;
+  }
+  int dp_rank = 0;
+  // fsync the WAL when a step commits (SQLite synchronous=FULL for that transaction).
+  bool fsync_at_commit = true;
+  // fsync every transaction (synchronous=FULL throughout); slower, loses nothing on power loss.
+  bool fsync_every_event = false;
+};
+
+// What the ledger says about one step of one DP rank.
+struct StepReplay {
+  int64_t step = 0;
+  int dp_rank = 0;
+  bool committed = false;
+  int64_t planned_tokens = 0;
+  int64_t completed_tokens = 0;
+  // Completed ranges, sorted by (batch_index, begin), adjacent ranges merged.
+  std::vector<TokenRange> completed;
+  // Planned ranges not completed, in the same order (empty for a committed step).
+  std::vector<TokenRange> missing;
+  // Ids of the microbatches whose completion was recorded, in recording order.
+  std::vector<std::string> completed_microbatches;
+  // Events of the step, by kind (indexed by LedgerEventKind).
+  std::vector<int64_t> event_counts;
+};
+
+// A verified ledger's contents.
+struct LedgerReplay {
+  // Steps in the order they began.
+  std::vector<StepReplay> steps;
+  // Every event in recording order.
+  std::vector<LedgerEvent> events;
+
+  // The step `step` of DP rank `dp_rank`, or nullptr if it never began.
+  const StepReplay* Find(int64_t step, int dp_rank) const;
+  // The last committed step of `dp_rank`, or -1.
+  int64_t LastCommittedStep(int dp_rank) const;
+  // A few lines for people: per step, committed or not, tokens completed of planned, events by
+  // kind, missing ranges.
+  std::string Summary() const;
+};
+
+class Ledger {
+ public:
+  // Opens (creating if absent or empty) the ledger at `path` as its one writer, after the
+  // integrity checks above. kInvalidArgument for a negative dp_rank; kFailedPrecondition if
+  // another writer holds it; kDataLoss for a file that is not an intact ledger (it is left as it
+  // is); other codes for I/O errors, naming the path.
+  static absl::StatusOr<std::unique_ptr<Ledger>> OpenWriter(const std::string& path,
+                                                            const LedgerOptions& options);
+
+  // Reads and verifies the ledger at `path` without writing to it (other than SQLite's recovery
+  // of a crashed writer's WAL). kNotFound for a missing file; kDataLoss as OpenWriter.
+  static absl::StatusOr<LedgerReplay> Replay(const std::string& path);
+
+  ~Ledger();
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+
+  // Records step `step`'s plan (one "planned" event per microbatch) in one transaction. The
+  // microbatches' ranges must tile each sequence they name from token 0 without gap or overlap;
+  // ids must be unique and non-empty. kInvalidArgument, naming the offending id or range, for
+  // malformed work or a negative step; kFailedPrecondition for a step already begun (continue it
+  // with Record after a Replay), or not after the last committed step.
+  absl::Status BeginStep(int64_t step, const std::vector<PlannedMicrobatch>& microbatches);
+
+  // Records one event of a begun, uncommitted step (kind other than kPlanned and
+  // kStepCommitted). A kCompleted event's ranges become the step's contributions:
+  // kFailedPrecondition, naming the range, if one overlaps a completed range or lies outside the
+  // plan. Returns the event's seq.
+  absl::StatusOr<int64_t> Record(const LedgerEvent& event);
+
+  // Commits step `step`: kFailedPrecondition naming the first missing range if not every planned
+  // token has completed, or if the step is not begun or already committed. Durable per options.
+  absl::Status CommitStep(int64_t step, absl::string_view detail = "");
+
+  const std::string& path() const { return path_; }
+  const LedgerOptions& options() const { return options_; }
+
+ private:
+  Ledger(std::string path, LedgerOptions options, int lock_fd,
+         std::unique_ptr<internal::SqliteDb> db, std::string chain, int64_t next_seq);
+  absl::StatusOr<int64_t> Append(const LedgerEvent& event);
+
+  std::string path_;
+  LedgerOptions options_;
+  int lock_fd_;
+  std::unique_ptr<internal::SqliteDb> db_;
+  // Chain value of the last event, and the seq the next event gets.
+  std::string chain_;
+  int64_t next_seq_;
+};
+
+}  // namespace admission
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_ADMISSION_LEDGER_H_

@@ -1,0 +1,403 @@
+#include "admission/ledger.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/status_testutil.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace admission {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/ledger_", name, "_", getpid());
+  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  return path;
+}
+
+// Two sequences (ids 0: 100 tokens, 1: 60 tokens) in three microbatches.
+std::vector<PlannedMicrobatch> Work() {
+  return {PlannedMicrobatch::Of("0", {{0, 0, 50}}), PlannedMicrobatch::Of("1", {{0, 50, 100}}),
+          PlannedMicrobatch::Of("2", {{1, 0, 60}})};
+}
+
+LedgerEvent Completed(int64_t step, const PlannedMicrobatch& m) {
+  return LedgerEvent::Of(LedgerEventKind::kCompleted, step, m.id, m.ranges, "ok");
+}
+
+absl::Status RunStep(Ledger& ledger, int64_t step) {
+  LOCKSTEP_RETURN_IF_ERROR(ledger.BeginStep(step, Work()));
+  for (const PlannedMicrobatch& m : Work()) {
+    LOCKSTEP_RETURN_IF_ERROR(
+        ledger.Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges)).status());
+    LOCKSTEP_RETURN_IF_ERROR(ledger.Record(Completed(step, m)).status());
+  }
+  return ledger.CommitStep(step);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+TEST(LedgerTest, RoundTripThroughReplayAndReopen) {
+  const std::string path = TempPath("roundtrip");
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(3)));
+    LOCKSTEP_ASSERT_OK(RunStep(*ledger, 0));
+    LOCKSTEP_ASSERT_OK(ledger->BeginStep(1, Work()));
+    LOCKSTEP_ASSERT_OK(ledger
+                           ->Record(LedgerEvent::Of(LedgerEventKind::kFailed, 1, "0",
+                                                    Work()[0].ranges, "out of memory"))
+                           .status());
+    LOCKSTEP_ASSERT_OK(ledger->Record(Completed(1, Work()[2])).status());
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
+  ASSERT_EQ(replay.steps.size(), 2u);
+  const StepReplay* done = replay.Find(0, 3);
+  ASSERT_NE(done, nullptr);
+  EXPECT_TRUE(done->committed);
+  EXPECT_EQ(done->planned_tokens, 160);
+  EXPECT_EQ(done->completed_tokens, 160);
+  EXPECT_EQ(done->completed, (std::vector<TokenRange>{{0, 0, 100}, {1, 0, 60}}));
+  EXPECT_TRUE(done->missing.empty());
+  EXPECT_EQ(done->event_counts[static_cast<int>(LedgerEventKind::kStarted)], 3);
+  const StepReplay* open = replay.Find(1, 3);
+  ASSERT_NE(open, nullptr);
+  EXPECT_FALSE(open->committed);
+  EXPECT_EQ(open->completed_tokens, 60);
+  EXPECT_EQ(open->missing, (std::vector<TokenRange>{{0, 0, 100}}));
+  EXPECT_EQ(open->completed_microbatches, std::vector<std::string>{"2"});
+  EXPECT_EQ(replay.LastCommittedStep(3), 0);
+  EXPECT_EQ(replay.Find(0, 0), nullptr);
+  EXPECT_THAT(replay.Summary(), HasSubstr("step 1 dp 3: not committed, 60/160 tokens completed"));
+  EXPECT_EQ(replay.events.front().kind, LedgerEventKind::kPlanned);
+  EXPECT_EQ(replay.events.back().detail, "ok");
+
+  // A new writer continues the open step where the replay says it stands.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(3)));
+  EXPECT_EQ(ledger->BeginStep(1, Work()).code(), absl::StatusCode::kFailedPrecondition);
+  LOCKSTEP_ASSERT_OK(ledger->Record(Completed(1, Work()[0])).status());
+  LOCKSTEP_ASSERT_OK(ledger->Record(Completed(1, Work()[1])).status());
+  LOCKSTEP_ASSERT_OK(ledger->CommitStep(1, "after restart"));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay again, Ledger::Replay(path));
+  EXPECT_EQ(again.LastCommittedStep(3), 1);
+  EXPECT_EQ(again.events.size(), replay.events.size() + 3);
+}
+
+TEST(LedgerTest, ExactlyOnceIsEnforcedAndARefusedEventWritesNothing) {
+  const std::string path = TempPath("once");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  LOCKSTEP_ASSERT_OK(ledger->BeginStep(5, Work()));
+  LOCKSTEP_ASSERT_OK(ledger->Record(Completed(5, Work()[0])).status());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay before, Ledger::Replay(path));
+
+  // The retried half that overlaps completed work: counted twice.
+  absl::StatusOr<int64_t> twice = ledger->Record(
+      LedgerEvent::Of(LedgerEventKind::kCompleted, 5, "0.1", {{0, 25, 50}}, "retry"));
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(twice.status().message(), HasSubstr("counted twice"));
+  EXPECT_THAT(twice.status().message(), HasSubstr("sequence 0 tokens [25, 50)"));
+  // A mixed event whose second range overlaps: its first range must not be written either.
+  EXPECT_FALSE(
+      ledger
+          ->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, 5, "x", {{1, 0, 10}, {0, 40, 60}}))
+          .ok());
+  absl::StatusOr<int64_t> outside =
+      ledger->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, 5, "y", {{1, 50, 70}}));
+  EXPECT_THAT(outside.status().message(), HasSubstr("outside the step's plan"));
+  EXPECT_FALSE(
+      ledger->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, 5, "z", {{7, 0, 1}})).ok());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay after, Ledger::Replay(path));
+  EXPECT_EQ(after.events.size(), before.events.size());
+  EXPECT_EQ(after.Find(5, 0)->completed, before.Find(5, 0)->completed);
+
+  // Committing with tokens missing names the first missing range.
+  absl::Status early = ledger->CommitStep(5);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early.message(), HasSubstr("110 planned tokens did not complete"));
+  EXPECT_THAT(early.message(), HasSubstr("sequence 0 tokens [50, 100)"));
+  EXPECT_EQ(ledger->BeginStep(6, Work()).code(), absl::StatusCode::kFailedPrecondition);
+
+  LOCKSTEP_ASSERT_OK(ledger->Record(Completed(5, Work()[1])).status());
+  LOCKSTEP_ASSERT_OK(ledger->Record(Completed(5, Work()[2])).status());
+  LOCKSTEP_ASSERT_OK(ledger->CommitStep(5));
+  EXPECT_EQ(ledger->CommitStep(5).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ledger->Record(LedgerEvent::Of(LedgerEventKind::kRetried, 5, "0", {})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ledger->BeginStep(4, Work()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ledger->Record(LedgerEvent::Of(LedgerEventKind::kStarted, 9, "0", {})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ledger->Record(LedgerEvent::Of(LedgerEventKind::kPlanned, 5, "0", {})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LedgerTest, MalformedPlansAreRefusedNamingTheProblem) {
+  const std::string path = TempPath("malformed");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  EXPECT_THAT(ledger->BeginStep(0, {PlannedMicrobatch::Of("a", {{0, 10, 20}})}).message(),
+              HasSubstr("do not tile sequence 0: gap at token 0"));
+  EXPECT_THAT(ledger
+                  ->BeginStep(0, {PlannedMicrobatch::Of("a", {{0, 0, 20}}),
+                                  PlannedMicrobatch::Of("b", {{0, 10, 30}})})
+                  .message(),
+              HasSubstr("overlap at token 10"));
+  EXPECT_THAT(ledger
+                  ->BeginStep(0, {PlannedMicrobatch::Of("a", {{0, 0, 20}}),
+                                  PlannedMicrobatch::Of("a", {{1, 0, 30}})})
+                  .message(),
+              HasSubstr("id 'a' is empty or repeated"));
+  EXPECT_THAT(ledger->BeginStep(0, {PlannedMicrobatch::Of("a", {{0, 5, 5}})}).message(),
+              HasSubstr("not a range"));
+  EXPECT_EQ(ledger->BeginStep(-1, Work()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ledger->BeginStep(0, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ledger::OpenWriter(TempPath("negative"), LedgerOptions::Of(-2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
+  EXPECT_TRUE(replay.events.empty());
+}
+
+TEST(LedgerTest, ASecondWriterIsRefused) {
+  const std::string path = TempPath("writers");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto first, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  absl::StatusOr<std::unique_ptr<Ledger>> second = Ledger::OpenWriter(path, LedgerOptions::Of(0));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("already has a writer"));
+  // ... also from another process.
+  const pid_t child = fork();
+  if (child == 0) {
+    _exit(Ledger::OpenWriter(path, LedgerOptions::Of(0)).status().code() ==
+                  absl::StatusCode::kFailedPrecondition
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // Reading is allowed while the writer works; once it is gone, a new writer may open.
+  LOCKSTEP_EXPECT_OK(Ledger::Replay(path).status());
+  first.reset();
+  LOCKSTEP_EXPECT_OK(Ledger::OpenWriter(path, LedgerOptions::Of(0)).status());
+}
+
+TEST(LedgerTest, FilesThatAreNotIntactLedgersAreRefused) {
+  EXPECT_EQ(Ledger::Replay(TempPath("absent")).status().code(), absl::StatusCode::kNotFound);
+
+  const std::string empty = TempPath("empty");
+  WriteFile(empty, "");
+  EXPECT_EQ(Ledger::Replay(empty).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Ledger::OpenWriter(empty, LedgerOptions::Of(0)).status().code(),
+            absl::StatusCode::kDataLoss);
+
+  const std::string garbage = TempPath("garbage");
+  WriteFile(garbage, std::string(8192, 'x'));
+  EXPECT_EQ(Ledger::Replay(garbage).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadFile(garbage), std::string(8192, 'x')) << "a refused file must be left as it is";
+
+  const std::string other = TempPath("other");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (1);", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  absl::StatusOr<LedgerReplay> replay = Ledger::Replay(other);
+  EXPECT_EQ(replay.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(replay.status().message(), HasSubstr("is not a ledger's"));
+}
+
+// A ledger of a few steps, closed (so its WAL is checkpointed into the file).
+std::string SmallLedger(const std::string& name) {
+  const std::string path = TempPath(name);
+  auto ledger = Ledger::OpenWriter(path, LedgerOptions::Of(1));
+  EXPECT_TRUE(ledger.ok()) << ledger.status();
+  for (int step = 0; step < 4; ++step) EXPECT_TRUE(RunStep(**ledger, step).ok());
+  EXPECT_TRUE((*ledger)->BeginStep(4, Work()).ok());
+  EXPECT_TRUE(
+      (*ledger)
+          ->Record(LedgerEvent::Of(LedgerEventKind::kFailed, 4, "1", {{0, 50, 100}}, "MARKER-OOM"))
+          .ok());
+  return path;
+}
+
+bool SameReplay(const LedgerReplay& a, const LedgerReplay& b) {
+  if (a.events.size() != b.events.size() || a.Summary() != b.Summary()) return false;
+  for (size_t i = 0; i < a.events.size(); ++i) {
+    const LedgerEvent &x = a.events[i], &y = b.events[i];
+    if (x.kind != y.kind || x.step != y.step || x.dp_rank != y.dp_rank ||
+        x.microbatch != y.microbatch || !(x.ranges == y.ranges) || x.detail != y.detail) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST(LedgerTest, TruncationAndByteFlipsAreDetectedNeverSilentlyUsed) {
+  const std::string path = SmallLedger("flips");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay original, Ledger::Replay(path));
+  const std::string bytes = ReadFile(path);
+  ASSERT_GT(bytes.size(), 4096u);
+  const std::string copy = TempPath("flips_copy");
+
+  // Truncation at page boundaries and inside pages.
+  for (size_t keep : {size_t{0} + 100, size_t{4096}, bytes.size() - 4096, bytes.size() - 1}) {
+    WriteFile(copy, bytes.substr(0, keep));
+    absl::StatusOr<LedgerReplay> replay = Ledger::Replay(copy);
+    EXPECT_FALSE(replay.ok() && SameReplay(*replay, original)) << "kept " << keep;
+    EXPECT_FALSE(replay.ok()) << "truncated to " << keep << " bytes was accepted";
+  }
+
+  // The flip of a byte inside an event's text is found by the chain.
+  const size_t marker = bytes.find("MARKER-OOM");
+  ASSERT_NE(marker, std::string::npos);
+  std::string edited = bytes;
+  edited[marker + 7] = 'X';
+  WriteFile(copy, edited);
+  absl::StatusOr<LedgerReplay> replay = Ledger::Replay(copy);
+  EXPECT_EQ(replay.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(replay.status().message(), HasSubstr("does not match its chain"));
+
+  // Any single byte flipped: refused, or (a byte SQLite does not use) the same contents.
+  std::mt19937_64 random(17);
+  int detected = 0, harmless = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    std::string flipped = bytes;
+    const size_t at = random() % bytes.size();
+    flipped[at] = static_cast<char>(flipped[at] ^ (1 << (random() % 8)));
+    WriteFile(copy, flipped);
+    absl::StatusOr<LedgerReplay> result = Ledger::Replay(copy);
+    if (!result.ok()) {
+      ++detected;
+    } else {
+      ASSERT_TRUE(SameReplay(*result, original)) << "a flip at byte " << at << " changed the "
+                                                 << "ledger's contents without being detected";
+      ++harmless;
+    }
+  }
+  EXPECT_GT(detected, 0);
+  std::printf("byte flips: %d detected, %d harmless (unused bytes)\n", detected, harmless);
+}
+
+TEST(LedgerTest, EditsBehindTheTriggersAreDetected) {
+  // Negative control for the replay checks: a user who drops the append-only triggers and edits
+  // rows gets a ledger that Replay refuses.
+  struct Edit {
+    const char* sql;
+    const char* expected;
+  };
+  const std::vector<Edit> edits = {
+      {"DROP TRIGGER events_no_update; UPDATE events SET detail = 'x' WHERE seq = 3;",
+       "does not match its chain"},
+      {"DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq = 2;", "is missing"},
+      {"DELETE FROM contributions WHERE step = 1;", "contributions disagrees"},
+      {"DELETE FROM commits WHERE step = 2;", "commits disagrees"},
+      {"UPDATE planned SET num_tokens = 99 WHERE step = 0 AND batch_index = 0;",
+       "planned disagrees"},
+  };
+  for (const Edit& edit : edits) {
+    const std::string path = SmallLedger("edited");
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, edit.sql, nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(db);
+    sqlite3_close(db);
+    absl::StatusOr<LedgerReplay> replay = Ledger::Replay(path);
+    EXPECT_EQ(replay.status().code(), absl::StatusCode::kDataLoss) << edit.sql;
+    EXPECT_THAT(replay.status().message(), HasSubstr(edit.expected)) << edit.sql;
+  }
+}
+
+TEST(LedgerTest, SigkillAtRandomPointsLosesNoCommittedStep) {
+  std::mt19937_64 random(2026);
+  for (int round = 0; round < 20; ++round) {
+    const std::string path = TempPath(absl::StrCat("kill", round));
+    int pipe_fds[2];
+    ASSERT_EQ(pipe(pipe_fds), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      close(pipe_fds[0]);
+      LedgerOptions options = LedgerOptions::Of(0);
+      options.fsync_at_commit = round % 2 == 0;
+      auto ledger = Ledger::OpenWriter(path, options);
+      if (!ledger.ok()) _exit(3);
+      for (int64_t step = 0;; ++step) {
+        if (!RunStep(**ledger, step).ok()) _exit(4);
+        // Acknowledge the commit only after CommitStep returned.
+        if (write(pipe_fds[1], &step, sizeof(step)) != sizeof(step)) _exit(5);
+      }
+    }
+    close(pipe_fds[1]);
+    usleep(static_cast<useconds_t>(2000 + random() % 60000));
+    kill(child, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer stopped by itself: " << status;
+    int64_t acknowledged = -1, value = 0;
+    while (read(pipe_fds[0], &value, sizeof(value)) == sizeof(value)) acknowledged = value;
+    close(pipe_fds[0]);
+
+    absl::StatusOr<LedgerReplay> replay = Ledger::Replay(path);
+    if (!replay.ok() && absl::IsNotFound(replay.status())) {
+      EXPECT_EQ(acknowledged, -1) << "killed before the ledger existed, yet a step committed";
+      continue;
+    }
+    ASSERT_TRUE(replay.ok()) << "round " << round << ": " << replay.status();
+    const int64_t last = replay->LastCommittedStep(0);
+    EXPECT_GE(last, acknowledged) << "a committed step was lost";
+    for (const StepReplay& step : replay->steps) {
+      if (step.step <= last) {
+        EXPECT_TRUE(step.committed) << "round " << round << ", step " << step.step;
+        EXPECT_EQ(step.completed_tokens, 160);
+      } else {
+        EXPECT_EQ(step.step, last + 1);
+        EXPECT_FALSE(step.committed);
+        EXPECT_EQ(
+            step.completed_tokens +
+                [&] {
+                  int64_t missing = 0;
+                  for (const TokenRange& r : step.missing) missing += r.end - r.begin;
+                  return missing;
+                }(),
+            160);
+      }
+    }
+    // The run continues: a new writer completes the open step's missing work and commits.
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+    const StepReplay* open = replay->Find(last + 1, 0);
+    if (open != nullptr) {
+      for (const TokenRange& r : open->missing) {
+        LOCKSTEP_ASSERT_OK(
+            ledger->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, last + 1, "resumed", {r}))
+                .status());
+      }
+      LOCKSTEP_ASSERT_OK(ledger->CommitStep(last + 1));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace admission
+}  // namespace lockstep
