@@ -1,0 +1,91 @@
+// admission/admission.h
+//
+// Memory admission: a plan's microbatches grouped into waves — consecutive microbatches run
+// together (one forward over their packed tokens) — each predicted by the memory model to fit
+// under a cap. A microbatch that cannot fit even alone is refused before anything runs, naming it,
+// its prediction and the cap; nothing is silently dropped or truncated.
+//
+// Contract:
+// - Waves cover the plan's microbatches in order, each exactly once; a wave holds at most
+//   `max_microbatches_per_wave`; every wave's prediction (the model applied to the sum of its
+//   microbatches' shapes, so the fixed term counts once) is at most the cap. Greedy: a wave is
+//   closed when the next microbatch would not fit or the count limit is reached.
+// - Deterministic: the same plan, model and cap give the same waves on every replica.
+// - Costs O(microbatches x cp_size) plus the shapes' pieces (planner::ShardPieces).
+//
+// Thread-safety: stateless functions.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(int64_t cap, MemoryCap::FractionOfDevice(0.9).Resolve(probe));
+//   LOCKSTEP_ASSIGN_OR_RETURN(Admission admitted, AdmitWaves(plan, model, cap, {}));
+
+#ifndef LOCKSTEP_ADMISSION_ADMISSION_H_
+#define LOCKSTEP_ADMISSION_ADMISSION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "admission/memory_model.h"
+#include "admission/memory_probe.h"
+#include "planner/plan.pb.h"
+
+namespace lockstep {
+namespace admission {
+
+// A memory cap: absolute bytes, or a fraction of the device's memory.
+class MemoryCap {
+ public:
+  static MemoryCap Bytes(int64_t bytes) { return MemoryCap(bytes, 0); }
+  static MemoryCap FractionOfDevice(double fraction) { return MemoryCap(0, fraction); }
+
+  // The cap in bytes: kInvalidArgument, naming the value, for bytes <= 0 or a fraction outside
+  // (0, 1]; the probe's error if it cannot tell the device's memory.
+  absl::StatusOr<int64_t> Resolve(MemoryProbe& probe) const;
+
+  std::string DebugString() const;
+
+ private:
+  MemoryCap(int64_t bytes, double fraction) : bytes_(bytes), fraction_(fraction) {}
+  int64_t bytes_;
+  double fraction_;
+};
+
+struct AdmissionOptions {
+  static AdmissionOptions Defaults() { return AdmissionOptions(); }
+  // Most microbatches in one wave (>= 1). Default: no limit.
+  int max_microbatches_per_wave = 1 << 30;
+};
+
+struct Wave {
+  // Plan indices of the wave's microbatches, consecutive and ascending.
+  std::vector<int> microbatches;
+  WorkShape shape;
+  double predicted_bytes = 0;
+  // cap - predicted_bytes (>= 0).
+  double headroom_bytes = 0;
+};
+
+struct Admission {
+  int64_t cap_bytes = 0;
+  std::vector<Wave> waves;
+  // The smallest headroom of any wave, and the largest prediction.
+  double min_headroom_bytes = 0;
+  double max_predicted_bytes = 0;
+};
+
+// Groups `plan`'s microbatches into waves under `cap_bytes`. kInvalidArgument for a plan with no
+// microbatches, a non-positive cap or a bad option; kResourceExhausted for a microbatch whose
+// prediction alone exceeds the cap ("microbatch 7 (sequences 3, 9; 12000 tokens) is predicted at
+// 9.1 GiB alone, above the cap of 8.0 GiB").
+absl::StatusOr<Admission> AdmitWaves(const planner::Plan& plan, const MemoryModel& model,
+                                     int64_t cap_bytes, const AdmissionOptions& options);
+
+// "1.50 GiB" etc., for messages.
+std::string FormatBytes(double bytes);
+
+}  // namespace admission
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_ADMISSION_ADMISSION_H_
