@@ -46,6 +46,12 @@ targets=(
   //numerics:execution_context_test
   //numerics:xxh3_chunk_test
   //rng:cpu_generator_state_test
+  //admission:admission_cuda_test
+  //admission:admission_test
+  //admission:recovery_test
+  //admission:recovery_process_test
+  //admission:ledger_test
+  //admission:admission_benchmark
 )
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
 bins=()

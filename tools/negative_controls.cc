@@ -45,6 +45,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kUnscopedModelWork, "unscoped-model-work"},
     {NegativeControl::kAliasingSnapshot, "aliasing-snapshot"},
     {NegativeControl::kShardLocalPhilox, "shard-local-philox"},
+    {NegativeControl::kDoubleCountedRetry, "double-counted-retry"},
 };
 
 }  // namespace

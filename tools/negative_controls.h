@@ -13,6 +13,8 @@
 //                        values (AliasingRngSaver), so recompute does not rewind
 //   shard-local-philox   each rank draws its shard of a partitioned mask as if its shard were the
 //                        whole tensor (local instead of global element indices)
+//   double-counted-retry out-of-memory recovery keeps a failed attempt's gradient contribution
+//                        (a staging that never discards), so a retried microbatch counts twice
 //
 // Thread-safety: as the default generators (one thread).
 
@@ -38,6 +40,7 @@ enum class NegativeControl {
   kUnscopedModelWork,
   kAliasingSnapshot,
   kShardLocalPhilox,
+  kDoubleCountedRetry,
 };
 
 // The command-line name of `control` ("" for kNone).

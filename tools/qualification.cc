@@ -18,6 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "admission/gradient_staging.h"
+#include "admission/ledger.h"
+#include "admission/memory_model.h"
+#include "admission/recovery.h"
+#include "admission/testing/toy_objective.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -27,6 +32,7 @@
 #include "collectives/rendezvous.h"
 #include "nlohmann/json.hpp"
 #include "numerics/execution_context.h"
+#include "planner/planner.h"
 #include "rng/philox.h"
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
@@ -318,14 +324,146 @@ absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup) {
                                             : absl::StrJoin(problems, "; "));
 }
 
+namespace {
+
+// A staging that never discards: the double-counted-retry negative control.
+class KeepEverythingStaging : public admission::ContributionStaging {
+ public:
+  absl::Status Begin() override { return absl::OkStatus(); }
+  absl::Status Commit() override { return absl::OkStatus(); }
+  void Discard() override {}
+};
+
+struct ToyStep {
+  at::Tensor group_gradient;
+  admission::StepReport report;
+};
+
+// One step of the toy objective over `plan` on this rank's CP shard, through the recovering
+// runner; the victim replica fails its first `failures` attempts after their backward.
+absl::StatusOr<ToyStep> RunToyStep(RankSetup& setup, const planner::Plan& plan, int failures,
+                                   admission::Ledger* ledger) {
+  Communicator& group = *setup.tp_cp_group;
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates coordinates,
+                            setup.topology.CoordinatesOf(setup.world->rank()));
+  const int cp_rank = coordinates.cp;
+  const bool victim = group.rank() == group.size() - 1;
+  LOCKSTEP_ASSIGN_OR_RETURN(admission::ToyObjective objective,
+                            admission::ToyObjective::Create(5, 1));
+  LOCKSTEP_ASSIGN_OR_RETURN(admission::MemoryModel model, admission::MemoryModel::Of(1000, 10));
+  admission::GradientStaging gradient_staging(objective.parameters());
+  KeepEverythingStaging keep_everything;
+  admission::ContributionStaging* staging = &gradient_staging;
+  if (failures > 0 && setup.control == NegativeControl::kDoubleCountedRetry) {
+    staging = &keep_everything;
+  }
+  admission::RecoveryOptions options;
+  options.admission.max_microbatches_per_wave = 1;
+  LOCKSTEP_ASSIGN_OR_RETURN(auto runner,
+                            admission::RecoveringRunner::Create(
+                                admission::RecoveringRunner::Collaborators::Of(&model, staging)
+                                    .WithGroup(&group)
+                                    .WithLedger(ledger),
+                                int64_t{1} << 30, options));
+  int failed = 0;
+  ToyStep step;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      step.report, runner->RunStep(0, plan, [&](const admission::WaveWork& work) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(objective.RunWave(work, cp_rank));
+        if (victim && failed < failures) {
+          ++failed;
+          return absl::ResourceExhaustedError("injected out of memory (qualify --inject_oom)");
+        }
+        return absl::OkStatus();
+      }));
+  LOCKSTEP_RETURN_IF_ERROR(runner->CommitStep(0));
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(
+      "copying the gradient", [&] { step.group_gradient = objective.weight().grad().clone(); }));
+  LOCKSTEP_RETURN_IF_ERROR(group.AllReduceSum(step.group_gradient));
+  return step;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup) {
+  const int world_rank = setup.world->rank();
+  std::vector<planner::Sequence> batch;
+  const int64_t lengths[] = {40, 12, 64, 7, 33, 50, 20, 9, 61, 3, 27, 64};
+  for (int i = 0; i < 12; ++i) batch.push_back(planner::Sequence::Of(lengths[i], 100 + i));
+  planner::PlanOptions plan_options;
+  plan_options.max_tokens_per_microbatch = 64;
+  plan_options.cp_size = setup.topology.cp_size();
+  LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(batch, plan_options));
+
+  LOCKSTEP_ASSIGN_OR_RETURN(ToyStep reference, RunToyStep(setup, plan, 0, nullptr));
+  std::string path = absl::StrCat(setup.ledger_dir, "/ledger.rank", world_rank, ".db");
+  if (setup.ledger_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/lockstep_qualify_", getpid(),
+                        "_ledger.rank", world_rank, ".db");
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove(absl::StrCat(path, suffix).c_str());
+  absl::StatusOr<ToyStep> injected;
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates coordinates,
+                            setup.topology.CoordinatesOf(world_rank));
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(auto ledger, admission::Ledger::OpenWriter(
+                                               path, admission::LedgerOptions::Of(coordinates.dp)));
+    injected = RunToyStep(setup, plan, setup.inject_oom, ledger.get());
+  }
+  if (!injected.ok()) return injected.status();
+  LOCKSTEP_ASSIGN_OR_RETURN(admission::LedgerReplay replay, admission::Ledger::Replay(path));
+  if (setup.ledger_dir.empty()) {
+    for (const char* suffix : {"", "-wal", "-shm"}) std::remove(absl::StrCat(path, suffix).c_str());
+  }
+  double difference = 0;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("comparing gradients", [&] {
+    difference =
+        admission::MaxRelativeDifference(injected->group_gradient, reference.group_gradient);
+  }));
+  std::vector<std::string> problems;
+  const admission::StepReport& report = injected->report;
+  if (report.out_of_memory != setup.inject_oom) {
+    problems.push_back(absl::StrCat(report.out_of_memory, " out-of-memory outcomes seen, ",
+                                    setup.inject_oom, " injected"));
+  }
+  if (!(difference <= 1e-6)) {
+    problems.push_back(absl::StrFormat(
+        "the group's gradient differs from the run without failures by %.3g (relative; "
+        "allowed 1e-6)",
+        difference));
+  }
+  const admission::StepReplay* step = replay.steps.empty() ? nullptr : &replay.steps.front();
+  if (step == nullptr || !step->committed || step->completed_tokens != plan.num_tokens() ||
+      !step->missing.empty()) {
+    problems.push_back("the ledger does not show every token counted once");
+  }
+  std::string summary = replay.Summary();
+  const size_t line = summary.find('\n');
+  summary = line == std::string::npos ? summary : summary.substr(line + 1);
+  while (!summary.empty() && summary.back() == '\n') summary.pop_back();
+  const std::string figures = absl::StrFormat(
+      "%d injected on replica %d of the TP x CP group; %d split(s), %d attempts on every "
+      "replica; gradient max rel diff %.3g vs the run without failures; ledger: %s",
+      setup.inject_oom, setup.tp_cp_group->size() - 1, report.microbatch_splits, report.attempts,
+      difference, summary);
+  return CheckResult::Make(
+      "oom_recovery", problems.empty(),
+      problems.empty() ? figures : absl::StrCat(absl::StrJoin(problems, "; "), " (", figures, ")"));
+}
+
 absl::StatusOr<std::vector<CheckResult>> RunRankChecks(Communicator& world,
                                                        const Topology& topology,
-                                                       NegativeControl control) {
+                                                       NegativeControl control, int inject_oom,
+                                                       const std::string& ledger_dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(world, topology, control));
+  setup.inject_oom = inject_oom;
+  setup.ledger_dir = ledger_dir;
   std::vector<CheckResult> results;
   using Check = absl::StatusOr<CheckResult> (*)(RankSetup&);
   for (Check check : {&CheckReplicaAgreement, &CheckDpWorkersIndependent, &CheckModelStream,
-                      &CheckExceptionRestoration, &CheckPartitionInvariance, &CheckRecompute}) {
+                      &CheckExceptionRestoration, &CheckPartitionInvariance, &CheckRecompute,
+                      &CheckOomRecovery}) {
     LOCKSTEP_ASSIGN_OR_RETURN(CheckResult result, check(setup));
     LOCKSTEP_VLOG(1) << "rank " << world.rank() << ": " << result.name << " "
                      << (result.passed ? "PASS" : "FAIL") << " (" << result.detail << ")";
@@ -354,6 +492,10 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dp ", options.dp, " x --tp ", options.tp, " x --cp ", options.cp, " = ", world,
         " processes exceeds qualify's limit of ", kMaxQualifyWorld, " local processes"));
+  }
+  if (options.inject_oom < 0 || options.inject_oom > kMaxInjectedOom) {
+    return absl::InvalidArgumentError(absl::StrCat("--inject_oom ", options.inject_oom,
+                                                   " is outside [0, ", kMaxInjectedOom, "]"));
   }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -386,7 +528,7 @@ absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
 }
 
 int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration timeout,
-              const std::string& results_dir) {
+              const std::string& results_dir, int inject_oom) {
   at::set_num_threads(1);
   json report;
   const absl::Status status = [&]() -> absl::Status {
@@ -398,7 +540,7 @@ int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration ti
     LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::CreateExact(world->size(), dp, tp, cp));
     report["rank"] = world->rank();
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> results,
-                              RunRankChecks(*world, topo, control));
+                              RunRankChecks(*world, topo, control, inject_oom, results_dir));
     for (const CheckResult& r : results) {
       report["checks"].push_back({{"name", r.name}, {"passed", r.passed}, {"detail", r.detail}});
     }
@@ -419,7 +561,12 @@ namespace {
 
 // Removes a directory's files and then the directory (best effort).
 void RemoveDirectory(const std::string& dir, int world) {
-  for (int r = 0; r < world; ++r) std::remove(absl::StrCat(dir, "/rank", r, ".json").c_str());
+  for (int r = 0; r < world; ++r) {
+    std::remove(absl::StrCat(dir, "/rank", r, ".json").c_str());
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      std::remove(absl::StrCat(dir, "/ledger.rank", r, ".db", suffix).c_str());
+    }
+  }
   std::remove(absl::StrCat(dir, "/workers.log").c_str());
   rmdir(dir.c_str());
 }
@@ -479,7 +626,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                     absl::StrCat("--cp=", options.cp),
                     absl::StrCat("--results_dir=", dir),
                     absl::StrCat("--timeout_seconds=", absl::ToInt64Seconds(options.timeout)),
-                    absl::StrCat("--negative_control=", NegativeControlName(options.control))};
+                    absl::StrCat("--negative_control=", NegativeControlName(options.control)),
+                    absl::StrCat("--inject_oom=", options.inject_oom)};
   const std::string topology =
       absl::StrCat("DP", options.dp, " x TP", options.tp, " x CP", options.cp);
   out << "qualify: " << topology << " (" << world << " local processes over Gloo)"

@@ -20,6 +20,13 @@
 //                           forward's, input and parameter gradients are bit-identical to the
 //                           plain block's, the caller's draws and live generator are untouched,
 //                           nothing is retained after backward, and the replicas' gradients agree
+//   oom_recovery            a step of a toy objective over a planned batch, run through
+//                           admission's RecoveringRunner with N out-of-memory failures injected
+//                           on one replica of each TP x CP group (after its backward, so a partial
+//                           contribution must be dropped): every replica splits the same way, the
+//                           group's gradient equals the run without failures (1e-6 relative), and
+//                           the rank's ledger shows every token counted once (its summary is in
+//                           the detail)
 //
 // Thread-safety: the rank checks use the process's default generators (one thread per process).
 //
@@ -74,6 +81,9 @@ struct RankSetup {
   std::shared_ptr<rng::RankStreams> streams;
   NegativeControl control = NegativeControl::kNone;
   std::optional<rng::RngSnapshot> synced;
+  // oom_recovery: failures to inject, and where the rank's ledger goes (empty: a temporary file).
+  int inject_oom = 1;
+  std::string ledger_dir;
 };
 
 // Seeds the rank's default generators differently on every rank (as after independent data
@@ -88,11 +98,17 @@ absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup);
+absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup);
 
-// Every check above, in that order, then a barrier.
+// The most failures --inject_oom may ask for (each halves a microbatch of the check's plan).
+inline constexpr int kMaxInjectedOom = 8;
+
+// Every check above, in that order, then a barrier. `inject_oom` and `ledger_dir` go to
+// oom_recovery (RankSetup's fields).
 absl::StatusOr<std::vector<CheckResult>> RunRankChecks(collectives::Communicator& world,
                                                        const collectives::Topology& topology,
-                                                       NegativeControl control);
+                                                       NegativeControl control, int inject_oom = 1,
+                                                       const std::string& ledger_dir = "");
 
 // The largest world qualify runs: local processes on one machine.
 inline constexpr int kMaxQualifyWorld = 64;
@@ -112,6 +128,8 @@ class QualifyOptions {
   // Where to write the JSON evidence; empty: nowhere. Default: empty.
   std::string evidence_path;
   NegativeControl control = NegativeControl::kNone;
+  // Out-of-memory failures oom_recovery injects, 0..kMaxInjectedOom. Default: 1.
+  int inject_oom = 1;
   // Every collective's timeout in the workers. Default: 120 s.
   absl::Duration timeout = absl::Seconds(120);
   // The whole job's limit: workers still running then are named, stopped, and qualify fails.
@@ -129,7 +147,8 @@ class QualifyOptions {
 absl::Duration DefaultDeadline(absl::Duration timeout);
 
 // kInvalidArgument naming the flag and the limit for a non-positive size, a world over
-// kMaxQualifyWorld (or one whose product overflows), or a non-positive timeout or deadline.
+// kMaxQualifyWorld (or one whose product overflows), a non-positive timeout or deadline, or an
+// --inject_oom outside [0, kMaxInjectedOom].
 absl::Status ValidateQualifyOptions(const QualifyOptions& options);
 
 // What a qualify worker needs of the machine: at most kProcessesPerCore workers per core, and
@@ -149,7 +168,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
 // A worker: joins the world from the torchrun environment, runs the checks, writes its report
 // to `results_dir`/rank<RANK>.json. Returns the process's exit code.
 int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration timeout,
-              const std::string& results_dir);
+              const std::string& results_dir, int inject_oom = 1);
 
 }  // namespace qualification
 }  // namespace lockstep

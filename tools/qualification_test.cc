@@ -102,6 +102,12 @@ TEST(QualificationTest, RecomputeAndItsNegativeControl) {
                  "recompute mask != forward mask");
 }
 
+TEST(QualificationTest, OomRecoveryAndItsNegativeControl) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckOomRecovery));
+  ExpectDetected(RunCheck(NegativeControl::kDoubleCountedRetry, &CheckOomRecovery),
+                 "differs from the run without failures");
+}
+
 // The aliasing saver itself (moved here from checkpoint_test with the saver): forward is
 // unaffected, but the recompute draws another mask, so the gradients differ from the plain
 // block's; the value saver reproduces them.

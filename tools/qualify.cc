@@ -4,7 +4,7 @@
 // rank did not report; 2: bad flags or qualify could not run.
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
-//           [--timeout_seconds=S]
+//           [--inject_oom=N] [--timeout_seconds=S]
 
 #include <iostream>
 #include <string>
@@ -24,7 +24,10 @@ ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
           "where to write the JSON evidence (none when not given)");
 ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
-          "aliasing-snapshot, shard-local-philox");
+          "aliasing-snapshot, shard-local-philox, double-counted-retry");
+ABSL_FLAG(int, inject_oom, 1,
+          "out-of-memory failures the oom_recovery check injects on one replica of each TP x CP "
+          "group (0..8)");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout in the workers");
 ABSL_FLAG(int64_t, deadline_seconds, 0,
           "the whole job's limit: workers still running then are named and stopped, and qualify "
@@ -37,7 +40,8 @@ int main(int argc, char** argv) {
   using lockstep::tools::kBadInputExitCode;
   const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
       argc, argv,
-      "qualify --dp=N --tp=N --cp=N [--out=FILE] [--negative_control=NAME]: runs the topology "
+      "qualify --dp=N --tp=N --cp=N [--out=FILE] [--negative_control=NAME] [--inject_oom=N]: runs "
+      "the topology "
       "as local processes and checks lockstep's contracts on every rank. Exit 0 pass, 1 fail, "
       "2 bad input.");
   auto fail = [](const absl::Status& status) {
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
   q::QualifyOptions options = q::QualifyOptions::Topology(
       absl::GetFlag(FLAGS_dp), absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp));
   options.control = *control;
+  options.inject_oom = absl::GetFlag(FLAGS_inject_oom);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   options.evidence_path = absl::GetFlag(FLAGS_out).path;
   if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
@@ -62,7 +67,7 @@ int main(int argc, char** argv) {
       return fail(absl::InvalidArgumentError("--worker needs --results_dir"));
     }
     return q::RunWorker(options.dp, options.tp, options.cp, options.control, options.timeout,
-                        absl::GetFlag(FLAGS_results_dir));
+                        absl::GetFlag(FLAGS_results_dir), options.inject_oom);
   }
   absl::StatusOr<bool> passed = q::RunQualify(options, std::cout);
   if (!passed.ok()) return fail(passed.status());

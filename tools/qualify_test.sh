@@ -7,11 +7,17 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 "$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/dp2cp2.json"
 grep -q '"passed": true' "$tmp/dp2cp2.json" || { echo "evidence does not say passed"; exit 1; }
 grep -q "\"lockstep_commit\"" "$tmp/dp2cp2.json" || { echo "evidence lacks the execution context"; exit 1; }
-for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute; do
+for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery; do
   grep -q "\"name\": \"$check\"" "$tmp/dp2cp2.json" || { echo "evidence lacks $check"; exit 1; }
 done
 
 "$qualify" --dp 2 --tp 2 --cp 1 --out "$tmp/dp2tp2.json"
+# Three injected failures (two split levels) on one replica of each group; the ledger summary is
+# shown.
+"$qualify" --dp=1 --tp=2 --cp=2 --inject_oom=3 >"$tmp/oom3.txt"
+cat "$tmp/oom3.txt"
+grep -q "^oom_recovery *PASS" "$tmp/oom3.txt" || { echo "oom_recovery did not pass"; exit 1; }
+grep -q "3 injected" "$tmp/oom3.txt" || { echo "oom_recovery does not say 3 injected"; exit 1; }
 
 # Each negative control must make qualify fail (exit 1) through the check that catches it.
 expect_fail() {  # control check
@@ -29,6 +35,7 @@ expect_fail world-sync dp_workers_independent
 expect_fail unscoped-model-work model_stream
 expect_fail aliasing-snapshot checkpoint_recompute
 expect_fail shard-local-philox partition_invariance
+expect_fail double-counted-retry oom_recovery
 grep -q "^replica_agreement *PASS" "$tmp/aliasing-snapshot.txt" \
   || { echo "aliasing-snapshot broke more than recompute"; exit 1; }
 
@@ -54,4 +61,5 @@ bad "bogus" --bogus=1
 bad "cannot write the evidence file" --dp=1 --out=/nonexistent-dir/qualify.json
 bad "--worker needs --results_dir" --worker
 bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
+bad "--inject_oom 9 is outside \[0, 8\]" --dp=1 --inject_oom=9
 echo "qualify test: ok"

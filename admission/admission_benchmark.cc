@@ -1,0 +1,105 @@
+// Ledger throughput (events per second, with and without fsync at step commit, and with fsync of
+// every event) and admission planning time for 10k microbatches.
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "admission/admission.h"
+#include "admission/ledger.h"
+#include "admission/memory_model.h"
+#include "benchmark/benchmark.h"
+#include "planner/planner.h"
+
+namespace lockstep {
+namespace admission {
+namespace {
+
+std::string BenchmarkPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      absl::StrCat(dir != nullptr ? dir : "/tmp", "/ledger_bench_", name, "_", getpid());
+  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  return path;
+}
+
+// One step per iteration: 16 microbatches planned, each started and completed, then the commit
+// (16 + 32 + 1 = 49 events).
+void BM_LedgerStep(benchmark::State& state) {
+  LedgerOptions options = LedgerOptions::Of(0);
+  options.fsync_at_commit = state.range(0) >= 1;
+  options.fsync_every_event = state.range(0) >= 2;
+  const std::string path = BenchmarkPath(absl::StrCat("mode", state.range(0)));
+  auto ledger = Ledger::OpenWriter(path, options);
+  if (!ledger.ok()) {
+    state.SkipWithError(std::string(ledger.status().message()).c_str());
+    return;
+  }
+  std::vector<PlannedMicrobatch> work;
+  for (int m = 0; m < 16; ++m) {
+    work.push_back(PlannedMicrobatch::Of(absl::StrCat(m), {{m, 0, 4096}}));
+  }
+  int64_t step = 0, events = 0;
+  for (auto _ : state) {
+    bool ok = (*ledger)->BeginStep(step, work).ok();
+    for (const PlannedMicrobatch& m : work) {
+      ok = ok &&
+           (*ledger)->Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges)).ok();
+      ok = ok && (*ledger)
+                     ->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, step, m.id, m.ranges))
+                     .ok();
+    }
+    ok = ok && (*ledger)->CommitStep(step).ok();
+    if (!ok) {
+      state.SkipWithError("a ledger operation failed");
+      return;
+    }
+    ++step;
+    events += 49;
+  }
+  state.SetItemsProcessed(events);
+  state.counters["events_per_second"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  ledger->reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+}
+BENCHMARK(BM_LedgerStep)
+    ->ArgName("fsync")  // 0: never, 1: at step commit (default), 2: every event
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// AdmitWaves over a plan of 10,000 microbatches (one or two sequences each, CP 2).
+void BM_AdmitWaves10k(benchmark::State& state) {
+  std::vector<planner::Sequence> batch;
+  for (int i = 0; i < 11667; ++i) batch.push_back(planner::Sequence::Of(1024 + (i % 7) * 128, i));
+  planner::PlanOptions options;
+  options.max_tokens_per_microbatch = 2560;
+  options.cp_size = 2;
+  options.packing = planner::PACKING_IN_ORDER;
+  auto plan = planner::PlanMicrobatches(batch, options);
+  auto model = MemoryModel::Of(4e9, 2e5, 30);
+  if (!plan.ok() || !model.ok()) {
+    state.SkipWithError("planning failed");
+    return;
+  }
+  state.counters["microbatches"] = plan->microbatches_size();
+  for (auto _ : state) {
+    auto admitted = AdmitWaves(*plan, *model, int64_t{80} << 30, AdmissionOptions::Defaults());
+    if (!admitted.ok()) {
+      state.SkipWithError(std::string(admitted.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(admitted->waves.size());
+  }
+}
+BENCHMARK(BM_AdmitWaves10k)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace admission
+}  // namespace lockstep
