@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -204,18 +206,31 @@ TEST(RecoveryTest, NegativeControlADoubleCountedRetryIsCaught) {
       << "the comparison must catch a retried microbatch counted twice";
 }
 
-TEST(RecoveryTest, ThrownOutOfMemoryIsRecoveredLikeAStatus) {
-  const planner::Plan plan = TestPlan();
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(ToyObjective objective, ToyObjective::Create(6, 3));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10));
-  GradientStaging staging(objective.parameters());
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      auto runner, RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&model, &staging),
-                                            1 << 20, RecoveryOptions::Defaults()));
+// The toy objective, a model, a staging of its gradient and a runner over them.
+class RecoveryRigTest : public ::testing::Test {
+ protected:
+  void Build(const RecoveryOptions& options) {
+    objective_.emplace(*ToyObjective::Create(6, 3));
+    model_.emplace(*MemoryModel::Of(1000, 10));
+    staging_ = std::make_unique<GradientStaging>(objective_->parameters());
+    auto runner = RecoveringRunner::Create(
+        RecoveringRunner::Collaborators::Of(&*model_, staging_.get()), 1 << 20, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    runner_ = std::move(*runner);
+  }
+  const planner::Plan plan_ = TestPlan();
+  std::optional<ToyObjective> objective_;
+  std::optional<MemoryModel> model_;
+  std::unique_ptr<GradientStaging> staging_;
+  std::unique_ptr<RecoveringRunner> runner_;
+};
+
+TEST_F(RecoveryRigTest, ThrownOutOfMemoryIsRecoveredLikeAStatus) {
+  Build(RecoveryOptions::Defaults());
   bool thrown = false;
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      StepReport report, runner->RunStep(0, plan, [&](const WaveWork& work) -> absl::Status {
-        LOCKSTEP_RETURN_IF_ERROR(objective.RunWave(work, 0));
+      StepReport report, runner_->RunStep(0, plan_, [&](const WaveWork& work) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(objective_->RunWave(work, 0));
         if (!thrown) {
           thrown = true;
           TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2 GiB");
@@ -223,54 +238,42 @@ TEST(RecoveryTest, ThrownOutOfMemoryIsRecoveredLikeAStatus) {
         return absl::OkStatus();
       }));
   EXPECT_EQ(report.out_of_memory, 1);
-  EXPECT_GT(model.safety_factor(), 1.0);
+  EXPECT_GT(model_->safety_factor(), 1.0);
 }
 
-TEST(RecoveryTest, OutOfMemoryBeyondTheSplitDepthFailsNamingTheMicrobatch) {
-  const planner::Plan plan = TestPlan();
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(ToyObjective objective, ToyObjective::Create(6, 3));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10));
-  GradientStaging staging(objective.parameters());
+TEST_F(RecoveryRigTest, OutOfMemoryBeyondTheSplitDepthFailsNamingTheMicrobatch) {
   RecoveryOptions options;
   options.max_split_depth = 2;
   options.admission.max_microbatches_per_wave = 1;
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      auto runner, RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&model, &staging),
-                                            1 << 20, options));
+  Build(options);
   absl::StatusOr<StepReport> report =
-      runner->RunStep(0, plan, [&](const WaveWork& work) -> absl::Status {
+      runner_->RunStep(0, plan_, [&](const WaveWork& work) -> absl::Status {
         if (work.ids[0].rfind("0", 0) == 0) return absl::ResourceExhaustedError("always");
-        return objective.RunWave(work, 0);
+        return objective_->RunWave(work, 0);
       });
   EXPECT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(report.status().message(), HasSubstr("microbatch 0.0.0 ran out of memory after 2"));
 }
 
-TEST(RecoveryTest, OtherFailuresStopTheStepWithContextAndDropTheContribution) {
-  const planner::Plan plan = TestPlan();
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(ToyObjective objective, ToyObjective::Create(6, 3));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10));
-  GradientStaging staging(objective.parameters());
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      auto runner, RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&model, &staging),
-                                            1 << 20, RecoveryOptions::Defaults()));
+TEST_F(RecoveryRigTest, OtherFailuresStopTheStepWithContextAndDropTheContribution) {
+  Build(RecoveryOptions::Defaults());
   absl::StatusOr<StepReport> report =
-      runner->RunStep(3, plan, [&](const WaveWork& work) -> absl::Status {
-        LOCKSTEP_RETURN_IF_ERROR(objective.RunWave(work, 0));
+      runner_->RunStep(3, plan_, [&](const WaveWork& work) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(objective_->RunWave(work, 0));
         return absl::InvalidArgumentError("bad input tensor");
       });
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(report.status().message(), HasSubstr("bad input tensor"));
   EXPECT_THAT(report.status().message(), HasSubstr("step 3, wave 0"));
-  EXPECT_FALSE(objective.weight().grad().defined()) << "a failed attempt's gradient must go";
+  EXPECT_FALSE(objective_->weight().grad().defined()) << "a failed attempt's gradient must go";
 
-  EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&model, nullptr), 1,
+  EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&*model_, nullptr), 1,
                                      RecoveryOptions::Defaults())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&model, &staging), 0,
-                                     RecoveryOptions::Defaults())
+  EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&*model_, staging_.get()),
+                                     0, RecoveryOptions::Defaults())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -1,0 +1,358 @@
+#include "trainer/testing/oracle.h"
+
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "numerics/compare.h"
+#include "rng/model_stream.h"
+#include "rng/snapshot.h"
+#include "torch/optim/adam.h"
+#include "trainer/testing/reference_model.h"
+#include "trainer/trainer_rank.h"
+
+namespace lockstep {
+namespace trainer {
+namespace {
+
+using collectives::Communicator;
+using collectives::Topology;
+
+constexpr int kSteps = 2;
+constexpr int kForwardsPerStep = 2;
+constexpr int64_t kBudget = 48;
+
+// Who runs: the split rank, or its unsplit reference.
+struct RunSetup {
+  const Topology* topology = nullptr;
+  int world_rank = 0;
+  int dp_index = 0;
+  int64_t seed = 0;
+  int tp_rank = 0, tp_size = 1;
+  Communicator* tp_cp = nullptr;
+  Communicator* tp = nullptr;
+  Communicator* cp = nullptr;
+  Communicator* dp = nullptr;
+  OracleControl control = OracleControl::kNone;
+};
+
+struct RunRecord {
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> masks;
+  // Per step: gradients of W1, W2 (this rank's hidden slice) and the head, summed over CP and DP.
+  std::vector<std::vector<at::Tensor>> gradients;
+  std::vector<at::Tensor> parameters;
+  int64_t hidden_begin = 0, hidden_end = 0;
+  int hand_backs = 0;
+  std::vector<std::string> caller_moved;
+  int model_stream_still = 0;
+  bool empty_shard = false;
+};
+
+std::vector<planner::Sequence> Batch(int step, int forward, int dp_index) {
+  const int64_t lengths[] = {20 + 3 * step + forward, 13 + dp_index, kBudget, 1};
+  std::vector<planner::Sequence> batch;
+  for (int i = 0; i < 4; ++i) {
+    batch.push_back(
+        planner::Sequence::Of(lengths[i], dp_index * 1000 + step * 100 + forward * 10 + i));
+  }
+  return batch;
+}
+
+absl::StatusOr<RunRecord> Train(const RunSetup& setup) {
+  RunRecord record;
+  std::shared_ptr<rng::RankStreams> streams;
+  LOCKSTEP_ASSIGN_OR_RETURN(streams, rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("seeding", [&] { at::manual_seed(setup.seed); }));
+  LOCKSTEP_ASSIGN_OR_RETURN(ReferenceModel model,
+                            ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp));
+  record.hidden_begin = model.hidden_begin();
+  record.hidden_end = model.hidden_end();
+  TrainerConfig config = TrainerConfig::Of(kBudget);
+  config.packing = planner::PACKING_IN_ORDER;
+  config.synchronize_caller = setup.control != OracleControl::kNoSync;
+  config.model_stream_scope = setup.control != OracleControl::kModelWorkOnCallerStream;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainerRank> trainer,
+      TrainerRank::Create(
+          config,
+          TrainerRank::Collaborators::Of(*setup.topology, setup.world_rank, setup.tp_cp, streams),
+          [&model](const ShardWork& work) { return model.Forward(work); }));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<at::Tensor> head,
+      trainer->RegisterCustomObject(
+          "loss_head", "linear 8 -> 1, no bias", []() -> absl::StatusOr<std::vector<at::Tensor>> {
+            at::Tensor w;
+            LOCKSTEP_RETURN_IF_ERROR(CallTorch("head", [&] {
+              w = (0.2 * at::randn({1, ReferenceModel::kWidth})).set_requires_grad(true);
+            }));
+            return std::vector<at::Tensor>{w};
+          }));
+  std::vector<at::Tensor> parameters = model.parameters();
+  parameters.push_back(head[0]);
+  std::unique_ptr<torch::optim::Adam> adam;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating Adam", [&] {
+    adam = std::make_unique<torch::optim::Adam>(parameters, torch::optim::AdamOptions(0.05));
+  }));
+
+  const bool leader = setup.tp_cp == nullptr || setup.tp_cp->rank() == 0;
+  auto caller_state = [&]() { return rng::RngSnapshot::Capture(streams->generators()); };
+  // The loss of one microbatch's outputs, with a token mask the caller draws now.
+  auto backward = [&](const MicrobatchOutput& out) -> absl::Status {
+    return CallTorch("caller loss and backward", [&] {
+      at::Tensor mask = at::bernoulli(at::full({out.outputs.size(0)}, 0.8));
+      at::Tensor z = at::mm(out.outputs, head[0].t()).squeeze(1);
+      at::Tensor loss = (out.loss_weights.to(at::kFloat) * mask * z * z).sum();
+      loss.backward();
+      record.outputs.push_back(out.outputs.detach().clone());
+      record.masks.push_back(mask);
+    });
+  };
+  auto check_hand_back = [&](const rng::RngSnapshot& before,
+                             const std::optional<rng::RngSnapshot>& model_before,
+                             const std::string& where) -> absl::Status {
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot after, caller_state());
+    ++record.hand_backs;
+    if (leader && !(after == before)) record.caller_moved.push_back(where);
+    if (streams->model().state() == model_before) ++record.model_stream_still;
+    return absl::OkStatus();
+  };
+
+  for (int step = 0; step < kSteps; ++step) {
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("zeroing gradients", [&] { adam->zero_grad(); }));
+    for (int forward = 0; forward < kForwardsPerStep; ++forward) {
+      std::vector<planner::Sequence> batch = Batch(step, forward, setup.dp_index);
+      int64_t tokens = 0;
+      for (const planner::Sequence& s : batch) tokens += s.num_tokens;
+      at::Tensor rows;
+      if (setup.control == OracleControl::kInputInsideScope) {
+        // The bug: the caller's inputs drawn on the model stream.
+        LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope,
+                                  rng::ModelStreamScope::Enter(*streams));
+        LOCKSTEP_RETURN_IF_ERROR(CallTorch("inputs", [&] {
+          rows = at::randn({tokens, ReferenceModel::kWidth});
+        }));
+        LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
+      } else {
+        LOCKSTEP_RETURN_IF_ERROR(CallTorch("inputs", [&] {
+          rows = at::randn({tokens, ReferenceModel::kWidth});
+        }));
+      }
+      TrainerInputs inputs = TrainerInputs::Of(batch, rows);
+      const std::string where = absl::StrCat("step ", step, " forward ", forward);
+      if (forward == 0) {
+        LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
+                                  trainer->ForwardMicroBatches(std::move(inputs)));
+        for (const planner::Microbatch& mb : stream.plan().microbatches()) {
+          if (mb.num_tokens() < setup.topology->cp_size()) record.empty_shard = true;
+        }
+        for (int m = 0;; ++m) {
+          LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot before, caller_state());
+          const std::optional<rng::RngSnapshot> model_before = streams->model().state();
+          LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
+          if (!out.has_value()) break;
+          LOCKSTEP_RETURN_IF_ERROR(
+              check_hand_back(before, model_before, absl::StrCat(where, " microbatch ", m)));
+          LOCKSTEP_RETURN_IF_ERROR(backward(*out));
+        }
+      } else {
+        LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot before, caller_state());
+        const std::optional<rng::RngSnapshot> model_before = streams->model().state();
+        LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outs,
+                                  trainer->DpRankForward(std::move(inputs)));
+        LOCKSTEP_RETURN_IF_ERROR(check_hand_back(before, model_before, where));
+        for (const MicrobatchOutput& out : outs) LOCKSTEP_RETURN_IF_ERROR(backward(out));
+      }
+    }
+    // The caller's gradient reduction: model shards over CP, everything over DP.
+    std::vector<at::Tensor> grads;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("reading gradients", [&] {
+      for (const at::Tensor& p : parameters) grads.push_back(p.grad());
+    }));
+    if (setup.cp != nullptr) {
+      for (int i = 0; i < 2; ++i) LOCKSTEP_RETURN_IF_ERROR(setup.cp->AllReduceSum(grads[i]));
+    }
+    if (setup.dp != nullptr) {
+      for (at::Tensor& g : grads) LOCKSTEP_RETURN_IF_ERROR(setup.dp->AllReduceSum(g));
+    }
+    std::vector<at::Tensor> copies;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("Adam step", [&] {
+      for (const at::Tensor& g : grads) copies.push_back(g.clone());
+      adam->step();
+    }));
+    record.gradients.push_back(std::move(copies));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("final parameters", [&] {
+    for (const at::Tensor& p : parameters) record.parameters.push_back(p.detach().clone());
+  }));
+  return record;
+}
+
+// This rank's slice of a reference tensor list {W1 [hidden, width], W2 [width, hidden], head}.
+std::vector<at::Tensor> Slice(const std::vector<at::Tensor>& full, int64_t begin, int64_t end) {
+  return {full[0].slice(0, begin, end), full[1].slice(1, begin, end), full[2]};
+}
+
+absl::StatusOr<bool> AllEqualAcross(Communicator* group, const std::vector<at::Tensor>& tensors,
+                                    int* disagreeing) {
+  *disagreeing = 0;
+  if (group == nullptr || tensors.empty()) return true;
+  at::Tensor flat;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("flattening", [&] {
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& t : tensors) parts.push_back(t.flatten().to(at::kFloat));
+    flat = at::cat(parts);
+  }));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(flat));
+  for (const at::Tensor& other : all) {
+    if (!at::equal(other, flat)) ++*disagreeing;
+  }
+  return *disagreeing == 0;
+}
+
+// Compares lists under the default tolerance; returns the failures' summaries.
+absl::StatusOr<std::vector<std::string>> CompareLists(const std::vector<at::Tensor>& actual,
+                                                      const std::vector<at::Tensor>& expected,
+                                                      const std::string& what,
+                                                      const numerics::Tolerance& tolerance) {
+  std::vector<std::string> failures;
+  if (actual.size() != expected.size()) {
+    failures.push_back(absl::StrCat(what, ": ", actual.size(), " tensors vs ", expected.size()));
+    return failures;
+  }
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (actual[i].sizes() != expected[i].sizes()) {
+      failures.push_back(absl::StrCat(what, " ", i, ": shapes differ"));
+      continue;
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        numerics::TensorComparison c,
+        numerics::CompareTensors(actual[i], expected[i], tolerance, absl::StrCat(what, " ", i)));
+    if (!c.passed) failures.push_back(c.Summary());
+  }
+  return failures;
+}
+
+OracleCheck Check(std::string name, bool passed, std::string detail) {
+  OracleCheck check;
+  check.name = std::move(name);
+  check.passed = passed;
+  check.detail = std::move(detail);
+  return check;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
+                                                          const Topology& topology,
+                                                          OracleControl control) {
+  const int rank = world.rank();
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates me, topology.CoordinatesOf(rank));
+  std::unique_ptr<Communicator> tp_cp, tp, cp, dp;
+  LOCKSTEP_ASSIGN_OR_RETURN(tp_cp, world.NewGroup(topology.TpCpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(tp, world.NewGroup(topology.TpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp, world.NewGroup(topology.CpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(dp, world.NewGroup(topology.DpGroup(rank)));
+  const int leader = Topology::Leader(topology.TpCpGroup(rank));
+
+  RunSetup split;
+  split.topology = &topology;
+  split.world_rank = rank;
+  split.dp_index = me.dp;
+  split.seed = 1000 + rank;  // every rank differently seeded, as after independent data loading
+  split.tp_rank = me.tp;
+  split.tp_size = topology.tp_size();
+  split.tp_cp = tp_cp.get();
+  split.tp = topology.tp_size() > 1 ? tp.get() : nullptr;
+  split.cp = topology.cp_size() > 1 ? cp.get() : nullptr;
+  split.dp = topology.dp_size() > 1 ? dp.get() : nullptr;
+  split.control = control;
+  LOCKSTEP_ASSIGN_OR_RETURN(RunRecord run, Train(split));
+
+  // The unsplit reference of this rank's DP worker, from its leader's state.
+  LOCKSTEP_ASSIGN_OR_RETURN(Topology unsplit, Topology::CreateExact(1, 1, 1, 1));
+  RunSetup reference;
+  reference.topology = &unsplit;
+  reference.world_rank = 0;
+  reference.dp_index = me.dp;
+  reference.seed = 1000 + leader;
+  reference.dp = split.dp;
+  LOCKSTEP_ASSIGN_OR_RETURN(RunRecord expected, Train(reference));
+
+  std::vector<OracleCheck> checks;
+  int disagreeing = 0;
+  LOCKSTEP_ASSIGN_OR_RETURN(bool outputs_agree,
+                            AllEqualAcross(tp_cp.get(), run.outputs, &disagreeing));
+  checks.push_back(Check("replica_outputs", outputs_agree,
+                         outputs_agree ? absl::StrCat(run.outputs.size(),
+                                                      " microbatches' full outputs bit-identical "
+                                                      "on the ",
+                                                      tp_cp->size(), " replicas")
+                                       : absl::StrCat(disagreeing,
+                                                      " replica(s) received other "
+                                                      "outputs")));
+  LOCKSTEP_ASSIGN_OR_RETURN(bool masks_agree, AllEqualAcross(tp_cp.get(), run.masks, &disagreeing));
+  checks.push_back(
+      Check("caller_draws", masks_agree,
+            masks_agree ? absl::StrCat(run.masks.size(), " token masks agree after every hand-back")
+                        : absl::StrCat(disagreeing,
+                                       " replica(s) drew other token "
+                                       "masks")));
+  const bool progression = run.caller_moved.empty() && run.model_stream_still == 0;
+  checks.push_back(Check(
+      "stream_progression", progression,
+      progression ? absl::StrCat(run.hand_backs,
+                                 " hand-backs: the caller's generator untouched by "
+                                 "model work, the model stream advanced each time")
+                  : absl::StrCat(run.caller_moved.size(),
+                                 " hand-back(s) moved the caller's "
+                                 "generator (first: ",
+                                 run.caller_moved.empty() ? "none" : run.caller_moved[0], "); ",
+                                 run.model_stream_still, " left the model stream where it was")));
+
+  const numerics::Tolerance tolerance;
+  std::vector<std::string> failures;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> f,
+                            CompareLists(run.outputs, expected.outputs, "outputs", tolerance));
+  failures.insert(failures.end(), f.begin(), f.end());
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      f, CompareLists(run.masks, expected.masks, "token mask", numerics::Tolerance::Bitwise()));
+  failures.insert(failures.end(), f.begin(), f.end());
+  for (int step = 0; step < kSteps && step < static_cast<int>(expected.gradients.size()); ++step) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        f, CompareLists(run.gradients[step],
+                        Slice(expected.gradients[step], run.hidden_begin, run.hidden_end),
+                        absl::StrCat("step ", step, " gradient"), tolerance));
+    failures.insert(failures.end(), f.begin(), f.end());
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      f, CompareLists(run.parameters, Slice(expected.parameters, run.hidden_begin, run.hidden_end),
+                      "parameters after 2 Adam steps", tolerance));
+  failures.insert(failures.end(), f.begin(), f.end());
+  checks.push_back(
+      Check("reference_match", failures.empty(),
+            failures.empty()
+                ? absl::StrCat(run.outputs.size(), " microbatches' outputs, ", run.masks.size(),
+                               " masks (bitwise), gradients of ", kSteps, " steps x ",
+                               kForwardsPerStep, " accumulated forwards and the parameters after ",
+                               kSteps, " Adam steps match the unsplit reference")
+                : absl::StrCat(failures.size(), " mismatch(es); first: ", failures[0])));
+  if (topology.cp_size() > 1) {
+    checks.push_back(Check(
+        "empty_cp_shard", run.empty_shard && failures.empty(),
+        !run.empty_shard ? "no microbatch left a CP rank empty"
+        : failures.empty()
+            ? "a microbatch with fewer tokens than CP ranks ran and matched the reference"
+            : "a microbatch with fewer tokens than CP ranks ran, but the run does not match the "
+              "reference"));
+  }
+  return checks;
+}
+
+}  // namespace trainer
+}  // namespace lockstep

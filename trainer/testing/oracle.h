@@ -1,0 +1,53 @@
+// trainer/testing/oracle.h
+//
+// The trainer's oracle: a training program (ReferenceModel through TrainerRank, a head
+// registered with RegisterCustomObject, a caller-drawn random token mask, two accumulated
+// forwards per Adam step — the first through the microbatch stream, the second through
+// DpRankForward — and two Adam steps) run split over the rank's DP x TP x CP topology and, in the
+// same process, unsplit (TP 1 x CP 1) from the state of the rank's TP x CP leader over the same
+// DP-local batches. Each rank then checks:
+//   replica_outputs     every TP/CP replica received bit-identical full outputs
+//   caller_draws        the caller's token masks agree across the replicas after every hand-back
+//   stream_progression  model work never moved the caller's generator (the leader's state right
+//                       after each hand-back equals its state before the call), and the model
+//                       stream advanced between microbatches
+//   reference_match     outputs, caller masks (bit for bit), gradients (summed over CP and DP)
+//                       and the parameters after two Adam steps equal the unsplit reference's
+//                       under the default numerics tolerance
+//   empty_cp_shard      (CP > 1) a microbatch with fewer tokens than CP ranks ran, with a rank
+//                       owning nothing, and still matched
+// Collective over the world; every rank must call it with the same topology and options.
+//
+// Negative controls make a check fail: kNoSync (caller never synchronized: caller_draws),
+// kModelWorkOnCallerStream (no model-stream scope: stream_progression), kInputInsideScope (the
+// caller materialises its inputs on the model stream: reference_match).
+
+#ifndef LOCKSTEP_TRAINER_TESTING_ORACLE_H_
+#define LOCKSTEP_TRAINER_TESTING_ORACLE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "collectives/communicator.h"
+#include "collectives/topology.h"
+
+namespace lockstep {
+namespace trainer {
+
+enum class OracleControl { kNone, kNoSync, kModelWorkOnCallerStream, kInputInsideScope };
+
+struct OracleCheck {
+  std::string name;
+  bool passed = false;
+  std::string detail;
+};
+
+absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(collectives::Communicator& world,
+                                                          const collectives::Topology& topology,
+                                                          OracleControl control);
+
+}  // namespace trainer
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_TRAINER_TESTING_ORACLE_H_

@@ -1,0 +1,303 @@
+#include "trainer/trainer_rank.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "ATen/core/grad_mode.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "collectives/agreement.h"
+#include "planner/plan_agreement.h"
+#include "rng/model_stream.h"
+#include "rng/synchronize.h"
+
+namespace lockstep {
+namespace trainer {
+namespace {
+
+// A model-stream scope, or none when the negative-control switch turns scopes off.
+absl::StatusOr<std::optional<rng::ModelStreamScope>> EnterModelStream(rng::RankStreams& streams,
+                                                                      bool enabled) {
+  if (!enabled) return std::optional<rng::ModelStreamScope>();
+  LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(streams));
+  return std::optional<rng::ModelStreamScope>(std::move(scope));
+}
+
+absl::Status ExitModelStream(std::optional<rng::ModelStreamScope>& scope) {
+  return scope.has_value() ? scope->Exit() : absl::OkStatus();
+}
+
+at::Tensor Int64Tensor(const std::vector<int64_t>& values) { return at::tensor(values, at::kLong); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerConfig& config,
+                                                                 Collaborators collaborators,
+                                                                 ForwardAdapter forward) {
+  const collectives::Topology& topology = collaborators.topology;
+  if (collaborators.streams == nullptr) {
+    return absl::InvalidArgumentError("trainer: no RankStreams given");
+  }
+  if (!forward) return absl::InvalidArgumentError("trainer: no forward adapter given");
+  if (config.max_tokens_per_microbatch < 2 * topology.cp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: max_tokens_per_microbatch ", config.max_tokens_per_microbatch,
+                     " is below 2 x CP size (", 2 * topology.cp_size(), ")"));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates mine,
+                            topology.CoordinatesOf(collaborators.world_rank));
+  const std::vector<int> expected = topology.TpCpGroup(collaborators.world_rank);
+  std::vector<int> members = {collaborators.world_rank};
+  if (collaborators.tp_cp_group != nullptr) members = collaborators.tp_cp_group->global_ranks();
+  if (members != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer: rank ", collaborators.world_rank, "'s group holds global ranks [",
+        absl::StrJoin(members, ", "), "], not its TP x CP group [", absl::StrJoin(expected, ", "),
+        "]", collaborators.tp_cp_group == nullptr ? " (no group given)" : ""));
+  }
+  std::vector<int> member_cp;
+  for (int global : members) {
+    LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topology.CoordinatesOf(global));
+    member_cp.push_back(c.cp);
+  }
+  std::unique_ptr<TrainerRank> trainer(new TrainerRank(
+      config, std::move(collaborators), std::move(forward), mine.cp, std::move(member_cp)));
+  // Before any scope: the model stream is derived from the synchronized caller state, so it
+  // agrees across the replicas.
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(trainer->SynchronizeCaller(),
+                                        trainer->Where("creating the trainer"));
+  return trainer;
+}
+
+std::string TrainerRank::Where(absl::string_view operation) const {
+  return absl::StrCat("trainer rank ", collaborators_.world_rank, ": ", operation);
+}
+
+absl::Status TrainerRank::SynchronizeCaller() {
+  if (!config_.synchronize_caller) return absl::OkStatus();
+  return rng::Synchronize(collaborators_.tp_cp_group, *collaborators_.streams);
+}
+
+absl::StatusOr<planner::Plan> TrainerRank::Plan(const TrainerInputs& inputs) {
+  int64_t tokens = 0;
+  for (const planner::Sequence& s : inputs.sequences) tokens += s.num_tokens;
+  if (!inputs.rows.defined() || inputs.rows.dim() < 1 || inputs.rows.size(0) != tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where("planning"), ": the input rows (",
+        inputs.rows.defined() ? absl::StrCat(inputs.rows.dim() >= 1 ? inputs.rows.size(0) : 0)
+                              : "undefined",
+        ") must have one row per token of the sequences (", tokens, ")"));
+  }
+  planner::PlanOptions options;
+  options.max_tokens_per_microbatch = config_.max_tokens_per_microbatch;
+  options.cp_size = cp_size();
+  options.packing = config_.packing;
+  options.loss_normalization = config_.loss_normalization;
+  LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan,
+                            planner::PlanMicrobatches(inputs.sequences, options));
+  if (collaborators_.tp_cp_group != nullptr) {
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        planner::CheckPlanAgreement(*collaborators_.tp_cp_group, plan), Where("plan agreement"));
+  }
+  return plan;
+}
+
+absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan& plan, int m,
+                                                            const TrainerInputs& inputs) {
+  const std::string where = Where(absl::StrCat("microbatch ", m));
+  const planner::Microbatch& mb = plan.microbatches(m);
+  std::vector<int64_t> row_offset(inputs.sequences.size() + 1, 0);
+  for (size_t b = 0; b < inputs.sequences.size(); ++b) {
+    row_offset[b + 1] = row_offset[b] + inputs.sequences[b].num_tokens;
+  }
+  // Per packed token: the input row, the sequence id and the position.
+  std::vector<int64_t> rows(mb.num_tokens()), ids(mb.num_tokens()), positions(mb.num_tokens());
+  for (int k = 0; k < mb.batch_index_size(); ++k) {
+    const int64_t begin = planner::TokenBegin(mb, k);
+    for (int64_t t = mb.cu_seqlens(k); t < mb.cu_seqlens(k + 1); ++t) {
+      positions[t] = begin + t - mb.cu_seqlens(k);
+      rows[t] = row_offset[mb.batch_index(k)] + positions[t];
+      ids[t] = mb.sequence_id(k);
+    }
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> weights,
+                            planner::TokenLossWeights(mb, inputs.sequences));
+  std::vector<std::vector<int64_t>> owned(cp_size());
+  for (int c = 0; c < cp_size(); ++c) {
+    LOCKSTEP_ASSIGN_OR_RETURN(owned[c], planner::ShardTokenIndices(plan, m, c));
+  }
+  const std::vector<int64_t>& mine = owned[cp_rank_];
+
+  ShardWork work;
+  work.plan = &plan;
+  work.microbatch = m;
+  work.cp_rank = cp_rank_;
+  work.cp_size = cp_size();
+  work.forward_index = forward_index_++;
+  MicrobatchOutput out;
+  out.microbatch = m;
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      CallTorch("selecting the shard's inputs",
+                [&] {
+                  std::vector<int64_t> my_rows, my_ids, my_positions;
+                  for (int64_t t : mine) {
+                    my_rows.push_back(rows[t]);
+                    my_ids.push_back(ids[t]);
+                    my_positions.push_back(positions[t]);
+                  }
+                  work.packed_offsets = Int64Tensor(mine);
+                  work.inputs =
+                      inputs.rows.index_select(0, Int64Tensor(my_rows).to(inputs.rows.device()));
+                  work.sequence_ids = Int64Tensor(my_ids);
+                  work.positions = Int64Tensor(my_positions);
+                  out.input_rows = Int64Tensor(rows);
+                  out.loss_weights = at::tensor(weights, at::kDouble);
+                }),
+      where);
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor local, forward_(work));
+  if (!local.defined() || local.dim() < 1 || local.size(0) != static_cast<int64_t>(mine.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the forward adapter returned ",
+                     local.defined() ? absl::StrCat(local.dim() >= 1 ? local.size(0) : -1) : "no",
+                     " rows for ", mine.size(), " tokens"));
+  }
+  if (collaborators_.tp_cp_group == nullptr || cp_size() == 1) {
+    out.outputs = local;
+    return out;
+  }
+  // Gather: every member sends its shard padded to the largest shard of the microbatch (an
+  // empty shard sends padding), so all members run the same all-gather.
+  int64_t widest = 0;
+  for (const std::vector<int64_t>& o : owned) widest = std::max<int64_t>(widest, o.size());
+  at::Tensor padded;
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      CallTorch("padding the shard",
+                [&] {
+                  std::vector<int64_t> shape = local.sizes().vec();
+                  shape[0] = widest;
+                  padded = at::zeros(shape, local.options().requires_grad(false));
+                  if (local.size(0) > 0) padded.slice(0, 0, local.size(0)).copy_(local.detach());
+                }),
+      where);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> gathered,
+                            collaborators_.tp_cp_group->AllGather(padded));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      CallTorch("assembling the full outputs",
+                [&] {
+                  std::vector<int64_t> shape = local.sizes().vec();
+                  shape[0] = mb.num_tokens();
+                  at::Tensor others = at::zeros(shape, padded.options());
+                  std::vector<bool> placed(cp_size(), false);
+                  placed[cp_rank_] = true;
+                  for (size_t g = 0; g < gathered.size(); ++g) {
+                    const int c = member_cp_ranks_[g];
+                    if (placed[c] || owned[c].empty()) continue;
+                    placed[c] = true;
+                    others.index_copy_(
+                        0, Int64Tensor(owned[c]).to(others.device()),
+                        gathered[g].slice(0, 0, static_cast<int64_t>(owned[c].size())));
+                  }
+                  // The rank's own rows stay differentiable; the others are constants.
+                  out.outputs = others.index_add(0, Int64Tensor(mine).to(others.device()), local);
+                }),
+      where);
+  return out;
+}
+
+absl::StatusOr<MicrobatchStream> TrainerRank::ForwardMicroBatches(TrainerInputs inputs) {
+  rng::RankStreams& streams = *collaborators_.streams;
+  if (!streams.caller_state_live()) {
+    return absl::FailedPreconditionError(
+        Where("ForwardMicroBatches inside a model-stream scope or named-stream fork"));
+  }
+  planner::Plan plan;
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
+                              EnterModelStream(streams, config_.model_stream_scope));
+    absl::StatusOr<planner::Plan> planned = Plan(inputs);
+    LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
+    if (!planned.ok()) return planned.status();
+    plan = std::move(*planned);
+  }
+  return MicrobatchStream(this, std::move(plan), std::move(inputs));
+}
+
+absl::StatusOr<std::optional<MicrobatchOutput>> MicrobatchStream::Next() {
+  if (failed_ || next_ >= plan_.microbatches_size()) return std::optional<MicrobatchOutput>();
+  rng::RankStreams& streams = trainer_->streams();
+  absl::StatusOr<MicrobatchOutput> out = [&]() -> absl::StatusOr<MicrobatchOutput> {
+    if (!streams.caller_state_live()) {
+      return absl::FailedPreconditionError(
+          trainer_->Where("Next() inside a model-stream scope or named-stream fork"));
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
+                              EnterModelStream(streams, trainer_->config_.model_stream_scope));
+    absl::StatusOr<MicrobatchOutput> run = trainer_->RunMicrobatch(plan_, next_, inputs_);
+    LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
+    if (!run.ok()) return run.status();
+    // The hand-back point: the caller's state agrees across the group before the caller draws.
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(trainer_->SynchronizeCaller(),
+                                          trainer_->Where("synchronizing after a microbatch"));
+    return run;
+  }();
+  if (!out.ok()) {
+    failed_ = true;
+    return out.status();
+  }
+  ++next_;
+  return std::optional<MicrobatchOutput>(std::move(*out));
+}
+
+absl::StatusOr<std::vector<MicrobatchOutput>> TrainerRank::DpRankForward(TrainerInputs inputs) {
+  rng::RankStreams& streams = *collaborators_.streams;
+  if (!streams.caller_state_live()) {
+    return absl::FailedPreconditionError(
+        Where("DpRankForward inside a model-stream scope or named-stream fork"));
+  }
+  std::vector<MicrobatchOutput> outputs;
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
+                              EnterModelStream(streams, config_.model_stream_scope));
+    absl::Status status = [&]() -> absl::Status {
+      LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, Plan(inputs));
+      for (int m = 0; m < plan.microbatches_size(); ++m) {
+        LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchOutput out, RunMicrobatch(plan, m, inputs));
+        outputs.push_back(std::move(out));
+      }
+      return absl::OkStatus();
+    }();
+    LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
+    LOCKSTEP_RETURN_IF_ERROR(status);
+  }
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(SynchronizeCaller(),
+                                        Where("synchronizing after DpRankForward"));
+  return outputs;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> TrainerRank::RegisterCustomObject(
+    const std::string& name, const std::string& metadata,
+    const std::function<absl::StatusOr<std::vector<at::Tensor>>()>& factory) {
+  const std::string where = Where(absl::StrCat("registering custom object '", name, "'"));
+  collectives::Communicator* group = collaborators_.tp_cp_group;
+  if (group != nullptr) {
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        collectives::CheckAgreement(*group, "trainer/register_object",
+                                    absl::StrCat(name, "\n", metadata)),
+        where);
+  }
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(SynchronizeCaller(), where);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> parameters, factory());
+  if (group != nullptr) {
+    at::AutoGradMode no_grad(false);
+    for (at::Tensor& p : parameters) {
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(group->Broadcast(p, 0), where);
+    }
+  }
+  return parameters;
+}
+
+}  // namespace trainer
+}  // namespace lockstep

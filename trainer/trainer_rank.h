@@ -1,0 +1,227 @@
+// trainer/trainer_rank.h
+//
+// TrainerRank: the rank-local trainer core. It composes planner (plans and their agreement),
+// rng (the rank's streams, model-stream scopes, synchronization), collectives (the TP x CP group)
+// and admission (waves under a memory cap) behind one object that a LibTorch program adopts by
+// one Bazel label (//trainer:trainer_rank). The caller owns the model's loss, backward, optimizer
+// step, DP partitioning and accumulation boundaries; TrainerRank runs the model's forward on
+// this rank's CP shard of each planned microbatch and hands every TP/CP replica the full
+// outputs.
+//
+// RNG contract (SPEC "trainer"):
+// - The caller's inputs are materialised under the caller's RNG before they are given here; no
+//   library work happens before.
+// - Planning and the model's forward run inside the model-stream scope (rng/model_stream.h);
+//   the scope never spans a hand-back to the caller.
+// - After each hand-back point — each microbatch a MicrobatchStream yields, each DpRankForward
+//   return — the caller's RNG state is synchronized across the TP x CP group (its leader's state
+//   wins), so the caller's draws (token masks, a custom head's dropout) agree on every replica.
+// - Create synchronizes first, so the model stream, derived from the caller's state at the first
+//   scope, agrees across the replicas too (ART derives it from each replica's unsynchronized
+//   state).
+// - RegisterCustomObject checks the replicas agree on the registration, synchronizes, runs the
+//   caller's factory, and broadcasts the parameters it returns from the group's leader.
+//
+// Collectives: every replica runs the same collectives in the same order; a rank whose CP shard
+// of a microbatch is empty still joins the gather (it contributes padding). Errors from any
+// module reach the caller as statuses with the rank, microbatch and operation; a dead peer is the
+// communicator's error within its timeout, never a hang.
+//
+// Outputs: MicrobatchOutput.outputs holds the microbatch's tokens in packed order; rows gathered
+// from other CP ranks are constants, the rank's own rows are differentiable into the model, so
+// a loss computed identically on every replica back-propagates each replica's share exactly
+// once (sum parameter gradients over the CP group, as for any CP-sharded model).
+//
+// Thread-safety: one thread uses a TrainerRank (and its streams) at a time.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto trainer, trainer::TrainerRank::Create(
+//       trainer::TrainerConfig::Of(/*max_tokens_per_microbatch=*/8192),
+//       trainer::TrainerRank::Collaborators::Of(topology, world_rank, tp_cp_group, streams),
+//       [&](const trainer::ShardWork& work) { return model.Forward(work); }));
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto stream, trainer->ForwardMicroBatches(inputs));
+//   while (true) {
+//     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<trainer::MicrobatchOutput> out, stream.Next());
+//     if (!out) break;
+//     Loss(*out).backward();   // caller's RNG: agrees on every replica
+//   }
+
+#ifndef LOCKSTEP_TRAINER_TRAINER_RANK_H_
+#define LOCKSTEP_TRAINER_TRAINER_RANK_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "collectives/communicator.h"
+#include "collectives/topology.h"
+#include "planner/plan.pb.h"
+#include "planner/planner.h"
+#include "rng/rank_streams.h"
+
+namespace lockstep {
+namespace trainer {
+
+// A DP rank's batch: its sequences and, row by row, the caller's per-token inputs (sequence 0's
+// tokens first, then sequence 1's, ...), materialised under the caller's RNG.
+struct TrainerInputs {
+  static TrainerInputs Of(std::vector<planner::Sequence> sequences, at::Tensor rows) {
+    TrainerInputs inputs;
+    inputs.sequences = std::move(sequences);
+    inputs.rows = std::move(rows);
+    return inputs;
+  }
+  std::vector<planner::Sequence> sequences;
+  // [total tokens, ...]; its first dimension must equal the sequences' token count.
+  at::Tensor rows;
+};
+
+// What the model's forward receives: one microbatch, this rank's CP shard of it.
+struct ShardWork {
+  const planner::Plan* plan = nullptr;
+  int microbatch = 0;
+  int cp_rank = 0;
+  int cp_size = 1;
+  // Forward calls of this TrainerRank so far (0 for the first microbatch it runs).
+  int64_t forward_index = 0;
+  // The shard's tokens: packed-buffer offsets (int64 [n]), the caller's input rows ([n, ...]),
+  // the caller's sequence ids and positions in the sequence (int64 [n]). n may be 0.
+  at::Tensor packed_offsets;
+  at::Tensor inputs;
+  at::Tensor sequence_ids;
+  at::Tensor positions;
+};
+
+// The model's forward on a shard: returns [n, ...] outputs for the shard's n tokens (same
+// trailing shape on every rank), differentiable into the model's parameters.
+using ForwardAdapter = std::function<absl::StatusOr<at::Tensor>(const ShardWork&)>;
+
+// One microbatch's full outputs, as every replica receives them.
+struct MicrobatchOutput {
+  int microbatch = 0;
+  // [tokens, ...] in packed order.
+  at::Tensor outputs;
+  // int64 [tokens]: the row of TrainerInputs.rows each output row belongs to.
+  at::Tensor input_rows;
+  // float64 [tokens]: the planner's loss weight of each token (caller weight x loss scale).
+  at::Tensor loss_weights;
+};
+
+struct TrainerConfig {
+  static TrainerConfig Of(int64_t max_tokens_per_microbatch) {
+    TrainerConfig config;
+    config.max_tokens_per_microbatch = max_tokens_per_microbatch;
+    return config;
+  }
+  int64_t max_tokens_per_microbatch = 0;
+  planner::PackingPolicy packing = planner::PACKING_FIRST_FIT_DECREASING;
+  planner::LossNormalization loss_normalization = planner::LOSS_TOKEN_MEAN;
+  // Negative-control switches, for oracles that must show their checks can fail; leave them on.
+  // Off: the model's forward runs on the caller's stream (no model-stream scope).
+  bool model_stream_scope = true;
+  // Off: the caller's RNG is never synchronized across the group.
+  bool synchronize_caller = true;
+};
+
+class TrainerRank;
+
+// Pull-based microbatch stream of one ForwardMicroBatches call.
+class MicrobatchStream {
+ public:
+  // The next microbatch's full outputs (then the caller's RNG is synchronized), or nullopt when
+  // the plan is done. Collective over the TP x CP group. After an error the stream is finished.
+  absl::StatusOr<std::optional<MicrobatchOutput>> Next();
+
+  const planner::Plan& plan() const { return plan_; }
+
+ private:
+  friend class TrainerRank;
+  MicrobatchStream(TrainerRank* trainer, planner::Plan plan, TrainerInputs inputs)
+      : trainer_(trainer), plan_(std::move(plan)), inputs_(std::move(inputs)) {}
+
+  TrainerRank* trainer_;
+  planner::Plan plan_;
+  TrainerInputs inputs_;
+  int next_ = 0;
+  bool failed_ = false;
+};
+
+class TrainerRank {
+ public:
+  struct Collaborators {
+    static Collaborators Of(collectives::Topology topology, int world_rank,
+                            collectives::Communicator* tp_cp_group,
+                            std::shared_ptr<rng::RankStreams> streams) {
+      Collaborators c{std::move(topology), world_rank, tp_cp_group, std::move(streams)};
+      return c;
+    }
+    collectives::Topology topology;
+    int world_rank = 0;
+    // The rank's TP x CP group (topology.TpCpGroup(world_rank)); nullptr only for a world of one.
+    collectives::Communicator* tp_cp_group = nullptr;
+    std::shared_ptr<rng::RankStreams> streams;
+  };
+
+  // Checks the collaborators (kInvalidArgument naming what is wrong: a group that is not the
+  // rank's TP x CP group, no streams, a bad token budget), then synchronizes the caller's RNG
+  // across the group. Collective.
+  static absl::StatusOr<std::unique_ptr<TrainerRank>> Create(const TrainerConfig& config,
+                                                             Collaborators collaborators,
+                                                             ForwardAdapter forward);
+
+  // Plans `inputs` (inside the model-stream scope), checks the plan agrees across the group and
+  // returns the stream of its microbatches. kFailedPrecondition while a scope or fork is active.
+  absl::StatusOr<MicrobatchStream> ForwardMicroBatches(TrainerInputs inputs);
+
+  // The same work, every microbatch's outputs at once; then the caller's RNG is synchronized.
+  absl::StatusOr<std::vector<MicrobatchOutput>> DpRankForward(TrainerInputs inputs);
+
+  // Registers a custom object (e.g. a loss head): checks every replica registers `name` with the
+  // same `metadata`, synchronizes the caller's RNG, runs `factory` (which returns the object's
+  // parameters) and broadcasts those parameters from the group's leader, in place. Returns them.
+  absl::StatusOr<std::vector<at::Tensor>> RegisterCustomObject(
+      const std::string& name, const std::string& metadata,
+      const std::function<absl::StatusOr<std::vector<at::Tensor>>()>& factory);
+
+  // Synchronizes the caller's RNG across the TP x CP group (what every hand-back ends with).
+  absl::Status SynchronizeCaller();
+
+  int cp_rank() const { return cp_rank_; }
+  int cp_size() const { return collaborators_.topology.cp_size(); }
+  rng::RankStreams& streams() { return *collaborators_.streams; }
+
+ private:
+  friend class MicrobatchStream;
+  TrainerRank(TrainerConfig config, Collaborators collaborators, ForwardAdapter forward,
+              int cp_rank, std::vector<int> member_cp_ranks)
+      : config_(config),
+        collaborators_(std::move(collaborators)),
+        forward_(std::move(forward)),
+        cp_rank_(cp_rank),
+        member_cp_ranks_(std::move(member_cp_ranks)) {}
+
+  absl::StatusOr<planner::Plan> Plan(const TrainerInputs& inputs);
+  // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs.
+  absl::StatusOr<MicrobatchOutput> RunMicrobatch(const planner::Plan& plan, int m,
+                                                 const TrainerInputs& inputs);
+  std::string Where(absl::string_view operation) const;
+
+  TrainerConfig config_;
+  Collaborators collaborators_;
+  ForwardAdapter forward_;
+  int cp_rank_;
+  // CP rank of each member of the TP x CP group, by group rank.
+  std::vector<int> member_cp_ranks_;
+  int64_t forward_index_ = 0;
+};
+
+}  // namespace trainer
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_TRAINER_TRAINER_RANK_H_
