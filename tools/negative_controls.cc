@@ -46,6 +46,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kAliasingSnapshot, "aliasing-snapshot"},
     {NegativeControl::kShardLocalPhilox, "shard-local-philox"},
     {NegativeControl::kDoubleCountedRetry, "double-counted-retry"},
+    {NegativeControl::kInputInsideScope, "input-inside-scope"},
 };
 
 }  // namespace

@@ -15,6 +15,9 @@
 //                        whole tensor (local instead of global element indices)
 //   double-counted-retry out-of-memory recovery keeps a failed attempt's gradient contribution
 //                        (a staging that never discards), so a retried microbatch counts twice
+//   input-inside-scope   the trainer oracle's caller materialises its inputs on the model stream
+// no-sync and unscoped-model-work also switch off the trainer's caller synchronization and its
+// model-stream scope in the trainer oracle.
 //
 // Thread-safety: as the default generators (one thread).
 
@@ -41,6 +44,7 @@ enum class NegativeControl {
   kAliasingSnapshot,
   kShardLocalPhilox,
   kDoubleCountedRetry,
+  kInputInsideScope,
 };
 
 // The command-line name of `control` ("" for kNone).

@@ -36,6 +36,7 @@
 #include "rng/philox.h"
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
+#include "trainer/testing/oracle.h"
 
 namespace lockstep {
 namespace qualification {
@@ -452,6 +453,30 @@ absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup) {
       problems.empty() ? figures : absl::StrCat(absl::StrJoin(problems, "; "), " (", figures, ")"));
 }
 
+absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
+  trainer::OracleControl control = trainer::OracleControl::kNone;
+  switch (setup.control) {
+    case NegativeControl::kNoSync:
+      control = trainer::OracleControl::kNoSync;
+      break;
+    case NegativeControl::kUnscopedModelWork:
+      control = trainer::OracleControl::kModelWorkOnCallerStream;
+      break;
+    case NegativeControl::kInputInsideScope:
+      control = trainer::OracleControl::kInputInsideScope;
+      break;
+    default:
+      break;
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<trainer::OracleCheck> checks,
+                            trainer::RunTrainerOracle(*setup.world, setup.topology, control));
+  std::vector<CheckResult> results;
+  for (const trainer::OracleCheck& c : checks) {
+    results.push_back(CheckResult::Make(c.name, c.passed, c.detail));
+  }
+  return results;
+}
+
 absl::StatusOr<std::vector<CheckResult>> RunRankChecks(Communicator& world,
                                                        const Topology& topology,
                                                        NegativeControl control, int inject_oom,
@@ -465,6 +490,12 @@ absl::StatusOr<std::vector<CheckResult>> RunRankChecks(Communicator& world,
                       &CheckExceptionRestoration, &CheckPartitionInvariance, &CheckRecompute,
                       &CheckOomRecovery}) {
     LOCKSTEP_ASSIGN_OR_RETURN(CheckResult result, check(setup));
+    LOCKSTEP_VLOG(1) << "rank " << world.rank() << ": " << result.name << " "
+                     << (result.passed ? "PASS" : "FAIL") << " (" << result.detail << ")";
+    results.push_back(std::move(result));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> trainer_checks, CheckTrainer(setup));
+  for (CheckResult& result : trainer_checks) {
     LOCKSTEP_VLOG(1) << "rank " << world.rank() << ": " << result.name << " "
                      << (result.passed ? "PASS" : "FAIL") << " (" << result.detail << ")";
     results.push_back(std::move(result));

@@ -27,6 +27,10 @@
 //                           group's gradient equals the run without failures (1e-6 relative), and
 //                           the rank's ledger shows every token counted once (its summary is in
 //                           the detail)
+//   trainer checks          the trainer's oracle (trainer/testing/oracle.h): replica_outputs,
+//                           caller_draws, stream_progression, reference_match (split run vs the
+//                           unsplit reference through two accumulated forwards per Adam step and
+//                           two Adam steps, with numerics' figures), empty_cp_shard (CP > 1)
 //
 // Thread-safety: the rank checks use the process's default generators (one thread per process).
 //
@@ -99,6 +103,8 @@ absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup);
+// The trainer's oracle, under the negative control that targets it (if any).
+absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup);
 
 // The most failures --inject_oom may ask for (each halves a microbatch of the check's plan).
 inline constexpr int kMaxInjectedOom = 8;

@@ -24,7 +24,7 @@ ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
           "where to write the JSON evidence (none when not given)");
 ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
-          "aliasing-snapshot, shard-local-philox, double-counted-retry");
+          "aliasing-snapshot, shard-local-philox, double-counted-retry, input-inside-scope");
 ABSL_FLAG(int, inject_oom, 1,
           "out-of-memory failures the oom_recovery check injects on one replica of each TP x CP "
           "group (0..8)");

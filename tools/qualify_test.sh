@@ -7,7 +7,7 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 "$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/dp2cp2.json"
 grep -q '"passed": true' "$tmp/dp2cp2.json" || { echo "evidence does not say passed"; exit 1; }
 grep -q "\"lockstep_commit\"" "$tmp/dp2cp2.json" || { echo "evidence lacks the execution context"; exit 1; }
-for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery; do
+for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery replica_outputs caller_draws stream_progression reference_match empty_cp_shard; do
   grep -q "\"name\": \"$check\"" "$tmp/dp2cp2.json" || { echo "evidence lacks $check"; exit 1; }
 done
 
@@ -36,6 +36,10 @@ expect_fail unscoped-model-work model_stream
 expect_fail aliasing-snapshot checkpoint_recompute
 expect_fail shard-local-philox partition_invariance
 expect_fail double-counted-retry oom_recovery
+expect_fail input-inside-scope reference_match
+grep -q "^caller_draws *FAIL" "$tmp/no-sync.txt" || { echo "no-sync went unseen by the trainer's caller_draws"; exit 1; }
+grep -q "^stream_progression *FAIL" "$tmp/unscoped-model-work.txt" \
+  || { echo "unscoped-model-work went unseen by the trainer's stream_progression"; exit 1; }
 grep -q "^replica_agreement *PASS" "$tmp/aliasing-snapshot.txt" \
   || { echo "aliasing-snapshot broke more than recompute"; exit 1; }
 

@@ -1,11 +1,13 @@
 #include "trainer/testing/oracle.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <utility>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -215,11 +217,20 @@ absl::StatusOr<bool> AllEqualAcross(Communicator* group, const std::vector<at::T
   return *disagreeing == 0;
 }
 
-// Compares lists under the default tolerance; returns the failures' summaries.
+// The largest figures of every comparison made.
+struct Figures {
+  int compared = 0;
+  int bitwise_equal = 0;
+  double max_abs_diff = 0;
+  double max_relative_l2 = 0;
+};
+
+// Compares lists under `tolerance`; returns the failures' summaries and adds to `figures`.
 absl::StatusOr<std::vector<std::string>> CompareLists(const std::vector<at::Tensor>& actual,
                                                       const std::vector<at::Tensor>& expected,
                                                       const std::string& what,
-                                                      const numerics::Tolerance& tolerance) {
+                                                      const numerics::Tolerance& tolerance,
+                                                      Figures& figures) {
   std::vector<std::string> failures;
   if (actual.size() != expected.size()) {
     failures.push_back(absl::StrCat(what, ": ", actual.size(), " tensors vs ", expected.size()));
@@ -234,6 +245,10 @@ absl::StatusOr<std::vector<std::string>> CompareLists(const std::vector<at::Tens
         numerics::TensorComparison c,
         numerics::CompareTensors(actual[i], expected[i], tolerance, absl::StrCat(what, " ", i)));
     if (!c.passed) failures.push_back(c.Summary());
+    ++figures.compared;
+    if (c.bitwise_equal) ++figures.bitwise_equal;
+    figures.max_abs_diff = std::max(figures.max_abs_diff, c.max_abs_diff);
+    figures.max_relative_l2 = std::max(figures.max_relative_l2, c.relative_l2);
   }
   return failures;
 }
@@ -316,32 +331,39 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                                  run.model_stream_still, " left the model stream where it was")));
 
   const numerics::Tolerance tolerance;
+  Figures figures;
   std::vector<std::string> failures;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> f,
-                            CompareLists(run.outputs, expected.outputs, "outputs", tolerance));
-  failures.insert(failures.end(), f.begin(), f.end());
   LOCKSTEP_ASSIGN_OR_RETURN(
-      f, CompareLists(run.masks, expected.masks, "token mask", numerics::Tolerance::Bitwise()));
+      std::vector<std::string> f,
+      CompareLists(run.outputs, expected.outputs, "outputs", tolerance, figures));
+  failures.insert(failures.end(), f.begin(), f.end());
+  LOCKSTEP_ASSIGN_OR_RETURN(f, CompareLists(run.masks, expected.masks, "token mask",
+                                            numerics::Tolerance::Bitwise(), figures));
   failures.insert(failures.end(), f.begin(), f.end());
   for (int step = 0; step < kSteps && step < static_cast<int>(expected.gradients.size()); ++step) {
     LOCKSTEP_ASSIGN_OR_RETURN(
         f, CompareLists(run.gradients[step],
                         Slice(expected.gradients[step], run.hidden_begin, run.hidden_end),
-                        absl::StrCat("step ", step, " gradient"), tolerance));
+                        absl::StrCat("step ", step, " gradient"), tolerance, figures));
     failures.insert(failures.end(), f.begin(), f.end());
   }
   LOCKSTEP_ASSIGN_OR_RETURN(
       f, CompareLists(run.parameters, Slice(expected.parameters, run.hidden_begin, run.hidden_end),
-                      "parameters after 2 Adam steps", tolerance));
+                      "parameters after 2 Adam steps", tolerance, figures));
   failures.insert(failures.end(), f.begin(), f.end());
-  checks.push_back(
-      Check("reference_match", failures.empty(),
-            failures.empty()
-                ? absl::StrCat(run.outputs.size(), " microbatches' outputs, ", run.masks.size(),
-                               " masks (bitwise), gradients of ", kSteps, " steps x ",
-                               kForwardsPerStep, " accumulated forwards and the parameters after ",
-                               kSteps, " Adam steps match the unsplit reference")
-                : absl::StrCat(failures.size(), " mismatch(es); first: ", failures[0])));
+  checks.push_back(Check(
+      "reference_match", failures.empty(),
+      failures.empty()
+          ? absl::StrCat(run.outputs.size(), " microbatches' outputs, ", run.masks.size(),
+                         " masks (bitwise), gradients of ", kSteps, " steps x ", kForwardsPerStep,
+                         " accumulated forwards and the parameters after ", kSteps,
+                         " Adam steps match the unsplit reference (default "
+                         "tolerance; ",
+                         figures.compared, " tensors, ", figures.bitwise_equal,
+                         " bit-identical, max |diff| ",
+                         absl::StrFormat("%.3g", figures.max_abs_diff), ", max relative L2 ",
+                         absl::StrFormat("%.3g", figures.max_relative_l2), ")")
+          : absl::StrCat(failures.size(), " mismatch(es); first: ", failures[0])));
   if (topology.cp_size() > 1) {
     checks.push_back(Check(
         "empty_cp_shard", run.empty_shard && failures.empty(),
