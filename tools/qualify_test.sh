@@ -14,7 +14,7 @@ done
 "$qualify" --dp 2 --tp 2 --cp 1 --out "$tmp/dp2tp2.json"
 # Three injected failures (two split levels) on one replica of each group; the ledger summary is
 # shown.
-"$qualify" --dp=1 --tp=2 --cp=2 --inject_oom=3 >"$tmp/oom3.txt"
+"$qualify" --dp=1 --tp=2 --cp=2 --inject-oom 3 >"$tmp/oom3.txt"  # hyphenated names work too
 cat "$tmp/oom3.txt"
 grep -q "^oom_recovery *PASS" "$tmp/oom3.txt" || { echo "oom_recovery did not pass"; exit 1; }
 grep -q "3 injected" "$tmp/oom3.txt" || { echo "oom_recovery does not say 3 injected"; exit 1; }

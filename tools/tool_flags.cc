@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -41,7 +42,32 @@ bool AsksForUsage(int argc, char** argv) {
 
 }  // namespace
 
+namespace {
+
+// Flag names may be spelled with hyphens (--rel-l2, --inject-oom): they are rewritten to the
+// snake_case names Abseil knows, up to a "--" that ends the flags. Values are left alone.
+void AcceptHyphenatedFlagNames(int argc, char** argv) {
+  static std::vector<std::string>* rewritten = new std::vector<std::string>();
+  rewritten->reserve(argc);
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg.substr(0, 2) != "--") continue;
+    const size_t equals = arg.find('=');
+    std::string name(
+        arg.substr(2, equals == absl::string_view::npos ? absl::string_view::npos : equals - 2));
+    if (name.find('-') == std::string::npos) continue;
+    std::replace(name.begin(), name.end(), '-', '_');
+    rewritten->push_back(
+        absl::StrCat("--", name, equals == absl::string_view::npos ? "" : arg.substr(equals)));
+    argv[i] = rewritten->back().data();
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> ParseToolFlags(int argc, char** argv, absl::string_view usage) {
+  AcceptHyphenatedFlagNames(argc, argv);
   absl::SetProgramUsageMessage(absl::StrCat(usage, "\n\n", kLoggingHelp));
   InitLogging(argc > 0 ? argv[0] : "lockstep");
   static const bool registered = [] { return std::atexit(&ExitAsBadInput) == 0; }();

@@ -1,10 +1,11 @@
 // tools/tool_flags.h
 //
 // What every lockstep command-line tool does with its command line: Abseil flags (snake_case
-// names, --help from absl's usage library, the tool's usage text followed by the logging help of
-// base/logging.h), glog initialised for the tool, and the positional arguments handed back.
-// Values absl cannot parse are reported by absl ("Illegal value 'abc' specified for flag 'dp'",
-// "Unknown command line flag 'x'") and the tool exits 2, the tools' "bad input" code.
+// names, also accepted with hyphens: --rel-l2 is --rel_l2; --help from absl's usage library, the
+// tool's usage text followed by the logging help of base/logging.h), glog initialised for the tool,
+// and the positional arguments handed back. Values absl cannot parse are reported by absl ("Illegal
+// value 'abc' specified for flag 'dp'", "Unknown command line flag 'x'") and the tool exits 2, the
+// tools' "bad input" code.
 //
 // Thread-safety: call once, at the start of main.
 //
