@@ -1,22 +1,30 @@
 // The trainer's oracle (trainer/testing/oracle.h) on multi-process Gloo worlds: DP1 x CP2,
 // DP2 x CP2, TP2 x CP2 and DP2 x TP2 pass every check on every rank; each negative control makes
-// the check that targets it fail.
+// the check that targets it fail. And a peer that dies mid-stream is an error, not a hang.
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/rank_streams.h"
 #include "trainer/testing/oracle.h"
+#include "trainer/trainer_rank.h"
 
 namespace lockstep {
 namespace trainer {
 namespace {
+
+using ::testing::HasSubstr;
 
 // Runs the oracle on a DP x TP x CP world; per rank, OK when every check passed, otherwise
 // kFailedPrecondition listing the failed checks ("name: detail"), or the error.
@@ -78,6 +86,46 @@ TEST(TrainerOracleTest, NegativeControlModelWorkOnTheCallersStream) {
 
 TEST(TrainerOracleTest, NegativeControlInputMaterialisedInsideTheScope) {
   ExpectDetected(OracleControl::kInputInsideScope, "reference_match");
+}
+
+TEST(TrainerOracleTest, APeerThatDiesMidStreamIsAnErrorWithinTheTimeout) {
+  collectives::ProcessWorldOptions options;
+  options.world_size = 2;
+  options.collective_timeout = absl::Seconds(4);
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> results = collectives::RunProcessWorld(
+      options, [](int rank, collectives::Communicator& world) -> absl::Status {
+        LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                                  collectives::Topology::CreateExact(2, 1, 1, 2));
+        LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(rank)));
+        LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
+                                  rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+        int calls = 0;
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            auto trainer, TrainerRank::Create(
+                              TrainerConfig::Of(8),
+                              TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
+                              [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                                if (rank == 1 && ++calls == 2) _exit(3);
+                                return work.inputs * 2;
+                              }));
+        std::vector<planner::Sequence> batch = {
+            planner::Sequence::Of(8, 1), planner::Sequence::Of(8, 2), planner::Sequence::Of(8, 3)};
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            MicrobatchStream stream,
+            trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::ones({24, 2}))));
+        while (true) {
+          LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
+          if (!out) break;
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_FALSE(results[1].ok());
+  EXPECT_TRUE(absl::IsUnavailable(results[0]) || absl::IsDeadlineExceeded(results[0]))
+      << results[0];
+  EXPECT_THAT(results[0].message(),
+              HasSubstr("trainer rank 0: microbatch 1: gathering the outputs"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40));
 }
 
 }  // namespace

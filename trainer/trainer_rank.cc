@@ -1,18 +1,31 @@
 #include "trainer/trainer_rank.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "ATen/ATen.h"
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file_io.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/agreement.h"
+#include "numerics/safetensors.h"
 #include "planner/plan_agreement.h"
 #include "rng/model_stream.h"
+#include "rng/resume_state.h"
 #include "rng/synchronize.h"
+#include "torch/optim/optimizer.h"
+#include "torch/serialize.h"
 
 namespace lockstep {
 namespace trainer {
@@ -157,7 +170,11 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                   out.loss_weights = at::tensor(weights, at::kDouble);
                 }),
       where);
-  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor local, forward_(work));
+  absl::StatusOr<at::Tensor> forwarded = forward_(work);
+  if (!forwarded.ok()) {
+    return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
+  }
+  at::Tensor local = *std::move(forwarded);
   if (!local.defined() || local.dim() < 1 || local.size(0) != static_cast<int64_t>(mine.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the forward adapter returned ",
@@ -182,8 +199,9 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                   if (local.size(0) > 0) padded.slice(0, 0, local.size(0)).copy_(local.detach());
                 }),
       where);
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> gathered,
-                            collaborators_.tp_cp_group->AllGather(padded));
+  absl::StatusOr<std::vector<at::Tensor>> all = collaborators_.tp_cp_group->AllGather(padded);
+  if (!all.ok()) return Annotate(all.status(), absl::StrCat(where, ": gathering the outputs"));
+  const std::vector<at::Tensor>& gathered = *all;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("assembling the full outputs",
                 [&] {
@@ -297,6 +315,159 @@ absl::StatusOr<std::vector<at::Tensor>> TrainerRank::RegisterCustomObject(
     }
   }
   return parameters;
+}
+
+namespace {
+
+constexpr char kWeightsFile[] = "weights.safetensors";
+constexpr char kOptimizerFile[] = "optimizer.pt";
+constexpr char kRngFile[] = "rng.bin";
+constexpr char kTrainerFile[] = "trainer.txt";
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+void RemoveStateDirectory(const std::string& dir) {
+  for (const char* name : {kWeightsFile, kOptimizerFile, kRngFile, kTrainerFile}) {
+    std::remove(absl::StrCat(dir, "/", name).c_str());
+  }
+  rmdir(dir.c_str());
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, " cannot be opened"));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+}  // namespace
+
+absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::NamedTensors& weights,
+                                    const torch::optim::Optimizer* optimizer,
+                                    const SaveOptions& options) {
+  const std::string where = Where(absl::StrCat("saving state to ", dir));
+  if (!collaborators_.streams->caller_state_live()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": inside a model-stream scope or named-stream fork"));
+  }
+  if (Exists(dir)) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": it exists; choose a new one"));
+  }
+  const std::string temp = absl::StrCat(dir, ".saving.", getpid());
+  RemoveStateDirectory(temp);
+  if (mkdir(temp.c_str(), 0755) != 0) {
+    return absl::InternalError(absl::StrCat(where, ": mkdir ", temp, ": ", strerror(errno)));
+  }
+  absl::Status status = [&]() -> absl::Status {
+    LOCKSTEP_RETURN_IF_ERROR(
+        numerics::WriteSafetensors(absl::StrCat(temp, "/", kWeightsFile), weights, {}));
+    if (optimizer != nullptr) {
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch("saving the optimizer", [&] {
+        torch::serialize::OutputArchive archive;
+        optimizer->save(archive);
+        archive.save_to(absl::StrCat(temp, "/", kOptimizerFile));
+      }));
+    }
+    if (options.include_rng_streams) {
+      LOCKSTEP_ASSIGN_OR_RETURN(rng::RngResumeStateProto rng,
+                                rng::CaptureResumeState(*collaborators_.streams));
+      LOCKSTEP_ASSIGN_OR_RETURN(std::string bytes, rng::SerializeResumeState(rng));
+      LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(temp, "/", kRngFile), bytes));
+    }
+    LOCKSTEP_RETURN_IF_ERROR(
+        WriteFileAtomically(absl::StrCat(temp, "/", kTrainerFile),
+                            absl::StrCat("forward_index ", forward_index_, "\n")));
+    if (rename(temp.c_str(), dir.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("rename ", temp, " to ", dir, ": ", strerror(errno)));
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    RemoveStateDirectory(temp);
+    return Annotate(status, where);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadReport> TrainerRank::LoadState(const std::string& dir,
+                                                  numerics::NamedTensors& weights,
+                                                  torch::optim::Optimizer* optimizer) {
+  const std::string where = Where(absl::StrCat("loading state from ", dir));
+  if (!collaborators_.streams->caller_state_live()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": inside a model-stream scope or named-stream fork"));
+  }
+  LoadReport report;
+  // Everything is read and checked before anything changes.
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile file,
+                            numerics::SafetensorsFile::Open(absl::StrCat(dir, "/", kWeightsFile)));
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors saved, file.Tensors());
+  if (saved.size() != weights.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", saved.size(), " saved weights for ", weights.size(), " given"));
+  }
+  std::vector<const at::Tensor*> sources;
+  for (const auto& entry : weights) {
+    const at::Tensor* source = nullptr;
+    for (const auto& s : saved) {
+      if (s.first == entry.first) source = &s.second;
+    }
+    if (source == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no saved weight named '", entry.first, "'"));
+    }
+    if (source->sizes() != entry.second.sizes() ||
+        source->scalar_type() != entry.second.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": weight '", entry.first,
+                                                     "' was saved with another shape or dtype"));
+    }
+    sources.push_back(source);
+  }
+  std::optional<rng::RngResumeStateProto> rng_state;
+  const std::string rng_path = absl::StrCat(dir, "/", kRngFile);
+  if (Exists(rng_path)) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(rng_path));
+    LOCKSTEP_ASSIGN_OR_RETURN(rng_state, rng::ParseResumeState(bytes));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string counters,
+                            ReadWholeFile(absl::StrCat(dir, "/", kTrainerFile)));
+  int64_t forward_index = 0;
+  if (std::sscanf(counters.c_str(), "forward_index %ld", &forward_index) != 1 ||
+      forward_index < 0) {
+    return absl::DataLossError(absl::StrCat(where, ": ", kTrainerFile, " is damaged"));
+  }
+  const std::string optimizer_path = absl::StrCat(dir, "/", kOptimizerFile);
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      CallTorch("copying the weights",
+                [&] {
+                  at::AutoGradMode no_grad(false);
+                  for (size_t i = 0; i < weights.size(); ++i) {
+                    weights[i].second.copy_(sources[i]->to(weights[i].second.device()));
+                  }
+                }),
+      where);
+  report.weights = static_cast<int>(weights.size());
+  if (optimizer != nullptr && Exists(optimizer_path)) {
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(CallTorch("loading the optimizer",
+                                                    [&] {
+                                                      torch::serialize::InputArchive archive;
+                                                      archive.load_from(optimizer_path);
+                                                      optimizer->load(archive);
+                                                    }),
+                                          where);
+    report.optimizer = true;
+  }
+  if (rng_state.has_value()) {
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        rng::RestoreResumeState(*rng_state, *collaborators_.streams), where);
+    report.rng_streams = true;
+  }
+  forward_index_ = forward_index;
+  return report;
 }
 
 }  // namespace trainer

@@ -61,9 +61,16 @@
 #include "absl/status/statusor.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
+#include "numerics/named_tensors.h"
 #include "planner/plan.pb.h"
 #include "planner/planner.h"
 #include "rng/rank_streams.h"
+
+namespace torch {
+namespace optim {
+class Optimizer;
+}  // namespace optim
+}  // namespace torch
 
 namespace lockstep {
 namespace trainer {
@@ -131,6 +138,22 @@ struct TrainerConfig {
 
 class TrainerRank;
 
+// What SaveState writes besides the weights, the optimizer and the trainer's own counters.
+struct SaveOptions {
+  static SaveOptions Defaults() { return SaveOptions(); }
+  // Every RNG stream of the rank (the caller's default generators, the model stream, named
+  // streams), so that a restart continues bit-exactly. Off by default: a restart then draws
+  // from whatever state the new process has.
+  bool include_rng_streams = false;
+};
+
+// What LoadState restored.
+struct LoadReport {
+  int weights = 0;
+  bool optimizer = false;
+  bool rng_streams = false;
+};
+
 // Pull-based microbatch stream of one ForwardMicroBatches call.
 class MicrobatchStream {
  public:
@@ -191,6 +214,23 @@ class TrainerRank {
 
   // Synchronizes the caller's RNG across the TP x CP group (what every hand-back ends with).
   absl::Status SynchronizeCaller();
+
+  // Saves this rank's training state into directory `dir`, which must not exist:
+  // weights.safetensors (`weights` by name, numerics' format, so `inventory` and `compare` read
+  // it), optimizer.pt (torch::save of `optimizer`, if given), rng.bin (opt-in: the sealed RNG
+  // resume state, rng/resume_state.h) and trainer.txt (this trainer's forward counter). Written
+  // to a sibling temporary directory and renamed into place, so `dir` is complete or absent.
+  // kFailedPrecondition inside a model-stream scope or fork, or if `dir` exists.
+  absl::Status SaveState(const std::string& dir, const numerics::NamedTensors& weights,
+                         const torch::optim::Optimizer* optimizer, const SaveOptions& options);
+
+  // Loads what SaveState wrote: copies each saved weight into the tensor of that name in
+  // `weights` (in place, without recording gradients), loads the optimizer (if given and saved),
+  // restores the RNG streams if they were saved, and the forward counter. kInvalidArgument naming
+  // the tensor for a missing, extra or differently shaped weight; kDataLoss for a damaged file;
+  // nothing of the RNG state changes unless all of it is valid.
+  absl::StatusOr<LoadReport> LoadState(const std::string& dir, numerics::NamedTensors& weights,
+                                       torch::optim::Optimizer* optimizer);
 
   int cp_rank() const { return cp_rank_; }
   int cp_size() const { return collaborators_.topology.cp_size(); }

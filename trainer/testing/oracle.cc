@@ -1,6 +1,11 @@
 #include "trainer/testing/oracle.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -66,7 +71,11 @@ std::vector<planner::Sequence> Batch(int step, int forward, int dp_index) {
   return batch;
 }
 
-absl::StatusOr<RunRecord> Train(const RunSetup& setup) {
+// Trains steps [first_step, kSteps). With `save_dir`, saves the state (RNG streams included)
+// after step 0; with `load_dir`, loads a saved state first.
+absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
+                                const std::string& save_dir = "",
+                                const std::string& load_dir = "") {
   RunRecord record;
   std::shared_ptr<rng::RankStreams> streams;
   LOCKSTEP_ASSIGN_OR_RETURN(streams, rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
@@ -125,7 +134,15 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup) {
     return absl::OkStatus();
   };
 
-  for (int step = 0; step < kSteps; ++step) {
+  numerics::NamedTensors named = {
+      {"w1", parameters[0]}, {"w2", parameters[1]}, {"head", parameters[2]}};
+  if (!load_dir.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(LoadReport loaded, trainer->LoadState(load_dir, named, adam.get()));
+    if (loaded.weights != 3 || !loaded.optimizer || !loaded.rng_streams) {
+      return absl::InternalError("the saved state was not restored in full");
+    }
+  }
+  for (int step = first_step; step < kSteps; ++step) {
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("zeroing gradients", [&] { adam->zero_grad(); }));
     for (int forward = 0; forward < kForwardsPerStep; ++forward) {
       std::vector<planner::Sequence> batch = Batch(step, forward, setup.dp_index);
@@ -188,6 +205,11 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup) {
       adam->step();
     }));
     record.gradients.push_back(std::move(copies));
+    if (step == 0 && !save_dir.empty()) {
+      SaveOptions options;
+      options.include_rng_streams = true;
+      LOCKSTEP_RETURN_IF_ERROR(trainer->SaveState(save_dir, named, adam.get(), options));
+    }
   }
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("final parameters", [&] {
     for (const at::Tensor& p : parameters) record.parameters.push_back(p.detach().clone());
@@ -287,7 +309,17 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   split.cp = topology.cp_size() > 1 ? cp.get() : nullptr;
   split.dp = topology.dp_size() > 1 ? dp.get() : nullptr;
   split.control = control;
-  LOCKSTEP_ASSIGN_OR_RETURN(RunRecord run, Train(split));
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string saved = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/lockstep_oracle_",
+                                         getpid(), "_rank", rank, "_after_step0");
+  LOCKSTEP_ASSIGN_OR_RETURN(RunRecord run, Train(split, 0, saved));
+  // A restart from the state saved after step 0 continues bit-exactly.
+  absl::StatusOr<RunRecord> resumed = Train(split, 1, "", saved);
+  for (const char* name : {"weights.safetensors", "optimizer.pt", "rng.bin", "trainer.txt"}) {
+    std::remove(absl::StrCat(saved, "/", name).c_str());
+  }
+  rmdir(saved.c_str());
+  if (!resumed.ok()) return resumed.status();
 
   // The unsplit reference of this rank's DP worker, from its leader's state.
   LOCKSTEP_ASSIGN_OR_RETURN(Topology unsplit, Topology::CreateExact(1, 1, 1, 1));
@@ -364,6 +396,24 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                          absl::StrFormat("%.3g", figures.max_abs_diff), ", max relative L2 ",
                          absl::StrFormat("%.3g", figures.max_relative_l2), ")")
           : absl::StrCat(failures.size(), " mismatch(es); first: ", failures[0])));
+  {
+    const size_t step1 = resumed->outputs.size();
+    std::vector<at::Tensor> continued(run.outputs.end() - static_cast<std::ptrdiff_t>(step1),
+                                      run.outputs.end());
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> differ,
+                              CompareLists(resumed->outputs, continued, "resumed outputs",
+                                           numerics::Tolerance::Bitwise(), figures));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        f, CompareLists(resumed->parameters, run.parameters, "resumed parameters",
+                        numerics::Tolerance::Bitwise(), figures));
+    differ.insert(differ.end(), f.begin(), f.end());
+    checks.push_back(Check(
+        "resume", differ.empty(),
+        differ.empty() ? absl::StrCat("restarted from the state saved after step 0 (weights, Adam, "
+                                      "RNG streams): step 1's ",
+                                      step1, " outputs and the final parameters bit-identical")
+                       : absl::StrCat(differ.size(), " difference(s); first: ", differ[0])));
+  }
   if (topology.cp_size() > 1) {
     checks.push_back(Check(
         "empty_cp_shard", run.empty_shard && failures.empty(),

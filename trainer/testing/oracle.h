@@ -14,6 +14,9 @@
 //   reference_match     outputs, caller masks (bit for bit), gradients (summed over CP and DP)
 //                       and the parameters after two Adam steps equal the unsplit reference's
 //                       under the default numerics tolerance
+//   resume              a restart from the state saved after step 0 (weights, Adam state, every
+//                       RNG stream, through TrainerRank::SaveState/LoadState) gives step 1's
+//                       outputs and the final parameters bit for bit
 //   empty_cp_shard      (CP > 1) a microbatch with fewer tokens than CP ranks ran, with a rank
 //                       owning nothing, and still matched
 // Collective over the world; every rank must call it with the same topology and options.

@@ -1,0 +1,221 @@
+// TrainerRank on a world of one (no group): refusals with context, the stream contract's
+// preconditions, save/load (exact continuation with the RNG streams, and the negative control
+// without them), damaged saved state. (Multi-process cases: trainer_oracle_test.)
+
+#include "trainer/trainer_rank.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/status_testutil.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rng/model_stream.h"
+#include "torch/optim/adam.h"
+
+namespace lockstep {
+namespace trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A per-token model with model-stream dropout: y = dropout(x * w).
+struct TinyModel {
+  at::Tensor w = at::linspace(0.5, 1.5, 4).set_requires_grad(true);
+  absl::StatusOr<at::Tensor> Forward(const ShardWork& work) {
+    return at::dropout(work.inputs * w, 0.3, /*train=*/true);
+  }
+};
+
+struct Solo {
+  std::shared_ptr<rng::RankStreams> streams;
+  TinyModel model;
+  std::unique_ptr<TrainerRank> trainer;
+  std::unique_ptr<torch::optim::Adam> adam;
+  numerics::NamedTensors named() { return {{"w", model.w}}; }
+};
+
+std::unique_ptr<Solo> MakeSolo(int64_t seed) {
+  auto solo = std::make_unique<Solo>();
+  at::manual_seed(seed);
+  solo->streams = *rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly());
+  auto topology = collectives::Topology::CreateExact(1, 1, 1, 1);
+  auto trainer = TrainerRank::Create(
+      TrainerConfig::Of(16), TrainerRank::Collaborators::Of(*topology, 0, nullptr, solo->streams),
+      [m = &solo->model](const ShardWork& work) { return m->Forward(work); });
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  solo->trainer = std::move(*trainer);
+  solo->adam = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{solo->model.w},
+                                                    torch::optim::AdamOptions(0.1));
+  return solo;
+}
+
+// One step: inputs from the caller's RNG, the stream, a caller-drawn mask, Adam.
+absl::Status Step(Solo& solo) {
+  solo.adam->zero_grad();
+  std::vector<planner::Sequence> batch = {planner::Sequence::Of(9, 1), planner::Sequence::Of(5, 2)};
+  TrainerInputs inputs = TrainerInputs::Of(batch, at::randn({14, 4}));
+  LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream, solo.trainer->ForwardMicroBatches(inputs));
+  while (true) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
+    if (!out) break;
+    at::Tensor mask = at::bernoulli(at::full({out->outputs.size(0), 1}, 0.7));
+    (out->outputs * mask).pow(2).sum().backward();
+  }
+  solo.adam->step();
+  return absl::OkStatus();
+}
+
+std::string StateDir(const std::string& name) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/trainer_state_", name, "_", getpid());
+  for (const char* f : {"weights.safetensors", "optimizer.pt", "rng.bin", "trainer.txt"}) {
+    std::remove(absl::StrCat(dir, "/", f).c_str());
+  }
+  rmdir(dir.c_str());
+  return dir;
+}
+
+TEST(TrainerRankTest, RestartFromSavedStateContinuesBitExactly) {
+  auto first = MakeSolo(5);
+  LOCKSTEP_ASSERT_OK(Step(*first));
+  const std::string dir = StateDir("exact");
+  SaveOptions options;
+  options.include_rng_streams = true;
+  LOCKSTEP_ASSERT_OK(first->trainer->SaveState(dir, first->named(), first->adam.get(), options));
+  LOCKSTEP_ASSERT_OK(Step(*first));
+  LOCKSTEP_ASSERT_OK(Step(*first));
+
+  auto restarted = MakeSolo(77);  // another process's state until the load
+  auto named = restarted->named();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                                restarted->trainer->LoadState(dir, named, restarted->adam.get()));
+  EXPECT_EQ(report.weights, 1);
+  EXPECT_TRUE(report.optimizer);
+  EXPECT_TRUE(report.rng_streams);
+  LOCKSTEP_ASSERT_OK(Step(*restarted));
+  LOCKSTEP_ASSERT_OK(Step(*restarted));
+  EXPECT_TRUE(at::equal(restarted->model.w, first->model.w))
+      << restarted->model.w << " vs " << first->model.w;
+
+  // Negative control: the same restart without the RNG streams does not continue exactly.
+  auto first_again = MakeSolo(5);
+  LOCKSTEP_ASSERT_OK(Step(*first_again));
+  const std::string no_rng = StateDir("no_rng");
+  LOCKSTEP_ASSERT_OK(first_again->trainer->SaveState(
+      no_rng, first_again->named(), first_again->adam.get(), SaveOptions::Defaults()));
+  auto without = MakeSolo(77);
+  auto without_named = without->named();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      LoadReport partial, without->trainer->LoadState(no_rng, without_named, without->adam.get()));
+  EXPECT_FALSE(partial.rng_streams);
+  LOCKSTEP_ASSERT_OK(Step(*without));
+  LOCKSTEP_ASSERT_OK(Step(*without));
+  EXPECT_FALSE(at::equal(without->model.w, first->model.w))
+      << "without the RNG streams the restart must draw differently";
+}
+
+TEST(TrainerRankTest, SavedStateIsRefusedWhenItDoesNotFit) {
+  auto solo = MakeSolo(1);
+  LOCKSTEP_ASSERT_OK(Step(*solo));
+  const std::string dir = StateDir("refusals");
+  SaveOptions options;
+  options.include_rng_streams = true;
+  LOCKSTEP_ASSERT_OK(solo->trainer->SaveState(dir, solo->named(), solo->adam.get(), options));
+  EXPECT_EQ(solo->trainer->SaveState(dir, solo->named(), nullptr, options).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  at::Tensor other = at::zeros({5});
+  numerics::NamedTensors wrong_shape = {{"w", other}};
+  EXPECT_THAT(solo->trainer->LoadState(dir, wrong_shape, nullptr).status().message(),
+              HasSubstr("weight 'w' was saved with another shape or dtype"));
+  numerics::NamedTensors wrong_name = {{"v", at::zeros({4})}};
+  EXPECT_THAT(solo->trainer->LoadState(dir, wrong_name, nullptr).status().message(),
+              HasSubstr("no saved weight named 'v'"));
+
+  // A damaged RNG file: kDataLoss, and nothing changed (weights included).
+  {
+    std::fstream rng(absl::StrCat(dir, "/rng.bin"),
+                     std::ios::in | std::ios::out | std::ios::binary);
+    rng.seekp(20);
+    rng.put('\x5a');
+  }
+  auto named = solo->named();
+  {
+    at::NoGradGuard no_grad;
+    solo->model.w.add_(1.0);
+  }
+  const at::Tensor changed = solo->model.w.detach().clone();
+  EXPECT_EQ(solo->trainer->LoadState(dir, named, nullptr).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(at::equal(solo->model.w, changed)) << "a refused load must change nothing";
+  EXPECT_EQ(solo->trainer->LoadState(StateDir("absent"), named, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
+  auto streams = *rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly());
+  auto topology = collectives::Topology::CreateExact(1, 1, 1, 1);
+  auto forward = [](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return work.inputs; };
+  EXPECT_THAT(
+      TrainerRank::Create(TrainerConfig::Of(1),
+                          TrainerRank::Collaborators::Of(*topology, 0, nullptr, streams), forward)
+          .status()
+          .message(),
+      HasSubstr("max_tokens_per_microbatch 1 is below 2 x CP size (2)"));
+  EXPECT_EQ(
+      TrainerRank::Create(TrainerConfig::Of(8),
+                          TrainerRank::Collaborators::Of(*topology, 0, nullptr, nullptr), forward)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  auto cp2 = collectives::Topology::CreateExact(2, 1, 1, 2);
+  EXPECT_THAT(
+      TrainerRank::Create(TrainerConfig::Of(8),
+                          TrainerRank::Collaborators::Of(*cp2, 0, nullptr, streams), forward)
+          .status()
+          .message(),
+      HasSubstr("not its TP x CP group [0, 1] (no group given)"));
+
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      TrainerRank::Create(TrainerConfig::Of(8),
+                          TrainerRank::Collaborators::Of(*topology, 0, nullptr, streams),
+                          [](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                            return work.inputs.slice(0, 0, 1);  // wrong rows
+                          }));
+  std::vector<planner::Sequence> batch = {planner::Sequence::Of(3, 1)};
+  EXPECT_THAT(
+      trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::zeros({4, 2}))).status().message(),
+      HasSubstr("one row per token of the sequences (3)"));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      MicrobatchStream stream,
+      trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::zeros({3, 2}))));
+  absl::StatusOr<std::optional<MicrobatchOutput>> next = stream.Next();
+  EXPECT_THAT(next.status().message(),
+              HasSubstr("microbatch 0: the forward adapter returned 1 rows for 3 tokens"));
+  EXPECT_THAT(next.status().message(), HasSubstr("trainer rank 0"));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<MicrobatchOutput> after, stream.Next());
+  EXPECT_FALSE(after.has_value()) << "a failed stream is finished";
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(rng::ModelStreamScope scope,
+                                  rng::ModelStreamScope::Enter(*streams));
+    EXPECT_EQ(
+        trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::zeros({3, 2}))).status().code(),
+        absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(trainer->DpRankForward(TrainerInputs::Of(batch, at::zeros({3, 2}))).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace lockstep
