@@ -5,18 +5,24 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "admission/memory_model.h"
 #include "base/status_macros.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/model_stream.h"
 #include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 #include "trainer/testing/oracle.h"
 #include "trainer/trainer_rank.h"
 
@@ -126,6 +132,119 @@ TEST(TrainerOracleTest, APeerThatDiesMidStreamIsAnErrorWithinTheTimeout) {
   EXPECT_THAT(results[0].message(),
               HasSubstr("trainer rank 0: microbatch 1: gathering the outputs"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+}
+
+// An out-of-memory failure in the forward of one replica (before its model-stream draw, while the
+// other replica drew): every replica discards the attempt, rewinds the model stream, splits the
+// microbatch and retries; the stream yields one more microbatch, the gradient equals the run
+// without the failure, and the model streams still agree.
+// Where rank `rank` of the parent process's run reports; `parent` is the test process's pid.
+std::string ReportPath(pid_t parent, int rank, bool inject, bool use_stream) {
+  return absl::StrCat(::testing::TempDir(), "/oom_report_", parent, "_", rank,
+                      inject ? "_injected" : "_clean", use_stream ? "_stream" : "_dp");
+}
+
+std::vector<std::string> ReadReport(int rank, bool inject, bool use_stream) {
+  std::ifstream in(ReportPath(getpid(), rank, inject, use_stream));
+  std::string line;
+  std::getline(in, line);
+  return absl::StrSplit(line, ' ');
+}
+
+absl::Status OomRecoveryBody(int rank, collectives::Communicator& world, bool inject,
+                             bool use_stream) {
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(2, 1, 1, 2));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_ASSIGN_OR_RETURN(admission::MemoryModel memory, admission::MemoryModel::Of(0, 1));
+  TrainerConfig config = TrainerConfig::Of(16);
+  config.packing = planner::PACKING_IN_ORDER;
+  config.memory_model = &memory;
+  config.memory_cap_bytes = 1 << 20;
+  at::Tensor w = at::linspace(0.5, 1.5, 3).set_requires_grad(true);
+  int calls = 0;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      auto trainer,
+      TrainerRank::Create(config,
+                          TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
+                          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                            if (inject && rank == 1 && ++calls == 2) {
+                              return absl::ResourceExhaustedError("injected: out of memory");
+                            }
+                            (void)at::rand({1});  // a model-stream draw
+                            return work.inputs * w;
+                          }));
+  std::vector<planner::Sequence> batch = {planner::Sequence::Of(10, 1), planner::Sequence::Of(6, 2),
+                                          planner::Sequence::Of(12, 3),
+                                          planner::Sequence::Of(4, 4)};
+  at::Tensor rows = at::cos(at::arange(32 * 3, at::kFloat).reshape({32, 3}));
+  std::vector<MicrobatchOutput> outputs;
+  if (use_stream) {
+    LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
+                              trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
+      if (!out) break;
+      outputs.push_back(*out);
+    }
+  } else {
+    LOCKSTEP_ASSIGN_OR_RETURN(outputs, trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
+  }
+  for (const MicrobatchOutput& out : outputs) {
+    (out.loss_weights.to(at::kFloat).unsqueeze(1) * out.outputs.pow(2)).sum().backward();
+  }
+  at::Tensor grad = w.grad().clone();
+  LOCKSTEP_RETURN_IF_ERROR(group->AllReduceSum(grad));
+  // The model streams agree across the replicas.
+  LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot live,
+                            rng::RngSnapshot::Capture(streams->generators()));
+  at::Tensor model_state;
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(*streams));
+    model_state = at::rand({4});  // the next model-stream draws
+    LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> states, group->AllGather(model_state));
+  if (!at::equal(states[0], states[1])) {
+    return absl::InternalError("the replicas' model streams differ after the recovery");
+  }
+  // Report "<microbatches> <recoveries> <gradient x3>" to the parent through a file.
+  std::ofstream(ReportPath(getppid(), rank, inject, use_stream))
+      << outputs.size() << " " << trainer->out_of_memory_recovered() << " "
+      << absl::StrFormat("%.9g %.9g %.9g", grad[0].item<double>(), grad[1].item<double>(),
+                         grad[2].item<double>());
+  return absl::OkStatus();
+}
+
+TEST(TrainerOracleTest, OutOfMemoryInOneReplicasForwardIsRecoveredOnEveryReplica) {
+  for (bool use_stream : {true, false}) {
+    SCOPED_TRACE(use_stream ? "microbatch stream" : "DpRankForward");
+    std::vector<absl::Status> clean = collectives::RunProcessWorld(
+        {.world_size = 2}, [&](int rank, collectives::Communicator& world) {
+          return OomRecoveryBody(rank, world, false, use_stream);
+        });
+    std::vector<absl::Status> recovered = collectives::RunProcessWorld(
+        {.world_size = 2}, [&](int rank, collectives::Communicator& world) {
+          return OomRecoveryBody(rank, world, true, use_stream);
+        });
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(clean[r].ok()) << clean[r];
+      ASSERT_TRUE(recovered[r].ok()) << recovered[r];
+      const std::vector<std::string> a = ReadReport(r, false, use_stream);
+      const std::vector<std::string> b = ReadReport(r, true, use_stream);
+      ASSERT_EQ(a.size(), 5u);
+      ASSERT_EQ(b.size(), 5u);
+      EXPECT_EQ(std::stoi(b[0]), std::stoi(a[0]) + 1) << "the split yields one more microbatch";
+      EXPECT_EQ(a[1], "0");
+      EXPECT_EQ(b[1], "1");
+      for (int i = 2; i < 5; ++i) {
+        EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-6 * std::abs(std::stod(a[i])))
+            << "gradient element " << i - 2;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "admission/admission.h"
 #include "base/file_io.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -23,6 +24,7 @@
 #include "planner/plan_agreement.h"
 #include "rng/model_stream.h"
 #include "rng/resume_state.h"
+#include "rng/snapshot.h"
 #include "rng/synchronize.h"
 #include "torch/optim/optimizer.h"
 #include "torch/serialize.h"
@@ -170,7 +172,32 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                   out.loss_weights = at::tensor(weights, at::kDouble);
                 }),
       where);
-  absl::StatusOr<at::Tensor> forwarded = forward_(work);
+  absl::StatusOr<at::Tensor> forwarded;
+  absl::Status thrown = CallTorch("the model's forward", [&] { forwarded = forward_(work); });
+  if (!thrown.ok()) forwarded = thrown;
+  if (config_.memory_model != nullptr && collaborators_.tp_cp_group != nullptr) {
+    // The group agrees on the forward's outcome before anyone waits in the gather.
+    const bool oom = absl::IsResourceExhausted(forwarded.status());
+    const bool failed = !forwarded.ok() && !oom;
+    at::Tensor votes;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("outcome vote", [&] {
+      votes = at::tensor(std::vector<int64_t>{oom ? 1 : 0, failed ? 1 : 0}, at::kLong);
+    }));
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        collaborators_.tp_cp_group->AllReduceSum(votes),
+        absl::StrCat(where, ": agreeing on the forward's outcome"));
+    const int64_t ooms = votes[0].item<int64_t>(), failures = votes[1].item<int64_t>();
+    if (failures > 0) {
+      if (failed) return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
+      return absl::AbortedError(absl::StrCat(
+          where, ": ", failures, " replica(s) of the TP x CP group failed the forward"));
+    }
+    if (ooms > 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where, ": out of memory in the forward on ", ooms, " replica(s) of the group",
+          oom ? absl::StrCat(" (here: ", forwarded.status().message(), ")") : ""));
+    }
+  }
   if (!forwarded.ok()) {
     return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
   }
@@ -225,6 +252,57 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   return out;
 }
 
+absl::Status TrainerRank::Admit(const planner::Plan& plan) const {
+  if (config_.memory_model == nullptr) return absl::OkStatus();
+  admission::AdmissionOptions options;
+  options.max_microbatches_per_wave = 1;
+  return admission::AdmitWaves(plan, *config_.memory_model, config_.memory_cap_bytes, options)
+      .status();
+}
+
+absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& plan,
+                                                              std::vector<int>& depth, int m,
+                                                              const TrainerInputs& inputs) {
+  while (true) {
+    absl::StatusOr<rng::RngSnapshot> before =
+        rng::RngSnapshot::Capture(collaborators_.streams->generators());
+    if (!before.ok()) return before.status();
+    absl::StatusOr<MicrobatchOutput> out = RunMicrobatch(plan, m, inputs);
+    if (out.ok() || config_.memory_model == nullptr || !absl::IsResourceExhausted(out.status())) {
+      return out;
+    }
+    // Agreed out of memory: every replica discards the attempt the same way.
+    const std::string where = Where(absl::StrCat("microbatch ", m));
+    ++out_of_memory_;
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(before->Restore(), where);  // the model stream rewinds
+    --forward_index_;
+    if (config_.memory_probe != nullptr) {
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(config_.memory_probe->ReleaseCachedMemory(), where);
+    }
+    config_.memory_model->CorrectAfterOom(admission::ShapeOfMicrobatch(plan, m),
+                                          config_.memory_cap_bytes);
+    if (depth[m] >= config_.max_split_depth) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(where, ": still out of memory after ", depth[m], " splits (max_split_depth ",
+                       config_.max_split_depth, "): ", out.status().message()));
+    }
+    absl::StatusOr<planner::Plan> split = planner::SplitMicrobatch(plan, m);
+    if (!split.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(where,
+                                                       ": out of memory and cannot be split "
+                                                       "further: ",
+                                                       split.status().message()));
+    }
+    plan = std::move(*split);
+    depth.insert(depth.begin() + m, ++depth[m]);
+    if (collaborators_.tp_cp_group != nullptr) {
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+          planner::CheckPlanAgreement(*collaborators_.tp_cp_group, plan),
+          absl::StrCat(where, ": agreeing on the split"));
+    }
+  }
+}
+
 absl::StatusOr<MicrobatchStream> TrainerRank::ForwardMicroBatches(TrainerInputs inputs) {
   rng::RankStreams& streams = *collaborators_.streams;
   if (!streams.caller_state_live()) {
@@ -240,7 +318,10 @@ absl::StatusOr<MicrobatchStream> TrainerRank::ForwardMicroBatches(TrainerInputs 
     if (!planned.ok()) return planned.status();
     plan = std::move(*planned);
   }
-  return MicrobatchStream(this, std::move(plan), std::move(inputs));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(Admit(plan), Where("admission"));
+  MicrobatchStream stream(this, std::move(plan), std::move(inputs));
+  stream.split_depth_.assign(stream.plan_.microbatches_size(), 0);
+  return stream;
 }
 
 absl::StatusOr<std::optional<MicrobatchOutput>> MicrobatchStream::Next() {
@@ -253,7 +334,8 @@ absl::StatusOr<std::optional<MicrobatchOutput>> MicrobatchStream::Next() {
     }
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
                               EnterModelStream(streams, trainer_->config_.model_stream_scope));
-    absl::StatusOr<MicrobatchOutput> run = trainer_->RunMicrobatch(plan_, next_, inputs_);
+    absl::StatusOr<MicrobatchOutput> run =
+        trainer_->RunWithRecovery(plan_, split_depth_, next_, inputs_);
     LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
     if (!run.ok()) return run.status();
     // The hand-back point: the caller's state agrees across the group before the caller draws.
@@ -281,8 +363,10 @@ absl::StatusOr<std::vector<MicrobatchOutput>> TrainerRank::DpRankForward(Trainer
                               EnterModelStream(streams, config_.model_stream_scope));
     absl::Status status = [&]() -> absl::Status {
       LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, Plan(inputs));
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(Admit(plan), Where("admission"));
+      std::vector<int> depth(plan.microbatches_size(), 0);
       for (int m = 0; m < plan.microbatches_size(); ++m) {
-        LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchOutput out, RunMicrobatch(plan, m, inputs));
+        LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchOutput out, RunWithRecovery(plan, depth, m, inputs));
         outputs.push_back(std::move(out));
       }
       return absl::OkStatus();

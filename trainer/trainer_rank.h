@@ -59,6 +59,8 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "admission/memory_model.h"
+#include "admission/memory_probe.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
 #include "numerics/named_tensors.h"
@@ -129,6 +131,20 @@ struct TrainerConfig {
   int64_t max_tokens_per_microbatch = 0;
   planner::PackingPolicy packing = planner::PACKING_FIRST_FIT_DECREASING;
   planner::LossNormalization loss_normalization = planner::LOSS_TOKEN_MEAN;
+  // Admission and out-of-memory recovery (admission/), on when `memory_model` is given (it must
+  // be the same on every replica and outlive the trainer): every planned microbatch must be
+  // predicted to fit under `memory_cap_bytes` (else ForwardMicroBatches/DpRankForward refuse,
+  // naming it); after each forward the group agrees on the outcome (one small all-reduce) before
+  // the gather, and a forward that ran out of memory on any replica is discarded on all of them
+  // (the model stream rewound to where the attempt began, cached memory released through
+  // `memory_probe` if given, the model corrected) and its microbatch split with
+  // planner::SplitMicrobatch and retried, up to `max_split_depth` halvings. The stream then yields
+  // the halves as separate microbatches. No gradient is involved: the caller's backward runs after
+  // the hand-back.
+  admission::MemoryModel* memory_model = nullptr;
+  int64_t memory_cap_bytes = 0;
+  admission::MemoryProbe* memory_probe = nullptr;
+  int max_split_depth = 4;
   // Negative-control switches, for oracles that must show their checks can fail; leave them on.
   // Off: the model's forward runs on the caller's stream (no model-stream scope).
   bool model_stream_scope = true;
@@ -171,6 +187,8 @@ class MicrobatchStream {
   TrainerRank* trainer_;
   planner::Plan plan_;
   TrainerInputs inputs_;
+  // Halvings each microbatch of plan_ went through.
+  std::vector<int> split_depth_;
   int next_ = 0;
   bool failed_ = false;
 };
@@ -247,9 +265,16 @@ class TrainerRank {
         member_cp_ranks_(std::move(member_cp_ranks)) {}
 
   absl::StatusOr<planner::Plan> Plan(const TrainerInputs& inputs);
-  // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs.
+  // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs. With
+  // admission, an agreed out-of-memory outcome is kResourceExhausted on every replica.
   absl::StatusOr<MicrobatchOutput> RunMicrobatch(const planner::Plan& plan, int m,
                                                  const TrainerInputs& inputs);
+  // RunMicrobatch with the recovery loop: on an agreed out-of-memory outcome, rewinds the model
+  // stream, splits microbatch `m` of `plan` (and `depth`) and retries its first half.
+  absl::StatusOr<MicrobatchOutput> RunWithRecovery(planner::Plan& plan, std::vector<int>& depth,
+                                                   int m, const TrainerInputs& inputs);
+  // Refuses a plan whose microbatches do not fit alone under the cap (with admission).
+  absl::Status Admit(const planner::Plan& plan) const;
   std::string Where(absl::string_view operation) const;
 
   TrainerConfig config_;
@@ -259,6 +284,11 @@ class TrainerRank {
   // CP rank of each member of the TP x CP group, by group rank.
   std::vector<int> member_cp_ranks_;
   int64_t forward_index_ = 0;
+  int64_t out_of_memory_ = 0;
+
+ public:
+  // Out-of-memory outcomes recovered so far (with admission).
+  int64_t out_of_memory_recovered() const { return out_of_memory_; }
 };
 
 }  // namespace trainer
