@@ -1,0 +1,176 @@
+// trainer_benchmark: the per-microbatch overhead of TrainerRank (planning inside the model-stream
+// scope, plan agreement, admission, the gather of full outputs, the caller's synchronization)
+// against the bare model forward on the same shard, as a ratio of paired medians: both sides
+// alternate in one loop after a warm-up (communicators, caches, first-touch memory), each timed on
+// its own, completion forced by reading a value back. Runs a CP group of --procs processes over
+// Gloo (sharing one GPU with --device=cuda).
+//
+//   trainer_benchmark [--device=cpu|cuda] [--procs=2] [--tokens=1024] [--width=512]
+//                     [--hidden=2048] [--iterations=30] [--target=1.05]
+//
+// Prints the bare forward's median (the target applies to forwards of >= 5 ms) and
+// "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; exits non-zero if it
+// could not measure.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "admission/memory_model.h"
+#include "base/status_macros.h"
+#include "collectives/process_world.h"
+#include "rng/rank_streams.h"
+#include "trainer/trainer_rank.h"
+
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (the processes share CUDA device 0)");
+ABSL_FLAG(int, procs, 2, "CP group size (processes)");
+ABSL_FLAG(int64_t, tokens, 1024, "tokens per microbatch (split over the CP ranks)");
+ABSL_FLAG(int64_t, width, 512, "model width");
+ABSL_FLAG(int64_t, hidden, 2048, "hidden units of the two-layer MLP");
+ABSL_FLAG(int, iterations, 30, "paired iterations after the warm-up");
+ABSL_FLAG(double, target, 1.05, "the ratio's target");
+
+namespace lockstep {
+namespace trainer {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+absl::Status Body(int rank, collectives::Communicator& world, const std::string& device_name,
+                  int64_t tokens, int64_t width, int64_t hidden, int iterations, double target) {
+  const bool cuda = device_name == "cuda";
+  const c10::Device device = cuda ? c10::Device(at::kCUDA, 0) : c10::Device(at::kCPU);
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(world.size(), 1, 1, world.size()));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      auto streams, rng::RankStreams::Create(cuda ? rng::DefaultGenerators::WithCudaDevice(0)
+                                                  : rng::DefaultGenerators::CpuOnly()));
+  const auto options = at::TensorOptions().device(device).dtype(at::kFloat);
+  at::Tensor w1 = (at::randn({hidden, width}, options) * 0.02).set_requires_grad(true);
+  at::Tensor w2 = (at::randn({width, hidden}, options) * 0.02).set_requires_grad(true);
+  auto model = [&](const at::Tensor& x) {
+    return at::mm(at::dropout(at::gelu(at::mm(x, w1.t())), 0.1, true), w2.t());
+  };
+  LOCKSTEP_ASSIGN_OR_RETURN(admission::MemoryModel memory, admission::MemoryModel::Of(1e6, 1e4));
+  TrainerConfig config = TrainerConfig::Of(tokens);
+  config.memory_model = &memory;
+  config.memory_cap_bytes = int64_t{1} << 40;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      auto trainer,
+      TrainerRank::Create(
+          config, TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
+          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return model(work.inputs); }));
+  const std::vector<planner::Sequence> batch = {planner::Sequence::Of(tokens, 1)};
+  at::Tensor rows = at::randn({tokens, width}, options);
+  // The bare side runs the model on the rows this rank's shard holds.
+  LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan,
+                            planner::PlanMicrobatches(batch, {.max_tokens_per_microbatch = tokens,
+                                                              .cp_size = world.size()}));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> mine,
+                            planner::ShardTokenIndices(plan, 0, trainer->cp_rank()));
+  at::Tensor shard_rows = rows.index_select(0, at::tensor(mine, at::kLong).to(device));
+
+  auto bare = [&]() -> double {
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor out = model(shard_rows);
+    (void)out.sum().item<float>();
+    return Seconds(start);
+  };
+  auto through_trainer = [&]() -> absl::StatusOr<double> {
+    const auto start = std::chrono::steady_clock::now();
+    LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
+                              trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
+    if (!out.has_value()) return absl::InternalError("no microbatch");
+    (void)out->outputs.sum().item<float>();
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> end, stream.Next());
+    if (end.has_value()) return absl::InternalError("more than one microbatch");
+    return Seconds(start);
+  };
+  for (int i = 0; i < 5; ++i) {  // warm-up
+    bare();
+    LOCKSTEP_RETURN_IF_ERROR(through_trainer().status());
+  }
+  std::vector<double> bare_times, trainer_times;
+  for (int i = 0; i < iterations; ++i) {
+    bare_times.push_back(bare());
+    LOCKSTEP_ASSIGN_OR_RETURN(double t, through_trainer());
+    trainer_times.push_back(t);
+  }
+  const double bare_median = Median(bare_times), trainer_median = Median(trainer_times);
+  // The group's slowest rank sets the pace; report rank 0's view of the maxima.
+  at::Tensor medians = at::tensor(std::vector<double>{bare_median, trainer_median}, at::kDouble);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(medians));
+  if (rank == 0) {
+    double worst = 0;
+    for (const at::Tensor& m : all) {
+      worst = std::max(worst, m[1].item<double>() / m[0].item<double>());
+    }
+    std::printf(
+        "device %s, CP %d, %lld tokens per microbatch (%zu on this rank), width %lld, "
+        "hidden %lld, %d paired iterations\n",
+        device_name.c_str(), world.size(), static_cast<long long>(tokens), mine.size(),
+        static_cast<long long>(width), static_cast<long long>(hidden), iterations);
+    std::printf("bare forward median %.3f ms; trainer microbatch median %.3f ms (rank 0)\n",
+                1e3 * bare_median, 1e3 * trainer_median);
+    std::printf(
+        "ratio trainer microbatch / bare forward (worst rank, paired medians): %.4f "
+        "(target <= %.2f for forwards of >= 5 ms: %s)\n",
+        worst, target,
+        bare_median < 0.005 ? "forward under 5 ms, target not applicable"
+        : worst <= target   ? "met"
+                            : "NOT met");
+    std::fflush(stdout);  // the rank's process ends without flushing stdio
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "trainer_benchmark: --device must be cpu or cuda, not '%s'\n",
+                 device.c_str());
+    return 2;
+  }
+  lockstep::collectives::ProcessWorldOptions options;
+  options.world_size = absl::GetFlag(FLAGS_procs);
+  options.deadline = absl::Seconds(500);
+  options.collective_timeout = absl::Seconds(60);
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens), width = absl::GetFlag(FLAGS_width),
+                hidden = absl::GetFlag(FLAGS_hidden);
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const double target = absl::GetFlag(FLAGS_target);
+  const std::vector<absl::Status> results = lockstep::collectives::RunProcessWorld(
+      options, [&](int rank, lockstep::collectives::Communicator& world) {
+        return lockstep::trainer::Body(rank, world, device, tokens, width, hidden, iterations,
+                                       target);
+      });
+  int failed = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (!results[r].ok()) {
+      std::fprintf(stderr, "trainer_benchmark: rank %zu could not measure: %s\n", r,
+                   results[r].ToString().c_str());
+      ++failed;
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}
