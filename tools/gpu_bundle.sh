@@ -52,6 +52,11 @@ targets=(
   //admission:recovery_process_test
   //admission:ledger_test
   //admission:admission_benchmark
+  //trainer:trainer_oracle_cuda_test
+  //trainer:trainer_oracle_test
+  //trainer:trainer_rank_test
+  //trainer:trainer_benchmark
+  //tools:qualify
 )
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
 bins=()

@@ -468,8 +468,18 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
     default:
       break;
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<trainer::OracleCheck> checks,
-                            trainer::RunTrainerOracle(*setup.world, setup.topology, control));
+  c10::Device device(c10::kCPU);
+  if (setup.device == "cuda") {
+    if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+      return absl::FailedPreconditionError(
+          "--device cuda: this build or machine has no CUDA device (build with --config=cuda)");
+    }
+    device = c10::Device(c10::kCUDA,
+                         static_cast<c10::DeviceIndex>(setup.world->rank() % at::getNumGPUs()));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<trainer::OracleCheck> checks,
+      trainer::RunTrainerOracle(*setup.world, setup.topology, control, device));
   std::vector<CheckResult> results;
   for (const trainer::OracleCheck& c : checks) {
     results.push_back(CheckResult::Make(c.name, c.passed, c.detail));
@@ -480,10 +490,12 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
 absl::StatusOr<std::vector<CheckResult>> RunRankChecks(Communicator& world,
                                                        const Topology& topology,
                                                        NegativeControl control, int inject_oom,
-                                                       const std::string& ledger_dir) {
+                                                       const std::string& ledger_dir,
+                                                       const std::string& device) {
   LOCKSTEP_ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(world, topology, control));
   setup.inject_oom = inject_oom;
   setup.ledger_dir = ledger_dir;
+  setup.device = device;
   std::vector<CheckResult> results;
   using Check = absl::StatusOr<CheckResult> (*)(RankSetup&);
   for (Check check : {&CheckReplicaAgreement, &CheckDpWorkersIndependent, &CheckModelStream,
@@ -524,6 +536,10 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
         "--dp ", options.dp, " x --tp ", options.tp, " x --cp ", options.cp, " = ", world,
         " processes exceeds qualify's limit of ", kMaxQualifyWorld, " local processes"));
   }
+  if (options.device != "cpu" && options.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device '", options.device, "' is neither cpu nor cuda"));
+  }
   if (options.inject_oom < 0 || options.inject_oom > kMaxInjectedOom) {
     return absl::InvalidArgumentError(absl::StrCat("--inject_oom ", options.inject_oom,
                                                    " is outside [0, ", kMaxInjectedOom, "]"));
@@ -559,7 +575,7 @@ absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
 }
 
 int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration timeout,
-              const std::string& results_dir, int inject_oom) {
+              const std::string& results_dir, int inject_oom, const std::string& device) {
   at::set_num_threads(1);
   json report;
   const absl::Status status = [&]() -> absl::Status {
@@ -570,8 +586,9 @@ int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration ti
                               collectives::GlooCommunicator::Create(rendezvous, options));
     LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::CreateExact(world->size(), dp, tp, cp));
     report["rank"] = world->rank();
-    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> results,
-                              RunRankChecks(*world, topo, control, inject_oom, results_dir));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        std::vector<CheckResult> results,
+        RunRankChecks(*world, topo, control, inject_oom, results_dir, device));
     for (const CheckResult& r : results) {
       report["checks"].push_back({{"name", r.name}, {"passed", r.passed}, {"detail", r.detail}});
     }
@@ -658,10 +675,12 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                     absl::StrCat("--results_dir=", dir),
                     absl::StrCat("--timeout_seconds=", absl::ToInt64Seconds(options.timeout)),
                     absl::StrCat("--negative_control=", NegativeControlName(options.control)),
-                    absl::StrCat("--inject_oom=", options.inject_oom)};
+                    absl::StrCat("--inject_oom=", options.inject_oom),
+                    absl::StrCat("--device=", options.device)};
   const std::string topology =
       absl::StrCat("DP", options.dp, " x TP", options.tp, " x CP", options.cp);
-  out << "qualify: " << topology << " (" << world << " local processes over Gloo)"
+  out << "qualify: " << topology << " (" << world << " local processes over Gloo"
+      << (options.device == "cuda" ? "; the trainer oracle on CUDA" : "") << ")"
       << (options.control == NegativeControl::kNone
               ? ""
               : "  negative control: " + NegativeControlName(options.control))
@@ -708,6 +727,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   evidence["topology"] = {
       {"dp", options.dp}, {"tp", options.tp}, {"cp", options.cp}, {"world", world}};
   evidence["negative_control"] = NegativeControlName(options.control);
+  evidence["device"] = options.device;
   evidence["context"] = numerics::CaptureExecutionContext(
       {{"topology", topology}, {"negative_control", NegativeControlName(options.control)}});
   for (const std::string& name : order) {

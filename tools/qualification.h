@@ -88,6 +88,8 @@ struct RankSetup {
   // oom_recovery: failures to inject, and where the rank's ledger goes (empty: a temporary file).
   int inject_oom = 1;
   std::string ledger_dir;
+  // Where the trainer's oracle runs: "cpu" or "cuda" (the rank's GPU: rank modulo the GPUs).
+  std::string device = "cpu";
 };
 
 // Seeds the rank's default generators differently on every rank (as after independent data
@@ -114,7 +116,8 @@ inline constexpr int kMaxInjectedOom = 8;
 absl::StatusOr<std::vector<CheckResult>> RunRankChecks(collectives::Communicator& world,
                                                        const collectives::Topology& topology,
                                                        NegativeControl control, int inject_oom = 1,
-                                                       const std::string& ledger_dir = "");
+                                                       const std::string& ledger_dir = "",
+                                                       const std::string& device = "cpu");
 
 // The largest world qualify runs: local processes on one machine.
 inline constexpr int kMaxQualifyWorld = 64;
@@ -136,6 +139,9 @@ class QualifyOptions {
   NegativeControl control = NegativeControl::kNone;
   // Out-of-memory failures oom_recovery injects, 0..kMaxInjectedOom. Default: 1.
   int inject_oom = 1;
+  // Where the trainer's oracle runs: "cpu" (default) or "cuda" (the ranks' processes over Gloo,
+  // each on GPU rank modulo the number of GPUs; a build with CUDA support and a GPU required).
+  std::string device = "cpu";
   // Every collective's timeout in the workers. Default: 120 s.
   absl::Duration timeout = absl::Seconds(120);
   // The whole job's limit: workers still running then are named, stopped, and qualify fails.
@@ -153,8 +159,8 @@ class QualifyOptions {
 absl::Duration DefaultDeadline(absl::Duration timeout);
 
 // kInvalidArgument naming the flag and the limit for a non-positive size, a world over
-// kMaxQualifyWorld (or one whose product overflows), a non-positive timeout or deadline, or an
-// --inject_oom outside [0, kMaxInjectedOom].
+// kMaxQualifyWorld (or one whose product overflows), a non-positive timeout or deadline, an
+// --inject_oom outside [0, kMaxInjectedOom], or a --device other than cpu and cuda.
 absl::Status ValidateQualifyOptions(const QualifyOptions& options);
 
 // What a qualify worker needs of the machine: at most kProcessesPerCore workers per core, and
@@ -174,7 +180,8 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
 // A worker: joins the world from the torchrun environment, runs the checks, writes its report
 // to `results_dir`/rank<RANK>.json. Returns the process's exit code.
 int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration timeout,
-              const std::string& results_dir, int inject_oom = 1);
+              const std::string& results_dir, int inject_oom = 1,
+              const std::string& device = "cpu");
 
 }  // namespace qualification
 }  // namespace lockstep

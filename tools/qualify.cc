@@ -4,7 +4,7 @@
 // rank did not report; 2: bad flags or qualify could not run.
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
-//           [--inject_oom=N] [--timeout_seconds=S]
+//           [--inject_oom=N] [--device=cpu|cuda] [--timeout_seconds=S]
 
 #include <iostream>
 #include <string>
@@ -25,6 +25,8 @@ ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
 ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
           "aliasing-snapshot, shard-local-philox, double-counted-retry, input-inside-scope");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the trainer's oracle runs: cpu, or cuda (each rank on GPU rank modulo the GPUs)");
 ABSL_FLAG(int, inject_oom, 1,
           "out-of-memory failures the oom_recovery check injects on one replica of each TP x CP "
           "group (0..8)");
@@ -56,6 +58,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_dp), absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp));
   options.control = *control;
   options.inject_oom = absl::GetFlag(FLAGS_inject_oom);
+  options.device = absl::GetFlag(FLAGS_device);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   options.evidence_path = absl::GetFlag(FLAGS_out).path;
   if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
@@ -67,7 +70,7 @@ int main(int argc, char** argv) {
       return fail(absl::InvalidArgumentError("--worker needs --results_dir"));
     }
     return q::RunWorker(options.dp, options.tp, options.cp, options.control, options.timeout,
-                        absl::GetFlag(FLAGS_results_dir), options.inject_oom);
+                        absl::GetFlag(FLAGS_results_dir), options.inject_oom, options.device);
   }
   absl::StatusOr<bool> passed = q::RunQualify(options, std::cout);
   if (!passed.ok()) return fail(passed.status());

@@ -66,4 +66,5 @@ bad "cannot write the evidence file" --dp=1 --out=/nonexistent-dir/qualify.json
 bad "--worker needs --results_dir" --worker
 bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
 bad "--inject_oom 9 is outside \[0, 8\]" --dp=1 --inject_oom=9
+bad "--device 'tpu' is neither cpu nor cuda" --dp=1 --device=tpu
 echo "qualify test: ok"

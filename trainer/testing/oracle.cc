@@ -46,6 +46,7 @@ struct RunSetup {
   Communicator* cp = nullptr;
   Communicator* dp = nullptr;
   OracleControl control = OracleControl::kNone;
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 struct RunRecord {
@@ -78,10 +79,15 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
                                 const std::string& load_dir = "") {
   RunRecord record;
   std::shared_ptr<rng::RankStreams> streams;
-  LOCKSTEP_ASSIGN_OR_RETURN(streams, rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  const c10::Device device = setup.device;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      streams, rng::RankStreams::Create(device.is_cuda()
+                                            ? rng::DefaultGenerators::WithCudaDevice(device.index())
+                                            : rng::DefaultGenerators::CpuOnly()));
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("seeding", [&] { at::manual_seed(setup.seed); }));
   LOCKSTEP_ASSIGN_OR_RETURN(ReferenceModel model,
-                            ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp));
+                            ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp, device));
   record.hidden_begin = model.hidden_begin();
   record.hidden_end = model.hidden_end();
   TrainerConfig config = TrainerConfig::Of(kBudget);
@@ -116,9 +122,9 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   // The loss of one microbatch's outputs, with a token mask the caller draws now.
   auto backward = [&](const MicrobatchOutput& out) -> absl::Status {
     return CallTorch("caller loss and backward", [&] {
-      at::Tensor mask = at::bernoulli(at::full({out.outputs.size(0)}, 0.8));
+      at::Tensor mask = at::bernoulli(at::full({out.outputs.size(0)}, 0.8, f32));
       at::Tensor z = at::mm(out.outputs, head[0].t()).squeeze(1);
-      at::Tensor loss = (out.loss_weights.to(at::kFloat) * mask * z * z).sum();
+      at::Tensor loss = (out.loss_weights.to(f32) * mask * z * z).sum();
       loss.backward();
       record.outputs.push_back(out.outputs.detach().clone());
       record.masks.push_back(mask);
@@ -154,12 +160,12 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
         LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope,
                                   rng::ModelStreamScope::Enter(*streams));
         LOCKSTEP_RETURN_IF_ERROR(CallTorch("inputs", [&] {
-          rows = at::randn({tokens, ReferenceModel::kWidth});
+          rows = at::randn({tokens, ReferenceModel::kWidth}, f32);
         }));
         LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
       } else {
         LOCKSTEP_RETURN_IF_ERROR(CallTorch("inputs", [&] {
-          rows = at::randn({tokens, ReferenceModel::kWidth});
+          rows = at::randn({tokens, ReferenceModel::kWidth}, f32);
         }));
       }
       TrainerInputs inputs = TrainerInputs::Of(batch, rows);
@@ -287,7 +293,8 @@ OracleCheck Check(std::string name, bool passed, std::string detail) {
 
 absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                                                           const Topology& topology,
-                                                          OracleControl control) {
+                                                          OracleControl control,
+                                                          c10::Device device) {
   const int rank = world.rank();
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates me, topology.CoordinatesOf(rank));
   std::unique_ptr<Communicator> tp_cp, tp, cp, dp;
@@ -309,6 +316,7 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   split.cp = topology.cp_size() > 1 ? cp.get() : nullptr;
   split.dp = topology.dp_size() > 1 ? dp.get() : nullptr;
   split.control = control;
+  split.device = device;
   const char* tmp = std::getenv("TMPDIR");
   const std::string saved = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/lockstep_oracle_",
                                          getpid(), "_rank", rank, "_after_step0");
@@ -329,6 +337,7 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   reference.dp_index = me.dp;
   reference.seed = 1000 + leader;
   reference.dp = split.dp;
+  reference.device = device;
   LOCKSTEP_ASSIGN_OR_RETURN(RunRecord expected, Train(reference));
 
   std::vector<OracleCheck> checks;

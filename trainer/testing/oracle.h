@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "c10/core/Device.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
 
@@ -46,9 +47,12 @@ struct OracleCheck {
   std::string detail;
 };
 
-absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(collectives::Communicator& world,
-                                                          const collectives::Topology& topology,
-                                                          OracleControl control);
+// With `device` a CUDA device (--config=cuda builds), every tensor of the program — model,
+// inputs, masks, outputs, gradients — lives there and the ranks' CUDA generators are part of their
+// streams; the communicator must move CUDA tensors (Gloo does, through the host; NCCL natively).
+absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(
+    collectives::Communicator& world, const collectives::Topology& topology, OracleControl control,
+    c10::Device device = c10::Device(c10::kCPU));
 
 }  // namespace trainer
 }  // namespace lockstep

@@ -20,7 +20,8 @@ constexpr uint64_t kDropoutStream = 7;
 }  // namespace
 
 absl::StatusOr<ReferenceModel> ReferenceModel::Create(int tp_rank, int tp_size,
-                                                      collectives::Communicator* tp_group) {
+                                                      collectives::Communicator* tp_group,
+                                                      c10::Device device) {
   if (tp_size < 1 || kHidden % tp_size != 0 || tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("reference model: TP rank ", tp_rank, " of ",
                                                    tp_size, " does not split ", kHidden,
@@ -36,8 +37,8 @@ absl::StatusOr<ReferenceModel> ReferenceModel::Create(int tp_rank, int tp_size,
     at::Tensor i = at::arange(kHidden, f32).unsqueeze(1), j = at::arange(kWidth, f32).unsqueeze(0);
     at::Tensor full_w1 = 0.3 * at::sin(1.7 * i + 0.9 * j + 0.1);           // [hidden, width]
     at::Tensor full_w2 = 0.25 * at::cos(0.8 * j.t() - 1.1 * i.t() + 0.3);  // [width, hidden]
-    w1 = full_w1.slice(0, begin, begin + shard).clone().set_requires_grad(true);
-    w2 = full_w2.slice(1, begin, begin + shard).clone().set_requires_grad(true);
+    w1 = full_w1.slice(0, begin, begin + shard).to(device).clone().set_requires_grad(true);
+    w2 = full_w2.slice(1, begin, begin + shard).to(device).clone().set_requires_grad(true);
   }));
   return ReferenceModel(std::move(w1), std::move(w2), begin, tp_group);
 }
@@ -46,7 +47,9 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
   at::Tensor seed_tensor, h;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward", [&] {
     // The dropout seed, from the model stream (the same on every replica and in the reference).
-    seed_tensor = at::randint(std::numeric_limits<int32_t>::max(), {2}, at::kLong);
+    seed_tensor = at::randint(std::numeric_limits<int32_t>::max(), {2},
+                              at::TensorOptions().dtype(at::kLong).device(w1_.device()))
+                      .cpu();
     h = at::gelu(at::mm(work.inputs.to(at::kFloat), w1_.t()));
   }));
   const int64_t n = h.size(0);
@@ -74,15 +77,15 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
     while (end < n && ids[end] == ids[t] && positions[end] == positions[end - 1] + 1) ++end;
     const int64_t row = ids[t] * kPositions + positions[t];
     const std::vector<rng::Slice> box = {{row, row + (end - t)}, {hidden_begin(), hidden_end()}};
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        at::Tensor mask,
-        rng::PartitionedDropoutMask(key, global_shape, box, kDropout, c10::Device(at::kCPU)));
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor mask, rng::PartitionedDropoutMask(key, global_shape, box,
+                                                                           kDropout, w1_.device()));
     masks.push_back(mask);
     t = end;
   }
   at::Tensor out;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward", [&] {
-    at::Tensor mask = n > 0 ? at::cat(masks) : at::zeros({0, w1_.size(0)}, at::kBool);
+    at::Tensor mask =
+        n > 0 ? at::cat(masks) : at::zeros({0, w1_.size(0)}, w1_.options().dtype(at::kBool));
     at::Tensor dropped = h * mask.to(h.dtype()) * (1.0 / (1.0 - kDropout));
     out = at::mm(dropped, w2_.t());
   }));

@@ -22,6 +22,7 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
+#include "c10/core/Device.h"
 #include "collectives/communicator.h"
 #include "trainer/trainer_rank.h"
 
@@ -36,8 +37,11 @@ class ReferenceModel {
 
   // The model's shard for TP rank `tp_rank` of `tp_size` (1: the whole model); `tp_group` is
   // the TP group (nullptr when tp_size is 1). kInvalidArgument if kHidden does not split evenly.
+  // Its tensors live on `device` (CPU, or a CUDA device in --config=cuda builds); the dropout
+  // seed is drawn from that device's default generator (the model stream inside the scope).
   static absl::StatusOr<ReferenceModel> Create(int tp_rank, int tp_size,
-                                               collectives::Communicator* tp_group);
+                                               collectives::Communicator* tp_group,
+                                               c10::Device device = c10::Device(c10::kCPU));
 
   // The forward of a shard (a TrainerRank ForwardAdapter). Draws the dropout seed from the live
   // generator (the model stream, inside TrainerRank's scope).

@@ -1,0 +1,62 @@
+// gpu: the trainer's oracle with CUDA tensors — model, inputs, masks, outputs and gradients on
+// the GPU, the CUDA generators part of every rank's streams — on Gloo worlds whose processes
+// share CUDA device 0 (DP1 x CP2, TP2 x CP2), and the synchronization negative control.
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "collectives/process_world.h"
+#include "gtest/gtest.h"
+#include "trainer/testing/oracle.h"
+
+namespace lockstep {
+namespace trainer {
+namespace {
+
+std::vector<absl::Status> RunCudaOracle(int dp, int tp, int cp, OracleControl control) {
+  collectives::ProcessWorldOptions options;
+  options.world_size = dp * tp * cp;
+  return collectives::RunProcessWorld(
+      options, [=](int, collectives::Communicator& world) -> absl::Status {
+        absl::StatusOr<collectives::Topology> topology =
+            collectives::Topology::CreateExact(world.size(), dp, tp, cp);
+        if (!topology.ok()) return topology.status();
+        absl::StatusOr<std::vector<OracleCheck>> checks =
+            RunTrainerOracle(world, *topology, control, c10::Device(c10::kCUDA, 0));
+        if (!checks.ok()) return checks.status();
+        std::vector<std::string> failed;
+        for (const OracleCheck& c : *checks) {
+          if (world.rank() == 0) std::printf("%s: %s\n", c.name.c_str(), c.detail.c_str());
+          if (!c.passed) failed.push_back(absl::StrCat(c.name, ": ", c.detail));
+        }
+        std::fflush(stdout);
+        if (!failed.empty()) return absl::FailedPreconditionError(absl::StrJoin(failed, " | "));
+        return absl::OkStatus();
+      });
+}
+
+TEST(TrainerOracleCudaTest, Dp1Cp2) {
+  for (const absl::Status& s : RunCudaOracle(1, 1, 2, OracleControl::kNone))
+    EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(TrainerOracleCudaTest, Tp2Cp2) {
+  for (const absl::Status& s : RunCudaOracle(1, 2, 2, OracleControl::kNone))
+    EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(TrainerOracleCudaTest, NegativeControlSynchronizationDisabled) {
+  int detected = 0;
+  for (const absl::Status& s : RunCudaOracle(1, 2, 2, OracleControl::kNoSync)) {
+    if (absl::StrContains(s.message(), "caller_draws:")) ++detected;
+  }
+  EXPECT_GT(detected, 0);
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace lockstep
