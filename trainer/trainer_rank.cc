@@ -264,9 +264,13 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
                                                               std::vector<int>& depth, int m,
                                                               const TrainerInputs& inputs) {
   while (true) {
-    absl::StatusOr<rng::RngSnapshot> before =
-        rng::RngSnapshot::Capture(collaborators_.streams->generators());
-    if (!before.ok()) return before.status();
+    // Where the model stream stands before the attempt (only needed to rewind after an agreed
+    // out-of-memory outcome, so only with admission).
+    std::optional<rng::RngSnapshot> before;
+    if (config_.memory_model != nullptr) {
+      LOCKSTEP_ASSIGN_OR_RETURN(before,
+                                rng::RngSnapshot::Capture(collaborators_.streams->generators()));
+    }
     absl::StatusOr<MicrobatchOutput> out = RunMicrobatch(plan, m, inputs);
     if (out.ok() || config_.memory_model == nullptr || !absl::IsResourceExhausted(out.status())) {
       return out;

@@ -103,10 +103,11 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::vector<at::Tensor> head,
       trainer->RegisterCustomObject(
-          "loss_head", "linear 8 -> 1, no bias", []() -> absl::StatusOr<std::vector<at::Tensor>> {
+          "loss_head", "linear 8 -> 1, no bias",
+          [&f32]() -> absl::StatusOr<std::vector<at::Tensor>> {
             at::Tensor w;
             LOCKSTEP_RETURN_IF_ERROR(CallTorch("head", [&] {
-              w = (0.2 * at::randn({1, ReferenceModel::kWidth})).set_requires_grad(true);
+              w = (0.2 * at::randn({1, ReferenceModel::kWidth}, f32)).set_requires_grad(true);
             }));
             return std::vector<at::Tensor>{w};
           }));
