@@ -158,14 +158,24 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
       CallTorch("selecting the shard's inputs",
                 [&] {
                   std::vector<int64_t> my_rows, my_ids, my_positions;
+                  my_rows.reserve(mine.size());
+                  my_ids.reserve(mine.size());
+                  my_positions.reserve(mine.size());
+                  bool consecutive = true;
                   for (int64_t t : mine) {
+                    consecutive = consecutive && (my_rows.empty() || rows[t] == my_rows.back() + 1);
                     my_rows.push_back(rows[t]);
                     my_ids.push_back(ids[t]);
                     my_positions.push_back(positions[t]);
                   }
                   work.packed_offsets = Int64Tensor(mine);
-                  work.inputs =
-                      inputs.rows.index_select(0, Int64Tensor(my_rows).to(inputs.rows.device()));
+                  // Rows that lie one after another in the caller's inputs are a view, not a
+                  // copy (a single sequence, or sequences packed in input order, without CP).
+                  work.inputs = consecutive && !my_rows.empty()
+                                    ? inputs.rows.narrow(0, my_rows.front(),
+                                                         static_cast<int64_t>(my_rows.size()))
+                                    : inputs.rows.index_select(
+                                          0, Int64Tensor(my_rows).to(inputs.rows.device()));
                   work.sequence_ids = Int64Tensor(my_ids);
                   work.positions = Int64Tensor(my_positions);
                   out.input_rows = Int64Tensor(rows);
