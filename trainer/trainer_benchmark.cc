@@ -3,10 +3,11 @@
 // against the bare model forward on the same shard, as a ratio of paired medians: both sides
 // alternate in one loop after a warm-up (communicators, caches, first-touch memory), each timed on
 // its own, completion forced by reading a value back. Runs a CP group of --procs processes over
-// Gloo (sharing one GPU with --device=cuda).
+// Gloo (sharing one GPU with --device=cuda), or with --transport=nccl (CUDA builds) one process
+// per GPU over NCCL.
 //
-//   trainer_benchmark [--device=cpu|cuda] [--procs=2] [--tokens=1024] [--width=512]
-//                     [--hidden=2048] [--iterations=30] [--target=1.05]
+//   trainer_benchmark [--device=cpu|cuda] [--transport=gloo|nccl] [--procs=2] [--tokens=1024]
+//                     [--width=512] [--hidden=2048] [--iterations=30] [--target=1.05]
 //
 // Prints the bare forward's median (the target applies to forwards of >= 5 ms) and
 // "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; exits non-zero if it
@@ -28,8 +29,13 @@
 #include "rng/rank_streams.h"
 #include "trainer/trainer_rank.h"
 
+#if LOCKSTEP_BUILT_WITH_CUDA
+#include "collectives/nccl_world.h"
+#endif
+
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (the processes share CUDA device 0)");
-ABSL_FLAG(int, procs, 2, "CP group size (processes)");
+ABSL_FLAG(int, procs, 2, "CP group size (processes; with --transport=nccl, every GPU)");
+ABSL_FLAG(std::string, transport, "gloo", "gloo, or nccl (--device=cuda, one process per GPU)");
 ABSL_FLAG(int64_t, tokens, 1024, "tokens per microbatch (split over the CP ranks)");
 ABSL_FLAG(int64_t, width, 512, "model width");
 ABSL_FLAG(int64_t, hidden, 2048, "hidden units of the two-layer MLP");
@@ -50,9 +56,10 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 }
 
 absl::Status Body(int rank, collectives::Communicator& world, const std::string& device_name,
-                  int64_t tokens, int64_t width, int64_t hidden, int iterations, double target) {
+                  int device_index, int64_t tokens, int64_t width, int64_t hidden, int iterations,
+                  double target) {
   const bool cuda = device_name == "cuda";
-  const c10::Device device = cuda ? c10::Device(at::kCUDA, 0) : c10::Device(at::kCPU);
+  const c10::Device device = cuda ? c10::Device(at::kCUDA, device_index) : c10::Device(at::kCPU);
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                             collectives::Topology::CreateExact(world.size(), 1, 1, world.size()));
   LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(rank)));
@@ -159,11 +166,39 @@ int main(int argc, char** argv) {
                 hidden = absl::GetFlag(FLAGS_hidden);
   const int iterations = absl::GetFlag(FLAGS_iterations);
   const double target = absl::GetFlag(FLAGS_target);
-  const std::vector<absl::Status> results = lockstep::collectives::RunProcessWorld(
-      options, [&](int rank, lockstep::collectives::Communicator& world) {
-        return lockstep::trainer::Body(rank, world, device, tokens, width, hidden, iterations,
-                                       target);
-      });
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  std::vector<absl::Status> results;
+  if (transport == "nccl") {
+#if LOCKSTEP_BUILT_WITH_CUDA
+    if (device != "cuda") {
+      std::fprintf(stderr, "trainer_benchmark: --transport=nccl needs --device=cuda\n");
+      return 2;
+    }
+    lockstep::collectives::NcclWorldResult nccl = lockstep::collectives::RunNcclWorld(
+        {}, [&](int rank, lockstep::collectives::NcclCommunicator& world) {
+          return lockstep::trainer::Body(rank, world, device, rank, tokens, width, hidden,
+                                         iterations, target);
+        });
+    if (!nccl.skip_reason.empty()) {
+      std::fprintf(stderr, "trainer_benchmark: cannot measure over NCCL: %s\n",
+                   nccl.skip_reason.c_str());
+      return 1;
+    }
+    results = nccl.ranks;
+#else
+    std::fprintf(stderr, "trainer_benchmark: --transport=nccl needs a --config=cuda build\n");
+    return 2;
+#endif
+  } else if (transport == "gloo") {
+    results = lockstep::collectives::RunProcessWorld(
+        options, [&](int rank, lockstep::collectives::Communicator& world) {
+          return lockstep::trainer::Body(rank, world, device, 0, tokens, width, hidden, iterations,
+                                         target);
+        });
+  } else {
+    std::fprintf(stderr, "trainer_benchmark: --transport must be gloo or nccl\n");
+    return 2;
+  }
   int failed = 0;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r].ok()) {

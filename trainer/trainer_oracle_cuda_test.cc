@@ -1,6 +1,7 @@
 // gpu: the trainer's oracle with CUDA tensors — model, inputs, masks, outputs and gradients on
 // the GPU, the CUDA generators part of every rank's streams — on Gloo worlds whose processes
-// share CUDA device 0 (DP1 x CP2, TP2 x CP2), and the synchronization negative control.
+// share CUDA device 0 (DP1 x CP2, TP2 x CP2), the synchronization negative control, and over NCCL
+// across GPUs (one process per GPU, CP = the GPU count; skipped with fewer than two GPUs).
 
 #include <cstdio>
 #include <string>
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collectives/nccl_world.h"
 #include "collectives/process_world.h"
 #include "gtest/gtest.h"
 #include "trainer/testing/oracle.h"
@@ -55,6 +57,28 @@ TEST(TrainerOracleCudaTest, NegativeControlSynchronizationDisabled) {
     if (absl::StrContains(s.message(), "caller_draws:")) ++detected;
   }
   EXPECT_GT(detected, 0);
+}
+
+TEST(TrainerOracleCudaTest, NcclAcrossGpus) {
+  collectives::NcclWorldResult result = collectives::RunNcclWorld(
+      {}, [](int rank, collectives::NcclCommunicator& world) -> absl::Status {
+        absl::StatusOr<collectives::Topology> topology =
+            collectives::Topology::CreateExact(world.size(), 1, 1, world.size());
+        if (!topology.ok()) return topology.status();
+        absl::StatusOr<std::vector<OracleCheck>> checks =
+            RunTrainerOracle(world, *topology, OracleControl::kNone, c10::Device(c10::kCUDA, rank));
+        if (!checks.ok()) return checks.status();
+        std::vector<std::string> failed;
+        for (const OracleCheck& c : *checks) {
+          if (rank == 0) std::printf("nccl %s: %s\n", c.name.c_str(), c.detail.c_str());
+          if (!c.passed) failed.push_back(absl::StrCat(c.name, ": ", c.detail));
+        }
+        std::fflush(stdout);
+        if (!failed.empty()) return absl::FailedPreconditionError(absl::StrJoin(failed, " | "));
+        return absl::OkStatus();
+      });
+  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  for (const absl::Status& s : result.ranks) EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace
