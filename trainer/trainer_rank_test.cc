@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
+#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/model_stream.h"
@@ -213,6 +214,60 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
         absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(trainer->DpRankForward(TrainerInputs::Of(batch, at::zeros({3, 2}))).status().code(),
               absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// The thread fake (one process: the ranks share the default generators, so the RNG contract is
+// tested on processes in trainer_oracle_test; here the scope and synchronization are off and the
+// gather itself is under test): CP4, a microbatch of one token leaves three ranks empty, and
+// every rank still receives the full outputs in packed order.
+absl::Status GatherBody(collectives::Communicator& world) {
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(4, 1, 1, 4));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(world.rank())));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  TrainerConfig config = TrainerConfig::Of(11);
+  config.packing = planner::PACKING_IN_ORDER;
+  config.model_stream_scope = false;  // threads share one process's generators
+  config.synchronize_caller = false;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      auto trainer,
+      TrainerRank::Create(
+          config, TrainerRank::Collaborators::Of(topology, world.rank(), group.get(), streams),
+          [](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return work.inputs * 2; }));
+  std::vector<planner::Sequence> batch = {planner::Sequence::Of(9, 1), planner::Sequence::Of(2, 2),
+                                          planner::Sequence::Of(1, 3)};
+  const at::Tensor rows = at::arange(24, at::kFloat).reshape({12, 2});
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outputs,
+                            trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
+  if (outputs.size() != 2 || outputs[1].outputs.size(0) != 1) {
+    return absl::InternalError("expected microbatches of 11 and 1 tokens");
+  }
+  for (const MicrobatchOutput& out : outputs) {
+    if (!at::equal(out.outputs, rows.index_select(0, out.input_rows) * 2)) {
+      return absl::InternalError(absl::StrCat("rank ", world.rank(), ": microbatch ",
+                                              out.microbatch, " gathered wrong outputs"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+TEST(TrainerRankFakeWorldTest, EveryRankGetsFullOutputsIncludingEmptyShards) {
+  collectives::FakeWorld world(4);
+  for (const absl::Status& s : world.Run(GatherBody)) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(TrainerRankFakeWorldTest, ARankFailingInACollectiveFailsEveryRankWithoutAHang) {
+  for (int call : {0, 1, 2}) {  // the plan agreement, then the two gathers
+    collectives::FakeWorld world(4, {.timeout = absl::Seconds(5)});
+    world.InjectFailure(/*rank=*/2, call);
+    const absl::Time start = absl::Now();
+    const std::vector<absl::Status> results = world.Run(GatherBody);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_FALSE(results[r].ok()) << "call " << call << ", rank " << r;
+    }
   }
 }
 
