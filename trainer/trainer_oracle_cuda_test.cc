@@ -22,23 +22,9 @@ namespace {
 std::vector<absl::Status> RunCudaOracle(int dp, int tp, int cp, OracleControl control) {
   collectives::ProcessWorldOptions options;
   options.world_size = dp * tp * cp;
-  return collectives::RunProcessWorld(
-      options, [=](int, collectives::Communicator& world) -> absl::Status {
-        absl::StatusOr<collectives::Topology> topology =
-            collectives::Topology::CreateExact(world.size(), dp, tp, cp);
-        if (!topology.ok()) return topology.status();
-        absl::StatusOr<std::vector<OracleCheck>> checks =
-            RunTrainerOracle(world, *topology, control, c10::Device(c10::kCUDA, 0));
-        if (!checks.ok()) return checks.status();
-        std::vector<std::string> failed;
-        for (const OracleCheck& c : *checks) {
-          if (world.rank() == 0) std::printf("%s: %s\n", c.name.c_str(), c.detail.c_str());
-          if (!c.passed) failed.push_back(absl::StrCat(c.name, ": ", c.detail));
-        }
-        std::fflush(stdout);
-        if (!failed.empty()) return absl::FailedPreconditionError(absl::StrJoin(failed, " | "));
-        return absl::OkStatus();
-      });
+  return collectives::RunProcessWorld(options, [=](int, collectives::Communicator& world) {
+    return RunTrainerOracleVerdict(world, dp, tp, cp, control, c10::Device(c10::kCUDA, 0), true);
+  });
 }
 
 TEST(TrainerOracleCudaTest, Dp1Cp2) {
@@ -60,22 +46,10 @@ TEST(TrainerOracleCudaTest, NegativeControlSynchronizationDisabled) {
 }
 
 TEST(TrainerOracleCudaTest, NcclAcrossGpus) {
-  collectives::NcclWorldResult result = collectives::RunNcclWorld(
-      {}, [](int rank, collectives::NcclCommunicator& world) -> absl::Status {
-        absl::StatusOr<collectives::Topology> topology =
-            collectives::Topology::CreateExact(world.size(), 1, 1, world.size());
-        if (!topology.ok()) return topology.status();
-        absl::StatusOr<std::vector<OracleCheck>> checks =
-            RunTrainerOracle(world, *topology, OracleControl::kNone, c10::Device(c10::kCUDA, rank));
-        if (!checks.ok()) return checks.status();
-        std::vector<std::string> failed;
-        for (const OracleCheck& c : *checks) {
-          if (rank == 0) std::printf("nccl %s: %s\n", c.name.c_str(), c.detail.c_str());
-          if (!c.passed) failed.push_back(absl::StrCat(c.name, ": ", c.detail));
-        }
-        std::fflush(stdout);
-        if (!failed.empty()) return absl::FailedPreconditionError(absl::StrJoin(failed, " | "));
-        return absl::OkStatus();
+  collectives::NcclWorldResult result =
+      collectives::RunNcclWorld({}, [](int rank, collectives::NcclCommunicator& world) {
+        return RunTrainerOracleVerdict(world, 1, 1, world.size(), OracleControl::kNone,
+                                       c10::Device(c10::kCUDA, rank), true);
       });
   if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
   for (const absl::Status& s : result.ranks) EXPECT_TRUE(s.ok()) << s;

@@ -37,21 +37,9 @@ using ::testing::HasSubstr;
 std::vector<absl::Status> RunOracleWorld(int dp, int tp, int cp, OracleControl control) {
   collectives::ProcessWorldOptions options;
   options.world_size = dp * tp * cp;
-  return collectives::RunProcessWorld(
-      options, [=](int, collectives::Communicator& world) -> absl::Status {
-        absl::StatusOr<collectives::Topology> topology =
-            collectives::Topology::CreateExact(world.size(), dp, tp, cp);
-        if (!topology.ok()) return topology.status();
-        absl::StatusOr<std::vector<OracleCheck>> checks =
-            RunTrainerOracle(world, *topology, control);
-        if (!checks.ok()) return checks.status();
-        std::vector<std::string> failed;
-        for (const OracleCheck& c : *checks) {
-          if (!c.passed) failed.push_back(absl::StrCat(c.name, ": ", c.detail));
-        }
-        if (!failed.empty()) return absl::FailedPreconditionError(absl::StrJoin(failed, " | "));
-        return absl::OkStatus();
-      });
+  return collectives::RunProcessWorld(options, [=](int, collectives::Communicator& world) {
+    return RunTrainerOracleVerdict(world, dp, tp, cp, control, c10::Device(c10::kCPU), false);
+  });
 }
 
 void ExpectAllPass(int dp, int tp, int cp) {

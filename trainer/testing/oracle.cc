@@ -436,5 +436,20 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   return checks;
 }
 
+absl::Status RunTrainerOracleVerdict(Communicator& world, int dp, int tp, int cp,
+                                     OracleControl control, c10::Device device, bool print) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Topology topology, Topology::CreateExact(world.size(), dp, tp, cp));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<OracleCheck> checks,
+                            RunTrainerOracle(world, topology, control, device));
+  std::vector<std::string> failed;
+  for (const OracleCheck& c : checks) {
+    if (print && world.rank() == 0) std::printf("%s: %s\n", c.name.c_str(), c.detail.c_str());
+    if (!c.passed) failed.push_back(absl::StrCat(c.name, ": ", c.detail));
+  }
+  if (print) std::fflush(stdout);
+  if (!failed.empty()) return absl::FailedPreconditionError(absl::StrJoin(failed, " | "));
+  return absl::OkStatus();
+}
+
 }  // namespace trainer
 }  // namespace lockstep

@@ -54,6 +54,13 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(
     collectives::Communicator& world, const collectives::Topology& topology, OracleControl control,
     c10::Device device = c10::Device(c10::kCPU));
 
+// RunTrainerOracle on a DP x TP x CP topology of `world`, folded into one status: OK when every
+// check passed, kFailedPrecondition listing "name: detail" of each failed check, or the error that
+// stopped the oracle. With `print`, rank 0 prints each check's line (and flushes, as process
+// worlds end without flushing stdio).
+absl::Status RunTrainerOracleVerdict(collectives::Communicator& world, int dp, int tp, int cp,
+                                     OracleControl control, c10::Device device, bool print);
+
 }  // namespace trainer
 }  // namespace lockstep
 
