@@ -285,6 +285,10 @@ class TrainerRank {
   std::vector<int> member_cp_ranks_;
   int64_t forward_index_ = 0;
   int64_t out_of_memory_ = 0;
+  // Per-token lists of RunMicrobatch, kept between microbatches so their memory is reused.
+  struct Scratch {
+    std::vector<int64_t> row_offset, rows, ids, positions, my_rows, my_ids, my_positions;
+  } scratch_;
 
  public:
   // Out-of-memory outcomes recovered so far (with admission).
