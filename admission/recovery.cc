@@ -35,6 +35,22 @@ int SplitDepth(const std::string& id) {
 
 }  // namespace
 
+absl::StatusOr<GroupOutcome> AgreeOnOutcome(collectives::Communicator* group,
+                                            const absl::Status& local) {
+  GroupOutcome outcome;
+  outcome.out_of_memory = absl::IsResourceExhausted(local) ? 1 : 0;
+  outcome.failed = !local.ok() && outcome.out_of_memory == 0 ? 1 : 0;
+  if (group == nullptr) return outcome;
+  at::Tensor votes;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("outcome vote", [&] {
+    votes = at::tensor(std::vector<int64_t>{outcome.out_of_memory, outcome.failed}, at::kLong);
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(group->AllReduceSum(votes));
+  outcome.out_of_memory = votes[0].item<int64_t>();
+  outcome.failed = votes[1].item<int64_t>();
+  return outcome;
+}
+
 std::vector<TokenRange> TokenRangesOf(const planner::Plan& plan, int microbatch) {
   const planner::Microbatch& m = plan.microbatches(microbatch);
   std::vector<TokenRange> ranges;
@@ -142,21 +158,12 @@ absl::StatusOr<StepReport> RecoveringRunner::RunStep(int64_t step, const planner
     const bool local_oom = absl::IsResourceExhausted(outcome);
     const bool local_error = !outcome.ok() && !local_oom;
 
-    // The group's outcome: how many replicas ran out of memory, how many failed otherwise.
-    int64_t oom = local_oom ? 1 : 0, failed = local_error ? 1 : 0;
-    if (c_.group != nullptr) {
-      at::Tensor votes;
-      absl::Status made = CallTorch("outcome vote", [&] {
-        votes = at::tensor(std::vector<int64_t>{oom, failed}, at::kLong);
-      });
-      absl::Status voted = made.ok() ? c_.group->AllReduceSum(votes) : made;
-      if (!voted.ok()) {
-        c_.staging->Discard();
-        return Annotate(voted, absl::StrCat(name, ": exchanging the attempt's outcome"));
-      }
-      oom = votes[0].item<int64_t>();
-      failed = votes[1].item<int64_t>();
+    absl::StatusOr<GroupOutcome> agreed = AgreeOnOutcome(c_.group, outcome);
+    if (!agreed.ok()) {
+      c_.staging->Discard();
+      return Annotate(agreed.status(), absl::StrCat(name, ": exchanging the attempt's outcome"));
     }
+    const int64_t oom = agreed->out_of_memory, failed = agreed->failed;
     if (failed > 0) {
       c_.staging->Discard();
       record(LedgerEventKind::kFailed, wave.ids, work.ranges,

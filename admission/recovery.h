@@ -113,6 +113,20 @@ struct StepReport {
   planner::Plan final_plan;
 };
 
+// What the members of a group made of one attempt: how many ran out of memory and how many
+// failed otherwise.
+struct GroupOutcome {
+  int64_t out_of_memory = 0;
+  int64_t failed = 0;
+};
+
+// Exchanges `local` (this member's attempt: OK, kResourceExhausted for out of memory, anything
+// else a failure) across `group` with one all-reduce of two integers, so that every member
+// decides the same way; without a group, this member's own outcome. The communicator's error
+// (a dead or late peer) is returned as it is.
+absl::StatusOr<GroupOutcome> AgreeOnOutcome(collectives::Communicator* group,
+                                            const absl::Status& local);
+
 // The token ranges microbatch `microbatch` of `plan` holds.
 std::vector<TokenRange> TokenRangesOf(const planner::Plan& plan, int microbatch);
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "admission/admission.h"
+#include "admission/recovery.h"
 #include "base/file_io.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -199,24 +200,23 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   if (config_.memory_model != nullptr && collaborators_.tp_cp_group != nullptr) {
     // The group agrees on the forward's outcome before anyone waits in the gather.
     const bool oom = absl::IsResourceExhausted(forwarded.status());
-    const bool failed = !forwarded.ok() && !oom;
-    at::Tensor votes;
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("outcome vote", [&] {
-      votes = at::tensor(std::vector<int64_t>{oom ? 1 : 0, failed ? 1 : 0}, at::kLong);
-    }));
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        collaborators_.tp_cp_group->AllReduceSum(votes),
-        absl::StrCat(where, ": agreeing on the forward's outcome"));
-    const int64_t ooms = votes[0].item<int64_t>(), failures = votes[1].item<int64_t>();
-    if (failures > 0) {
-      if (failed) return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
-      return absl::AbortedError(absl::StrCat(
-          where, ": ", failures, " replica(s) of the TP x CP group failed the forward"));
+    absl::StatusOr<admission::GroupOutcome> agreed =
+        admission::AgreeOnOutcome(collaborators_.tp_cp_group, forwarded.status());
+    if (!agreed.ok()) {
+      return Annotate(agreed.status(), absl::StrCat(where, ": agreeing on the forward's outcome"));
     }
-    if (ooms > 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          where, ": out of memory in the forward on ", ooms, " replica(s) of the group",
-          oom ? absl::StrCat(" (here: ", forwarded.status().message(), ")") : ""));
+    if (agreed->failed > 0) {
+      if (!forwarded.ok() && !oom) {
+        return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
+      }
+      return absl::AbortedError(absl::StrCat(
+          where, ": ", agreed->failed, " replica(s) of the TP x CP group failed the forward"));
+    }
+    if (agreed->out_of_memory > 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(where, ": out of memory in the forward on ", agreed->out_of_memory,
+                       " replica(s) of the group",
+                       oom ? absl::StrCat(" (here: ", forwarded.status().message(), ")") : ""));
     }
   }
   if (!forwarded.ok()) {
@@ -438,13 +438,6 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
-void RemoveStateDirectory(const std::string& dir) {
-  for (const char* name : {kWeightsFile, kOptimizerFile, kRngFile, kTrainerFile}) {
-    std::remove(absl::StrCat(dir, "/", name).c_str());
-  }
-  rmdir(dir.c_str());
-}
-
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, " cannot be opened"));
@@ -454,6 +447,13 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 }
 
 }  // namespace
+
+void RemoveSavedState(const std::string& dir) {
+  for (const char* name : {kWeightsFile, kOptimizerFile, kRngFile, kTrainerFile}) {
+    std::remove(absl::StrCat(dir, "/", name).c_str());
+  }
+  rmdir(dir.c_str());
+}
 
 absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::NamedTensors& weights,
                                     const torch::optim::Optimizer* optimizer,
@@ -467,7 +467,7 @@ absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::Name
     return absl::FailedPreconditionError(absl::StrCat(where, ": it exists; choose a new one"));
   }
   const std::string temp = absl::StrCat(dir, ".saving.", getpid());
-  RemoveStateDirectory(temp);
+  RemoveSavedState(temp);
   if (mkdir(temp.c_str(), 0755) != 0) {
     return absl::InternalError(absl::StrCat(where, ": mkdir ", temp, ": ", strerror(errno)));
   }
@@ -496,7 +496,7 @@ absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::Name
     return absl::OkStatus();
   }();
   if (!status.ok()) {
-    RemoveStateDirectory(temp);
+    RemoveSavedState(temp);
     return Annotate(status, where);
   }
   return absl::OkStatus();

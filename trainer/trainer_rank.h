@@ -163,6 +163,9 @@ struct SaveOptions {
   bool include_rng_streams = false;
 };
 
+// Removes a directory TrainerRank::SaveState wrote (its files, then the directory), best effort.
+void RemoveSavedState(const std::string& dir);
+
 // What LoadState restored.
 struct LoadReport {
   int weights = 0;

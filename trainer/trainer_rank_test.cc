@@ -78,10 +78,7 @@ absl::Status Step(Solo& solo) {
 std::string StateDir(const std::string& name) {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/trainer_state_", name, "_", getpid());
-  for (const char* f : {"weights.safetensors", "optimizer.pt", "rng.bin", "trainer.txt"}) {
-    std::remove(absl::StrCat(dir, "/", f).c_str());
-  }
-  rmdir(dir.c_str());
+  RemoveSavedState(dir);
   return dir;
 }
 

@@ -254,16 +254,15 @@ struct Figures {
   double max_relative_l2 = 0;
 };
 
-// Compares lists under `tolerance`; returns the failures' summaries and adds to `figures`.
-absl::StatusOr<std::vector<std::string>> CompareLists(const std::vector<at::Tensor>& actual,
-                                                      const std::vector<at::Tensor>& expected,
-                                                      const std::string& what,
-                                                      const numerics::Tolerance& tolerance,
-                                                      Figures& figures) {
-  std::vector<std::string> failures;
+// Compares lists under `tolerance`, appending each failure's summary to `failures` and the
+// figures to `figures`.
+absl::Status CompareLists(const std::vector<at::Tensor>& actual,
+                          const std::vector<at::Tensor>& expected, const std::string& what,
+                          const numerics::Tolerance& tolerance, Figures& figures,
+                          std::vector<std::string>& failures) {
   if (actual.size() != expected.size()) {
     failures.push_back(absl::StrCat(what, ": ", actual.size(), " tensors vs ", expected.size()));
-    return failures;
+    return absl::OkStatus();
   }
   for (size_t i = 0; i < actual.size(); ++i) {
     if (actual[i].sizes() != expected[i].sizes()) {
@@ -279,7 +278,7 @@ absl::StatusOr<std::vector<std::string>> CompareLists(const std::vector<at::Tens
     figures.max_abs_diff = std::max(figures.max_abs_diff, c.max_abs_diff);
     figures.max_relative_l2 = std::max(figures.max_relative_l2, c.relative_l2);
   }
-  return failures;
+  return absl::OkStatus();
 }
 
 OracleCheck Check(std::string name, bool passed, std::string detail) {
@@ -324,10 +323,7 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   LOCKSTEP_ASSIGN_OR_RETURN(RunRecord run, Train(split, 0, saved));
   // A restart from the state saved after step 0 continues bit-exactly.
   absl::StatusOr<RunRecord> resumed = Train(split, 1, "", saved);
-  for (const char* name : {"weights.safetensors", "optimizer.pt", "rng.bin", "trainer.txt"}) {
-    std::remove(absl::StrCat(saved, "/", name).c_str());
-  }
-  rmdir(saved.c_str());
+  RemoveSavedState(saved);
   if (!resumed.ok()) return resumed.status();
 
   // The unsplit reference of this rank's DP worker, from its leader's state.
@@ -375,24 +371,18 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   const numerics::Tolerance tolerance;
   Figures figures;
   std::vector<std::string> failures;
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      std::vector<std::string> f,
-      CompareLists(run.outputs, expected.outputs, "outputs", tolerance, figures));
-  failures.insert(failures.end(), f.begin(), f.end());
-  LOCKSTEP_ASSIGN_OR_RETURN(f, CompareLists(run.masks, expected.masks, "token mask",
-                                            numerics::Tolerance::Bitwise(), figures));
-  failures.insert(failures.end(), f.begin(), f.end());
+  LOCKSTEP_RETURN_IF_ERROR(
+      CompareLists(run.outputs, expected.outputs, "outputs", tolerance, figures, failures));
+  LOCKSTEP_RETURN_IF_ERROR(CompareLists(run.masks, expected.masks, "token mask",
+                                        numerics::Tolerance::Bitwise(), figures, failures));
   for (int step = 0; step < kSteps && step < static_cast<int>(expected.gradients.size()); ++step) {
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        f, CompareLists(run.gradients[step],
-                        Slice(expected.gradients[step], run.hidden_begin, run.hidden_end),
-                        absl::StrCat("step ", step, " gradient"), tolerance, figures));
-    failures.insert(failures.end(), f.begin(), f.end());
+    LOCKSTEP_RETURN_IF_ERROR(CompareLists(
+        run.gradients[step], Slice(expected.gradients[step], run.hidden_begin, run.hidden_end),
+        absl::StrCat("step ", step, " gradient"), tolerance, figures, failures));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      f, CompareLists(run.parameters, Slice(expected.parameters, run.hidden_begin, run.hidden_end),
-                      "parameters after 2 Adam steps", tolerance, figures));
-  failures.insert(failures.end(), f.begin(), f.end());
+  LOCKSTEP_RETURN_IF_ERROR(
+      CompareLists(run.parameters, Slice(expected.parameters, run.hidden_begin, run.hidden_end),
+                   "parameters after 2 Adam steps", tolerance, figures, failures));
   checks.push_back(Check(
       "reference_match", failures.empty(),
       failures.empty()
@@ -410,13 +400,12 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
     const size_t step1 = resumed->outputs.size();
     std::vector<at::Tensor> continued(run.outputs.end() - static_cast<std::ptrdiff_t>(step1),
                                       run.outputs.end());
-    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> differ,
-                              CompareLists(resumed->outputs, continued, "resumed outputs",
-                                           numerics::Tolerance::Bitwise(), figures));
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        f, CompareLists(resumed->parameters, run.parameters, "resumed parameters",
-                        numerics::Tolerance::Bitwise(), figures));
-    differ.insert(differ.end(), f.begin(), f.end());
+    Figures resume_figures;
+    std::vector<std::string> differ;
+    LOCKSTEP_RETURN_IF_ERROR(CompareLists(resumed->outputs, continued, "resumed outputs",
+                                          numerics::Tolerance::Bitwise(), resume_figures, differ));
+    LOCKSTEP_RETURN_IF_ERROR(CompareLists(resumed->parameters, run.parameters, "resumed parameters",
+                                          numerics::Tolerance::Bitwise(), resume_figures, differ));
     checks.push_back(Check(
         "resume", differ.empty(),
         differ.empty() ? absl::StrCat("restarted from the state saved after step 0 (weights, Adam, "
