@@ -11,6 +11,7 @@
 #include "admission/admission.h"
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
+#include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
 #include "planner/planner.h"
 
@@ -103,3 +104,12 @@ BENCHMARK(BM_AdmitWaves10k)->Unit(benchmark::kMillisecond)->UseRealTime();
 }  // namespace
 }  // namespace admission
 }  // namespace lockstep
+
+// A run skipped with an error makes the binary exit non-zero (after saying why on stderr).
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  lockstep::benchmarking::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return reporter.all_measured() ? 0 : 1;
+}

@@ -10,7 +10,12 @@ namespace benchmarking {
 
 void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
   for (const Run& run : runs) {
-    if (run.error_occurred) continue;
+    if (run.error_occurred) {
+      std::cerr << "benchmark " << run.benchmark_name()
+                << " could not measure: " << run.error_message << std::endl;
+      ++failed_runs_;
+      continue;
+    }
     seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
     for (const auto& [key, counter] : run.counters) {
       counters_[run.benchmark_name()][key] = counter.value;

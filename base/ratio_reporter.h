@@ -51,13 +51,15 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void PrintCounter(const std::string& what, const std::string& name, const std::string& counter,
                     double target);
 
-  // Whether every PrintCounter found its figure.
-  bool all_measured() const { return unmeasured_ == 0; }
+  // Whether every run measured (none skipped with an error, which is also said on stderr) and
+  // every PrintCounter found its figure.
+  bool all_measured() const { return unmeasured_ == 0 && failed_runs_ == 0; }
 
  private:
   std::map<std::string, double> seconds_;
   std::map<std::string, std::map<std::string, double>> counters_;
   int unmeasured_ = 0;
+  int failed_runs_ = 0;
 };
 
 // The timings of a paired loop: each operation of an iteration timed on its own, all operations

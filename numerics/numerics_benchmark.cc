@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "ATen/ATen.h"
+#include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
 #include "numerics/compare.h"
 #include "numerics/digest.h"
@@ -104,7 +105,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 #endif
-  benchmark::RunSpecifiedBenchmarks();
+  lockstep::benchmarking::RatioReporter reporter;  // counts runs that could not measure
+  benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
-  return 0;
+  return reporter.all_measured() ? 0 : 1;
 }
