@@ -7,9 +7,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "admission/admission.h"
 #include "admission/cuda_memory_probe.h"
 #include "admission/gradient_staging.h"
@@ -73,25 +75,23 @@ class CudaToyModel {
   at::Tensor gates_;
 };
 
-planner::Plan PlanOf(int64_t sequence_length, int64_t sequences, int64_t budget) {
+absl::StatusOr<planner::Plan> PlanOf(int64_t sequence_length, int64_t sequences, int64_t budget) {
   std::vector<planner::Sequence> batch;
   for (int64_t i = 0; i < sequences; ++i)
     batch.push_back(planner::Sequence::Of(sequence_length, i));
   planner::PlanOptions options;
   options.max_tokens_per_microbatch = budget;
-  auto plan = planner::PlanMicrobatches(batch, options);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  return *plan;
+  return planner::PlanMicrobatches(batch, options);
 }
 
 // Peak bytes allocated while running microbatch 0 of `plan`.
-double MeasurePeak(CudaToyModel& model, CudaMemoryProbe& probe, const planner::Plan& plan) {
-  EXPECT_TRUE(probe.ReleaseCachedMemory().ok());
-  EXPECT_TRUE(probe.ResetPeak().ok());
+absl::StatusOr<double> MeasurePeak(CudaToyModel& model, CudaMemoryProbe& probe,
+                                   const planner::Plan& plan) {
+  LOCKSTEP_RETURN_IF_ERROR(probe.ReleaseCachedMemory());
+  LOCKSTEP_RETURN_IF_ERROR(probe.ResetPeak());
   model.RunMicrobatch(plan.microbatches(0));
-  auto reading = probe.Read();
-  EXPECT_TRUE(reading.ok());
-  return static_cast<double>(reading->peak_allocated_bytes);
+  LOCKSTEP_ASSIGN_OR_RETURN(const MemoryReading reading, probe.Read());
+  return static_cast<double>(reading.peak_allocated_bytes);
 }
 
 struct Fixture {
@@ -101,26 +101,33 @@ struct Fixture {
   int64_t total = 0;
 };
 
-Fixture& Shared() {
-  static Fixture* fixture = [] {
-    auto* f = new Fixture;
-    f->probe = *CudaMemoryProbe::Create(0);
-    f->model = std::make_unique<CudaToyModel>();
-    f->total = *f->probe->DeviceTotalBytes();
-    // Warm-up: gradients allocated, kernels loaded, so the fixed term is what every run holds.
-    f->model->RunMicrobatch(PlanOf(512, 8, 4096).microbatches(0));
-    return f;
-  }();
+absl::StatusOr<Fixture*> MakeFixture() {
+  auto f = std::make_unique<Fixture>();
+  LOCKSTEP_ASSIGN_OR_RETURN(f->probe, CudaMemoryProbe::Create(0));
+  f->model = std::make_unique<CudaToyModel>();
+  LOCKSTEP_ASSIGN_OR_RETURN(f->total, f->probe->DeviceTotalBytes());
+  // Warm-up: gradients allocated, kernels loaded, so the fixed term is what every run holds.
+  LOCKSTEP_ASSIGN_OR_RETURN(const planner::Plan warm_up, PlanOf(512, 8, 4096));
+  f->model->RunMicrobatch(warm_up.microbatches(0));
+  return f.release();
+}
+
+// The fixture every test shares, made once; an error making it fails every test.
+absl::StatusOr<Fixture*> Shared() {
+  static const auto* fixture = new absl::StatusOr<Fixture*>(MakeFixture());
   return *fixture;
 }
 
 TEST(AdmissionCudaTest, CalibratedModelPredictsHeldOutPeaksWithinFivePercent) {
-  Fixture& f = Shared();
+  const absl::StatusOr<Fixture*> shared = Shared();
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  Fixture& f = **shared;
   std::vector<PeakSample> samples;
   for (int64_t tokens : {65536, 131072, 262144, 524288}) {
     for (int64_t length : {1024, 4096}) {
-      const planner::Plan plan = PlanOf(length, tokens / length, tokens);
-      const double peak = MeasurePeak(*f.model, *f.probe, plan);
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan,
+                                    PlanOf(length, tokens / length, tokens));
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(const double peak, MeasurePeak(*f.model, *f.probe, plan));
       samples.push_back(PeakSample::Of(ShapeOfMicrobatch(plan, 0), peak));
       std::printf("calibration: %lld tokens, sequences of %lld: peak %s\n",
                   static_cast<long long>(tokens), static_cast<long long>(length),
@@ -136,8 +143,9 @@ TEST(AdmissionCudaTest, CalibratedModelPredictsHeldOutPeaksWithinFivePercent) {
   double worst = 0;
   for (auto [tokens, length] :
        {std::pair<int64_t, int64_t>{393216, 2048}, {786432, 1024}, {1048576, 4096}, {98304, 512}}) {
-    const planner::Plan plan = PlanOf(length, tokens / length, tokens);
-    const double measured = MeasurePeak(*f.model, *f.probe, plan);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan,
+                                  PlanOf(length, tokens / length, tokens));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const double measured, MeasurePeak(*f.model, *f.probe, plan));
     const double predicted = fit.model.Predict(ShapeOfMicrobatch(plan, 0));
     const double error = std::abs(predicted - measured) / measured;
     worst = std::max(worst, error);
@@ -163,14 +171,17 @@ int64_t LargestBudget(const MemoryModel& model, int64_t length, double cap) {
 }
 
 TEST(AdmissionCudaTest, SweepAdmittedAtNinetyPercentOfDeviceMemoryCompletes) {
-  Fixture& f = Shared();
+  const absl::StatusOr<Fixture*> shared = Shared();
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  Fixture& f = **shared;
   ASSERT_NE(f.fitted, nullptr) << "calibration must run first";
   MemoryModel model = *f.fitted;
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(int64_t cap, MemoryCap::FractionOfDevice(0.9).Resolve(*f.probe));
   const int64_t length = 2048;
   const int64_t budget = LargestBudget(model, length, static_cast<double>(cap));
   // Three full microbatches and a partial one.
-  const planner::Plan plan = PlanOf(length, 3 * (budget / length) + 5, budget);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan,
+                                PlanOf(length, 3 * (budget / length) + 5, budget));
   GradientStaging staging(f.model->parameters());
   RecoveryOptions options;
   options.admission.max_microbatches_per_wave = 1;
@@ -201,13 +212,15 @@ TEST(AdmissionCudaTest, SweepAdmittedAtNinetyPercentOfDeviceMemoryCompletes) {
 }
 
 TEST(AdmissionCudaTest, RealOutOfMemoryIsRecoveredBySplitAndRetryWithTheSameGradient) {
-  Fixture& f = Shared();
+  const absl::StatusOr<Fixture*> shared = Shared();
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  Fixture& f = **shared;
   ASSERT_NE(f.fitted, nullptr) << "calibration must run first";
   const int64_t length = 4096;
   // Twice what fits in the whole device: the first attempt must run out of memory.
   const int64_t fits = LargestBudget(*f.fitted, length, static_cast<double>(f.total));
   const int64_t tokens = 2 * fits / length * length;
-  const planner::Plan plan = PlanOf(length, tokens / length, tokens);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, PlanOf(length, tokens / length, tokens));
   ASSERT_EQ(plan.microbatches_size(), 1);
 
   auto run = [&](MemoryModel model, int64_t cap, StepReport* report) -> at::Tensor {
@@ -218,7 +231,10 @@ TEST(AdmissionCudaTest, RealOutOfMemoryIsRecoveredBySplitAndRetryWithTheSameGrad
     auto runner = RecoveringRunner::Create(
         RecoveringRunner::Collaborators::Of(&model, &staging).WithProbe(f.probe.get()), cap,
         options);
-    EXPECT_TRUE(runner.ok());
+    if (!runner.ok()) {
+      ADD_FAILURE() << runner.status();
+      return at::Tensor();
+    }
     auto done = (*runner)->RunStep(0, plan, [&](const WaveWork& work) -> absl::Status {
       for (int m : work.microbatches) toy.RunMicrobatch(work.plan->microbatches(m));
       return absl::OkStatus();

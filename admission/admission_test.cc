@@ -3,6 +3,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "admission/fake_memory_probe.h"
 #include "admission/memory_model.h"
 #include "base/status_testutil.h"
@@ -16,7 +17,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-planner::Plan PlanOf(const std::vector<int64_t>& lengths, int64_t budget, int cp_size = 1) {
+absl::StatusOr<planner::Plan> PlanOf(const std::vector<int64_t>& lengths, int64_t budget,
+                                     int cp_size = 1) {
   std::vector<planner::Sequence> batch;
   for (size_t i = 0; i < lengths.size(); ++i) {
     batch.push_back(planner::Sequence::Of(lengths[i], static_cast<int64_t>(100 + i)));
@@ -25,20 +27,19 @@ planner::Plan PlanOf(const std::vector<int64_t>& lengths, int64_t budget, int cp
   options.max_tokens_per_microbatch = budget;
   options.cp_size = cp_size;
   options.packing = planner::PACKING_IN_ORDER;
-  auto plan = planner::PlanMicrobatches(batch, options);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  return *plan;
+  return planner::PlanMicrobatches(batch, options);
 }
 
 TEST(MemoryModelTest, PredictsTheTermsAndShapesAreTheBusiestCpRank) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10, 0.5));
   EXPECT_DOUBLE_EQ(model.Predict(WorkShape::Of(100, 400)), 1000 + 1000 + 200);
   // One sequence of 8 tokens over CP 2: chunks of 2, each rank owns 4 tokens of a sequence of 8.
-  const planner::Plan plan = PlanOf({8}, 8, 2);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, PlanOf({8}, 8, 2));
   const WorkShape shape = ShapeOfMicrobatch(plan, 0);
   EXPECT_EQ(shape.tokens, 4);
   EXPECT_DOUBLE_EQ(shape.attention_pairs, 4 * 8);
-  const WorkShape alone = ShapeOfMicrobatch(PlanOf({5, 3}, 8), 0);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan two, PlanOf({5, 3}, 8));
+  const WorkShape alone = ShapeOfMicrobatch(two, 0);
   EXPECT_EQ(alone.tokens, 8);
   EXPECT_DOUBLE_EQ(alone.attention_pairs, 25 + 9);
   EXPECT_EQ(MemoryModel::Of(-1, 1).status().code(), absl::StatusCode::kInvalidArgument);
@@ -112,7 +113,8 @@ TEST(AdmissionTest, WavesNeverExceedTheCapAndCoverEveryMicrobatchInOrder) {
     std::vector<int64_t> lengths;
     const int count = 1 + static_cast<int>(random() % 60);
     for (int i = 0; i < count; ++i) lengths.push_back(1 + static_cast<int64_t>(random() % 512));
-    const planner::Plan plan = PlanOf(lengths, 512, 1 + static_cast<int>(random() % 2));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan,
+                                  PlanOf(lengths, 512, 1 + static_cast<int>(random() % 2)));
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1e6, 1e3, 2));
     // Above the largest single microbatch (1e6 + 1e3 x 512 + 2 x 512^2 bytes).
     const int64_t cap = 2'100'000 + static_cast<int64_t>(random() % 4'000'000);
@@ -139,7 +141,7 @@ TEST(AdmissionTest, WavesNeverExceedTheCapAndCoverEveryMicrobatchInOrder) {
 
 TEST(AdmissionTest, GreedyWavesFillUpToTheCap) {
   // Four microbatches of 100 tokens; fixed 1000 + 10 per token: two fit under 3000, three do not.
-  const planner::Plan plan = PlanOf({100, 100, 100, 100}, 100);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, PlanOf({100, 100, 100, 100}, 100));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Admission admitted, AdmitWaves(plan, model, 3000, {}));
   ASSERT_EQ(admitted.waves.size(), 2u);
@@ -149,7 +151,7 @@ TEST(AdmissionTest, GreedyWavesFillUpToTheCap) {
 }
 
 TEST(AdmissionTest, WorkThatCannotFitAloneIsRefusedNamingIt) {
-  const planner::Plan plan = PlanOf({100, 900, 100}, 1000);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, PlanOf({100, 900, 100}, 1000));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10));
   absl::StatusOr<Admission> refused = AdmitWaves(plan, model, 8000, {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
@@ -164,8 +166,11 @@ TEST(AdmissionTest, WorkThatCannotFitAloneIsRefusedNamingIt) {
 
 TEST(AdmissionTest, CapsResolveAgainstTheDevice) {
   FakeMemoryProbe probe(1000);
-  EXPECT_EQ(*MemoryCap::FractionOfDevice(0.9).Resolve(probe), 900);
-  EXPECT_EQ(*MemoryCap::Bytes(123).Resolve(probe), 123);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int64_t fraction,
+                                MemoryCap::FractionOfDevice(0.9).Resolve(probe));
+  EXPECT_EQ(fraction, 900);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int64_t bytes, MemoryCap::Bytes(123).Resolve(probe));
+  EXPECT_EQ(bytes, 123);
   EXPECT_THAT(MemoryCap::FractionOfDevice(1.5).Resolve(probe).status().message(),
               HasSubstr("fraction 1.5 of the device: must be in (0, 1]"));
   EXPECT_EQ(MemoryCap::Bytes(-4).Resolve(probe).status().code(),

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/torch_boundary.h"
 #include "c10/core/Allocator.h"
 #include "c10/cuda/CUDACachingAllocator.h"
@@ -59,8 +60,7 @@ absl::StatusOr<int64_t> CudaMemoryProbe::DeviceTotalBytes() {
   const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
   cudaSetDevice(previous);
   if (error != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("cudaMemGetInfo on ", DeviceName(), ": ", cudaGetErrorString(error)));
+    return CudaStatus(error, absl::StrCat("cudaMemGetInfo on ", DeviceName()));
   }
   return static_cast<int64_t>(total_bytes);
 }

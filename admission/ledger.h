@@ -48,12 +48,16 @@
 //
 // Example:
 //   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Ledger> ledger,
-//                             Ledger::OpenWriter("/ckpt/ledger.rank3.db", LedgerOptions::Of(3)));
+//                             Ledger::OpenWriter("ledger.rank3.db", LedgerOptions::Of(3)));
 //   LOCKSTEP_RETURN_IF_ERROR(ledger->BeginStep(step, PlannedWorkOf(plan)));
-//   ... Record(kStarted ...), Record(kCompleted ...) ...
+//   // For each attempt at microbatch "0" (ranges: its tokens), kStarted, then kCompleted:
+//   LOCKSTEP_RETURN_IF_ERROR(
+//       ledger->Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, "0", ranges)).status());
+//   LOCKSTEP_RETURN_IF_ERROR(
+//       ledger->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, step, "0", ranges)).status());
 //   LOCKSTEP_RETURN_IF_ERROR(ledger->CommitStep(step));
-//   // after a crash:
-//   LOCKSTEP_ASSIGN_OR_RETURN(LedgerReplay replay, Ledger::Replay("/ckpt/ledger.rank3.db"));
+//   // After a crash:
+//   LOCKSTEP_ASSIGN_OR_RETURN(LedgerReplay replay, Ledger::Replay("ledger.rank3.db"));
 
 #ifndef LOCKSTEP_ADMISSION_LEDGER_H_
 #define LOCKSTEP_ADMISSION_LEDGER_H_

@@ -2,19 +2,23 @@
 
 #include <signal.h>
 #include <sqlite3.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
+#include "base/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -132,7 +136,11 @@ TEST(LedgerTest, ExactlyOnceIsEnforcedAndARefusedEventWritesNothing) {
       ledger->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, 5, "z", {{7, 0, 1}})).ok());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay after, Ledger::Replay(path));
   EXPECT_EQ(after.events.size(), before.events.size());
-  EXPECT_EQ(after.Find(5, 0)->completed, before.Find(5, 0)->completed);
+  const StepReplay* after_step = after.Find(5, 0);
+  const StepReplay* before_step = before.Find(5, 0);
+  ASSERT_NE(after_step, nullptr);
+  ASSERT_NE(before_step, nullptr);
+  EXPECT_EQ(after_step->completed, before_step->completed);
 
   // Committing with tokens missing names the first missing range.
   absl::Status early = ledger->CommitStep(5);
@@ -186,16 +194,15 @@ TEST(LedgerTest, ASecondWriterIsRefused) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(second.status().message(), HasSubstr("already has a writer"));
   // ... also from another process.
-  const pid_t child = fork();
-  if (child == 0) {
-    _exit(Ledger::OpenWriter(path, LedgerOptions::Of(0)).status().code() ==
-                  absl::StatusCode::kFailedPrecondition
-              ? 0
-              : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      Child child, Child::Fork(ChildOptions::Reporting(), [&path](int) {
+        return Ledger::OpenWriter(path, LedgerOptions::Of(0)).status().code() ==
+                       absl::StatusCode::kFailedPrecondition
+                   ? 0
+                   : 1;
+      }));
+  child.Reap();
+  EXPECT_TRUE(child.succeeded()) << "the other process " << child.Describe();
   // Reading is allowed while the writer works; once it is gone, a new writer may open.
   LOCKSTEP_EXPECT_OK(Ledger::Replay(path).status());
   first.reset();
@@ -228,17 +235,17 @@ TEST(LedgerTest, FilesThatAreNotIntactLedgersAreRefused) {
   EXPECT_THAT(replay.status().message(), HasSubstr("is not a ledger's"));
 }
 
-// A ledger of a few steps, closed (so its WAL is checkpointed into the file).
-std::string SmallLedger(const std::string& name) {
+// A ledger of a few steps, closed (so its WAL is checkpointed into the file); returns its path.
+absl::StatusOr<std::string> SmallLedger(const std::string& name) {
   const std::string path = TempPath(name);
-  auto ledger = Ledger::OpenWriter(path, LedgerOptions::Of(1));
-  EXPECT_TRUE(ledger.ok()) << ledger.status();
-  for (int step = 0; step < 4; ++step) EXPECT_TRUE(RunStep(**ledger, step).ok());
-  EXPECT_TRUE((*ledger)->BeginStep(4, Work()).ok());
-  EXPECT_TRUE(
-      (*ledger)
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Ledger> ledger,
+                            Ledger::OpenWriter(path, LedgerOptions::Of(1)));
+  for (int step = 0; step < 4; ++step) LOCKSTEP_RETURN_IF_ERROR(RunStep(*ledger, step));
+  LOCKSTEP_RETURN_IF_ERROR(ledger->BeginStep(4, Work()));
+  LOCKSTEP_RETURN_IF_ERROR(
+      ledger
           ->Record(LedgerEvent::Of(LedgerEventKind::kFailed, 4, "1", {{0, 50, 100}}, "MARKER-OOM"))
-          .ok());
+          .status());
   return path;
 }
 
@@ -255,7 +262,7 @@ bool SameReplay(const LedgerReplay& a, const LedgerReplay& b) {
 }
 
 TEST(LedgerTest, TruncationAndByteFlipsAreDetectedNeverSilentlyUsed) {
-  const std::string path = SmallLedger("flips");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string path, SmallLedger("flips"));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay original, Ledger::Replay(path));
   const std::string bytes = ReadFile(path);
   ASSERT_GT(bytes.size(), 4096u);
@@ -317,7 +324,7 @@ TEST(LedgerTest, EditsBehindTheTriggersAreDetected) {
        "planned disagrees"},
   };
   for (const Edit& edit : edits) {
-    const std::string path = SmallLedger("edited");
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string path, SmallLedger("edited"));
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
     ASSERT_EQ(sqlite3_exec(db, edit.sql, nullptr, nullptr, nullptr), SQLITE_OK)
@@ -329,35 +336,48 @@ TEST(LedgerTest, EditsBehindTheTriggersAreDetected) {
   }
 }
 
+// The body of a writer killed at a random point: commits step after step at `path`,
+// acknowledging each commit on `channel` only after CommitStep returned. Returns only on an error
+// (3: open, 4: a step, 5: the acknowledgement).
+int CommitUntilKilled(const std::string& path, bool fsync_at_commit, int channel) {
+  LedgerOptions options = LedgerOptions::Of(0);
+  options.fsync_at_commit = fsync_at_commit;
+  auto ledger = Ledger::OpenWriter(path, options);
+  if (!ledger.ok()) return 3;
+  for (int64_t step = 0;; ++step) {
+    if (!RunStep(**ledger, step).ok()) return 4;
+    if (write(channel, &step, sizeof(step)) != sizeof(step)) return 5;
+  }
+}
+
 TEST(LedgerTest, SigkillAtRandomPointsLosesNoCommittedStep) {
   std::mt19937_64 random(2026);
   for (int round = 0; round < 20; ++round) {
     const std::string path = TempPath(absl::StrCat("kill", round));
-    int pipe_fds[2];
-    ASSERT_EQ(pipe(pipe_fds), 0);
-    const pid_t child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      close(pipe_fds[0]);
-      LedgerOptions options = LedgerOptions::Of(0);
-      options.fsync_at_commit = round % 2 == 0;
-      auto ledger = Ledger::OpenWriter(path, options);
-      if (!ledger.ok()) _exit(3);
-      for (int64_t step = 0;; ++step) {
-        if (!RunStep(**ledger, step).ok()) _exit(4);
-        // Acknowledge the commit only after CommitStep returned.
-        if (write(pipe_fds[1], &step, sizeof(step)) != sizeof(step)) _exit(5);
-      }
-    }
-    close(pipe_fds[1]);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+        Child child, Child::Fork(ChildOptions::Reporting(), [&](int channel) {
+          return CommitUntilKilled(path, /*fsync_at_commit=*/round % 2 == 0, channel);
+        }));
     usleep(static_cast<useconds_t>(2000 + random() % 60000));
-    kill(child, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer stopped by itself: " << status;
-    int64_t acknowledged = -1, value = 0;
-    while (read(pipe_fds[0], &value, sizeof(value)) == sizeof(value)) acknowledged = value;
-    close(pipe_fds[0]);
+    child.Signal(SIGKILL);
+    child.Reap();
+    ASSERT_THAT(child.Describe(), ::testing::StartsWith("was killed by signal"))
+        << "the writer stopped by itself";
+    // Every acknowledgement written before the kill (the channel ends with the writer).
+    std::string acknowledgements;
+    for (;;) {
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+          const int open,
+          PollChannels({&child}, absl::Seconds(20), [&](size_t, absl::string_view bytes) {
+            acknowledgements.append(bytes.data(), bytes.size());
+          }));
+      if (open == 0) break;
+    }
+    int64_t acknowledged = -1;
+    for (size_t at = 0; at + sizeof(acknowledged) <= acknowledgements.size();
+         at += sizeof(acknowledged)) {
+      std::memcpy(&acknowledged, acknowledgements.data() + at, sizeof(acknowledged));
+    }
 
     absl::StatusOr<LedgerReplay> replay = Ledger::Replay(path);
     if (!replay.ok() && absl::IsNotFound(replay.status())) {

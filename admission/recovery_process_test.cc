@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "admission/gradient_staging.h"
 #include "admission/ledger.h"
+#include "admission/qualification/toy_objective.h"
 #include "admission/recovery.h"
-#include "admission/testing/toy_objective.h"
 #include "base/status_macros.h"
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
@@ -28,14 +29,14 @@ using ::testing::HasSubstr;
 
 constexpr int kCp = 2;
 
-planner::Plan TestPlan() {
+absl::StatusOr<planner::Plan> TestPlan() {
   std::vector<planner::Sequence> batch;
   const int64_t lengths[] = {40, 12, 64, 7, 33, 50, 20, 9, 61, 3};
   for (int i = 0; i < 10; ++i) batch.push_back(planner::Sequence::Of(lengths[i], 10 + i));
   planner::PlanOptions options;
   options.max_tokens_per_microbatch = 64;
   options.cp_size = kCp;
-  return *planner::PlanMicrobatches(batch, options);
+  return planner::PlanMicrobatches(batch, options);
 }
 
 std::string LedgerPath(const std::string& name, int rank) {
@@ -51,7 +52,7 @@ struct GroupRun {
 // after its backward.
 absl::StatusOr<GroupRun> RunGroupStep(collectives::Communicator& group, int cp_rank, Ledger* ledger,
                                       const std::function<absl::Status(const WaveWork&)>& fail) {
-  const planner::Plan plan = TestPlan();
+  LOCKSTEP_ASSIGN_OR_RETURN(const planner::Plan plan, TestPlan());
   LOCKSTEP_ASSIGN_OR_RETURN(ToyObjective objective, ToyObjective::Create(5, 1));
   LOCKSTEP_ASSIGN_OR_RETURN(MemoryModel model, MemoryModel::Of(1000, 10));
   GradientStaging staging(objective.parameters());
@@ -110,9 +111,10 @@ absl::Status OomOnOneReplicaBody(int rank, collectives::Communicator& world) {
                                             "the run without failures by ",
                                             difference, " (relative)"));
   }
+  LOCKSTEP_ASSIGN_OR_RETURN(const planner::Plan plan, TestPlan());
   LOCKSTEP_ASSIGN_OR_RETURN(LedgerReplay replay, Ledger::Replay(path));
   const StepReplay* step = replay.Find(1, 0);
-  if (step == nullptr || !step->committed || step->completed_tokens != TestPlan().num_tokens() ||
+  if (step == nullptr || !step->committed || step->completed_tokens != plan.num_tokens() ||
       !step->missing.empty()) {
     return absl::InternalError(absl::StrCat("rank ", rank,
                                             ": the ledger does not show every "
@@ -124,19 +126,20 @@ absl::Status OomOnOneReplicaBody(int rank, collectives::Communicator& world) {
 
 TEST(RecoveryProcessTest, OutOfMemoryOnOneReplicaOfCp2SplitsEveryReplicaTheSameWay) {
   std::vector<absl::Status> results =
-      collectives::RunProcessWorld({.world_size = 2}, OomOnOneReplicaBody);
+      collectives::RunProcessWorld(collectives::ProcessWorldOptions::Of(2), OomOnOneReplicaBody);
   for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << results[r];
 }
 
 TEST(RecoveryProcessTest, OutOfMemoryOnOneReplicaOfTp2Cp2SplitsEveryReplicaTheSameWay) {
   std::vector<absl::Status> results =
-      collectives::RunProcessWorld({.world_size = 4}, OomOnOneReplicaBody);
+      collectives::RunProcessWorld(collectives::ProcessWorldOptions::Of(4), OomOnOneReplicaBody);
   for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << r << results[r];
 }
 
 TEST(RecoveryProcessTest, AReplicaFailingOtherwiseStopsEveryReplica) {
   std::vector<absl::Status> results = collectives::RunProcessWorld(
-      {.world_size = 2}, [](int rank, collectives::Communicator& world) -> absl::Status {
+      collectives::ProcessWorldOptions::Of(2),
+      [](int rank, collectives::Communicator& world) -> absl::Status {
         return RunGroupStep(world, rank, nullptr,
                             [rank](const WaveWork& work) {
                               if (rank == 1 && work.ids[0] == "2")

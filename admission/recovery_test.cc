@@ -12,13 +12,15 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "admission/fake_memory_probe.h"
 #include "admission/gradient_staging.h"
-#include "admission/testing/toy_objective.h"
+#include "admission/qualification/toy_objective.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
 #include "c10/util/Exception.h"
@@ -33,16 +35,14 @@ namespace {
 using ::testing::HasSubstr;
 
 // Nine sequences of mixed lengths, budget 64: several microbatches of one or more sequences.
-planner::Plan TestPlan(int cp_size = 1) {
+absl::StatusOr<planner::Plan> TestPlan(int cp_size = 1) {
   std::vector<planner::Sequence> batch;
   const int64_t lengths[] = {40, 12, 64, 7, 33, 50, 20, 9, 61};
   for (int i = 0; i < 9; ++i) batch.push_back(planner::Sequence::Of(lengths[i], 10 + i));
   planner::PlanOptions options;
   options.max_tokens_per_microbatch = 64;
   options.cp_size = cp_size;
-  auto plan = planner::PlanMicrobatches(batch, options);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  return *plan;
+  return planner::PlanMicrobatches(batch, options);
 }
 
 std::string LedgerPath(const std::string& name) {
@@ -114,7 +114,7 @@ void ExpectLedgerCountsEveryTokenOnce(const std::string& path, const planner::Pl
 }
 
 TEST(RecoveryTest, InjectedOutOfMemoryAtFirstMiddleAndLastMicrobatchKeepsTheGradient) {
-  const planner::Plan plan = TestPlan();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, TestPlan());
   ASSERT_GE(plan.microbatches_size(), 4);
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       RunResult reference,
@@ -139,7 +139,7 @@ TEST(RecoveryTest, InjectedOutOfMemoryAtFirstMiddleAndLastMicrobatchKeepsTheGrad
 }
 
 TEST(RecoveryTest, RepeatedOutOfMemoryForcesTwoSplitLevels) {
-  const planner::Plan plan = TestPlan();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, TestPlan());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       RunResult reference, RunToyStep(
                                plan, [](const WaveWork&) { return false; }, nullptr, nullptr, 1));
@@ -157,6 +157,7 @@ TEST(RecoveryTest, RepeatedOutOfMemoryForcesTwoSplitLevels) {
   ExpectLedgerCountsEveryTokenOnce(path, plan);
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
   const StepReplay* step = replay.Find(7, 0);
+  ASSERT_NE(step, nullptr);
   EXPECT_EQ(step->event_counts[static_cast<int>(LedgerEventKind::kFailed)], 2);
   EXPECT_EQ(step->event_counts[static_cast<int>(LedgerEventKind::kSplit)], 2);
   EXPECT_EQ(step->event_counts[static_cast<int>(LedgerEventKind::kRetried)], 4);
@@ -165,7 +166,7 @@ TEST(RecoveryTest, RepeatedOutOfMemoryForcesTwoSplitLevels) {
 TEST(RecoveryTest, SplittingAWaveThatKeepsTheReductionOrderIsBitIdentical) {
   // The first wave holds several microbatches; its halves add the same gradients in the same
   // order (nothing accumulated before it), so the result is equal bit for bit.
-  const planner::Plan plan = TestPlan();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, TestPlan());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       RunResult reference,
       RunToyStep(
@@ -195,7 +196,7 @@ class LeakyStaging : public ContributionStaging {
 };
 
 TEST(RecoveryTest, NegativeControlADoubleCountedRetryIsCaught) {
-  const planner::Plan plan = TestPlan();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, TestPlan());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       RunResult reference, RunToyStep(
                                plan, [](const WaveWork&) { return false; }, nullptr, nullptr, 1));
@@ -209,16 +210,19 @@ TEST(RecoveryTest, NegativeControlADoubleCountedRetryIsCaught) {
 // The toy objective, a model, a staging of its gradient and a runner over them.
 class RecoveryRigTest : public ::testing::Test {
  protected:
+  void SetUp() override { LOCKSTEP_ASSERT_OK_AND_ASSIGN(plan_, TestPlan()); }
   void Build(const RecoveryOptions& options) {
-    objective_.emplace(*ToyObjective::Create(6, 3));
-    model_.emplace(*MemoryModel::Of(1000, 10));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ToyObjective objective, ToyObjective::Create(6, 3));
+    objective_.emplace(std::move(objective));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, MemoryModel::Of(1000, 10));
+    model_.emplace(std::move(model));
     staging_ = std::make_unique<GradientStaging>(objective_->parameters());
     auto runner = RecoveringRunner::Create(
         RecoveringRunner::Collaborators::Of(&*model_, staging_.get()), 1 << 20, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
     runner_ = std::move(*runner);
   }
-  const planner::Plan plan_ = TestPlan();
+  planner::Plan plan_;
   std::optional<ToyObjective> objective_;
   std::optional<MemoryModel> model_;
   std::unique_ptr<GradientStaging> staging_;
@@ -226,7 +230,7 @@ class RecoveryRigTest : public ::testing::Test {
 };
 
 TEST_F(RecoveryRigTest, ThrownOutOfMemoryIsRecoveredLikeAStatus) {
-  Build(RecoveryOptions::Defaults());
+  ASSERT_NO_FATAL_FAILURE(Build(RecoveryOptions::Defaults()));
   bool thrown = false;
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       StepReport report, runner_->RunStep(0, plan_, [&](const WaveWork& work) -> absl::Status {
@@ -245,7 +249,7 @@ TEST_F(RecoveryRigTest, OutOfMemoryBeyondTheSplitDepthFailsNamingTheMicrobatch) 
   RecoveryOptions options;
   options.max_split_depth = 2;
   options.admission.max_microbatches_per_wave = 1;
-  Build(options);
+  ASSERT_NO_FATAL_FAILURE(Build(options));
   absl::StatusOr<StepReport> report =
       runner_->RunStep(0, plan_, [&](const WaveWork& work) -> absl::Status {
         if (work.ids[0].rfind("0", 0) == 0) return absl::ResourceExhaustedError("always");
@@ -256,7 +260,7 @@ TEST_F(RecoveryRigTest, OutOfMemoryBeyondTheSplitDepthFailsNamingTheMicrobatch) 
 }
 
 TEST_F(RecoveryRigTest, OtherFailuresStopTheStepWithContextAndDropTheContribution) {
-  Build(RecoveryOptions::Defaults());
+  ASSERT_NO_FATAL_FAILURE(Build(RecoveryOptions::Defaults()));
   absl::StatusOr<StepReport> report =
       runner_->RunStep(3, plan_, [&](const WaveWork& work) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(objective_->RunWave(work, 0));

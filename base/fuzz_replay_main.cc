@@ -1,7 +1,9 @@
 // The main of a fuzz target built without libFuzzer (base/fuzz_target.h): replays the seeds and
-// their single-byte mutations and cuts (no arguments, or --seeds before files), and the files
+// their single-byte mutations and cuts (no arguments, or --seeds with files), and the files
 // and directories named on the command line, through LLVMFuzzerTestOneInput; --write_seeds=DIR
 // writes the seeds as files.
+//
+//   <target> [--seeds] [FILE_OR_DIR ...] | <target> --write_seeds=DIR
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -14,7 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "base/fuzz_target.h"
+#include "base/tool_flags.h"
+
+ABSL_FLAG(bool, seeds, false, "replay the seeds (and their mutations) before the files named");
+ABSL_FLAG(std::string, write_seeds, "", "write the seeds as files into this directory and exit");
 
 namespace {
 
@@ -78,39 +85,43 @@ int WriteSeeds(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 1) return ReplaySeeds();
-  const std::string flag = "--write_seeds=";
-  if (argc == 2 && std::strncmp(argv[1], flag.c_str(), flag.size()) == 0) {
-    return WriteSeeds(argv[1] + flag.size());
+  const std::vector<std::string> files = lockstep::ParseToolFlags(
+      argc, argv, "fuzz target replay: <target> [--seeds] [FILE_OR_DIR ...] | --write_seeds=DIR");
+  const std::string write_dir = absl::GetFlag(FLAGS_write_seeds);
+  if (!write_dir.empty()) {
+    if (!files.empty() || absl::GetFlag(FLAGS_seeds)) {
+      std::fprintf(stderr, "--write_seeds=%s takes no files and no --seeds\n", write_dir.c_str());
+      return lockstep::kBadInputExitCode;
+    }
+    return WriteSeeds(write_dir);
   }
+  if (files.empty()) return ReplaySeeds();
   // --seeds first: the seeds and their mutations, then the files that follow.
-  int first = 1;
-  if (std::strcmp(argv[1], "--seeds") == 0) {
+  if (absl::GetFlag(FLAGS_seeds)) {
     if (const int status = ReplaySeeds(); status != 0) return status;
-    first = 2;
   }
   size_t runs = 0;
-  for (int a = first; a < argc; ++a) {
+  for (const std::string& file : files) {
     std::vector<std::string> paths;
     struct stat info;
-    if (stat(argv[a], &info) != 0) {
-      std::fprintf(stderr, "%s: %s\n", argv[a], std::strerror(errno));
+    if (stat(file.c_str(), &info) != 0) {
+      std::fprintf(stderr, "%s: %s\n", file.c_str(), std::strerror(errno));
       return 1;
     }
     if (S_ISDIR(info.st_mode)) {
       // The directory's entries other than . and .. (a libFuzzer corpus is flat).
-      DIR* dir = opendir(argv[a]);
+      DIR* dir = opendir(file.c_str());
       if (dir == nullptr) {
-        std::fprintf(stderr, "%s: %s\n", argv[a], std::strerror(errno));
+        std::fprintf(stderr, "%s: %s\n", file.c_str(), std::strerror(errno));
         return 1;
       }
       while (const dirent* entry = readdir(dir)) {
         const std::string name = entry->d_name;
-        if (name != "." && name != "..") paths.push_back(std::string(argv[a]) + "/" + name);
+        if (name != "." && name != "..") paths.push_back(file + "/" + name);
       }
       closedir(dir);
     } else {
-      paths.push_back(argv[a]);
+      paths.push_back(file);
     }
     for (const std::string& path : paths) {
       std::string input;

@@ -11,8 +11,11 @@
 namespace lockstep {
 namespace {
 
-// A failed OpenSSL call or a misuse of DigestWord is a broken invariant. This file checks with
-// its own abort instead of base/logging.h so that libraries without LibTorch (planner) can hash.
+// A failed OpenSSL call (it fails only when OpenSSL cannot allocate its few bytes of context) is a
+// broken invariant, not a condition a caller can cause. This file checks with
+// its own abort instead of LOCKSTEP_CHECK so that //base:sha256 depends only on Abseil and
+// OpenSSL: base/logging.h would add glog to every user, among them the planner core, which links
+// neither glog nor LibTorch.
 void Check(bool condition, const char* what) {
   if (condition) return;
   std::fprintf(stderr, "base/sha256: check failed: %s\n", what);
@@ -47,6 +50,8 @@ Sha256Digest Sha256Hasher::Finish() {
   Check(EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), digest.data(), &length) == 1,
         "EVP_DigestFinal_ex");
   Check(length == digest.size(), "digest length");
+  Check(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1,
+        "EVP_DigestInit_ex");
   return digest;
 }
 
@@ -65,14 +70,6 @@ std::string DigestHex(const Sha256Digest& digest, int bytes) {
   bytes = std::min<int>(bytes, digest.size());
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(digest.data()), bytes));
-}
-
-uint64_t DigestWord(const Sha256Digest& digest, int byte_offset) {
-  Check(byte_offset >= 0 && byte_offset + 8 <= static_cast<int>(digest.size()),
-        "DigestWord: byte_offset in [0, 24]");
-  uint64_t word = 0;
-  for (int i = 0; i < 8; ++i) word |= static_cast<uint64_t>(digest[byte_offset + i]) << (8 * i);
-  return word;
 }
 
 }  // namespace lockstep

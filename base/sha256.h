@@ -43,7 +43,8 @@ class Sha256Hasher {
   void AppendLength(uint64_t length);
   // Hashes `part` framed as Sha256Framed frames each part: its length, then its bytes.
   void AppendFramed(absl::string_view part);
-  // The digest of everything appended. Precondition: called once; nothing is appended after.
+  // The digest of everything appended since construction or the previous Finish; the hasher then
+  // starts over, as if new (so a second Finish gives the digest of nothing appended).
   Sha256Digest Finish();
 
  private:
@@ -53,8 +54,15 @@ class Sha256Hasher {
 // Lowercase hex of the first `bytes` bytes of a digest.
 std::string DigestHex(const Sha256Digest& digest, int bytes = 32);
 
-// The first 8 bytes of `digest` from `byte_offset` on, as a little-endian integer.
-uint64_t DigestWord(const Sha256Digest& digest, int byte_offset);
+// The 8 bytes of `digest` from kByteOffset on, as a little-endian integer. The offset is a
+// template argument so that one outside the digest is a compile error, not a runtime failure.
+template <int kByteOffset>
+uint64_t DigestWord(const Sha256Digest& digest) {
+  static_assert(kByteOffset >= 0 && kByteOffset + 8 <= 32, "DigestWord: offset in [0, 24]");
+  uint64_t word = 0;
+  for (int i = 0; i < 8; ++i) word |= static_cast<uint64_t>(digest[kByteOffset + i]) << (8 * i);
+  return word;
+}
 
 }  // namespace lockstep
 

@@ -36,8 +36,20 @@ TEST(Sha256Test, DigestWordIsLittleEndian) {
   Sha256Digest d{};
   d[3] = 1;
   d[4] = 2;
-  EXPECT_EQ(DigestWord(d, 3), 0x0201u);
+  EXPECT_EQ(DigestWord<3>(d), 0x0201u);
+  EXPECT_EQ(DigestWord<24>(d), 0u);
   EXPECT_EQ(DigestHex(d, 5), "0000000102");
+}
+
+TEST(Sha256Test, FinishStartsOver) {
+  Sha256Hasher hasher;
+  hasher.AppendFramed("first");
+  EXPECT_EQ(hasher.Finish(), Sha256Framed({"first"}));
+  // A second Finish is the digest of nothing appended, not a failure.
+  EXPECT_EQ(hasher.Finish(), Sha256Framed({}));
+  // Appending after Finish starts a new message.
+  hasher.AppendFramed("second");
+  EXPECT_EQ(hasher.Finish(), Sha256Framed({"second"}));
 }
 
 }  // namespace

@@ -12,8 +12,8 @@
 //   any other c10::Error or std::exception           -> kInternal
 // and starts the message with `context` ("<context>: <exception text>", without C++ backtrace)
 // so the caller learns what was being attempted. Communicators then tell a peer that did not
-// arrive in time from one that is gone by their own clock (collectives/internal/comm_base.h),
-// since c10d reports both as the same exception type.
+// arrive in time from one that is gone by their own clock, since c10d reports both as the same
+// exception type (collectives/internal/communicator_base.h).
 //
 // Note [Context order]: a status message reads from the innermost operation outwards. CallTorch
 // writes "<operation>: <what failed>"; each caller on the way up appends its own context with

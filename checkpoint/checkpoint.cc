@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "rng/generators.h"
+#include "rng/rank_streams.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/function.h"
 #include "torch/csrc/autograd/functions/utils.h"
@@ -60,8 +61,24 @@ bool IsDifferentiable(const at::Tensor& t) {
   return t.defined() && (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
 }
 
+// Backward can only report by throwing. The exception's type carries the status's code, so that
+// the caller's CallTorch (base/torch_boundary.h) maps it back: out of memory stays
+// kResourceExhausted (admission recovers from it), bad input stays kInvalidArgument.
 [[noreturn]] void Fail(const absl::Status& status) {
-  TORCH_CHECK(false, "lockstep::Checkpoint backward: ", std::string(status.message()));
+  const std::string message = absl::StrCat("lockstep::Checkpoint backward: ", status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+      break;
+    case absl::StatusCode::kInvalidArgument:
+      TORCH_CHECK_VALUE(false, message);
+      break;
+    case absl::StatusCode::kUnimplemented:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+      break;
+    default:
+      TORCH_CHECK(false, message);
+  }
   __builtin_unreachable();
 }
 
@@ -181,7 +198,10 @@ class CheckpointBackward : public torch::autograd::Node {
   std::vector<size_t> output_index_;
 };
 
-std::shared_ptr<const RngStateSaver> DefaultSaver(const std::vector<at::Tensor>& inputs) {
+// The default generators `fn` may draw from (CPU, and the CUDA device of the inputs or the
+// current one), in streams of their own: no named streams are saved.
+absl::StatusOr<std::shared_ptr<const RngStateSaver>> DefaultSaver(
+    const std::vector<at::Tensor>& inputs) {
   rng::DefaultGenerators generators = rng::DefaultGenerators::CpuOnly();
   for (const at::Tensor& input : inputs) {
     if (input.defined() && input.is_cuda()) {
@@ -194,7 +214,9 @@ std::shared_ptr<const RngStateSaver> DefaultSaver(const std::vector<at::Tensor>&
     generators = rng::DefaultGenerators::WithCudaDevice(
         static_cast<int>(at::detail::getCUDAHooks().current_device()));
   }
-  return StreamSnapshots::DefaultGeneratorsOnly(generators);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<rng::RankStreams> streams,
+                            rng::RankStreams::Create(generators));
+  return std::shared_ptr<const RngStateSaver>(StreamSnapshots::Of(std::move(streams)));
 }
 
 bool AliasesAny(const at::Tensor& output, const std::vector<at::Tensor>& tensors, size_t count) {
@@ -214,8 +236,12 @@ absl::StatusOr<std::vector<at::Tensor>> Checkpoint(const CheckpointedFunction& f
     return CallTorch("running a checkpointed function without grad",
                      [&]() -> absl::StatusOr<std::vector<at::Tensor>> { return fn(inputs); });
   }
-  std::shared_ptr<const RngStateSaver> saver =
-      options.rng_streams != nullptr ? options.rng_streams : DefaultSaver(inputs);
+  std::shared_ptr<const RngStateSaver> saver = options.rng_streams;
+  if (saver == nullptr) {
+    absl::StatusOr<std::shared_ptr<const RngStateSaver>> fallback = DefaultSaver(inputs);
+    if (!fallback.ok()) return Annotate(fallback.status(), "Checkpoint: the default RNG saver");
+    saver = *std::move(fallback);
+  }
   absl::StatusOr<std::unique_ptr<SavedRngState>> forward_rng = saver->Save();
   if (!forward_rng.ok()) {
     return Annotate(forward_rng.status(), "Checkpoint: saving the RNG streams for recompute");

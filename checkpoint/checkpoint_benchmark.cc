@@ -22,6 +22,7 @@
 #include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
 #include "checkpoint/checkpoint.h"
+#include "rng/rank_streams.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDAFunctions.h"
@@ -120,7 +121,13 @@ void BM_StepPaired(benchmark::State& state) {
   }
   Block block(cuda);
   CheckpointOptions with_rng, without_rng;
-  with_rng.rng_streams = StreamSnapshots::DefaultGeneratorsOnly(block.generators);
+  absl::StatusOr<std::shared_ptr<rng::RankStreams>> streams =
+      rng::RankStreams::Create(block.generators);
+  if (!streams.ok()) {
+    state.SkipWithError(std::string(streams.status().message()).c_str());
+    return;
+  }
+  with_rng.rng_streams = StreamSnapshots::Of(*streams);
   without_rng.rng_streams = std::make_shared<NoRngReplay>();
   for (int warm = 0; warm < 3; ++warm) {
     for (Mode mode : {kPlain, kWithRng, kWithoutRng}) {

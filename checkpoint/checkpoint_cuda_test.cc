@@ -4,10 +4,13 @@
 // refusal path of a LibTorch without graph-safe generator state (selected by a switch).
 #include <memory>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "ATen/cuda/CUDAGraph.h"
+#include "absl/status/statusor.h"
+#include "base/status_testutil.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "checkpoint/checkpoint.h"
@@ -61,16 +64,29 @@ Fn DeterministicBlock(const Params& p) {
   };
 }
 
+// The first output of a checkpointed call, or its error.
+absl::StatusOr<at::Tensor> FirstOutput(absl::StatusOr<std::vector<at::Tensor>> outputs) {
+  if (!outputs.ok()) return outputs.status();
+  return std::move(outputs->at(0));
+}
+
 struct Result {
   at::Tensor out, x_grad, w1_grad, w2_grad;
 };
 
-Result Step(Params p, bool checkpointed, const CheckpointOptions& options = {}) {
+absl::StatusOr<Result> Step(Params p, bool checkpointed, const CheckpointOptions& options = {}) {
   Fn block = DropoutBlock(p);
-  at::Tensor out = checkpointed ? (*Checkpoint(block, {p.x}, options))[0] : block({p.x})[0];
+  at::Tensor out;
+  if (checkpointed) {
+    absl::StatusOr<at::Tensor> first = FirstOutput(Checkpoint(block, {p.x}, options));
+    if (!first.ok()) return first.status();
+    out = *std::move(first);
+  } else {
+    out = block({p.x})[0];
+  }
   (void)at::rand({16}, kCuda);  // the caller draws between forward and backward
   out.backward(p.grad);
-  return {out.detach().cpu(), p.x.grad().cpu(), p.w1.grad().cpu(), p.w2.grad().cpu()};
+  return Result{out.detach().cpu(), p.x.grad().cpu(), p.w1.grad().cpu(), p.w2.grad().cpu()};
 }
 
 bool Same(const Result& a, const Result& b) {
@@ -80,13 +96,15 @@ bool Same(const Result& a, const Result& b) {
 
 TEST(CheckpointCudaTest, GradientsAndLiveGeneratorMatchThePlainBlock) {
   const Params p = Params::Make();
-  const rng::RngSnapshot start = *rng::RngSnapshot::Capture(kGpu);
-  const Result plain = Step(p.Copy(), false);
-  const rng::RngSnapshot plain_after = *rng::RngSnapshot::Capture(kGpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot start, rng::RngSnapshot::Capture(kGpu));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Result plain, Step(p.Copy(), false));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot plain_after,
+                                rng::RngSnapshot::Capture(kGpu));
   ASSERT_TRUE(start.Restore().ok());
-  const Result checkpointed = Step(p.Copy(), true);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Result checkpointed, Step(p.Copy(), true));
   EXPECT_TRUE(Same(plain, checkpointed));
-  EXPECT_EQ(*rng::RngSnapshot::Capture(kGpu), plain_after);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot after, rng::RngSnapshot::Capture(kGpu));
+  EXPECT_EQ(after, plain_after);
   // The aliasing-snapshot negative control of this check is qualification_cuda_test (tools/).
   EXPECT_EQ(RetainedState().nodes, 0);
 }
@@ -111,7 +129,16 @@ absl::StatusOr<CapturedStep> CheckpointedStep(const Params& p, bool nested) {
     return std::vector<at::Tensor>{at::dropout(at::relu(at::matmul(in[0], p.w1)), 0.4, true)};
   };
   Fn block = [p, inner, nested](const std::vector<at::Tensor>& in) {
-    at::Tensor h = nested ? (*Checkpoint(inner, in))[0] : inner(in)[0];
+    at::Tensor h;
+    if (nested) {
+      // No ASSERT in a block: an error becomes an exception, which Checkpoint reports in
+      // forward and backward rethrows, failing the test either way.
+      absl::StatusOr<at::Tensor> first = FirstOutput(Checkpoint(inner, in));
+      if (!first.ok()) throw std::runtime_error(first.status().ToString());
+      h = *std::move(first);
+    } else {
+      h = inner(in)[0];
+    }
     return std::vector<at::Tensor>{at::matmul(h, p.w2) + 0.01 * at::rand({32, 64}, kCuda)};
   };
   absl::StatusOr<std::vector<at::Tensor>> out = Checkpoint(block, {p.x});
@@ -151,13 +178,14 @@ void CaptureAndReplay(bool nested) {
   EXPECT_EQ(RetainedState().nodes, 0) << "backward in the graph released its state";
 
   auto replay_and_compare = [&](const char* when) {
-    const rng::RngSnapshot before = *rng::RngSnapshot::Capture(kGpu);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot before, rng::RngSnapshot::Capture(kGpu));
     graph.replay();
     torch::cuda::synchronize();
     const Result replayed{step->out.detach().cpu(), captured.x.grad().cpu(),
                           captured.w1.grad().cpu(), captured.w2.grad().cpu()};
     const at::Tensor replayed_between = step->between.cpu();
-    const rng::RngSnapshot after_replay = *rng::RngSnapshot::Capture(kGpu);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot after_replay,
+                                  rng::RngSnapshot::Capture(kGpu));
     ASSERT_TRUE(before.Restore().ok());
     Params eager = captured.Copy();
     const CapturedStep reference_step = PlainStep(eager);
@@ -165,13 +193,15 @@ void CaptureAndReplay(bool nested) {
                            eager.w1.grad().cpu(), eager.w2.grad().cpu()};
     EXPECT_TRUE(Same(replayed, reference)) << when;
     EXPECT_TRUE(at::equal(replayed_between, reference_step.between.cpu())) << when;
-    EXPECT_EQ(*rng::RngSnapshot::Capture(kGpu), after_replay)
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot after_eager,
+                                  rng::RngSnapshot::Capture(kGpu));
+    EXPECT_EQ(after_eager, after_replay)
         << when << ": the graph advanced the generator unlike the eager block";
   };
   replay_and_compare("first replay");
   replay_and_compare("second replay");
   // An eager checkpoint in between leaves the generator where a replay expects it.
-  (void)Step(captured.Copy(), true);
+  LOCKSTEP_ASSERT_OK(Step(captured.Copy(), true));
   replay_and_compare("replay after an eager checkpoint");
 }
 
@@ -191,7 +221,9 @@ TEST(CheckpointCudaTest, WithoutGraphSafeStateStochasticCaptureIsRefusedDetermin
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    (*Checkpoint(deterministic, {p.x}))[0].backward(p.grad);  // warm-up
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor warm_up,
+                                  FirstOutput(Checkpoint(deterministic, {p.x})));
+    warm_up.backward(p.grad);  // warm-up
     for (at::Tensor t : {p.w1, p.w2, p.x}) t.mutable_grad() = at::Tensor();
     torch::cuda::synchronize();
   }
@@ -244,7 +276,8 @@ TEST(CheckpointCudaTest, RecomputeErrorInsideACaptureRestoresTheGraphsGeneratorS
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    (*Checkpoint(block, {p.x}))[0].backward(p.grad);  // warm-up: calls 1 and 2
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor warm_up, FirstOutput(Checkpoint(block, {p.x})));
+    warm_up.backward(p.grad);  // warm-up: calls 1 and 2
     torch::cuda::synchronize();
   }
   bool threw = false;
@@ -267,7 +300,7 @@ TEST(CheckpointCudaTest, RecomputeErrorInsideACaptureRestoresTheGraphsGeneratorS
   ASSERT_TRUE(forward.ok()) << forward;
   EXPECT_TRUE(threw);
   EXPECT_EQ(RetainedState().nodes, 0);
-  const rng::RngSnapshot before = *rng::RngSnapshot::Capture(kGpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot before, rng::RngSnapshot::Capture(kGpu));
   at::Tensor eager;
   EXPECT_NO_THROW(eager = at::rand({8}, kCuda)) << "a rewound capture-only state was left live";
   graph.replay();
@@ -283,7 +316,7 @@ TEST(CheckpointCudaTest, DefaultStreamsCoverTheCurrentDeviceWithoutCudaInputs) {
     at::Tensor mask = at::dropout(at::ones({64}, kCuda), 0.5, true).cpu();
     return std::vector<at::Tensor>{in[0] * mask};
   };
-  at::Tensor out = (*Checkpoint(block, {scale}))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(block, {scale})));
   out.sum().backward();
   EXPECT_TRUE(at::equal(scale.grad(), out.detach())) << "recompute drew another CUDA mask";
 }

@@ -6,10 +6,14 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "base/status_testutil.h"
+#include "base/torch_boundary.h"
 #include "c10/util/Exception.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,7 +28,15 @@ namespace {
 
 const rng::DefaultGenerators kCpu = rng::DefaultGenerators::CpuOnly();
 
-std::shared_ptr<rng::RankStreams> Streams() { return rng::RankStreams::Create(kCpu).value(); }
+absl::StatusOr<std::shared_ptr<rng::RankStreams>> Streams() {
+  return rng::RankStreams::Create(kCpu);
+}
+
+// The first output of a checkpointed call, or its error.
+absl::StatusOr<at::Tensor> FirstOutput(absl::StatusOr<std::vector<at::Tensor>> outputs) {
+  if (!outputs.ok()) return outputs.status();
+  return std::move(outputs->at(0));
+}
 
 // A two-layer MLP block with dropout and an additive random draw: every call draws.
 struct Mlp {
@@ -83,11 +95,18 @@ Step RunStep(Mlp& mlp, const Block& block, bool checkpointed, uint64_t seed,
   if (input_requires_grad) step.x_grad = x.grad().clone();
   step.w1_grad = mlp.w1.grad().clone();
   step.w2_grad = mlp.w2.grad().clone();
-  step.after = *rng::RngSnapshot::Capture(kCpu);
+  absl::StatusOr<rng::RngSnapshot> after = rng::RngSnapshot::Capture(kCpu);
+  if (!after.ok()) {
+    ADD_FAILURE() << after.status();
+    return step;
+  }
+  step.after = *std::move(after);
   return step;
 }
 
 void ExpectBitIdentical(const Step& plain, const Step& checkpointed) {
+  // A step that failed (reported where it failed) has no snapshot: nothing to compare.
+  ASSERT_TRUE(plain.after.has_value() && checkpointed.after.has_value()) << "a step failed";
   ASSERT_EQ(plain.outputs.size(), checkpointed.outputs.size());
   for (size_t i = 0; i < plain.outputs.size(); ++i) {
     EXPECT_TRUE(at::equal(plain.outputs[i], checkpointed.outputs[i])) << "output " << i;
@@ -127,13 +146,17 @@ TEST(CheckpointTest, TwoConsecutiveStepsMatchThePlainBlock) {
     std::vector<Step>& steps = use_checkpoint ? checkpointed : plain;
     for (int i = 0; i < 2; ++i) {
       Step step;
-      step.outputs = use_checkpoint ? *Checkpoint(block, {x}) : block({x});
+      if (use_checkpoint) {
+        LOCKSTEP_ASSERT_OK_AND_ASSIGN(step.outputs, Checkpoint(block, {x}));
+      } else {
+        step.outputs = block({x});
+      }
       (step.outputs[0] * LossWeights(step.outputs[0])).sum().backward();
       step.w1_grad = mlp.w1.grad().clone();  // accumulated over the steps
       step.x_grad = x.grad().clone();
       step.w2_grad = mlp.w2.grad().clone();
       step.drawn_between = at::rand({2});
-      step.after = *rng::RngSnapshot::Capture(kCpu);
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(step.after, rng::RngSnapshot::Capture(kCpu));
       steps.push_back(step);
     }
   }
@@ -143,7 +166,7 @@ TEST(CheckpointTest, TwoConsecutiveStepsMatchThePlainBlock) {
 
 TEST(CheckpointTest, NamedAndDefaultStreamsSharingOneGeneratorReplay) {
   Mlp mlp;
-  std::shared_ptr<rng::RankStreams> streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> streams, Streams());
   rng::NamedStreamTracker& tracker = streams->named();
   // Two names and the default stream, all drawing through the one CPU generator.
   Block block = [&](const std::vector<at::Tensor>& in) {
@@ -181,7 +204,7 @@ TEST(CheckpointTest, NamedAndDefaultStreamsSharingOneGeneratorReplay) {
 }
 
 TEST(CheckpointTest, OnlyTheNamedStreamsAskedForAreRewound) {
-  std::shared_ptr<rng::RankStreams> streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> streams, Streams());
   rng::NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tensor-parallel", 1234).ok());
   ASSERT_TRUE(tracker.Add("expert", 99).ok());
@@ -195,7 +218,7 @@ TEST(CheckpointTest, OnlyTheNamedStreamsAskedForAreRewound) {
   CheckpointOptions options;
   options.rng_streams = StreamSnapshots::Of(streams, {"tensor-parallel"});
   at::Tensor x = at::ones({64}).requires_grad_();
-  at::Tensor out = (*Checkpoint(block, {x}, options))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(block, {x}, options)));
   out.sum().backward();
   // "expert" was not saved, so the recompute drew the stream's next mask, not the forward's:
   // the gradient is exactly the recompute mask's.
@@ -214,7 +237,7 @@ TEST(CheckpointTest, OnlyTheNamedStreamsAskedForAreRewound) {
 // A named stream saved in forward and removed before backward: the recompute cannot rewind it,
 // so backward fails naming it, and the live streams are left as they were.
 TEST(CheckpointTest, ANamedStreamRemovedBeforeBackwardIsNamed) {
-  std::shared_ptr<rng::RankStreams> streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> streams, Streams());
   ASSERT_TRUE(streams->named().Add("expert", 5).ok());
   Block block = [&](const std::vector<at::Tensor>& in) {
     auto fork = streams->named().Fork("expert");
@@ -226,14 +249,15 @@ TEST(CheckpointTest, ANamedStreamRemovedBeforeBackwardIsNamed) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> out, Checkpoint(block, {x}, options));
   ASSERT_TRUE(streams->named().Reset().ok());
   ASSERT_TRUE(streams->named().Add("other", 6).ok());
-  const rng::RngSnapshot live = rng::RngSnapshot::Capture(kCpu).value();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot live, rng::RngSnapshot::Capture(kCpu));
   try {
     out[0].sum().backward();
     ADD_FAILURE() << "backward rewound a stream that no longer exists";
   } catch (const c10::Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("named RNG stream 'expert' was removed"));
   }
-  EXPECT_EQ(rng::RngSnapshot::Capture(kCpu).value(), live);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot after, rng::RngSnapshot::Capture(kCpu));
+  EXPECT_EQ(after, live);
   EXPECT_TRUE(streams->named().Has("other"));
 }
 
@@ -247,7 +271,11 @@ TEST(CheckpointTest, NestedCheckpointsMatchThePlainBlock) {
     return std::vector<at::Tensor>{at::matmul(h, mlp.w2) + 0.01 * at::rand({in[0].size(0), 8})};
   };
   Block nested_block = [&](const std::vector<at::Tensor>& in) {
-    at::Tensor h = (*Checkpoint(inner, in))[0];
+    // No ASSERT in a block: an error becomes an exception, which Checkpoint reports in forward
+    // and backward rethrows, failing the test either way.
+    absl::StatusOr<std::vector<at::Tensor>> inner_out = Checkpoint(inner, in);
+    if (!inner_out.ok()) throw std::runtime_error(inner_out.status().ToString());
+    at::Tensor h = (*inner_out)[0];
     return std::vector<at::Tensor>{at::matmul(h, mlp.w2) + 0.01 * at::rand({in[0].size(0), 8})};
   };
   const Step plain = RunStep(mlp, plain_block, false, 3);
@@ -274,28 +302,33 @@ TEST(CheckpointTest, NonTensorArgumentsTupleOutputsAndInputsWithoutGrad) {
 TEST(CheckpointTest, InsideAModelStreamScopeRecomputeSeesTheModelStream) {
   Mlp mlp;
   Block block = MlpBlock(mlp);
-  auto run = [&](bool checkpointed) {
-    std::shared_ptr<rng::RankStreams> model = Streams();
+  auto run = [&](bool checkpointed, Step& step) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> model, Streams());
     mlp.ZeroGrad();
     at::manual_seed(40);
     at::Tensor x = at::randn({4, 16}).requires_grad_();
     std::vector<at::Tensor> out;
     {
       auto scope = rng::ModelStreamScope::Enter(*model);
-      EXPECT_TRUE(scope.ok());
-      out = checkpointed ? *Checkpoint(block, {x}) : block({x});
+      ASSERT_TRUE(scope.ok()) << scope.status();
+      if (checkpointed) {
+        LOCKSTEP_ASSERT_OK_AND_ASSIGN(out, Checkpoint(block, {x}));
+      } else {
+        out = block({x});
+      }
     }
-    Step step;
     step.outputs = out;
     step.drawn_between = at::rand({3});               // the caller's stream
     (out[0] * LossWeights(out[0])).sum().backward();  // outside the scope
     step.x_grad = x.grad().clone();
     step.w1_grad = mlp.w1.grad().clone();
     step.w2_grad = mlp.w2.grad().clone();
-    step.after = *rng::RngSnapshot::Capture(kCpu);
-    return step;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(step.after, rng::RngSnapshot::Capture(kCpu));
   };
-  ExpectBitIdentical(run(false), run(true));
+  Step plain, checkpointed;
+  ASSERT_NO_FATAL_FAILURE(run(false, plain));
+  ASSERT_NO_FATAL_FAILURE(run(true, checkpointed));
+  ExpectBitIdentical(plain, checkpointed);
 }
 
 TEST(CheckpointTest, NothingIsRetainedAfterBackwardEvenWhileTheOutputIsKept) {
@@ -303,7 +336,7 @@ TEST(CheckpointTest, NothingIsRetainedAfterBackwardEvenWhileTheOutputIsKept) {
   Mlp mlp;
   Block block = MlpBlock(mlp);
   at::Tensor x = at::randn({4, 16}).requires_grad_();
-  at::Tensor kept = (*Checkpoint(block, {x}))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor kept, FirstOutput(Checkpoint(block, {x})));
   EXPECT_EQ(RetainedState().nodes, 1);
   EXPECT_GT(RetainedState().rng_bytes, 0);
   kept.sum().backward();
@@ -312,7 +345,7 @@ TEST(CheckpointTest, NothingIsRetainedAfterBackwardEvenWhileTheOutputIsKept) {
   EXPECT_EQ(RetainedState().rng_bytes, 0);
 
   // A graph freed without backward releases its state too.
-  { at::Tensor dropped = (*Checkpoint(block, {x}))[0]; }
+  { LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor dropped, FirstOutput(Checkpoint(block, {x}))); }
   EXPECT_EQ(RetainedState().nodes, 0);
   EXPECT_EQ(RetainedState().rng_bytes, 0);
 }
@@ -321,7 +354,7 @@ TEST(CheckpointTest, SecondBackwardThroughAFreedGraphIsRefused) {
   Mlp mlp;
   Block block = MlpBlock(mlp);
   at::Tensor x = at::randn({4, 16}).requires_grad_();
-  at::Tensor out = (*Checkpoint(block, {x}))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(block, {x})));
   at::Tensor grad = at::ones_like(out);
   out.backward(grad);
   try {
@@ -336,7 +369,7 @@ TEST(CheckpointTest, RetainedGraphReplaysTheSameMaskOnASecondBackward) {
   Mlp mlp;
   Block block = MlpBlock(mlp);
   at::Tensor x = at::randn({4, 16}).requires_grad_();
-  at::Tensor out = (*Checkpoint(block, {x}))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(block, {x})));
   at::Tensor grad = LossWeights(out);
   out.backward(grad, /*retain_graph=*/true);
   at::Tensor once = mlp.w1.grad().clone();
@@ -362,7 +395,7 @@ TEST(CheckpointTest, ReturnedParametersAndViewsGetHistoryOnCopies) {
 TEST(CheckpointTest, HigherOrderGradientsAreRefused) {
   Mlp mlp;
   at::Tensor x = at::randn({4, 16}).requires_grad_();
-  at::Tensor out = (*Checkpoint(MlpBlock(mlp), {x}))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(MlpBlock(mlp), {x})));
   try {
     (void)torch::autograd::grad({out.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
     FAIL() << "create_graph=true was accepted";
@@ -379,11 +412,14 @@ TEST(CheckpointTest, RecomputeThatThrowsRestoresTheLiveStreams) {
     return std::vector<at::Tensor>{masked};
   };
   at::Tensor x = at::ones({32}).requires_grad_();
-  at::Tensor out = (*Checkpoint(block, {x}))[0];
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(block, {x})));
   (void)at::rand({5});
-  const rng::RngSnapshot before_backward = *rng::RngSnapshot::Capture(kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot before_backward,
+                                rng::RngSnapshot::Capture(kCpu));
   EXPECT_THROW(out.sum().backward(), std::exception);
-  EXPECT_EQ(*rng::RngSnapshot::Capture(kCpu), before_backward);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const rng::RngSnapshot after_backward,
+                                rng::RngSnapshot::Capture(kCpu));
+  EXPECT_EQ(after_backward, before_backward);
 }
 
 TEST(CheckpointTest, ForwardErrorsComeBackAsStatusAndRetainNothing) {
@@ -396,6 +432,36 @@ TEST(CheckpointTest, ForwardErrorsComeBackAsStatusAndRetainNothing) {
   EXPECT_THAT(out.status().message(), ::testing::HasSubstr("running the checkpointed function"));
   EXPECT_EQ(RetainedState().nodes, 0);
   EXPECT_EQ(Checkpoint(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A saver whose saved state cannot be written back: out of memory, as a device allocation would.
+class OutOfMemoryOnRestore : public RngStateSaver {
+ public:
+  absl::StatusOr<std::unique_ptr<SavedRngState>> Save() const override {
+    class Saved : public SavedRngState {
+     public:
+      absl::Status Restore() const override {
+        return absl::ResourceExhaustedError("no memory left to restore the streams");
+      }
+      size_t ByteSize() const override { return 0; }
+    };
+    return std::unique_ptr<SavedRngState>(new Saved());
+  }
+};
+
+// Backward reports by throwing; the exception's type keeps the status's code, so the caller's
+// boundary sees out of memory as kResourceExhausted (what admission recovers from), not kInternal.
+TEST(CheckpointTest, OutOfMemoryInBackwardStaysResourceExhausted) {
+  CheckpointOptions options;
+  options.rng_streams = std::make_shared<OutOfMemoryOnRestore>();
+  Block block = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{in[0] * 2};
+  };
+  at::Tensor x = at::ones({4}).requires_grad_();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor out, FirstOutput(Checkpoint(block, {x}, options)));
+  const absl::Status backward = CallTorch("backward", [&] { out.sum().backward(); });
+  EXPECT_EQ(backward.code(), absl::StatusCode::kResourceExhausted) << backward;
+  EXPECT_THAT(backward.message(), ::testing::HasSubstr("no memory left to restore the streams"));
 }
 
 }  // namespace

@@ -89,35 +89,33 @@ class SavedStreams : public SavedRngState {
 
 std::shared_ptr<StreamSnapshots> StreamSnapshots::Of(std::shared_ptr<rng::RankStreams> streams,
                                                      std::vector<std::string> names) {
-  const rng::DefaultGenerators generators = streams->generators();
   return std::shared_ptr<StreamSnapshots>(
-      new StreamSnapshots(generators, std::move(streams), std::move(names)));
-}
-
-std::shared_ptr<StreamSnapshots> StreamSnapshots::DefaultGeneratorsOnly(
-    rng::DefaultGenerators generators) {
-  return std::shared_ptr<StreamSnapshots>(new StreamSnapshots(generators, nullptr, {}));
+      new StreamSnapshots(std::move(streams), std::move(names)));
 }
 
 absl::StatusOr<std::unique_ptr<SavedRngState>> StreamSnapshots::Save() const {
+  if (streams_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "saving RNG streams for recompute: the StreamSnapshots saver was made without a "
+        "RankStreams (StreamSnapshots::Of(nullptr))");
+  }
   std::map<std::string, rng::NamedStreamTracker::Stream> named;
-  if (streams_ != nullptr) {
-    const auto& held = streams_->named().streams();
-    if (names_.empty()) {
-      named = held;
-    } else {
-      for (const std::string& name : names_) {  // copies only the streams asked for
-        auto it = held.find(name);
-        if (it == held.end()) {
-          return absl::NotFoundError(absl::StrCat("no named RNG stream '", name,
-                                                  "' in the rank's streams; it holds ", held.size(),
-                                                  " stream(s)"));
-        }
-        named.insert(*it);
+  const auto& held = streams_->named().streams();
+  if (names_.empty()) {
+    named = held;
+  } else {
+    for (const std::string& name : names_) {  // copies only the streams asked for
+      auto it = held.find(name);
+      if (it == held.end()) {
+        return absl::NotFoundError(absl::StrCat("no named RNG stream '", name,
+                                                "' in the rank's streams; it holds ", held.size(),
+                                                " stream(s)"));
       }
+      named.insert(*it);
     }
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot defaults, rng::RngSnapshot::Capture(generators_));
+  LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot defaults,
+                            rng::RngSnapshot::Capture(streams_->generators()));
   return std::unique_ptr<SavedRngState>(
       new SavedStreams(std::move(defaults), streams_, std::move(named)));
 }

@@ -66,25 +66,21 @@ class RngStateSaver {
 class StreamSnapshots : public RngStateSaver {
  public:
   // The rank's default generators and its named streams named in `names` (every stream the
-  // rank holds at Save() time when `names` is empty). `streams` must not be null.
+  // rank holds at Save() time when `names` is empty; none when the rank holds none). The saver
+  // shares ownership of `streams`. A null `streams` makes every Save() fail with
+  // kInvalidArgument.
   static std::shared_ptr<StreamSnapshots> Of(std::shared_ptr<rng::RankStreams> streams,
                                              std::vector<std::string> names = {});
-  // Only the default generators `generators`, no named streams.
-  static std::shared_ptr<StreamSnapshots> DefaultGeneratorsOnly(rng::DefaultGenerators generators);
 
-  // kNotFound for a name the rank's named streams do not hold; the snapshot errors of
-  // rng::RngSnapshot::Capture.
+  // kNotFound for a name the rank's named streams do not hold; kInvalidArgument without
+  // streams; the snapshot errors of rng::RngSnapshot::Capture.
   absl::StatusOr<std::unique_ptr<SavedRngState>> Save() const override;
 
-  const rng::DefaultGenerators& generators() const { return generators_; }
-
  private:
-  StreamSnapshots(rng::DefaultGenerators generators, std::shared_ptr<rng::RankStreams> streams,
-                  std::vector<std::string> names)
-      : generators_(generators), streams_(std::move(streams)), names_(std::move(names)) {}
+  StreamSnapshots(std::shared_ptr<rng::RankStreams> streams, std::vector<std::string> names)
+      : streams_(std::move(streams)), names_(std::move(names)) {}
 
-  rng::DefaultGenerators generators_;
-  std::shared_ptr<rng::RankStreams> streams_;  // null: default generators only
+  std::shared_ptr<rng::RankStreams> streams_;
   std::vector<std::string> names_;
 };
 

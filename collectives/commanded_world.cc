@@ -3,11 +3,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <iostream>
 #include <string>
 
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
+#include "base/logging.h"
 #include "base/subprocess.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
@@ -19,14 +19,14 @@ namespace {
 std::unique_ptr<Communicator> Join(const std::string& path, int rank, int size) {
   auto rendezvous = Rendezvous::File(path, rank, size, absl::Seconds(60));
   if (!rendezvous.ok()) {
-    std::cerr << "rank " << rank << ": " << rendezvous.status() << "\n";
+    LOCKSTEP_LOG(ERROR) << "rank " << rank << ": " << rendezvous.status();
     return nullptr;
   }
   GlooCommunicator::Options options;
   options.hostname = "127.0.0.1";
   auto comm = GlooCommunicator::Create(*rendezvous, options);
   if (!comm.ok()) {
-    std::cerr << "rank " << rank << ": " << comm.status() << "\n";
+    LOCKSTEP_LOG(ERROR) << "rank " << rank << ": " << comm.status();
     return nullptr;
   }
   return std::move(*comm);
@@ -41,7 +41,7 @@ int PeerMain(const CommandedGlooWorlds::Operation& operation, const std::string&
   for (;;) {
     at::Tensor command = at::zeros({3}, at::kLong);
     if (absl::Status s = comm->Broadcast(command, 0); !s.ok()) {
-      std::cerr << "commanded peer " << rank << " of " << size << ": " << s << "\n";
+      LOCKSTEP_LOG(ERROR) << "commanded peer " << rank << " of " << size << ": " << s;
       return 1;
     }
     const int64_t op = command[0].item<int64_t>();
@@ -49,8 +49,8 @@ int PeerMain(const CommandedGlooWorlds::Operation& operation, const std::string&
     at::Tensor payload = at::zeros({command[1].item<int64_t>()}, at::kByte);
     for (int64_t i = 0, n = command[2].item<int64_t>(); i < n; ++i) {
       if (absl::Status s = operation(*comm, op, payload); !s.ok()) {
-        std::cerr << "commanded peer " << rank << " of " << size << ", operation " << op << ": "
-                  << s << "\n";
+        LOCKSTEP_LOG(ERROR) << "commanded peer " << rank << " of " << size << ", operation " << op
+                            << ": " << s;
         return 1;
       }
     }
@@ -72,8 +72,8 @@ void CommandedGlooWorlds::Start(const std::vector<int>& sizes) {
         return PeerMain(operation_, path, rank, size);
       });
       if (!peer.ok()) {
-        std::cerr << "starting commanded peer " << rank << " of " << size << ": " << peer.status()
-                  << "\n";
+        LOCKSTEP_LOG(ERROR) << "starting commanded peer " << rank << " of " << size << ": "
+                            << peer.status();
         continue;
       }
       worlds_[size].peers.push_back(std::move(*peer));

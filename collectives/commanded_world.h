@@ -11,10 +11,13 @@
 // Thread-safety: one thread.
 //
 // Example:
-//   CommandedGlooWorlds worlds(RunMyOp);   // RunMyOp(comm, op, payload) -> absl::Status
-//   worlds.Start({2, 4});                  // forks 1 + 3 peers
-//   ... in a benchmark: worlds.Command(2, kBroadcast, bytes, state.max_iterations);
-//       for (auto _ : state) RunMyOp(*worlds.rank0(2), kBroadcast, payload);
+//   CommandedGlooWorlds worlds(RunMyOp);  // RunMyOp(comm, op, payload) -> absl::Status
+//   worlds.Start({2, 4});                 // forks 1 + 3 peers
+//   // Then, in a benchmark of the world of size 2:
+//   absl::Status commanded = worlds.Command(2, kBroadcast, bytes, state.max_iterations);
+//   if (!commanded.ok()) state.SkipWithError(commanded.ToString().c_str());
+//   for (auto _ : state) RunMyOp(*worlds.rank0(2), kBroadcast, payload);
+//   // Finally (the destructor stops them too):
 //   worlds.Stop();
 
 #ifndef LOCKSTEP_COLLECTIVES_COMMANDED_WORLD_H_

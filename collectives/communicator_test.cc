@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
 #include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -83,8 +85,11 @@ TEST(GlobalRankTest, TranslatesGroupRanksAndRejectsOthers) {
     if (comm.rank() < 2) return absl::OkStatus();
     auto group = comm.NewGroup({3, 2});
     if (!group.ok()) return group.status();
-    if (*(*group)->GlobalRank(0) != 3 || *(*group)->GlobalRank(1) != 2)
-      return absl::InternalError("translation");
+    absl::StatusOr<int> first = (*group)->GlobalRank(0);
+    if (!first.ok()) return first.status();
+    absl::StatusOr<int> second = (*group)->GlobalRank(1);
+    if (!second.ok()) return second.status();
+    if (*first != 3 || *second != 2) return absl::InternalError("translation");
     if ((*group)->rank() != (comm.rank() == 3 ? 0 : 1)) return absl::InternalError("rank");
     if ((*group)->GlobalRank(2).status().code() != absl::StatusCode::kInvalidArgument)
       return absl::InternalError("range");
@@ -94,7 +99,8 @@ TEST(GlobalRankTest, TranslatesGroupRanksAndRejectsOthers) {
 }
 
 TEST(ValidateGroupRanksTest, NamesTheOffendingRank) {
-  EXPECT_EQ(*ValidateGroupRanks({4, 6}, 8, 6), 1);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int member, ValidateGroupRanks({4, 6}, 8, 6));
+  EXPECT_EQ(member, 1);
   EXPECT_THAT(ValidateGroupRanks({}, 8, 0).status().message(), HasSubstr("at least one"));
   EXPECT_THAT(ValidateGroupRanks({1, 9}, 8, 1).status().message(),
               HasSubstr("rank 9 in group [1, 9] is outside the world [0, 8)"));

@@ -16,7 +16,8 @@
 // Thread-safety: FakeWorld is thread-safe; each FakeCommunicator is used by one thread.
 //
 // Example:
-//   collectives::FakeWorld world(4, {.timeout = absl::Seconds(2)});
+//   collectives::FakeWorld world(
+//       4, collectives::FakeWorld::Options::WithTimeout(absl::Seconds(2)));
 //   world.InjectFailure(/*rank=*/3, /*call_index=*/0);
 //   std::vector<absl::Status> results = world.Run([](collectives::Communicator& comm) {
 //     return comm.Barrier();
@@ -44,6 +45,14 @@ namespace collectives {
 class FakeWorld {
  public:
   struct Options {
+    // Options with the defaults below.
+    static Options Defaults() { return Options(); }
+    // Options whose collectives wait `timeout` for their peers.
+    static Options WithTimeout(absl::Duration timeout) {
+      Options options;
+      options.timeout = timeout;
+      return options;
+    }
     // How long a collective waits for its peers. Default: 10 s.
     absl::Duration timeout = absl::Seconds(10);
   };

@@ -5,6 +5,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -85,7 +86,8 @@ INSTANTIATE_TEST_SUITE_P(TwoAndFourRanks, FakeWorldSizes, ::testing::Values(2, 4
 
 TEST(FakeWorldTest, SubGroupsOfADpTwoCpTwoTopologyStayApart) {
   FakeWorld world(4);
-  const auto topo = *collectives::Topology::Create(4, /*tp=*/1, /*cp=*/2);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const collectives::Topology topo,
+                                collectives::Topology::Create(4, /*tp=*/1, /*cp=*/2));
   std::vector<double> got(4);
   ExpectAllOk(world.Run([&](collectives::Communicator& comm) -> absl::Status {
     auto cp = comm.NewGroup(topo.CpGroup(comm.rank()));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/posix_io.h"
 #include "base/status_macros.h"
+#include "base/status_testutil.h"
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
@@ -84,14 +85,14 @@ INSTANTIATE_TEST_SUITE_P(TwoAndFourProcesses, GlooWorldSizes, ::testing::Values(
 TEST(GlooCommunicatorTest, DpTwoCpTwoGroupsUseTheirOwnLeaders) {
   ExpectAllOk(
       collectives::RunProcessWorld(World(4), [](int rank, Communicator& world) -> absl::Status {
-        const Topology topo = *Topology::Create(4, /*tp=*/1, /*cp=*/2);
+        LOCKSTEP_ASSIGN_OR_RETURN(const Topology topo, Topology::Create(4, /*tp=*/1, /*cp=*/2));
         auto cp = world.NewGroup(topo.CpGroup(rank));
         if (!cp.ok()) return cp.status();
         auto dp = world.NewGroup(topo.DpGroup(rank));
         if (!dp.ok()) return dp.status();
         // Group rank 0 of the CP group of ranks {2, 3} is global rank 2.
-        LOCKSTEP_RETURN_IF_ERROR(
-            Expect(*(*cp)->GlobalRank(0) == Topology::Leader(topo.CpGroup(rank)), "leader"));
+        LOCKSTEP_ASSIGN_OR_RETURN(const int leader, (*cp)->GlobalRank(0));
+        LOCKSTEP_RETURN_IF_ERROR(Expect(leader == Topology::Leader(topo.CpGroup(rank)), "leader"));
         at::Tensor t = at::full({1}, 100.0 + rank, at::kDouble);
         LOCKSTEP_RETURN_IF_ERROR((*cp)->Broadcast(t, 0));
         LOCKSTEP_RETURN_IF_ERROR(
@@ -260,7 +261,7 @@ TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
 // Rank 0 alone in a world of 2: the rendezvous fails within its timeout, naming the address,
 // the world size, the rank that arrived and the one missing.
 TEST(RendezvousTest, AMissingRankIsNamedWithinTheTimeout) {
-  const int port = *FreeLoopbackPort();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
   const absl::Duration timeout = absl::Seconds(2);
   const absl::Time start = absl::Now();
   auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 0, 2, timeout);
@@ -287,7 +288,7 @@ TEST(RendezvousTest, AnUnresolvableHostIsOneClearError) {
 
 TEST(RendezvousTest, EnvironmentRendezvousTimesOutWhenPeersNeverCome) {
   // Rank 1 of 2 with nobody serving the store: a clear error within the timeout, not a hang.
-  const int port = *FreeLoopbackPort();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
   const absl::Time start = absl::Now();
   auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 1, 2, absl::Seconds(2));
   EXPECT_FALSE(rendezvous.ok());
@@ -323,7 +324,7 @@ TEST(LaunchEnvironmentTest, ReadsTheProcessEnvironment) {
 // A world of one from the environment: the store works (Set then Get), and a key nobody sets
 // fails within the timeout, naming the key.
 TEST(RendezvousTest, FromEnvironmentSetAndGet) {
-  const int port = *FreeLoopbackPort();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   setenv("RANK", "0", 1);

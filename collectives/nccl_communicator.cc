@@ -12,6 +12,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
@@ -29,7 +30,7 @@ struct NcclCommunicator::Transport {
 namespace {
 
 absl::Status CudaError(const std::string& what, cudaError_t error) {
-  return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(error)));
+  return CudaStatus(error, what);
 }
 
 // Note [CPU staging]
@@ -181,8 +182,7 @@ absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, abs
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return absl::OkStatus();
       if (done != cudaErrorNotReady) {
-        return Abort(comm,
-                     absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(done))));
+        return Abort(comm, CudaStatus(done, what));
       }
     }
     if (!check_stream || round % 32 == 0) {
@@ -457,8 +457,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
   if (counted != cudaSuccess) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no usable CUDA device: ", cudaGetErrorString(counted)));
+    return CudaStatus(counted, "counting CUDA devices for an NCCL communicator");
   }
   const int device = options.device >= 0 ? options.device : rendezvous->local_rank();
   if (device >= count) {

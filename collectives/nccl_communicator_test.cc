@@ -5,12 +5,15 @@
 
 #include <unistd.h>
 
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -24,15 +27,14 @@ std::string StorePath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/nccl_store_", name, "_", getpid());
 }
 
-std::shared_ptr<Rendezvous> FileRendezvous(const std::string& name, int rank, int size,
-                                           absl::Duration timeout) {
-  auto rendezvous = Rendezvous::File(StorePath(name), rank, size, timeout);
-  EXPECT_TRUE(rendezvous.ok()) << rendezvous.status();
-  return rendezvous.ok() ? *rendezvous : nullptr;
+absl::StatusOr<std::shared_ptr<Rendezvous>> FileRendezvous(const std::string& name, int rank,
+                                                           int size, absl::Duration timeout) {
+  return Rendezvous::File(StorePath(name), rank, size, timeout);
 }
 
 TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
-  auto rendezvous = FileRendezvous("one", 0, 1, absl::Seconds(30));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Rendezvous> rendezvous,
+                                FileRendezvous("one", 0, 1, absl::Seconds(30)));
   auto comm = NcclCommunicator::Create(rendezvous, NcclCommunicator::Options());
   ASSERT_TRUE(comm.ok()) << comm.status();
   NcclCommunicator& world = **comm;
@@ -80,8 +82,9 @@ TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
 TEST(NcclCommunicatorTest, UnsupportedDtypeAndBadRootAreInvalidArgumentsThenUnusable) {
   at::Tensor t = at::zeros({2}, at::TensorOptions().device(at::kCUDA));
   {
-    auto comm = NcclCommunicator::Create(FileRendezvous("dtype", 0, 1, absl::Seconds(30)),
-                                         NcclCommunicator::Options());
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Rendezvous> rendezvous,
+                                  FileRendezvous("dtype", 0, 1, absl::Seconds(30)));
+    auto comm = NcclCommunicator::Create(rendezvous, NcclCommunicator::Options());
     ASSERT_TRUE(comm.ok()) << comm.status();
     at::Tensor complex =
         at::zeros({2}, at::TensorOptions().dtype(at::kComplexFloat).device(at::kCUDA));
@@ -91,14 +94,16 @@ TEST(NcclCommunicatorTest, UnsupportedDtypeAndBadRootAreInvalidArgumentsThenUnus
     EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
     EXPECT_THAT(after.message(), HasSubstr("unusable after an earlier error"));
   }
-  auto comm = NcclCommunicator::Create(FileRendezvous("root", 0, 1, absl::Seconds(30)),
-                                       NcclCommunicator::Options());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Rendezvous> rendezvous,
+                                FileRendezvous("root", 0, 1, absl::Seconds(30)));
+  auto comm = NcclCommunicator::Create(rendezvous, NcclCommunicator::Options());
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_THAT((*comm)->Broadcast(t, 1).message(), HasSubstr("root is outside [0, 1)"));
 }
 
 TEST(NcclCommunicatorTest, DeviceThatDoesNotExistIsNamed) {
-  auto rendezvous = FileRendezvous("device", 0, 1, absl::Seconds(30));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Rendezvous> rendezvous,
+                                FileRendezvous("device", 0, 1, absl::Seconds(30)));
   NcclCommunicator::Options options;
   options.device = 99;
   auto comm = NcclCommunicator::Create(rendezvous, options);
@@ -118,16 +123,17 @@ TEST(NcclCommunicatorTest, PeerMissingAtRendezvousIsNamedWithinTheTimeout) {
 TEST(NcclCommunicatorTest, PeerThatNeverCreatesItsCommunicatorTimesOutInsteadOfHanging) {
   // Rank 1 arrives at the rendezvous but never creates its NCCL communicator: rank 0's creation
   // must fail within the timeout, naming the world.
-  std::shared_ptr<Rendezvous> peer;
+  absl::StatusOr<std::shared_ptr<Rendezvous>> peer;
   std::thread peer_thread([&peer] { peer = FileRendezvous("silent", 1, 2, absl::Seconds(30)); });
-  auto rendezvous = FileRendezvous("silent", 0, 2, absl::Seconds(30));
+  absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous =
+      FileRendezvous("silent", 0, 2, absl::Seconds(30));
   peer_thread.join();
-  ASSERT_NE(rendezvous, nullptr);
-  ASSERT_NE(peer, nullptr);
+  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+  ASSERT_TRUE(peer.ok()) << peer.status();
   NcclCommunicator::Options options;
   options.timeout = absl::Seconds(3);
   const absl::Time start = absl::Now();
-  auto comm = NcclCommunicator::Create(rendezvous, options);
+  auto comm = NcclCommunicator::Create(*rendezvous, options);
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
   EXPECT_THAT(comm.status().message(), HasSubstr("creating nccl world [0, 1]"));

@@ -16,7 +16,8 @@
 //
 // Example:
 //   std::vector<absl::Status> results = collectives::RunProcessWorld(
-//       {.world_size = 4}, [](int rank, collectives::Communicator& world) -> absl::Status {
+//       collectives::ProcessWorldOptions::Of(4),
+//       [](int rank, collectives::Communicator& world) -> absl::Status {
 //         at::Tensor t = at::full({2}, rank);
 //         return world.AllReduceSum(t);
 //       });
@@ -35,6 +36,13 @@ namespace lockstep {
 namespace collectives {
 
 struct ProcessWorldOptions {
+  // A world of `world_size` processes with the defaults below for the rest.
+  static ProcessWorldOptions Of(int world_size) {
+    ProcessWorldOptions options;
+    options.world_size = world_size;
+    return options;
+  }
+
   // Number of processes. Must be positive.
   int world_size = 2;
   // Timeout of every collective and of the rendezvous. Default: 20 s.

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -54,9 +56,10 @@ TEST(TopologyTest, EveryWorldUpTo16AndEveryFactorization) {
         for (int r = 0; r < world; ++r) {
           const Coordinates want = order[r];
           absl::StatusOr<Coordinates> got = topo->CoordinatesOf(r);
-          ASSERT_TRUE(got.ok());
+          ASSERT_TRUE(got.ok()) << got.status();
           ASSERT_TRUE(*got == want) << "rank " << r << " in " << topo->DebugString();
-          ASSERT_EQ(*topo->GlobalRankOf(want), r);
+          LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int global_rank, topo->GlobalRankOf(want));
+          ASSERT_EQ(global_rank, r);
           const auto same_tp_group = RanksWhere(
               order, [&](const Coordinates& c) { return c.dp == want.dp && c.cp == want.cp; });
           const auto same_cp_group = RanksWhere(
@@ -101,7 +104,7 @@ TEST(TopologyTest, HugeSizesAreRefusedWithoutOverflow) {
 }
 
 TEST(TopologyTest, DpTwoCpTwoGroupsAndNonzeroLeader) {
-  Topology topo = *Topology::Create(4, /*tp=*/1, /*cp=*/2);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Topology topo, Topology::Create(4, /*tp=*/1, /*cp=*/2));
   EXPECT_THAT(topo.CpGroup(3), ElementsAre(2, 3));
   EXPECT_THAT(topo.DpGroup(3), ElementsAre(1, 3));
   EXPECT_EQ(Topology::Leader(topo.TpCpGroup(3)), 2);
@@ -133,7 +136,7 @@ TEST(TopologyTest, RejectsNonPositiveAndNonDividingSizes) {
 }
 
 TEST(TopologyTest, OutOfRangeRanksAndCoordinatesAreErrors) {
-  Topology topo = *Topology::Create(8, 2, 2);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Topology topo, Topology::Create(8, 2, 2));
   EXPECT_THAT(topo.CoordinatesOf(8).status().message(), HasSubstr("rank 8 is outside"));
   EXPECT_EQ(topo.CoordinatesOf(-1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(topo.GlobalRankOf({2, 0, 0}).status().code(), absl::StatusCode::kInvalidArgument);

@@ -23,7 +23,7 @@
 // Example:
 //   LOCKSTEP_ASSIGN_OR_RETURN(numerics::TensorComparison c,
 //                             numerics::CompareTensors(actual, expected, numerics::Tolerance()));
-//   if (!c.passed) LOG(ERROR) << c.Summary();
+//   if (!c.passed) LOCKSTEP_LOG(ERROR) << c.Summary();
 
 #ifndef LOCKSTEP_NUMERICS_COMPARE_H_
 #define LOCKSTEP_NUMERICS_COMPARE_H_

@@ -24,12 +24,18 @@ TEST(DigestCudaTest, ACudaTensorHasTheDigestOfItsCpuCopy) {
   const at::Tensor bytes = at::randint(0, 255, {100001}, at::kByte);
   for (int64_t offset : {1, 3, 5}) {  // views at odd offsets (the kernel loads 8-byte words)
     const at::Tensor view = bytes.narrow(0, offset, 50000);
-    EXPECT_EQ(*DigestTensor(view), *DigestTensor(view.to(at::kCUDA))) << offset;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(view));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device, DigestTensor(view.to(at::kCUDA)));
+    EXPECT_EQ(host, device) << offset;
   }
   for (at::ScalarType t : {at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kBool}) {
     const at::Tensor x = at::randn({333, 77}).to(t);
-    EXPECT_EQ(*DigestTensor(x), *DigestTensor(x.to(at::kCUDA))) << t;
-    EXPECT_EQ(*DigestTensor(x.t()), *DigestTensor(x.t().to(at::kCUDA))) << t;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(x));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device, DigestTensor(x.to(at::kCUDA)));
+    EXPECT_EQ(host, device) << t;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host_transposed, DigestTensor(x.t()));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device_transposed, DigestTensor(x.t().to(at::kCUDA)));
+    EXPECT_EQ(host_transposed, device_transposed) << t;
   }
 }
 

@@ -3,12 +3,16 @@
 
 #include "numerics/digest.h"
 
-#include <cstdio>
+#include <unistd.h>
+
 #include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
-#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "base/status_testutil.h"
+#include "base/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -48,13 +52,29 @@ TEST(DigestTest, MatchesThePythonReferenceBitForBit) {
   const std::string path = testing::TempDir() + "/assorted.safetensors";
   LOCKSTEP_ASSERT_OK(WriteSafetensors(path, tensors));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory inventory, Inventory::Of(tensors));
-  FILE* pipe =
-      popen(absl::StrCat("/usr/bin/python3 numerics/digest_reference.py ", path).c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
+  // The reference's stdout comes back through the channel and its stderr is this test's, as
+  // with popen(..., "r"). argv is built before the fork: the child only redirects and execs.
+  std::vector<std::string> args = {"/usr/bin/python3", "numerics/digest_reference.py", path};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Child reference_run,
+                                Child::Fork(ChildOptions::Reporting(), [&argv](int channel) {
+                                  dup2(channel, STDOUT_FILENO);
+                                  execv(argv[0], argv.data());
+                                  return 127;
+                                }));
   std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  ASSERT_EQ(pclose(pipe), 0) << output;
+  for (;;) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+        const int open,
+        PollChannels({&reference_run}, absl::Minutes(1), [&](size_t, absl::string_view bytes) {
+          output.append(bytes.data(), bytes.size());
+        }));
+    if (open == 0) break;
+  }
+  reference_run.Reap();
+  ASSERT_TRUE(reference_run.succeeded()) << reference_run.Describe() << ": " << output;
   const nlohmann::json reference = nlohmann::json::parse(output);
   EXPECT_EQ(reference["state_digest"], DigestHex128(inventory.state_digest()));
   ASSERT_EQ(reference["tensors"].size(), tensors.size());
@@ -73,32 +93,43 @@ TEST(DigestTest, IndependentOfRegistrationOrderAndLayout) {
   EXPECT_TRUE(CompareInventories(forward, backward).empty());
   // A channels-last copy and a strided slice of a larger tensor hash as their values.
   const at::Tensor image = at::randn({2, 3, 4, 5});
-  EXPECT_EQ(*DigestTensor(image), *DigestTensor(image.contiguous(at::MemoryFormat::ChannelsLast)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 image_digest, DigestTensor(image));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 channels_last_digest,
+                                DigestTensor(image.contiguous(at::MemoryFormat::ChannelsLast)));
+  EXPECT_EQ(image_digest, channels_last_digest);
   const at::Tensor big = at::randn({10, 10});
   const at::Tensor slice = big.index({at::indexing::Slice(1, 9, 2), at::indexing::Slice(3, 7)});
-  EXPECT_EQ(*DigestTensor(slice), *DigestTensor(slice.clone()));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 slice_digest, DigestTensor(slice));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 clone_digest, DigestTensor(slice.clone()));
+  EXPECT_EQ(slice_digest, clone_digest);
 }
 
 TEST(DigestTest, SensitiveToEveryBitAndToNamesDtypesAndShapes) {
   const at::Tensor base = at::randn({3, 8193});  // two chunks and a bit, 98316 bytes
-  const Digest128 original = *DigestTensor(base);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 original, DigestTensor(base));
   // One flipped bit in every 997th byte (first chunk, chunk edges, the padded tail).
   const int64_t bytes = base.numel() * 4;
   for (int64_t byte = 0; byte < bytes; byte += 997) {
     at::Tensor flipped = base.clone();
     static_cast<uint8_t*>(flipped.data_ptr())[byte] ^= 1u << (byte % 8);
-    EXPECT_NE(*DigestTensor(flipped), original) << "byte " << byte;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 flipped_digest, DigestTensor(flipped));
+    EXPECT_NE(flipped_digest, original) << "byte " << byte;
   }
   at::Tensor last = base.clone();
   static_cast<uint8_t*>(last.data_ptr())[bytes - 1] ^= 0x80;
-  EXPECT_NE(*DigestTensor(last), original);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 last_digest, DigestTensor(last));
+  EXPECT_NE(last_digest, original);
   // Same bytes, other shape or dtype.
-  EXPECT_NE(*DigestTensor(base.reshape({8193, 3})), original);
-  EXPECT_NE(*DigestTensor(base.view(at::kInt)), original);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 reshaped, DigestTensor(base.reshape({8193, 3})));
+  EXPECT_NE(reshaped, original);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 as_int, DigestTensor(base.view(at::kInt)));
+  EXPECT_NE(as_int, original);
   // Zero-padding is not confusable with real zeros: a tensor and it with a zero appended.
   const at::Tensor short_one = at::ones({5}, at::kByte);
-  EXPECT_NE(*DigestTensor(short_one),
-            *DigestTensor(at::cat({short_one, at::zeros({1}, at::kByte)})));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 short_digest, DigestTensor(short_one));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Digest128 padded_digest,
+                                DigestTensor(at::cat({short_one, at::zeros({1}, at::kByte)})));
+  EXPECT_NE(short_digest, padded_digest);
   // A renamed tensor changes the state digest, not the tensor digest.
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory a, Inventory::Of({{"w", base}}));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Inventory b, Inventory::Of({{"w2", base}}));

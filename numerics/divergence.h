@@ -23,8 +23,11 @@
 //   numerics::Recorder recorder(numerics::RecorderOptions().set_keep_full_tensors(4));
 //   ... forward with taps, loss.backward() ...
 //   LOCKSTEP_RETURN_IF_ERROR(recorder.Save("run_a.rec"));
-//   // later: numerics::FirstDivergence(*Recording::Load("run_a.rec"),
-//   *Recording::Load("run_b.rec"))
+//   // Later, with run_b.rec recorded the same way:
+//   LOCKSTEP_ASSIGN_OR_RETURN(numerics::Recording a, numerics::Recording::Load("run_a.rec"));
+//   LOCKSTEP_ASSIGN_OR_RETURN(numerics::Recording b, numerics::Recording::Load("run_b.rec"));
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::optional<numerics::Divergence> first,
+//                             numerics::FirstDivergence(a, b));
 
 #ifndef LOCKSTEP_NUMERICS_DIVERGENCE_H_
 #define LOCKSTEP_NUMERICS_DIVERGENCE_H_

@@ -19,8 +19,8 @@
 //
 // Example:
 //   nlohmann::json context = numerics::CaptureExecutionContext({{"seed", "1234"}});
-//   LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors(path, grads,
-//   numerics::ContextMetadata(context)));
+//   LOCKSTEP_RETURN_IF_ERROR(
+//       numerics::WriteSafetensors(path, grads, numerics::ContextMetadata(context)));
 
 #ifndef LOCKSTEP_NUMERICS_EXECUTION_CONTEXT_H_
 #define LOCKSTEP_NUMERICS_EXECUTION_CONTEXT_H_

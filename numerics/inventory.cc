@@ -48,8 +48,7 @@ absl::StatusOr<Inventory> Inventory::Of(const NamedTensors& tensors) {
     entry.bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
     absl::StatusOr<Digest128> digest = DigestTensor(tensor);
     if (!digest.ok()) {
-      return absl::Status(digest.status().code(),
-                          absl::StrCat("tensor '", name, "': ", digest.status().message()));
+      return Annotate(digest.status(), absl::StrCat("while digesting tensor '", name, "'"));
     }
     entry.digest = *digest;
     entries.push_back(std::move(entry));

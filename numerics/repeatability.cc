@@ -64,8 +64,7 @@ absl::StatusOr<RepeatabilityReport> RunRepeatability(const StepFunction& step,
     }));
     absl::StatusOr<NamedTensors> outputs = step();
     if (!outputs.ok()) {
-      return absl::Status(outputs.status().code(),
-                          absl::StrCat("the ", pass, " pass: ", outputs.status().message()));
+      return Annotate(outputs.status(), absl::StrCat("in the ", pass, " pass"));
     }
     NamedTensors kept;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("keeping the ", pass, " pass's results"), [&] {

@@ -73,7 +73,7 @@ TEST(RepeatabilityTest, AStepErrorNamesThePass) {
   };
   const absl::Status s = RunRepeatability(step, {}, Tolerance()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(s.message(), HasSubstr("the warm1 pass: out of luck"));
+  EXPECT_THAT(s.message(), HasSubstr("out of luck; in the warm1 pass"));
 }
 
 }  // namespace

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
+#include "base/status_testutil.h"
 #include "base/subprocess.h"
 #include "collectives/fake_communicator.h"
 #include "collectives/process_world.h"
@@ -43,14 +45,19 @@ absl::StatusOr<Plan> RankPlan(int rank, int odd_rank) {
 }
 
 TEST(PlanAgreementTest, SameBytesAcrossRunsInOneProcess) {
-  const std::string first = SerializePlan(*RankPlan(0, -1));
-  for (int run = 0; run < 3; ++run) EXPECT_EQ(SerializePlan(*RankPlan(0, -1)), first);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Plan first_plan, RankPlan(0, -1));
+  const std::string first = SerializePlan(first_plan);
+  for (int run = 0; run < 3; ++run) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Plan again, RankPlan(0, -1));
+    EXPECT_EQ(SerializePlan(again), first);
+  }
 }
 
 // Freshly exec'd processes (their own heap layout and address randomisation, unlike forked
 // ones) make the same plan bytes as this process.
 TEST(PlanAgreementTest, SameDigestInFreshlyExecdProcesses) {
-  const std::string expected = DigestHex(PlanDigest(*RankPlan(0, -1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Plan plan, RankPlan(0, -1));
+  const std::string expected = DigestHex(PlanDigest(plan));
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
   ASSERT_NE(srcdir, nullptr);
@@ -122,9 +129,10 @@ TEST(PlanAgreementTest, OneDifferentPerTokenWeightIsNamed) {
 
 TEST(PlanAgreementTest, ForkedProcessesBuildIdenticalPlanBytes) {
   // The digest this process computes; every forked rank must compute the same.
-  const std::string expected = DigestHex(PlanDigest(*RankPlan(0, -1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Plan parent_plan, RankPlan(0, -1));
+  const std::string expected = DigestHex(PlanDigest(parent_plan));
   std::vector<absl::Status> results = collectives::RunProcessWorld(
-      {.world_size = 4}, [&](int rank, collectives::Communicator& world) {
+      collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator& world) {
         absl::StatusOr<Plan> plan = RankPlan(rank, -1);
         if (!plan.ok()) return plan.status();
         const std::string digest = DigestHex(PlanDigest(*plan));
@@ -139,7 +147,7 @@ TEST(PlanAgreementTest, ForkedProcessesBuildIdenticalPlanBytes) {
 
 TEST(PlanAgreementTest, ForkedProcessWithPerturbedInputIsNamed) {
   std::vector<absl::Status> results = collectives::RunProcessWorld(
-      {.world_size = 4}, [](int rank, collectives::Communicator& world) {
+      collectives::ProcessWorldOptions::Of(4), [](int rank, collectives::Communicator& world) {
         absl::StatusOr<Plan> plan = RankPlan(rank, /*odd_rank=*/1);
         if (!plan.ok()) return plan.status();
         return CheckPlanAgreement(world, *plan);

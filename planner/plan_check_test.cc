@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
@@ -33,12 +34,14 @@ struct Corruption {
 class VerifyPlanTest : public ::testing::TestWithParam<Corruption> {
  protected:
   void SetUp() override {
-    batch_ = RandomBatch({.distribution = LengthDistribution::kUniform,
-                          .num_sequences = 40,
-                          .max_length = 50,
-                          .seed = 5,
-                          .weighted_fraction = 0.5});
-    plan_ = *PlanMicrobatches(batch_, {.max_tokens_per_microbatch = 128, .cp_size = 2});
+    RandomBatchOptions batch_options;
+    batch_options.distribution = LengthDistribution::kUniform;
+    batch_options.num_sequences = 40;
+    batch_options.max_length = 50;
+    batch_options.seed = 5;
+    batch_options.weighted_fraction = 0.5;
+    batch_ = RandomBatch(batch_options);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(plan_, PlanMicrobatches(batch_, PlanOptions::Of(128, 2)));
     ASSERT_GE(plan_.microbatches_size(), 3);
     ASSERT_GE(plan_.microbatches(0).batch_index_size(), 2);
     // The first packed sequence (the longest) has chunks of more than 3 tokens.
@@ -63,7 +66,7 @@ Microbatch& Mb(Plan& p, int m) { return *p.mutable_microbatches(m); }
 // packed sequences is caught by the coverage checks rather than by the shard counts.
 void Recount(Plan& p, int m) {
   for (int r = 0; r < p.microbatches(m).shard_cp_rank_size(); ++r) {
-    const std::vector<ShardPiece> pieces = *ShardPieces(p, m, r);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::vector<ShardPiece> pieces, ShardPieces(p, m, r));
     int64_t tokens = 0;
     for (const ShardPiece& piece : pieces) tokens += piece.end - piece.begin;
     Mb(p, m).set_shard_num_tokens(r, tokens);
@@ -230,7 +233,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(VerifyPlanBatchTest, AnUnplannableBatchIsNamedNotSummedPastInt64) {
   const std::vector<Sequence> batch = {Sequence::Of(10, 1)};
-  const Plan plan = *PlanMicrobatches(batch, {.max_tokens_per_microbatch = 16});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const Plan plan, PlanMicrobatches(batch, PlanOptions::Of(16)));
   ASSERT_TRUE(VerifyPlan(plan, batch).ok());
   const std::vector<Sequence> huge = {Sequence::Of(std::numeric_limits<int64_t>::max(), 1),
                                       Sequence::Of(2, 2)};

@@ -6,17 +6,25 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "base/sha256.h"
+#include "base/tool_flags.h"
 #include "planner/planner.h"
 #include "planner/planner_testutil.h"
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> args =
+      lockstep::ParseToolFlags(argc, argv, "plan_digest_main SEED: prints the plan's digest");
   uint64_t seed = 0;
-  if (argc != 2 || !absl::SimpleAtoi(argv[1], &seed)) {
-    std::fprintf(stderr, "usage: plan_digest_main SEED\n");
-    return 2;
+  if (args.size() != 1 || !absl::SimpleAtoi(args[0], &seed)) {
+    std::fprintf(
+        stderr, "plan_digest_main: expected one argument SEED (an unsigned integer), got %s\n",
+        args.empty() ? "none"
+                     : ("'" + args[0] + "'" + (args.size() > 1 ? " and more" : "")).c_str());
+    return lockstep::kBadInputExitCode;
   }
   absl::StatusOr<lockstep::planner::Plan> plan = lockstep::planner::PlanMicrobatches(
       lockstep::planner::DeterminismBatch(seed), lockstep::planner::DeterminismOptions());

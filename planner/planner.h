@@ -49,8 +49,9 @@
 //
 // Example:
 //   std::vector<planner::Sequence> batch = {planner::Sequence::Of(900, /*id=*/17), ...};
-//   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(
-//       batch, {.max_tokens_per_microbatch = 65536, .cp_size = 2}));
+//   const planner::PlanOptions options =
+//       planner::PlanOptions::Of(/*max_tokens_per_microbatch=*/65536, /*cp_size=*/2);
+//   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(batch, options));
 //   LOCKSTEP_RETURN_IF_ERROR(planner::CheckPlanAgreement(tp_cp_group, plan));
 //   for (int m = 0; m < plan.microbatches_size(); ++m) {
 //     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<planner::ShardPiece> mine,
@@ -105,6 +106,23 @@ inline constexpr int kMaxCpSize = 1024;
 inline constexpr int64_t kMaxListedTokens = int64_t{1} << 31;
 
 struct PlanOptions {
+  // The options for a budget of `max_tokens_per_microbatch` tokens over `cp_size` CP ranks, with
+  // the defaults below for the rest; the With* setters change one field and chain.
+  static PlanOptions Of(int64_t max_tokens_per_microbatch, int cp_size = 1) {
+    PlanOptions options;
+    options.max_tokens_per_microbatch = max_tokens_per_microbatch;
+    options.cp_size = cp_size;
+    return options;
+  }
+  PlanOptions& WithPacking(PackingPolicy value) {
+    packing = value;
+    return *this;
+  }
+  PlanOptions& WithLossNormalization(LossNormalization value) {
+    loss_normalization = value;
+    return *this;
+  }
+
   // Most tokens a microbatch may hold. Required: positive and at least 2 * cp_size.
   int64_t max_tokens_per_microbatch = 0;
   // Size of the context-parallel group, 1..kMaxCpSize. Default: 1 (no CP).

@@ -40,18 +40,19 @@ const std::vector<Sequence>& LongTail(int64_t n) {
   static auto* batches = new std::map<int64_t, std::vector<Sequence>>();
   auto [it, inserted] = batches->try_emplace(n);
   if (inserted) {
-    it->second = RandomBatch({.distribution = LengthDistribution::kLongTail,
-                              .num_sequences = n,
-                              .max_length = kMaxLength,
-                              .seed = 2024});
+    RandomBatchOptions options;
+    options.distribution = LengthDistribution::kLongTail;
+    options.num_sequences = n;
+    options.max_length = kMaxLength;
+    options.seed = 2024;
+    it->second = RandomBatch(options);
   }
   return it->second;
 }
 
 void BM_PlanLongTail(benchmark::State& state) {
   const std::vector<Sequence>& batch = LongTail(state.range(0));
-  const PlanOptions options{.max_tokens_per_microbatch = kBudget,
-                            .cp_size = static_cast<int>(state.range(1))};
+  const PlanOptions options = PlanOptions::Of(kBudget, static_cast<int>(state.range(1)));
   int microbatches = 0;
   for (auto _ : state) {
     absl::StatusOr<Plan> plan = PlanMicrobatches(batch, options);
@@ -75,8 +76,7 @@ BENCHMARK(BM_PlanLongTail)
 // The same, planning into one Plan that every call reuses.
 void BM_PlanLongTailReusingPlan(benchmark::State& state) {
   const std::vector<Sequence>& batch = LongTail(state.range(0));
-  const PlanOptions options{.max_tokens_per_microbatch = kBudget,
-                            .cp_size = static_cast<int>(state.range(1))};
+  const PlanOptions options = PlanOptions::Of(kBudget, static_cast<int>(state.range(1)));
   Plan plan;
   for (auto _ : state) {
     absl::Status status = PlanMicrobatches(batch, options, plan);
@@ -97,9 +97,8 @@ BENCHMARK(BM_PlanLongTailReusingPlan)
     ->UseRealTime();
 
 void BM_PlanDigest(benchmark::State& state) {
-  const Plan plan = *PlanMicrobatches(
-      LongTail(state.range(0)),
-      {.max_tokens_per_microbatch = kBudget, .cp_size = static_cast<int>(state.range(1))});
+  const Plan plan = *PlanMicrobatches(LongTail(state.range(0)),
+                                      PlanOptions::Of(kBudget, static_cast<int>(state.range(1))));
   for (auto _ : state) benchmark::DoNotOptimize(PlanDigest(plan));
   state.counters["plan_bytes"] = static_cast<double>(SerializePlan(plan).size());
 }
@@ -131,14 +130,16 @@ void PrintEfficiencyTable() {
     bool never_worse = true;
     for (uint64_t seed = 1; seed <= 3; ++seed) {
       // All-equal: 3000 tokens each (21 fit in a microbatch, 96.1% at best).
-      const std::vector<Sequence> batch = RandomBatch({.distribution = d,
-                                                       .num_sequences = 100000,
-                                                       .max_length = kMaxLength,
-                                                       .seed = seed,
-                                                       .equal_length = 3000});
-      const Plan by_default = *PlanMicrobatches(batch, {.max_tokens_per_microbatch = kBudget});
-      const Plan in_order = *PlanMicrobatches(
-          batch, {.max_tokens_per_microbatch = kBudget, .packing = PACKING_IN_ORDER});
+      RandomBatchOptions batch_options;
+      batch_options.distribution = d;
+      batch_options.num_sequences = 100000;
+      batch_options.max_length = kMaxLength;
+      batch_options.seed = seed;
+      batch_options.equal_length = 3000;
+      const std::vector<Sequence> batch = RandomBatch(batch_options);
+      const Plan by_default = *PlanMicrobatches(batch, PlanOptions::Of(kBudget));
+      const Plan in_order =
+          *PlanMicrobatches(batch, PlanOptions::Of(kBudget).WithPacking(PACKING_IN_ORDER));
       const double e_default = PackingEfficiency(by_default);
       const double e_in_order = PackingEfficiency(in_order);
       never_worse = never_worse && e_default >= e_in_order;
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
   const std::vector<Sequence>& million = LongTail(1000000);
   const long faults_before = MinorFaults();
   const absl::Time start = absl::Now();
-  const bool first_ok = PlanMicrobatches(million, {.max_tokens_per_microbatch = kBudget}).ok();
+  const bool first_ok = PlanMicrobatches(million, PlanOptions::Of(kBudget)).ok();
   const double first_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   const long first_faults = MinorFaults() - faults_before;
   lockstep::benchmarking::RatioReporter reporter;

@@ -16,11 +16,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
 #include "gtest/gtest.h"
 #include "planner/plan_check.h"
 #include "planner/planner.h"
@@ -76,8 +79,15 @@ double CheckTokens(const Plan& plan, const std::vector<Sequence>& batch,
   for (int m = 0; m < plan.microbatches_size(); ++m) {
     const Microbatch& mb = plan.microbatches(m);
     EXPECT_LE(mb.num_tokens(), budget) << "microbatch " << m;
-    const std::vector<int64_t> positions = *PositionIds(mb);
-    const std::vector<double> weights = *TokenLossWeights(mb, batch);
+    absl::StatusOr<std::vector<int64_t>> positions_or = PositionIds(mb);
+    absl::StatusOr<std::vector<double>> weights_or = TokenLossWeights(mb, batch);
+    if (!positions_or.ok() || !weights_or.ok()) {
+      ADD_FAILURE() << "microbatch " << m << ": " << positions_or.status() << "; "
+                    << weights_or.status();
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    const std::vector<int64_t> positions = *std::move(positions_or);
+    const std::vector<double> weights = *std::move(weights_or);
     EXPECT_EQ(static_cast<int64_t>(positions.size()), mb.num_tokens());
     // Packed token -> packed sequence, and the positions' consistency with the boundaries.
     std::vector<int> owner(mb.num_tokens());
@@ -98,7 +108,12 @@ double CheckTokens(const Plan& plan, const std::vector<Sequence>& batch,
     for (int r = 0; r < cp; ++r) {
       EXPECT_EQ(mb.shard_cp_rank(r), r);
       const int64_t shard_tokens = mb.shard_num_tokens(r);
-      const std::vector<int64_t> mine = *ShardTokenIndices(plan, m, r);
+      absl::StatusOr<std::vector<int64_t>> mine_or = ShardTokenIndices(plan, m, r);
+      if (!mine_or.ok()) {
+        ADD_FAILURE() << "microbatch " << m << " rank " << r << ": " << mine_or.status();
+        return std::numeric_limits<double>::quiet_NaN();
+      }
+      const std::vector<int64_t> mine = *std::move(mine_or);
       EXPECT_EQ(static_cast<int64_t>(mine.size()), shard_tokens);
       // The stored piece count: a sequence of at least 2 x CP tokens gives every rank two
       // non-empty chunks; a shorter one has chunks of at most one token, one piece per token.
@@ -192,17 +207,17 @@ TEST_P(PropertyTest, RandomBatchesGiveValidBalancedLossPreservingPlans) {
     const int cp = cp_sizes[rng() % 5];
     const int64_t budget = 2 * cp + static_cast<int64_t>(rng() % 1024);
     const int64_t max_length = 1 + static_cast<int64_t>(rng() % budget);
-    const std::vector<Sequence> batch =
-        RandomBatch({.distribution = distribution,
-                     .num_sequences = 1 + static_cast<int64_t>(rng() % 80),
-                     .max_length = max_length,
-                     .seed = seed,
-                     .weighted_fraction = 0.3});
-    const PlanOptions options{
-        .max_tokens_per_microbatch = budget,
-        .cp_size = cp,
-        .packing = rng() % 4 == 0 ? PACKING_IN_ORDER : PACKING_FIRST_FIT_DECREASING,
-        .loss_normalization = norms[rng() % 3]};
+    RandomBatchOptions batch_options;
+    batch_options.distribution = distribution;
+    batch_options.num_sequences = 1 + static_cast<int64_t>(rng() % 80);
+    batch_options.max_length = max_length;
+    batch_options.seed = seed;
+    batch_options.weighted_fraction = 0.3;
+    const std::vector<Sequence> batch = RandomBatch(batch_options);
+    const PackingPolicy packing = rng() % 4 == 0 ? PACKING_IN_ORDER : PACKING_FIRST_FIT_DECREASING;
+    const LossNormalization norm = norms[rng() % 3];
+    const PlanOptions options =
+        PlanOptions::Of(budget, cp).WithPacking(packing).WithLossNormalization(norm);
     SCOPED_TRACE(absl::StrCat(DistributionName(distribution), " case ", c, ": ", batch.size(),
                               " sequences, budget ", budget, ", cp ", cp, ", packing ",
                               options.packing, ", loss ", options.loss_normalization));
@@ -274,15 +289,17 @@ INSTANTIATE_TEST_SUITE_P(Distributions, PropertyTest,
 
 // Splitting one sequence again and again down to parts of 2 x CP tokens keeps the loss.
 TEST(PropertyTest, RepeatedSplitsOfOneLongSequenceKeepTheLoss) {
-  std::vector<Sequence> batch = RandomBatch({.distribution = LengthDistribution::kAllEqual,
-                                             .num_sequences = 1,
-                                             .max_length = 4096,
-                                             .seed = 3,
-                                             .equal_length = 1000,
-                                             .weighted_fraction = 1.0});
+  RandomBatchOptions batch_options;
+  batch_options.distribution = LengthDistribution::kAllEqual;
+  batch_options.num_sequences = 1;
+  batch_options.max_length = 4096;
+  batch_options.seed = 3;
+  batch_options.equal_length = 1000;
+  batch_options.weighted_fraction = 1.0;
+  std::vector<Sequence> batch = RandomBatch(batch_options);
   for (LossNormalization norm : {LOSS_TOKEN_MEAN, LOSS_SUM, LOSS_SEQUENCE_MEAN}) {
-    Plan plan = *PlanMicrobatches(
-        batch, {.max_tokens_per_microbatch = 1024, .cp_size = 2, .loss_normalization = norm});
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+        Plan plan, PlanMicrobatches(batch, PlanOptions::Of(1024, 2).WithLossNormalization(norm)));
     const double reference = UnsplitLoss(batch, norm);
     int equal_chunk = 0;
     bool split_any = true;
@@ -307,15 +324,17 @@ TEST(PropertyTest, RepeatedSplitsOfOneLongSequenceKeepTheLoss) {
 // The packing-efficiency target of the issue on one large long-tail batch (the benchmark
 // reports it on more): first-fit-decreasing fills at least 95% of 64k-token microbatches.
 TEST(PropertyTest, LongTailPacksAtLeast95Percent) {
-  const std::vector<Sequence> batch = RandomBatch({.distribution = LengthDistribution::kLongTail,
-                                                   .num_sequences = 20000,
-                                                   .max_length = 32768,
-                                                   .seed = 11});
-  Plan plan = *PlanMicrobatches(batch, {.max_tokens_per_microbatch = 65536});
+  RandomBatchOptions batch_options;
+  batch_options.distribution = LengthDistribution::kLongTail;
+  batch_options.num_sequences = 20000;
+  batch_options.max_length = 32768;
+  batch_options.seed = 11;
+  const std::vector<Sequence> batch = RandomBatch(batch_options);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Plan plan, PlanMicrobatches(batch, PlanOptions::Of(65536)));
   ASSERT_TRUE(VerifyPlan(plan, batch).ok()) << VerifyPlan(plan, batch);
   EXPECT_GE(PackingEfficiency(plan), 0.95);
-  Plan in_order =
-      *PlanMicrobatches(batch, {.max_tokens_per_microbatch = 65536, .packing = PACKING_IN_ORDER});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      Plan in_order, PlanMicrobatches(batch, PlanOptions::Of(65536).WithPacking(PACKING_IN_ORDER)));
   EXPECT_GE(PackingEfficiency(plan), PackingEfficiency(in_order));
 }
 

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "base/sha256.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_check.h"
@@ -70,7 +72,7 @@ Plan MustPlan(const std::vector<Sequence>& batch, const PlanOptions& options) {
 
 TEST(PackingTest, FirstFitDecreasingPlacesLongestFirst) {
   // In order: [6] [5 4] [3 2] = 3 microbatches; FFD: [6 4] [5 3 2] = 2.
-  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}), {.max_tokens_per_microbatch = 10});
+  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}), PlanOptions::Of(10));
   EXPECT_EQ(plan.packing_applied(), PACKING_FIRST_FIT_DECREASING);
   ASSERT_EQ(plan.microbatches_size(), 2);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 2));
@@ -78,7 +80,7 @@ TEST(PackingTest, FirstFitDecreasingPlacesLongestFirst) {
 }
 
 TEST(PackingTest, EqualLengthsKeepInputOrder) {
-  Plan plan = MustPlan(Lengths({5, 7, 5, 5, 7}), {.max_tokens_per_microbatch = 12});
+  Plan plan = MustPlan(Lengths({5, 7, 5, 5, 7}), PlanOptions::Of(12));
   ASSERT_EQ(plan.microbatches_size(), 3);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(1, 0));
   EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(4, 2));
@@ -87,7 +89,7 @@ TEST(PackingTest, EqualLengthsKeepInputOrder) {
 
 TEST(PackingTest, DefaultFallsBackToInOrderWhenThatNeedsFewerMicrobatches) {
   // FFD: [4 4] [3 3 3] [3] = 3 microbatches; in order: [4 3 3] [4 3 3] = 2.
-  Plan plan = MustPlan(Lengths({4, 3, 3, 4, 3, 3}), {.max_tokens_per_microbatch = 10});
+  Plan plan = MustPlan(Lengths({4, 3, 3, 4, 3, 3}), PlanOptions::Of(10));
   EXPECT_EQ(plan.limits().packing(), PACKING_FIRST_FIT_DECREASING);
   EXPECT_EQ(plan.packing_applied(), PACKING_IN_ORDER);
   ASSERT_EQ(plan.microbatches_size(), 2);
@@ -96,8 +98,7 @@ TEST(PackingTest, DefaultFallsBackToInOrderWhenThatNeedsFewerMicrobatches) {
 }
 
 TEST(PackingTest, InOrderPolicyNeverReorders) {
-  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}),
-                       {.max_tokens_per_microbatch = 10, .packing = PACKING_IN_ORDER});
+  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}), PlanOptions::Of(10).WithPacking(PACKING_IN_ORDER));
   EXPECT_EQ(plan.packing_applied(), PACKING_IN_ORDER);
   ASSERT_EQ(plan.microbatches_size(), 3);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0));
@@ -108,15 +109,14 @@ TEST(PackingTest, InOrderPolicyNeverReorders) {
 TEST(PackingTest, HugeLengthsUseRankedBuckets) {
   // Lengths above the direct-indexing bound take the sorted-distinct-lengths path.
   const int64_t g = int64_t{1} << 30;
-  Plan plan = MustPlan(Lengths({3 * g, g, 2 * g, g, 5}), {.max_tokens_per_microbatch = 4 * g});
+  Plan plan = MustPlan(Lengths({3 * g, g, 2 * g, g, 5}), PlanOptions::Of(4 * g));
   ASSERT_EQ(plan.microbatches_size(), 2);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 1));
   EXPECT_THAT(Indices(plan.microbatches(1)), ElementsAre(2, 3, 4));
 }
 
 TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
-  Plan plan =
-      MustPlan(Lengths({3, 2, 4}), {.max_tokens_per_microbatch = 16, .packing = PACKING_IN_ORDER});
+  Plan plan = MustPlan(Lengths({3, 2, 4}), PlanOptions::Of(16).WithPacking(PACKING_IN_ORDER));
   ASSERT_EQ(plan.microbatches_size(), 1);
   const Microbatch& mb = plan.microbatches(0);
   EXPECT_EQ(mb.num_tokens(), 9);
@@ -127,11 +127,12 @@ TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
   EXPECT_THAT(mb.loss_scale(), ElementsAre(DoubleEq(1.0 / 9)));
   EXPECT_EQ(TokenBegin(mb, 2), 0);
   EXPECT_THAT(LossScale(mb, 2), DoubleEq(1.0 / 9));
-  EXPECT_THAT(*PositionIds(mb), ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> positions, PositionIds(mb));
+  EXPECT_THAT(positions, ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3));
 }
 
 TEST(CpShardTest, RankOwnsChunksIAnd2CpMinus1MinusI) {
-  Plan plan = MustPlan(Lengths({8}), {.max_tokens_per_microbatch = 8, .cp_size = 2});
+  Plan plan = MustPlan(Lengths({8}), PlanOptions::Of(8, 2));
   EXPECT_EQ(plan.cp_chunk_rule(), CP_CHUNK_MIRRORED_PAIRS_V1);
   using P = std::vector<int64_t>;
   EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 2, 0}, P{6, 8, 3}));
@@ -143,7 +144,7 @@ TEST(CpShardTest, RankOwnsChunksIAnd2CpMinus1MinusI) {
 TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
   // Three sequences of 9 tokens, CP 2: 9 = 4 chunks x 2 + 1 leftover. Leftover slots in order:
   // rank 0 front (chunk 0), rank 0 back (chunk 3), rank 1 front (chunk 1), ...
-  Plan plan = MustPlan(Lengths({9, 9, 9}), {.max_tokens_per_microbatch = 32, .cp_size = 2});
+  Plan plan = MustPlan(Lengths({9, 9, 9}), PlanOptions::Of(32, 2));
   const Microbatch& mb = plan.microbatches(0);
   using P = std::vector<int64_t>;
   EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 3, 0}, P{7, 9, 3}, P{9, 11, 0}, P{15, 18, 3},
@@ -157,9 +158,7 @@ TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
 TEST(CpShardTest, TinySequencesSpreadOverRanks) {
   // Sequences shorter than 2 x CP: chunks of 0 or 1 token; the leftover slots continue across
   // sequences: F0 | B0 | F1 B1 F2 | B2 F3 (Fr: rank r's front chunk r, Br: its back chunk 7 - r).
-  Plan plan =
-      MustPlan(Lengths({1, 1, 3, 2}),
-               {.max_tokens_per_microbatch = 64, .cp_size = 4, .packing = PACKING_IN_ORDER});
+  Plan plan = MustPlan(Lengths({1, 1, 3, 2}), PlanOptions::Of(64, 4).WithPacking(PACKING_IN_ORDER));
   using P = std::vector<int64_t>;
   EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 1, 0}, P{1, 2, 7}));
   EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{2, 3, 1}, P{4, 5, 6}));
@@ -169,7 +168,7 @@ TEST(CpShardTest, TinySequencesSpreadOverRanks) {
 
 TEST(CpShardTest, RankWithNothingHasAnExplicitEmptyShard) {
   // 3 tokens, CP 4: rank 0 takes chunks 0 and 7, rank 1 chunk 1; ranks 2 and 3 own nothing.
-  Plan plan = MustPlan(Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4});
+  Plan plan = MustPlan(Lengths({3}), PlanOptions::Of(8, 4));
   const Microbatch& mb = plan.microbatches(0);
   EXPECT_THAT(mb.shard_cp_rank(), ElementsAre(0, 1, 2, 3));
   EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(2, 1, 0, 0));
@@ -184,7 +183,7 @@ TEST(CpShardTest, RankWithNothingHasAnExplicitEmptyShard) {
 }
 
 TEST(CpShardTest, OneTokenSequenceWithLargeCp) {
-  Plan plan = MustPlan(Lengths({1}), {.max_tokens_per_microbatch = 16, .cp_size = 8});
+  Plan plan = MustPlan(Lengths({1}), PlanOptions::Of(16, 8));
   const Microbatch& mb = plan.microbatches(0);
   EXPECT_THAT(mb.shard_cp_rank(), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
   EXPECT_THAT(mb.shard_num_tokens(), ElementsAre(1, 0, 0, 0, 0, 0, 0, 0));
@@ -192,7 +191,7 @@ TEST(CpShardTest, OneTokenSequenceWithLargeCp) {
 }
 
 TEST(CpShardTest, ShardPiecesRefusesBadArguments) {
-  Plan plan = MustPlan(Lengths({9, 5}), {.max_tokens_per_microbatch = 16, .cp_size = 2});
+  Plan plan = MustPlan(Lengths({9, 5}), PlanOptions::Of(16, 2));
   auto code_and_message = [&](const Plan& p, int m, int r) {
     absl::Status status = ShardPieces(p, m, r).status();
     EXPECT_EQ(ShardTokenIndices(p, m, r).status(), status);
@@ -225,7 +224,7 @@ TEST(CpShardTest, StoredCountsMatchDerivedPiecesForManyShapes) {
     std::vector<int64_t> lengths;
     for (int64_t i = 1; i <= 40; ++i) lengths.push_back((i * 37) % 53 + 1);
     const std::vector<Sequence> batch = Lengths(lengths);
-    Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 200, .cp_size = cp});
+    Plan plan = MustPlan(batch, PlanOptions::Of(200, cp));
     for (int m = 0; m < plan.microbatches_size(); ++m) {
       for (int r = 0; r < cp; ++r) Pieces(plan, m, r);
     }
@@ -233,16 +232,18 @@ TEST(CpShardTest, StoredCountsMatchDerivedPiecesForManyShapes) {
 }
 
 // Weights of every packed token, over the whole plan, by (batch index, token).
-std::vector<std::vector<double>> WeightsByToken(const Plan& plan,
-                                                const std::vector<Sequence>& batch) {
+absl::StatusOr<std::vector<std::vector<double>>> WeightsByToken(
+    const Plan& plan, const std::vector<Sequence>& batch) {
   std::vector<std::vector<double>> w(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) w[i].assign(batch[i].num_tokens, 0.0);
   for (const Microbatch& mb : plan.microbatches()) {
-    std::vector<double> tw = *TokenLossWeights(mb, batch);
-    std::vector<int64_t> pos = *PositionIds(mb);
+    absl::StatusOr<std::vector<double>> tw = TokenLossWeights(mb, batch);
+    if (!tw.ok()) return tw.status();
+    absl::StatusOr<std::vector<int64_t>> pos = PositionIds(mb);
+    if (!pos.ok()) return pos.status();
     for (int k = 0; k < mb.batch_index_size(); ++k) {
       for (int64_t t = mb.cu_seqlens(k); t < mb.cu_seqlens(k + 1); ++t) {
-        w[mb.batch_index(k)][pos[t]] += tw[t];
+        w[mb.batch_index(k)][(*pos)[t]] += (*tw)[t];
       }
     }
   }
@@ -253,23 +254,21 @@ TEST(LossTest, NormalisationsGiveTheDocumentedWeights) {
   std::vector<Sequence> batch = Lengths({2, 3});
   batch[1].loss_weights = {0.0f, 1.0f, 3.0f};  // weight total: 2 + 4 = 6
   auto weights = [&](LossNormalization norm) {
-    return WeightsByToken(
-        MustPlan(batch, {.max_tokens_per_microbatch = 4, .loss_normalization = norm}), batch);
+    return WeightsByToken(MustPlan(batch, PlanOptions::Of(4).WithLossNormalization(norm)), batch);
   };
-  auto mean = weights(LOSS_TOKEN_MEAN);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto mean, weights(LOSS_TOKEN_MEAN));
   EXPECT_THAT(mean[0], ElementsAre(DoubleEq(1.0 / 6), DoubleEq(1.0 / 6)));
   EXPECT_THAT(mean[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0 / 6), DoubleEq(3.0 / 6)));
-  auto sum = weights(LOSS_SUM);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto sum, weights(LOSS_SUM));
   EXPECT_THAT(sum[0], ElementsAre(DoubleEq(1.0), DoubleEq(1.0)));
   EXPECT_THAT(sum[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0), DoubleEq(3.0)));
-  auto per_sequence = weights(LOSS_SEQUENCE_MEAN);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto per_sequence, weights(LOSS_SEQUENCE_MEAN));
   EXPECT_THAT(per_sequence[0], ElementsAre(DoubleEq(0.25), DoubleEq(0.25)));
   EXPECT_THAT(per_sequence[1], ElementsAre(DoubleEq(0.0), DoubleEq(1.0 / 8), DoubleEq(3.0 / 8)));
 }
 
 TEST(LossTest, LossScaleIsStoredOncePerMicrobatchUnlessItDiffers) {
-  const PlanOptions per_sequence{.max_tokens_per_microbatch = 8,
-                                 .loss_normalization = LOSS_SEQUENCE_MEAN};
+  const PlanOptions per_sequence = PlanOptions::Of(8).WithLossNormalization(LOSS_SEQUENCE_MEAN);
   // Longest first: sequence 1 (3 tokens), then sequence 0 (2 tokens).
   Plan plan = MustPlan(Lengths({2, 3}), per_sequence);
   ASSERT_EQ(plan.microbatches_size(), 1);
@@ -284,7 +283,7 @@ TEST(LossTest, LossScaleIsStoredOncePerMicrobatchUnlessItDiffers) {
 
 TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
   std::vector<Sequence> batch = Lengths({2, 3});
-  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8});
+  Plan plan = MustPlan(batch, PlanOptions::Of(8));
   std::vector<Sequence> other = batch;
   other[1].id = 7;
   absl::StatusOr<std::vector<double>> w = TokenLossWeights(plan.microbatches(0), other);
@@ -294,7 +293,7 @@ TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
 
 TEST(SplitTest, SplitsAtTheSequenceBoundaryNearestHalf) {
   std::vector<Sequence> batch = Lengths({4, 2, 3, 5});
-  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 14, .packing = PACKING_IN_ORDER});
+  Plan plan = MustPlan(batch, PlanOptions::Of(14).WithPacking(PACKING_IN_ORDER));
   ASSERT_EQ(plan.microbatches_size(), 1);
   absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
   ASSERT_TRUE(split.ok()) << split.status();
@@ -304,14 +303,16 @@ TEST(SplitTest, SplitsAtTheSequenceBoundaryNearestHalf) {
   // Boundaries at 4, 6, 9 of 14 tokens: 6 is nearest to 7.
   EXPECT_THAT(Indices(split->microbatches(0)), ElementsAre(0, 1));
   EXPECT_THAT(Indices(split->microbatches(1)), ElementsAre(2, 3));
-  EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const auto split_weights, WeightsByToken(*split, batch));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const auto plan_weights, WeightsByToken(plan, batch));
+  EXPECT_EQ(split_weights, plan_weights);
 }
 
 TEST(SplitTest, SplitsOneSequenceAtACpCompatibleCut) {
   std::vector<Sequence> batch = Lengths({21});
   batch[0].loss_weights.assign(21, 0.5f);
   batch[0].loss_weights[20] = 2.0f;
-  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 32, .cp_size = 2});
+  Plan plan = MustPlan(batch, PlanOptions::Of(32, 2));
   absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_TRUE(VerifyPlan(*split, batch).ok()) << VerifyPlan(*split, batch);
@@ -321,13 +322,17 @@ TEST(SplitTest, SplitsOneSequenceAtACpCompatibleCut) {
   EXPECT_THAT(split->microbatches(0).token_begin(), ElementsAre());
   EXPECT_THAT(split->microbatches(1).token_begin(), ElementsAre(8));
   EXPECT_EQ(TokenBegin(split->microbatches(1), 0), 8);
-  EXPECT_EQ(PositionIds(split->microbatches(1))->front(), 8);
-  EXPECT_EQ(WeightsByToken(*split, batch), WeightsByToken(plan, batch));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> positions,
+                                PositionIds(split->microbatches(1)));
+  EXPECT_EQ(positions.front(), 8);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const auto split_weights, WeightsByToken(*split, batch));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const auto plan_weights, WeightsByToken(plan, batch));
+  EXPECT_EQ(split_weights, plan_weights);
 }
 
 TEST(SplitTest, KeepsOtherMicrobatchesAndOrder) {
   std::vector<Sequence> batch = Lengths({6, 6, 6, 6});
-  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 12});
+  Plan plan = MustPlan(batch, PlanOptions::Of(12));
   ASSERT_EQ(plan.microbatches_size(), 2);
   absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
   ASSERT_TRUE(split.ok());
@@ -339,7 +344,7 @@ TEST(SplitTest, KeepsOtherMicrobatchesAndOrder) {
 
 TEST(SplitTest, RefusesWhatCannotBeSplit) {
   std::vector<Sequence> batch = Lengths({4});
-  Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8, .cp_size = 2});
+  Plan plan = MustPlan(batch, PlanOptions::Of(8, 2));
   absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
   EXPECT_EQ(split.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(split.status().message(), HasSubstr("only 4 tokens of sequence 0 (id 100)"));
@@ -349,7 +354,7 @@ TEST(SplitTest, RefusesWhatCannotBeSplit) {
 }
 
 TEST(SplitTest, RefusesMalformedBoundariesInsteadOfWritingOutOfRange) {
-  Plan plan = MustPlan(Lengths({40, 60}), {.max_tokens_per_microbatch = 100, .cp_size = 2});
+  Plan plan = MustPlan(Lengths({40, 60}), PlanOptions::Of(100, 2));
   ASSERT_EQ(plan.microbatches_size(), 1);
   Plan tampered = plan;
   tampered.mutable_microbatches(0)->set_cu_seqlens(1, -3);  // [0, -3, 100]
@@ -362,8 +367,7 @@ TEST(SplitTest, RefusesMalformedBoundariesInsteadOfWritingOutOfRange) {
 // A budget meaning "no limit" must not overflow the in-order count (which would silently turn
 // the default into in-order packing).
 TEST(PackingTest, HugeBudgetStillPacksFirstFitDecreasing) {
-  Plan plan = MustPlan(Lengths({2, 9, 4}),
-                       {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max()});
+  Plan plan = MustPlan(Lengths({2, 9, 4}), PlanOptions::Of(std::numeric_limits<int64_t>::max()));
   EXPECT_EQ(plan.packing_applied(), PACKING_FIRST_FIT_DECREASING);
   ASSERT_EQ(plan.microbatches_size(), 1);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(1, 2, 0));
@@ -375,9 +379,8 @@ TEST(PackingTest, HugeBudgetHugeSequencesAndLargestCp) {
   const int64_t big = int64_t{1} << 62;
   // INT64_MAX tokens in all: the most a plan can count.
   const std::vector<Sequence> batch = Lengths({big, 3, big - 4});
-  const Plan plan = MustPlan(
-      batch,
-      {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max(), .cp_size = kMaxCpSize});
+  const Plan plan =
+      MustPlan(batch, PlanOptions::Of(std::numeric_limits<int64_t>::max(), kMaxCpSize));
   ASSERT_EQ(plan.microbatches_size(), 1);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0, 2, 1));
   EXPECT_TRUE(VerifyPlan(plan, batch).ok()) << VerifyPlan(plan, batch);
@@ -401,7 +404,7 @@ TEST(PackingTest, HugeBudgetHugeSequencesAndLargestCp) {
 // abort, an overflow or an allocation the size of the claim.
 TEST(UnverifiedPlanTest, TokenListsRefuseImpossibleMicrobatches) {
   const std::vector<Sequence> batch = Lengths({5, 3});
-  const Plan plan = MustPlan(batch, {.max_tokens_per_microbatch = 8, .cp_size = 2});
+  const Plan plan = MustPlan(batch, PlanOptions::Of(8, 2));
   const Microbatch& good = plan.microbatches(0);
   ASSERT_TRUE(PositionIds(good).ok());
   ASSERT_TRUE(TokenLossWeights(good, batch).ok());
@@ -454,7 +457,7 @@ TEST(UnverifiedPlanTest, TokenListsRefuseImpossibleMicrobatches) {
 
 TEST(DeterminismTest, SameInputSameBytesAndDigest) {
   std::vector<Sequence> batch = Lengths({9, 1, 30, 7, 7, 12, 3, 25, 2});
-  const PlanOptions options{.max_tokens_per_microbatch = 32, .cp_size = 2};
+  const PlanOptions options = PlanOptions::Of(32, 2);
   Plan a = MustPlan(batch, options);
   std::vector<Sequence> copy = batch;
   Plan b = MustPlan(copy, options);
@@ -475,11 +478,11 @@ TEST(DeterminismTest, PlanningIntoAReusedPlanGivesTheSameBytes) {
     PlanOptions options;
   };
   const std::vector<Case> cases = {
-      {Lengths(many), {.max_tokens_per_microbatch = 64, .cp_size = 4}},
-      {Lengths({9, 1, 30, 7}), {.max_tokens_per_microbatch = 32, .cp_size = 2}},
-      {Lengths({4, 3, 3, 4, 3, 3}), {.max_tokens_per_microbatch = 10}},  // falls back
-      {Lengths(many), {.max_tokens_per_microbatch = 128, .packing = PACKING_IN_ORDER}},
-      {Lengths({3}), {.max_tokens_per_microbatch = 8, .cp_size = 4}},
+      {Lengths(many), PlanOptions::Of(64, 4)},
+      {Lengths({9, 1, 30, 7}), PlanOptions::Of(32, 2)},
+      {Lengths({4, 3, 3, 4, 3, 3}), PlanOptions::Of(10)},  // falls back
+      {Lengths(many), PlanOptions::Of(128).WithPacking(PACKING_IN_ORDER)},
+      {Lengths({3}), PlanOptions::Of(8, 4)},
   };
   Plan reused;
   for (size_t c = 0; c < cases.size(); ++c) {
@@ -488,8 +491,7 @@ TEST(DeterminismTest, PlanningIntoAReusedPlanGivesTheSameBytes) {
     EXPECT_EQ(SerializePlan(reused), SerializePlan(MustPlan(cases[c].batch, cases[c].options)))
         << "case " << c;
   }
-  const absl::Status bad =
-      PlanMicrobatches(Lengths({5, 0}), {.max_tokens_per_microbatch = 8}, reused);
+  const absl::Status bad = PlanMicrobatches(Lengths({5, 0}), PlanOptions::Of(8), reused);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(reused.microbatches_size(), 0);
   EXPECT_EQ(reused.num_sequences(), 0);
@@ -499,7 +501,7 @@ TEST(DeterminismTest, DigestIsTheFramedHashOfThePlanBytes) {
   // Large enough that the streamed serialization crosses many hash buffers.
   std::vector<int64_t> lengths;
   for (int64_t i = 0; i < 20000; ++i) lengths.push_back(1 + (i * 7919) % 500);
-  Plan plan = MustPlan(Lengths(lengths), {.max_tokens_per_microbatch = 1024, .cp_size = 4});
+  Plan plan = MustPlan(Lengths(lengths), PlanOptions::Of(1024, 4));
   const std::string bytes = SerializePlan(plan);
   ASSERT_GT(bytes.size(), size_t{200000});
   EXPECT_EQ(PlanDigest(plan), Sha256Framed({kPlanDigestTag, bytes}));
@@ -517,8 +519,7 @@ TEST(DeterminismTest, OneDifferentLossWeightWithTheSameTotalsChangesTheDigest) {
   other[1].loss_weights[4] = 0.25f;
   other[1].loss_weights[2] = 1.25f;
   for (LossNormalization norm : {LOSS_TOKEN_MEAN, LOSS_SUM, LOSS_SEQUENCE_MEAN}) {
-    const PlanOptions options{
-        .max_tokens_per_microbatch = 16, .cp_size = 2, .loss_normalization = norm};
+    const PlanOptions options = PlanOptions::Of(16, 2).WithLossNormalization(norm);
     Plan a = MustPlan(batch, options);
     Plan b = MustPlan(other, options);
     EXPECT_NE(a.loss_weights_digest(), b.loss_weights_digest());
@@ -529,7 +530,7 @@ TEST(DeterminismTest, OneDifferentLossWeightWithTheSameTotalsChangesTheDigest) {
     EXPECT_EQ(SerializePlan(a), SerializePlan(b));
   }
   // A plan of one batch does not verify against the other.
-  Plan a = MustPlan(batch, {.max_tokens_per_microbatch = 16});
+  Plan a = MustPlan(batch, PlanOptions::Of(16));
   EXPECT_THAT(VerifyPlan(a, other).message(), HasSubstr("loss weights digest"));
 }
 
@@ -584,75 +585,68 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadInput{"ZeroBudget",
                  Lengths({4}),
-                 {.max_tokens_per_microbatch = 0},
+                 PlanOptions::Of(0),
                  {"max_tokens_per_microbatch is 0", "must be positive"}},
         BadInput{"NegativeBudget",
                  Lengths({4}),
-                 {.max_tokens_per_microbatch = -5},
+                 PlanOptions::Of(-5),
                  {"max_tokens_per_microbatch is -5"}},
-        BadInput{"ZeroCp",
-                 Lengths({4}),
-                 {.max_tokens_per_microbatch = 8, .cp_size = 0},
-                 {"cp_size is 0"}},
-        BadInput{"NegativeCp",
-                 Lengths({4}),
-                 {.max_tokens_per_microbatch = 8, .cp_size = -2},
-                 {"cp_size is -2"}},
-        BadInput{"CpOverTheLimit",
-                 Lengths({4}),
-                 {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max(),
-                  .cp_size = std::numeric_limits<int>::max()},
-                 {"cp_size is 2147483647; it must be in [1, 1024]"}},
+        BadInput{"ZeroCp", Lengths({4}), PlanOptions::Of(8, 0), {"cp_size is 0"}},
+        BadInput{"NegativeCp", Lengths({4}), PlanOptions::Of(8, -2), {"cp_size is -2"}},
+        BadInput{
+            "CpOverTheLimit",
+            Lengths({4}),
+            PlanOptions::Of(std::numeric_limits<int64_t>::max(), std::numeric_limits<int>::max()),
+            {"cp_size is 2147483647; it must be in [1, 1024]"}},
         BadInput{"BatchBeyondInt64Tokens",
                  Lengths({int64_t{1} << 62, int64_t{1} << 62}),
-                 {.max_tokens_per_microbatch = std::numeric_limits<int64_t>::max()},
+                 PlanOptions::Of(std::numeric_limits<int64_t>::max()),
                  {"the batch holds more than 9223372036854775807 tokens at sequence 1"}},
         BadInput{"BudgetCannotServeCp",
                  Lengths({4}),
-                 {.max_tokens_per_microbatch = 7, .cp_size = 4},
+                 PlanOptions::Of(7, 4),
                  {"max_tokens_per_microbatch 7 cannot serve cp_size 4", "2 x cp_size = 8"}},
-        BadInput{"EmptyBatch", {}, {.max_tokens_per_microbatch = 8}, {"no sequences"}},
+        BadInput{"EmptyBatch", {}, PlanOptions::Of(8), {"no sequences"}},
         BadInput{"SequenceLongerThanBudget",
                  Lengths({5, 70000, 3}),
-                 {.max_tokens_per_microbatch = 65536},
+                 PlanOptions::Of(65536),
                  {"sequence 1 (id 101) has 70000 tokens", "at most 65536"}},
         BadInput{"ZeroLengthSequence",
                  Lengths({5, 0}),
-                 {.max_tokens_per_microbatch = 8},
+                 PlanOptions::Of(8),
                  {"sequence 1 (id 101) has 0 tokens"}},
         BadInput{"NegativeLengthSequence",
                  Lengths({-3}),
-                 {.max_tokens_per_microbatch = 8},
+                 PlanOptions::Of(8),
                  {"sequence 0 (id 100) has -3 tokens"}},
         BadInput{"WeightCountMismatch",
                  WithWeights({3, 4}, 1, {1, 1, 1}),
-                 {.max_tokens_per_microbatch = 8},
+                 PlanOptions::Of(8),
                  {"sequence 1 (id 101) has 3 loss weights for 4 tokens"}},
         BadInput{"NegativeWeight",
                  WithWeights({3}, 0, {1, -1, 1}),
-                 {.max_tokens_per_microbatch = 8},
+                 PlanOptions::Of(8),
                  {"sequence 0 (id 100): loss weight of token 1 is -1"}},
         BadInput{"NanWeight",
                  WithWeights({2}, 0, {1, std::numeric_limits<float>::quiet_NaN()}),
-                 {.max_tokens_per_microbatch = 8},
+                 PlanOptions::Of(8),
                  {"loss weight of token 1 is nan"}},
         BadInput{"AllWeightsZeroForTokenMean",
                  WithWeights({2}, 0, {0, 0}),
-                 {.max_tokens_per_microbatch = 8},
+                 PlanOptions::Of(8),
                  {"loss weights sum to 0", "token-mean"}},
         BadInput{"SequenceWeightsZeroForSequenceMean",
                  WithWeights({2, 3}, 1, {0, 0, 0}),
-                 {.max_tokens_per_microbatch = 8, .loss_normalization = LOSS_SEQUENCE_MEAN},
+                 PlanOptions::Of(8).WithLossNormalization(LOSS_SEQUENCE_MEAN),
                  {"sequence 1 (id 101): its loss weights sum to 0", "per-sequence-mean"}},
         BadInput{"UnspecifiedPacking",
                  Lengths({2}),
-                 {.max_tokens_per_microbatch = 8, .packing = PACKING_POLICY_UNSPECIFIED},
+                 PlanOptions::Of(8).WithPacking(PACKING_POLICY_UNSPECIFIED),
                  {"packing policy 0"}},
-        BadInput{
-            "UnspecifiedNormalisation",
-            Lengths({2}),
-            {.max_tokens_per_microbatch = 8, .loss_normalization = LOSS_NORMALIZATION_UNSPECIFIED},
-            {"loss normalization 0"}}),
+        BadInput{"UnspecifiedNormalisation",
+                 Lengths({2}),
+                 PlanOptions::Of(8).WithLossNormalization(LOSS_NORMALIZATION_UNSPECIFIED),
+                 {"loss normalization 0"}}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
 
 }  // namespace

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/fuzz_target.h"
@@ -45,6 +47,14 @@ void CheckRestoresIdentically(const CpuGeneratorState& state, const char* form) 
                       absl::StrCat(form, ": two restores of one state drew different values"));
 }
 
+// The live default generator's state (for the seeds); aborts with a message when it is unreadable.
+CpuGeneratorState LiveState() {
+  absl::StatusOr<CpuGeneratorState> state = ReadDefaultCpuGenerator();
+  LOCKSTEP_FUZZ_CHECK(state.ok(), absl::StrCat("seed: the live generator cannot be read: ",
+                                               state.status().ToString()));
+  return *std::move(state);
+}
+
 }  // namespace
 }  // namespace rng
 
@@ -55,13 +65,13 @@ std::vector<std::string> FuzzSeeds() {
   // Live states: part-way through the words, right before a regeneration, with cached normals.
   at::manual_seed(5);
   (void)at::rand({100});
-  states.push_back(*rng::ReadDefaultCpuGenerator());
+  states.push_back(rng::LiveState());
   (void)at::randn({1});
   (void)at::randn({1}, at::kDouble);
-  states.push_back(*rng::ReadDefaultCpuGenerator());
+  states.push_back(rng::LiveState());
   at::manual_seed(6);
   (void)at::rand({623}, at::kFloat);
-  states.push_back(*rng::ReadDefaultCpuGenerator());
+  states.push_back(rng::LiveState());
   std::vector<std::string> seeds;
   for (const CpuGeneratorState& state : states) {
     seeds.push_back(rng::TorchCpuStateBytes(state));

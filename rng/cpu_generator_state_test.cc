@@ -89,11 +89,10 @@ TEST(CpuGeneratorStateTest, WritingAStateDrawsWhatSetStateDraws) {
   (void)at::rand({5});
   LOCKSTEP_ASSERT_OK(WriteDefaultCpuGenerator(saved));
   EXPECT_TRUE(at::equal(at::rand({1000}), expected));
-  EXPECT_EQ(CpuGeneratorState::Seeded(42), ParseTorchCpuState([] {
-                                             at::manual_seed(42);
-                                             return LiveTorchBytes();
-                                           }())
-                                               .value());
+  at::manual_seed(42);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const CpuGeneratorState seeded,
+                                ParseTorchCpuState(LiveTorchBytes()));
+  EXPECT_EQ(CpuGeneratorState::Seeded(42), seeded);
 }
 
 TEST(CpuGeneratorStateTest, PositionsThatReadPastTheWordsAreRefused) {

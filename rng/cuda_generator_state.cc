@@ -21,6 +21,7 @@
 #include "ATen/cuda/CUDAGeneratorImpl.h"
 #include "ATen/ops/from_blob.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAFunctions.h"
@@ -70,8 +71,7 @@ absl::StatusOr<std::optional<uint64_t>> CurrentCaptureId(int device, const char*
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;  // NOLINT(runtime/int): the CUDA API's type
   if (cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id); err != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat(what, ": cudaStreamGetCaptureInfo failed: ", cudaGetErrorString(err)));
+    return CudaStatus(err, absl::StrCat(what, ": cudaStreamGetCaptureInfo"));
   }
   switch (status) {
     case cudaStreamCaptureStatusNone:

@@ -22,7 +22,7 @@ absl::StatusOr<RngSnapshot> ModelStream::Derive(const RngSnapshot& caller) {
     absl::StrAppend(&cuda_part, caller.cuda()->seed, "/", caller.cuda()->offset);
   }
   const Sha256Digest digest = Sha256Framed({kModelStreamSalt, caller.cpu_state(), cuda_part});
-  return RngSnapshot::Seeded(caller.generators(), DigestWord(digest, 0), DigestWord(digest, 8));
+  return RngSnapshot::Seeded(caller.generators(), DigestWord<0>(digest), DigestWord<8>(digest));
 }
 
 absl::Status ModelStream::Restore(std::optional<RngSnapshot> state) {

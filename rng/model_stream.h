@@ -34,9 +34,10 @@
 // Example:
 //   {
 //     LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope,
-//     rng::ModelStreamScope::Enter(*streams)); RunPlannedWork();                      // draws come
-//     from the model stream LOCKSTEP_RETURN_IF_ERROR(scope.Exit());  // optional: the destructor
-//     exits too
+//                               rng::ModelStreamScope::Enter(*streams));
+//     RunPlannedWork();  // draws come from the model stream
+//     // Optional: the destructor exits too, but only logs a failure.
+//     LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
 //   }
 
 #ifndef LOCKSTEP_RNG_MODEL_STREAM_H_

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "base/sha256.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
@@ -15,8 +16,8 @@ namespace lockstep {
 namespace rng {
 namespace {
 
-std::shared_ptr<RankStreams> Streams() {
-  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+absl::StatusOr<std::shared_ptr<RankStreams>> Streams() {
+  return RankStreams::Create(DefaultGenerators::CpuOnly());
 }
 
 // The caller's draws after `body` must equal its draws had `body` never run.
@@ -24,16 +25,17 @@ template <typename Body>
 void ExpectCallerUntouched(Body body) {
   at::manual_seed(42);
   (void)at::rand({5});
-  const RngSnapshot before = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot before, RngSnapshot::Capture({}));
   at::Tensor expected = at::rand({16});
   ASSERT_TRUE(before.Restore().ok());
   body();
-  EXPECT_EQ(*RngSnapshot::Capture({}), before);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after, RngSnapshot::Capture({}));
+  EXPECT_EQ(after, before);
   EXPECT_TRUE(at::equal(at::rand({16}), expected));
 }
 
 TEST(ModelStreamScopeTest, RestoresTheCallerAfterNormalReturn) {
-  auto stream = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
   ExpectCallerUntouched([&] {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     EXPECT_TRUE(scope.outermost());
@@ -43,7 +45,7 @@ TEST(ModelStreamScopeTest, RestoresTheCallerAfterNormalReturn) {
 }
 
 TEST(ModelStreamScopeTest, RestoresTheCallerAfterAnException) {
-  auto stream = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
   ExpectCallerUntouched([&] {
     try {
       LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
@@ -56,8 +58,8 @@ TEST(ModelStreamScopeTest, RestoresTheCallerAfterAnException) {
 }
 
 TEST(ModelStreamScopeTest, NestedScopesShareTheStreamAndRestoreOnce) {
-  auto flat = Streams();
-  auto nested = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto flat, Streams());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto nested, Streams());
   at::manual_seed(7);
   at::Tensor flat_draws;
   {
@@ -65,7 +67,7 @@ TEST(ModelStreamScopeTest, NestedScopesShareTheStreamAndRestoreOnce) {
     flat_draws = at::rand({20});
   }
   at::manual_seed(7);
-  const RngSnapshot caller = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture({}));
   at::Tensor nested_draws;
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope outer, ModelStreamScope::Enter(*nested));
@@ -79,14 +81,15 @@ TEST(ModelStreamScopeTest, NestedScopesShareTheStreamAndRestoreOnce) {
     EXPECT_TRUE(nested->model().in_scope());
   }
   EXPECT_FALSE(nested->model().in_scope());
-  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_scopes, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_scopes, caller);
   // The inner scope continued the same stream rather than swapping anything.
   EXPECT_TRUE(at::equal(nested_draws, flat_draws));
 }
 
 TEST(ModelStreamScopeTest, TheStreamAdvancesAcrossScopes) {
-  auto stream = Streams();
-  auto reference = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto reference, Streams());
   at::manual_seed(11);
   at::Tensor first, second, continuous;
   {
@@ -109,10 +112,10 @@ TEST(ModelStreamScopeTest, TheStreamAdvancesAcrossScopes) {
 
 TEST(ModelStreamScopeTest, DeterministicForAGivenCallerStateAndUncorrelatedWithIt) {
   at::manual_seed(2024);
-  const RngSnapshot caller = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture({}));
   at::Tensor caller_next = at::rand({32});
-  auto a = Streams();
-  auto b = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto a, Streams());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto b, Streams());
   ASSERT_TRUE(caller.Restore().ok());
   at::Tensor from_a, from_b;
   {
@@ -128,28 +131,31 @@ TEST(ModelStreamScopeTest, DeterministicForAGivenCallerStateAndUncorrelatedWithI
   EXPECT_FALSE(at::equal(from_a, caller_next));
   // Another caller state derives another model stream.
   at::manual_seed(2025);
-  auto c = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto c, Streams());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*c));
   EXPECT_FALSE(at::equal(at::rand({32}), from_a));
 }
 
 TEST(ModelStreamScopeTest, DerivationIsSha256OfSaltAndCallerState) {
   at::manual_seed(3);
-  const RngSnapshot caller = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture({}));
   absl::StatusOr<RngSnapshot> derived = ModelStream::Derive(caller);
-  ASSERT_TRUE(derived.ok());
-  auto stream = Streams();
+  ASSERT_TRUE(derived.ok()) << derived.status();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
   { LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream)); }
   EXPECT_EQ(*stream->model().state(), *derived);
   // Computed independently: the CPU seed is the first 8 bytes (little endian) of
   // SHA-256(framed salt, framed CPU state, framed empty CUDA part).
   const Sha256Digest digest = Sha256Framed({kModelStreamSalt, caller.cpu_state(), ""});
-  EXPECT_EQ(derived->cpu_seed(), DigestWord(digest, 0));
-  EXPECT_EQ(*derived, *RngSnapshot::Seeded({}, DigestWord(digest, 0), DigestWord(digest, 8)));
+  EXPECT_EQ(derived->cpu_seed(), DigestWord<0>(digest));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      const RngSnapshot seeded,
+      RngSnapshot::Seeded({}, DigestWord<0>(digest), DigestWord<8>(digest)));
+  EXPECT_EQ(*derived, seeded);
 }
 
 TEST(ModelStreamScopeTest, CallerReseedingOutsideIsRespected) {
-  auto stream = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
     (void)at::rand({4});
@@ -165,8 +171,8 @@ TEST(ModelStreamScopeTest, CallerReseedingOutsideIsRespected) {
 }
 
 TEST(ModelStreamScopeTest, CallerReseedingInsideIsKeptAndTheModelStreamIsNotDisturbed) {
-  auto stream = Streams();
-  auto reference = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto reference, Streams());
   at::manual_seed(1);
   at::Tensor model_before;
   {
@@ -189,23 +195,25 @@ TEST(ModelStreamScopeTest, CallerReseedingInsideIsKeptAndTheModelStreamIsNotDist
 }
 
 TEST(ModelStreamScopeTest, ExitReportsAndIsIdempotentAndMovingKeepsOneScope) {
-  auto stream = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
   at::manual_seed(8);
-  const RngSnapshot caller = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture({}));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));
   ModelStreamScope moved = std::move(scope);  // the moved-from scope must not exit twice
   EXPECT_TRUE(moved.outermost());
   (void)at::rand({3});
   LOCKSTEP_EXPECT_OK(moved.Exit());
   EXPECT_FALSE(stream->model().in_scope());
-  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_exit, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_exit, caller);
   LOCKSTEP_EXPECT_OK(moved.Exit());  // a second Exit does nothing
   LOCKSTEP_EXPECT_OK(scope.Exit());  // NOLINT(bugprone-use-after-move): moved-from is inert
-  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_second_exit, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_second_exit, caller);
 }
 
 TEST(ModelStreamTest, RestoreRefusesInsideAScopeAndStatesOfOtherGenerators) {
-  auto stream = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto stream, Streams());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot seeded, RngSnapshot::Seeded({}, 1, 1));
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*stream));

@@ -119,13 +119,11 @@ absl::Status NamedStreamFork::Exit() {
   }
   const absl::Status restored = outside_.Restore();
   if (!saved.ok()) {
-    return absl::Status(saved.code(),
-                        absl::StrCat("saving named stream '", name_, "': ", saved.message()));
+    return Annotate(saved, absl::StrCat("while saving named stream '", name_, "'"));
   }
   if (!restored.ok()) {
-    return absl::Status(restored.code(), absl::StrCat("restoring the state live before named "
-                                                      "stream '",
-                                                      name_, "': ", restored.message()));
+    return Annotate(
+        restored, absl::StrCat("while restoring the state live before named stream '", name_, "'"));
   }
   return absl::OkStatus();
 }

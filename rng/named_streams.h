@@ -18,11 +18,14 @@
 // Thread-safety: as RankStreams (one thread at a time).
 //
 // Example:
-//   LOCKSTEP_RETURN_IF_ERROR(streams->named().Add("tensor-parallel", base_seed + 2718 + tp_rank));
+//   LOCKSTEP_RETURN_IF_ERROR(
+//       streams->named().Add("tensor-parallel", base_seed + 2718 + tp_rank));
 //   {
 //     LOCKSTEP_ASSIGN_OR_RETURN(rng::NamedStreamFork fork,
-//     streams->named().Fork("tensor-parallel")); output = at::dropout(input, 0.1, /*train=*/true);
-//     // draws from the named stream
+//                               streams->named().Fork("tensor-parallel"));
+//     // Draws from the named stream:
+//     output = at::dropout(input, 0.1, /*train=*/true);
+//     LOCKSTEP_RETURN_IF_ERROR(fork.Exit());  // optional: the destructor exits too
 //   }
 
 #ifndef LOCKSTEP_RNG_NAMED_STREAMS_H_
@@ -91,7 +94,7 @@ class NamedStreamTracker {
 
   // Runs the default generators on stream `name` until the fork exits. kNotFound for an unknown
   // name; kFailedPrecondition while another fork is active (forks do not nest: the outer fork's
-  // saved state would be overwritten).
+  // captured state would be overwritten).
   absl::StatusOr<NamedStreamFork> Fork(absl::string_view name);
 
  private:

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -15,8 +16,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::shared_ptr<RankStreams> Streams() {
-  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+absl::StatusOr<std::shared_ptr<RankStreams>> Streams() {
+  return RankStreams::Create(DefaultGenerators::CpuOnly());
 }
 
 at::Tensor DrawsOfSeed(uint64_t seed, int64_t skip, int64_t n) {
@@ -26,19 +27,20 @@ at::Tensor DrawsOfSeed(uint64_t seed, int64_t skip, int64_t n) {
 }
 
 TEST(NamedStreamTrackerTest, ForkDrawsFromTheNamedStreamAndRestoresTheOutside) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 1000).ok());
   ASSERT_TRUE(tracker.Add("expert", 2000).ok());
   at::manual_seed(5);
-  const RngSnapshot outside = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot outside, RngSnapshot::Capture({}));
   at::Tensor tp_first, tp_second, expert_first;
   {
     auto fork = tracker.Fork("tp");
     ASSERT_TRUE(fork.ok()) << fork.status();
     tp_first = at::rand({4});
   }
-  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_first_fork, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_first_fork, outside);
   {
     auto fork = tracker.Fork("expert");
     expert_first = at::rand({4});
@@ -47,7 +49,8 @@ TEST(NamedStreamTrackerTest, ForkDrawsFromTheNamedStreamAndRestoresTheOutside) {
     auto fork = tracker.Fork("tp");
     tp_second = at::rand({4});
   }
-  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_forks, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_forks, outside);
   EXPECT_TRUE(at::equal(tp_first, DrawsOfSeed(1000, 0, 4)));
   EXPECT_TRUE(at::equal(tp_second, DrawsOfSeed(1000, 4, 4)));  // the stream advanced
   EXPECT_TRUE(at::equal(expert_first, DrawsOfSeed(2000, 0, 4)));
@@ -55,24 +58,25 @@ TEST(NamedStreamTrackerTest, ForkDrawsFromTheNamedStreamAndRestoresTheOutside) {
 }
 
 TEST(NamedStreamTrackerTest, ExceptionInsideAForkStillRestores) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 1).ok());
   at::manual_seed(6);
-  const RngSnapshot outside = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot outside, RngSnapshot::Capture({}));
   try {
     auto fork = tracker.Fork("tp");
     (void)at::rand({3});
     throw std::runtime_error("boom");
   } catch (const std::runtime_error&) {
   }
-  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_exception, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_exception, outside);
   auto fork = tracker.Fork("tp");  // no fork left active
   EXPECT_TRUE(fork.ok());
 }
 
 TEST(NamedStreamTrackerTest, DuplicateNamesAndSeedsAreRefused) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("a", 7).ok());
   absl::Status name = tracker.Add("a", 8);
@@ -86,7 +90,7 @@ TEST(NamedStreamTrackerTest, DuplicateNamesAndSeedsAreRefused) {
 }
 
 TEST(NamedStreamTrackerTest, ForksDoNotNest) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("a", 1).ok());
   ASSERT_TRUE(tracker.Add("b", 2).ok());
@@ -97,7 +101,7 @@ TEST(NamedStreamTrackerTest, ForksDoNotNest) {
 }
 
 TEST(NamedStreamTrackerTest, SnapshotAndRestoreAllAreValues) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 31).ok());
   const auto saved = tracker.Snapshot();
@@ -120,11 +124,11 @@ TEST(NamedStreamTrackerTest, SnapshotAndRestoreAllAreValues) {
 }
 
 TEST(NamedStreamTrackerTest, ExitStoresTheStreamOnceAndTheForkIsNoLongerActive) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 77).ok());
   at::manual_seed(3);
-  const RngSnapshot outside = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot outside, RngSnapshot::Capture({}));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(NamedStreamFork fork, tracker.Fork("tp"));
   EXPECT_TRUE(tracker.forked());
   EXPECT_FALSE(streams->caller_state_live());
@@ -132,7 +136,8 @@ TEST(NamedStreamTrackerTest, ExitStoresTheStreamOnceAndTheForkIsNoLongerActive) 
   LOCKSTEP_EXPECT_OK(fork.Exit());
   EXPECT_FALSE(tracker.forked());
   EXPECT_TRUE(streams->caller_state_live());
-  EXPECT_EQ(*RngSnapshot::Capture({}), outside);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_exit, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_exit, outside);
   LOCKSTEP_EXPECT_OK(fork.Exit());  // idempotent: the stream is not stored twice
   EXPECT_TRUE(at::equal(drawn, DrawsOfSeed(77, 0, 4)));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(NamedStreamFork again, tracker.Fork("tp"));
@@ -142,7 +147,7 @@ TEST(NamedStreamTrackerTest, ExitStoresTheStreamOnceAndTheForkIsNoLongerActive) 
 }
 
 TEST(NamedStreamTrackerTest, RestoreRefusesEmptyNames) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot state, RngSnapshot::Seeded({}, 5, 5));
   std::map<std::string, NamedStreamTracker::Stream> bad;
   bad.emplace("", NamedStreamTracker::Stream{5, state});
@@ -150,7 +155,7 @@ TEST(NamedStreamTrackerTest, RestoreRefusesEmptyNames) {
 }
 
 TEST(NamedStreamTrackerTest, TheStreamCountAndNameLengthAreLimited) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   EXPECT_TRUE(streams->named().Add(std::string(kMaxStreamNameBytes, 'n'), 1).ok());
   const absl::Status long_name = streams->named().Add(std::string(kMaxStreamNameBytes + 1, 'n'), 2);
   EXPECT_EQ(long_name.code(), absl::StatusCode::kInvalidArgument);

@@ -19,7 +19,7 @@
 // --config=cuda builds (the same values, bit for bit).
 //
 // Example (TP column split of a [tokens, hidden] activation):
-//   rng::PhiloxKey key{.seed = seed, .stream = kAttentionDropout, .step = step};
+//   rng::PhiloxKey key = rng::PhiloxKey::Of(seed, kAttentionDropout, step);
 //   std::vector<rng::Slice> box = {{0, tokens}, {tp_rank * shard, (tp_rank + 1) * shard}};
 //   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor out,
 //       rng::PartitionedDropout(local_activation, key, {tokens, hidden}, box, 0.1));

@@ -15,6 +15,14 @@ namespace lockstep {
 namespace rng {
 
 struct PhiloxKey {
+  static PhiloxKey Of(uint64_t seed, uint32_t stream, uint32_t step) {
+    PhiloxKey key;
+    key.seed = seed;
+    key.stream = stream;
+    key.step = step;
+    return key;
+  }
+
   uint64_t seed = 0;
   uint32_t stream = 0;  // which use of randomness (attention dropout, token mask, ...)
   uint32_t step = 0;    // training step (or microbatch), so masks differ between steps

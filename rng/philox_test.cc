@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
+#include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -30,7 +32,7 @@ TEST(PhiloxTest, KnownAnswers) {
 
 TEST(PhiloxTest, ElementValueIsTheDocumentedWordOfItsBlock) {
   const PhiloxKey key{0x0123456789abcdefull, 3, 9};
-  at::Tensor u = *PartitionedUniform(key, {10}, {{0, 10}}, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor u, PartitionedUniform(key, {10}, {{0, 10}}, kCpu));
   for (int64_t i = 0; i < 10; ++i) {
     const auto words =
         Philox4x32({static_cast<uint32_t>(i / 4), 0, 9, 3}, {0x89abcdefu, 0x01234567u});
@@ -44,7 +46,7 @@ TEST(PhiloxTest, ElementValueIsTheDocumentedWordOfItsBlock) {
 TEST(PhiloxTest, EveryElementOfALargeTensorIsItsDocumentedWord) {
   const PhiloxKey key{0xfeedfacecafebeefull, 11, 5};
   const int64_t n = 3 * (1 << 15) + 7;
-  at::Tensor u = *PartitionedUniform(key, {n}, {{0, n}}, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor u, PartitionedUniform(key, {n}, {{0, n}}, kCpu));
   const float* got = u.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
     const auto words =
@@ -53,25 +55,28 @@ TEST(PhiloxTest, EveryElementOfALargeTensorIsItsDocumentedWord) {
     ASSERT_EQ(got[i], static_cast<float>(words[i % 4] >> 8) / 16777216.0f) << i;
   }
   const int64_t begin = (1 << 15) - 3, end = n - 2;
-  at::Tensor shard = *PartitionedUniform(key, {n}, {{begin, end}}, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor shard,
+                                PartitionedUniform(key, {n}, {{begin, end}}, kCpu));
   EXPECT_TRUE(at::equal(shard, u.slice(0, begin, end)));
 }
 
-at::Tensor Full(const PhiloxKey& key, std::vector<int64_t> shape) {
+absl::StatusOr<at::Tensor> Full(const PhiloxKey& key, std::vector<int64_t> shape) {
   std::vector<Slice> box;
   for (int64_t s : shape) box.push_back({0, s});
-  return *PartitionedUniform(key, shape, box, kCpu);
+  return PartitionedUniform(key, shape, box, kCpu);
 }
 
 TEST(PartitionInvarianceTest, TpColumnSplitsEqualTheSliceOfTheUnshardedValues) {
   const PhiloxKey key{42, 1, 0};
   const std::vector<int64_t> shape = {6, 16};
-  const at::Tensor full = Full(key, shape);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor full, Full(key, shape));
   for (int tp : {1, 2, 4, 8}) {
     std::vector<at::Tensor> shards;
     for (int r = 0; r < tp; ++r) {
       const int64_t w = 16 / tp;
-      shards.push_back(*PartitionedUniform(key, shape, {{0, 6}, {r * w, (r + 1) * w}}, kCpu));
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+          at::Tensor shard, PartitionedUniform(key, shape, {{0, 6}, {r * w, (r + 1) * w}}, kCpu));
+      shards.push_back(shard);
       EXPECT_TRUE(at::equal(shards.back(), full.slice(1, r * w, (r + 1) * w))) << tp << " " << r;
     }
     EXPECT_TRUE(at::equal(at::cat(shards, 1), full));
@@ -83,13 +88,16 @@ TEST(PartitionInvarianceTest, CpZigzagChunksEqualTheSliceOfTheUnshardedValues) {
   // and 2CP-1-i (load balance for causal attention).
   const PhiloxKey key{7, 2, 5};
   const std::vector<int64_t> shape = {2, 24, 3};
-  const at::Tensor full = Full(key, shape);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor full, Full(key, shape));
   for (int cp : {1, 2, 3}) {
     const int64_t chunk = 24 / (2 * cp);
     for (int r = 0; r < cp; ++r) {
       const int64_t a = r * chunk, b = (2 * cp - 1 - r) * chunk;
-      at::Tensor first = *PartitionedUniform(key, shape, {{0, 2}, {a, a + chunk}, {0, 3}}, kCpu);
-      at::Tensor second = *PartitionedUniform(key, shape, {{0, 2}, {b, b + chunk}, {0, 3}}, kCpu);
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+          at::Tensor first, PartitionedUniform(key, shape, {{0, 2}, {a, a + chunk}, {0, 3}}, kCpu));
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+          at::Tensor second,
+          PartitionedUniform(key, shape, {{0, 2}, {b, b + chunk}, {0, 3}}, kCpu));
       at::Tensor expected = at::cat({full.slice(1, a, a + chunk), full.slice(1, b, b + chunk)}, 1);
       EXPECT_TRUE(at::equal(at::cat({first, second}, 1), expected)) << cp << " " << r;
     }
@@ -99,17 +107,21 @@ TEST(PartitionInvarianceTest, CpZigzagChunksEqualTheSliceOfTheUnshardedValues) {
 TEST(PartitionInvarianceTest, UnevenAndEmptyShardsAndArbitraryBoxes) {
   const PhiloxKey key{99, 0, 1};
   const std::vector<int64_t> shape = {5, 7, 3};
-  const at::Tensor full = Full(key, shape);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor full, Full(key, shape));
   // Uneven split of the middle dimension: 3 + 3 + 1 + 0.
   const std::vector<std::pair<int64_t, int64_t>> parts = {{0, 3}, {3, 6}, {6, 7}, {7, 7}};
   for (auto [b, e] : parts) {
-    at::Tensor shard = *PartitionedUniform(key, shape, {{0, 5}, {b, e}, {0, 3}}, kCpu);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor shard,
+                                  PartitionedUniform(key, shape, {{0, 5}, {b, e}, {0, 3}}, kCpu));
     EXPECT_EQ(shard.sizes(), (std::vector<int64_t>{5, e - b, 3}));
     EXPECT_TRUE(at::equal(shard, full.slice(1, b, e)));
   }
-  at::Tensor box = *PartitionedUniform(key, shape, {{1, 4}, {2, 5}, {1, 3}}, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor box,
+                                PartitionedUniform(key, shape, {{1, 4}, {2, 5}, {1, 3}}, kCpu));
   EXPECT_TRUE(at::equal(box, full.slice(0, 1, 4).slice(1, 2, 5).slice(2, 1, 3)));
-  EXPECT_EQ(PartitionedUniform(key, shape, {{0, 0}, {0, 7}, {0, 3}}, kCpu)->numel(), 0);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor empty,
+                                PartitionedUniform(key, shape, {{0, 0}, {0, 7}, {0, 3}}, kCpu));
+  EXPECT_EQ(empty.numel(), 0);
 }
 
 TEST(PartitionInvarianceTest, DropoutOfAShardIsTheSliceOfUnshardedDropout) {
@@ -117,20 +129,28 @@ TEST(PartitionInvarianceTest, DropoutOfAShardIsTheSliceOfUnshardedDropout) {
   const std::vector<int64_t> shape = {8, 32};
   at::manual_seed(0);
   at::Tensor input = at::randn(shape);
-  at::Tensor full = *PartitionedDropout(input, key, shape, {{0, 8}, {0, 32}}, 0.25);
-  at::Tensor mask = *PartitionedDropoutMask(key, shape, {{0, 8}, {0, 32}}, 0.25, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor full,
+                                PartitionedDropout(input, key, shape, {{0, 8}, {0, 32}}, 0.25));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor mask,
+                                PartitionedDropoutMask(key, shape, {{0, 8}, {0, 32}}, 0.25, kCpu));
   // Bit for bit: kept values are x * float(1 / 0.75), as the header promises.
   EXPECT_TRUE(at::equal(full, input * mask.to(at::kFloat) * (1.0f / 0.75f)));
   for (int r = 0; r < 4; ++r) {
     at::Tensor shard = input.slice(1, r * 8, (r + 1) * 8).contiguous();
-    at::Tensor out = *PartitionedDropout(shard, key, shape, {{0, 8}, {r * 8, (r + 1) * 8}}, 0.25);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+        at::Tensor out,
+        PartitionedDropout(shard, key, shape, {{0, 8}, {r * 8, (r + 1) * 8}}, 0.25));
     EXPECT_TRUE(at::equal(out, full.slice(1, r * 8, (r + 1) * 8))) << r;
   }
   // Different steps and streams give different masks.
-  EXPECT_FALSE(
-      at::equal(mask, *PartitionedDropoutMask({1234, 4, 3}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu)));
-  EXPECT_FALSE(
-      at::equal(mask, *PartitionedDropoutMask({1234, 5, 2}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      const at::Tensor next_step,
+      PartitionedDropoutMask({1234, 4, 3}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu));
+  EXPECT_FALSE(at::equal(mask, next_step));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      const at::Tensor other_stream,
+      PartitionedDropoutMask({1234, 5, 2}, shape, {{0, 8}, {0, 32}}, 0.25, kCpu));
+  EXPECT_FALSE(at::equal(mask, other_stream));
 }
 
 TEST(PartitionInvarianceTest, DropoutScalesInTheShardsPrecision) {
@@ -138,30 +158,34 @@ TEST(PartitionInvarianceTest, DropoutScalesInTheShardsPrecision) {
   const std::vector<int64_t> shape = {6, 40, 7};
   const std::vector<Slice> box = {{0, 6}, {0, 40}, {0, 7}};
   at::manual_seed(1);
-  at::Tensor mask = *PartitionedDropoutMask(key, shape, box, 0.25, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor mask,
+                                PartitionedDropoutMask(key, shape, box, 0.25, kCpu));
   for (at::ScalarType type : {at::kDouble, at::kFloat}) {
     at::Tensor x = at::randn(shape).to(type);
     at::Tensor want = at::where(mask, x * (1.0 / 0.75), at::zeros_like(x));
-    EXPECT_TRUE(at::equal(*PartitionedDropout(x, key, shape, box, 0.25), want))
-        << c10::toString(type);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor dropped,
+                                  PartitionedDropout(x, key, shape, box, 0.25));
+    EXPECT_TRUE(at::equal(dropped, want)) << c10::toString(type);
   }
 }
 
 TEST(PartitionInvarianceTest, KeepRateAndUniformMomentsAreWithinStatisticalBounds) {
   const int64_t n = 1 << 20;
   for (double p : {0.1, 0.5, 0.9}) {
-    at::Tensor mask = *PartitionedDropoutMask({17, 0, 0}, {n}, {{0, n}}, p, kCpu);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor mask,
+                                  PartitionedDropoutMask({17, 0, 0}, {n}, {{0, n}}, p, kCpu));
     const double keep = mask.to(at::kDouble).mean().item<double>();
     const double sigma = std::sqrt(p * (1 - p) / n);
     EXPECT_NEAR(keep, 1 - p, 5 * sigma) << "p=" << p;
   }
-  at::Tensor u = *PartitionedUniform({18, 0, 0}, {n}, {{0, n}}, kCpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor u, PartitionedUniform({18, 0, 0}, {n}, {{0, n}}, kCpu));
   EXPECT_NEAR(u.mean().item<double>(), 0.5, 5 * std::sqrt(1.0 / 12 / n));
   EXPECT_GE(u.min().item<float>(), 0.0f);
   EXPECT_LT(u.max().item<float>(), 1.0f);
   // Dropout with p = 0 keeps everything.
-  EXPECT_TRUE(
-      PartitionedDropoutMask({1, 0, 0}, {1000}, {{0, 1000}}, 0.0, kCpu)->all().item<bool>());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor keep_all,
+                                PartitionedDropoutMask({1, 0, 0}, {1000}, {{0, 1000}}, 0.0, kCpu));
+  EXPECT_TRUE(keep_all.all().item<bool>());
 }
 
 TEST(PartitionInvarianceTest, BadBoxesAndProbabilitiesAreNamed) {

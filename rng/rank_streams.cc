@@ -17,9 +17,14 @@ absl::StatusOr<std::shared_ptr<RankStreams>> RankStreams::Create(DefaultGenerato
 
 absl::Status RankStreams::CheckGenerators(const RngSnapshot& snapshot,
                                           absl::string_view what) const {
-  if (snapshot.generators() == generators_) return absl::OkStatus();
+  return CheckGenerators(snapshot.generators(), what);
+}
+
+absl::Status RankStreams::CheckGenerators(const DefaultGenerators& generators,
+                                          absl::string_view what) const {
+  if (generators == generators_) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      what, " holds state for CUDA device ", snapshot.generators().cuda_device,
+      what, " holds state for CUDA device ", generators.cuda_device,
       ", but this rank's generators use CUDA device ", generators_.cuda_device, " (-1: none)"));
 }
 

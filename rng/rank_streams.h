@@ -5,7 +5,7 @@
 // (named_streams.h). Everything that reads or writes those streams takes it — model-stream
 // scopes, named-stream forks, Synchronize (synchronize.h), resume-state capture and restore
 // (resume_state.h), activation-checkpoint savers (checkpoint/rng_state_saver.h) — so they can
-// never be handed streams of different generators, and the one check that a saved state belongs
+// never be handed streams of different generators, and the one check that a snapshot belongs
 // to this rank's generators (CheckGenerators) lives here.
 //
 // Shared ownership: RankStreams is created as a std::shared_ptr, and every object that must
@@ -21,9 +21,10 @@
 //   LOCKSTEP_RETURN_IF_ERROR(streams->named().Add("tensor-parallel", seed + tp_rank));
 //   {
 //     LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope,
-//     rng::ModelStreamScope::Enter(*streams)); RunPlannedWork();  // draws from the model stream
-//   }                    // the caller's state is back
-//   LOCKSTEP_RETURN_IF_ERROR(rng::Synchronize(tp_cp_group, *streams));
+//                               rng::ModelStreamScope::Enter(*streams));
+//     RunPlannedWork();  // draws from the model stream
+//   }  // the caller's state is back
+//   LOCKSTEP_RETURN_IF_ERROR(rng::Synchronize(tp_cp_group.get(), *streams));
 
 #ifndef LOCKSTEP_RNG_RANK_STREAMS_H_
 #define LOCKSTEP_RNG_RANK_STREAMS_H_
@@ -63,6 +64,8 @@ class RankStreams : public std::enable_shared_from_this<RankStreams> {
   // OK when `snapshot` is of this rank's generators; else kInvalidArgument naming `what`, the
   // snapshot's CUDA device and this rank's.
   absl::Status CheckGenerators(const RngSnapshot& snapshot, absl::string_view what) const;
+  // The same check for state recorded as generators (`what` was saved for `generators`).
+  absl::Status CheckGenerators(const DefaultGenerators& generators, absl::string_view what) const;
 
  private:
   explicit RankStreams(DefaultGenerators generators);

@@ -33,7 +33,7 @@ TEST(RankStreamsTest, OwnsTheModelStreamAndNamedStreamsOfItsGenerators) {
 
 TEST(RankStreamsTest, AScopeKeepsItsStreamsAliveAfterTheCallerDropsThem) {
   at::manual_seed(21);
-  const RngSnapshot caller = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture({}));
   std::weak_ptr<RankStreams> weak;
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<RankStreams> streams,
@@ -45,7 +45,8 @@ TEST(RankStreamsTest, AScopeKeepsItsStreamsAliveAfterTheCallerDropsThem) {
     (void)at::rand({5});
   }
   EXPECT_TRUE(weak.expired());
-  EXPECT_EQ(*RngSnapshot::Capture({}), caller);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after, RngSnapshot::Capture({}));
+  EXPECT_EQ(after, caller);
 }
 
 TEST(RankStreamsTest, CheckGeneratorsAcceptsItsOwnGenerators) {

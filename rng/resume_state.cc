@@ -178,13 +178,9 @@ absl::StatusOr<RngResumeStateProto> CaptureResumeState(const RankStreams& stream
 
 absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& streams) {
   LOCKSTEP_RETURN_IF_ERROR(CheckStructure(saved));
-  const int device = streams.generators().cuda_device;
-  if (saved.cuda_device() != device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the RNG resume state was saved for CUDA "
-                     "device ",
-                     saved.cuda_device(), ", this rank uses ", device));
-  }
+  LOCKSTEP_RETURN_IF_ERROR(streams.CheckGenerators(
+      DefaultGenerators::WithCudaDevice(saved.cuda_device()),  // -1 (CPU only) compares as such
+      "the RNG resume state"));
   if (!streams.caller_state_live()) {
     return absl::FailedPreconditionError(
         "cannot restore the RNG resume state inside a model-stream scope or named-stream fork");

@@ -2,12 +2,15 @@
 //
 // The RNG part of a rank's resume state: every RNG stream of a rank — the caller's live default
 // generators, the model stream, and every named stream — captured from its RankStreams into one
-// RngResumeStateProto (which the caller writes into its training checkpoint, beside the model
-// weights) and restored from it. A run killed after step k and restarted from the resume state
-// of step k then draws exactly the masks the uninterrupted run draws.
+// RngResumeStateProto (which the caller stores beside the model weights in its saved state, as
+// trainer::TrainerRank::SaveState does with SaveOptions::include_rng_streams) and restored from
+// it. A run killed after step k and restarted from the resume state of step k then draws exactly
+// the masks the uninterrupted run draws.
 //
-// Vocabulary: "resume state" is what a restarted run continues from; "activation checkpoint"
-// (checkpoint/) is recompute of a block's activations in backward. Nothing here does I/O.
+// Vocabulary: "resume state" is what a restarted run continues from; "saved state" is what
+// TrainerRank::SaveState writes (weights, optimizer and, opt-in, this resume state); "activation
+// checkpoint" (checkpoint/) is recompute of a block's activations in backward. Nothing here does
+// I/O.
 //
 // Restore validates the whole message before changing anything (version, CUDA device, every
 // generator state exactly as LibTorch reads it, names, seeds, the named-stream limit), so a bad

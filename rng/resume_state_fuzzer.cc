@@ -105,19 +105,21 @@ void CheckInput(const std::string& bytes) {
 
 std::vector<std::string> FuzzSeeds() {
   std::vector<std::string> seeds;
-  auto add = [&](const rng::RngResumeStateProto& saved) {
-    absl::StatusOr<std::string> sealed = rng::SerializeResumeState(saved);
+  // A captured state: both forms of it, or an abort naming why it could not be captured.
+  auto add = [&](const absl::StatusOr<rng::RngResumeStateProto>& saved) {
+    LOCKSTEP_FUZZ_CHECK(saved.ok(), saved.status().ToString());
+    absl::StatusOr<std::string> sealed = rng::SerializeResumeState(*saved);
     LOCKSTEP_FUZZ_CHECK(sealed.ok(), sealed.status().ToString());
     seeds.push_back(std::string(1, '\0') + *sealed);
-    seeds.push_back(std::string(1, '\1') + saved.SerializeAsString());
+    seeds.push_back(std::string(1, '\1') + saved->SerializeAsString());
   };
   at::manual_seed(3);
   std::shared_ptr<rng::RankStreams> streams = rng::FreshStreams();
-  add(*rng::CaptureResumeState(*streams));  // the caller only
+  add(rng::CaptureResumeState(*streams));  // the caller only
   LOCKSTEP_FUZZ_CHECK(streams->named().Add("tp", 17).ok(), "Add");
   LOCKSTEP_FUZZ_CHECK(streams->named().Add("expert-3", 18).ok(), "Add");
   (void)rng::DrawEverywhere(*streams);  // derives the model stream
-  add(*rng::CaptureResumeState(*streams));
+  add(rng::CaptureResumeState(*streams));
   return seeds;
 }
 

@@ -4,8 +4,11 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_testutil.h"
 #include "collectives/process_world.h"
@@ -20,8 +23,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::shared_ptr<RankStreams> Streams() {
-  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+absl::StatusOr<std::shared_ptr<RankStreams>> Streams() {
+  return RankStreams::Create(DefaultGenerators::CpuOnly());
 }
 
 // One "training step": the caller draws a token mask, the model draws dropout inside its
@@ -62,7 +65,9 @@ TEST(ResumeStateTest, ResumeInAFreshProcessDrawsWhatTheUninterruptedRunDraws) {
   std::vector<absl::Status> first =
       collectives::RunProcessWorld(one, [&](int, collectives::Communicator&) -> absl::Status {
         at::manual_seed(2024);
-        std::shared_ptr<RankStreams> streams = Streams();
+        absl::StatusOr<std::shared_ptr<RankStreams>> created = Streams();
+        if (!created.ok()) return created.status();
+        std::shared_ptr<RankStreams> streams = *std::move(created);
         if (auto s = streams->named().Add("tp", 99); !s.ok()) return s;
         if (auto s = Step(*streams); !s.ok()) return s.status();
         auto saved = CaptureResumeState(*streams);
@@ -80,7 +85,9 @@ TEST(ResumeStateTest, ResumeInAFreshProcessDrawsWhatTheUninterruptedRunDraws) {
       collectives::RunProcessWorld(one, [&](int, collectives::Communicator&) -> absl::Status {
         at::manual_seed(1);
         (void)at::rand({1000});
-        std::shared_ptr<RankStreams> streams = Streams();
+        absl::StatusOr<std::shared_ptr<RankStreams>> created = Streams();
+        if (!created.ok()) return created.status();
+        std::shared_ptr<RankStreams> streams = *std::move(created);
         std::stringstream bytes;
         bytes << std::ifstream(saved_path, std::ios::binary).rdbuf();
         RngResumeStateProto saved;
@@ -99,7 +106,7 @@ TEST(ResumeStateTest, ResumeInAFreshProcessDrawsWhatTheUninterruptedRunDraws) {
 
 TEST(ResumeStateTest, RoundTripRewindsEveryStream) {
   at::manual_seed(10);
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   ASSERT_TRUE(streams->named().Add("tp", 77).ok());
   LOCKSTEP_ASSERT_OK(Step(*streams));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto saved, CaptureResumeState(*streams));
@@ -114,10 +121,10 @@ TEST(ResumeStateTest, RoundTripRewindsEveryStream) {
 
 TEST(ResumeStateTest, BadResumeStatesChangeNothing) {
   at::manual_seed(3);
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   ASSERT_TRUE(streams->named().Add("tp", 5).ok());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto saved, CaptureResumeState(*streams));
-  const RngSnapshot live = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot live, RngSnapshot::Capture({}));
 
   RngResumeStateProto wrong_version = saved;
   wrong_version.set_version(9);
@@ -132,31 +139,34 @@ TEST(ResumeStateTest, BadResumeStatesChangeNothing) {
   RngResumeStateProto other_device = saved;
   other_device.set_cuda_device(1);
   EXPECT_THAT(RestoreResumeState(other_device, *streams).message(),
-              HasSubstr("saved for CUDA device 1"));
+              HasSubstr("the RNG resume state holds state for CUDA device 1"));
 
-  EXPECT_EQ(*RngSnapshot::Capture({}), live);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_refusals, RngSnapshot::Capture({}));
+
+  EXPECT_EQ(after_refusals, live);
   EXPECT_TRUE(streams->named().Has("tp"));
   EXPECT_FALSE(streams->model().state().has_value());
 }
 
 TEST(ResumeStateTest, DuplicateSeedsAreInvalidAndChangeNothing) {
   at::manual_seed(4);
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   ASSERT_TRUE(streams->named().Add("a", 1).ok());
   ASSERT_TRUE(streams->named().Add("b", 2).ok());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto saved, CaptureResumeState(*streams));
   (void)at::rand({3});
-  const RngSnapshot live = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot live, RngSnapshot::Capture({}));
   saved.mutable_named(1)->set_seed(1);
   absl::Status s = RestoreResumeState(saved, *streams);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("share seed 1"));
-  EXPECT_EQ(*RngSnapshot::Capture({}), live);  // the caller was not rewound
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_refusal, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_refusal, live);  // the caller was not rewound
   EXPECT_EQ(streams->named().Snapshot().at("b").seed, 2u);
 }
 
 TEST(ResumeStateTest, CaptureAndRestoreDuringAForkAreRefused) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   ASSERT_TRUE(streams->named().Add("tp", 1).ok());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto saved, CaptureResumeState(*streams));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(NamedStreamFork fork, streams->named().Fork("tp"));
@@ -165,7 +175,7 @@ TEST(ResumeStateTest, CaptureAndRestoreDuringAForkAreRefused) {
 }
 
 TEST(ResumeStateTest, CaptureInsideAModelScopeIsRefused) {
-  auto streams = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, Streams());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*streams));
   EXPECT_EQ(CaptureResumeState(*streams).status().code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -176,14 +186,20 @@ struct SavedRank {
   RngResumeStateProto saved;
   std::string bytes;
 };
-SavedRank SaveRank() {
+absl::StatusOr<SavedRank> SaveRank() {
   at::manual_seed(11);
-  SavedRank rank{Streams(), {}, {}};
-  EXPECT_TRUE(rank.streams->named().Add("tp", 7).ok());
-  EXPECT_TRUE(rank.streams->named().Add("expert-0", 8).ok());
-  EXPECT_TRUE(Step(*rank.streams).ok());
-  rank.saved = *CaptureResumeState(*rank.streams);
-  rank.bytes = *SerializeResumeState(rank.saved);
+  absl::StatusOr<std::shared_ptr<RankStreams>> streams = Streams();
+  if (!streams.ok()) return streams.status();
+  SavedRank rank{*std::move(streams), {}, {}};
+  if (absl::Status s = rank.streams->named().Add("tp", 7); !s.ok()) return s;
+  if (absl::Status s = rank.streams->named().Add("expert-0", 8); !s.ok()) return s;
+  if (absl::StatusOr<at::Tensor> step = Step(*rank.streams); !step.ok()) return step.status();
+  absl::StatusOr<RngResumeStateProto> saved = CaptureResumeState(*rank.streams);
+  if (!saved.ok()) return saved.status();
+  rank.saved = *std::move(saved);
+  absl::StatusOr<std::string> bytes = SerializeResumeState(rank.saved);
+  if (!bytes.ok()) return bytes.status();
+  rank.bytes = *std::move(bytes);
   return rank;
 }
 
@@ -201,14 +217,14 @@ RngResumeStateEnvelope Open(const std::string& bytes) {
 }
 
 TEST(SealedResumeStateTest, RoundTripRestoresEveryStream) {
-  SavedRank rank = SaveRank();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SavedRank rank, SaveRank());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor expected, TwoSteps(*rank.streams));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto parsed, ParseResumeState(rank.bytes));
   EXPECT_EQ(parsed.SerializeAsString(), rank.saved.SerializeAsString());
   const RngResumeStateEnvelope envelope = Open(rank.bytes);
   EXPECT_THAT(std::vector<std::string>(envelope.streams().begin(), envelope.streams().end()),
               ::testing::ElementsAre("caller", "model", "named/expert-0", "named/tp"));
-  auto restored = Streams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto restored, Streams());
   LOCKSTEP_ASSERT_OK(RestoreResumeState(parsed, *restored));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor replayed, TwoSteps(*restored));
   EXPECT_TRUE(at::equal(replayed, expected));
@@ -217,7 +233,8 @@ TEST(SealedResumeStateTest, RoundTripRestoresEveryStream) {
 }
 
 TEST(SealedResumeStateTest, EverySingleByteFlipIsRefused) {
-  const std::string bytes = SaveRank().bytes;
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const SavedRank rank, SaveRank());
+  const std::string& bytes = rank.bytes;
   ASSERT_GT(bytes.size(), 3 * kTorchCpuStateBytes);
   for (size_t i = 0; i < bytes.size(); ++i) {
     for (const uint8_t mask : {0x01, 0x80, 0xff}) {
@@ -230,7 +247,7 @@ TEST(SealedResumeStateTest, EverySingleByteFlipIsRefused) {
 }
 
 TEST(SealedResumeStateTest, EveryCutAndEveryAppendIsRefused) {
-  SavedRank rank = SaveRank();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SavedRank rank, SaveRank());
   for (size_t size = 0; size < rank.bytes.size(); ++size) {
     ASSERT_EQ(ParseResumeState(rank.bytes.substr(0, size)).status().code(),
               absl::StatusCode::kDataLoss)
@@ -238,7 +255,9 @@ TEST(SealedResumeStateTest, EveryCutAndEveryAppendIsRefused) {
   }
   // Two states concatenated (protobuf would merge them), and a stray trailing byte.
   (void)at::rand({4});
-  const std::string later = *SerializeResumeState(*CaptureResumeState(*rank.streams));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngResumeStateProto later_state,
+                                CaptureResumeState(*rank.streams));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string later, SerializeResumeState(later_state));
   const absl::Status twice = ParseResumeState(rank.bytes + later).status();
   EXPECT_EQ(twice.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(twice.message(), HasSubstr("not in canonical encoding"));
@@ -249,7 +268,7 @@ TEST(SealedResumeStateTest, EveryCutAndEveryAppendIsRefused) {
 }
 
 TEST(SealedResumeStateTest, SwappedStatesBreakTheSeal) {
-  SavedRank rank = SaveRank();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SavedRank rank, SaveRank());
   RngResumeStateEnvelope envelope = Open(rank.bytes);
   RngResumeStateProto swapped = rank.saved;
   swapped.mutable_caller()->Swap(swapped.mutable_model());
@@ -260,7 +279,7 @@ TEST(SealedResumeStateTest, SwappedStatesBreakTheSeal) {
 }
 
 TEST(SealedResumeStateTest, ForgedEnvelopesAreCheckedBehindTheSeal) {
-  SavedRank rank = SaveRank();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SavedRank rank, SaveRank());
   const RngResumeStateEnvelope genuine = Open(rank.bytes);
 
   // A stream dropped from the payload (a cut at a field boundary), list left as it was.
@@ -316,22 +335,24 @@ TEST(SealedResumeStateTest, ForgedEnvelopesAreCheckedBehindTheSeal) {
 }
 
 TEST(SealedResumeStateTest, AnImpossibleGeneratorStateIsInvalidArgumentAndChangesNothing) {
-  SavedRank rank = SaveRank();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SavedRank rank, SaveRank());
   // Sealed correctly, but the model stream's engine position reads past its 624 words.
-  CpuGeneratorState state = *ParseTorchCpuState(rank.saved.model().cpu_state());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(CpuGeneratorState state,
+                                ParseTorchCpuState(rank.saved.model().cpu_state()));
   state.left = 624;
   state.next = 624;
   // TorchCpuStateBytes writes what it is given; only parsing validates.
   RngResumeStateProto bad = rank.saved;
   bad.mutable_model()->set_cpu_state(TorchCpuStateBytes(state));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto parsed,
-                                ParseResumeState(*SerializeResumeState(bad)));
-  auto restored = Streams();
-  const RngSnapshot live = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string bad_bytes, SerializeResumeState(bad));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngResumeStateProto parsed, ParseResumeState(bad_bytes));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto restored, Streams());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot live, RngSnapshot::Capture({}));
   const absl::Status s = RestoreResumeState(parsed, *restored);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("model stream"));
-  EXPECT_EQ(*RngSnapshot::Capture({}), live);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_refusal, RngSnapshot::Capture({}));
+  EXPECT_EQ(after_refusal, live);
   EXPECT_FALSE(restored->model().state().has_value());
 }
 

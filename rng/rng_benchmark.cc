@@ -23,6 +23,7 @@
 
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
@@ -53,15 +54,20 @@ enum Op : int64_t {
 const DefaultGenerators kGenerators =
     LOCKSTEP_BUILT_WITH_CUDA ? DefaultGenerators::WithCudaDevice(0) : DefaultGenerators::CpuOnly();
 
-// The rank's streams (created on first use, after the peers are forked).
-RankStreams& Streams() {
-  static auto* streams = new std::shared_ptr<RankStreams>(RankStreams::Create(kGenerators).value());
-  return **streams;
+// The rank's streams (created on first use, after the peers are forked), or why they could not
+// be created.
+absl::StatusOr<RankStreams*> Streams() {
+  static const auto* streams =
+      new absl::StatusOr<std::shared_ptr<RankStreams>>(RankStreams::Create(kGenerators));
+  if (!streams->ok()) return streams->status();
+  return streams->value().get();
 }
 
 // One model-stream scope, entered and left.
 absl::Status ScopeOnce() {
-  absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(Streams());
+  absl::StatusOr<RankStreams*> streams = Streams();
+  if (!streams.ok()) return streams.status();
+  absl::StatusOr<ModelStreamScope> scope = ModelStreamScope::Enter(**streams);
   if (!scope.ok()) return scope.status();
   return scope->Exit();
 }
@@ -71,16 +77,18 @@ int64_t StateBytes() { return static_cast<int64_t>(SynchronizeWireBytes(kGenerat
 
 absl::Status RunOp(collectives::Communicator& comm, Op op, at::Tensor& payload) {
   if (op == kBareBroadcast) return comm.Broadcast(payload, 0);
+  absl::StatusOr<RankStreams*> streams = Streams();
+  if (!streams.ok()) return streams.status();
   if (op == kPaired) {
     if (absl::Status s = comm.Broadcast(payload, 0); !s.ok()) return s;
-    if (absl::Status s = Synchronize(&comm, Streams()); !s.ok()) return s;
+    if (absl::Status s = Synchronize(&comm, **streams); !s.ok()) return s;
     if (absl::Status s = ScopeOnce(); !s.ok()) return s;
-    return Synchronize(&comm, Streams());
+    return Synchronize(&comm, **streams);
   }
   if (op == kScopeAndSynchronize) {
     if (absl::Status s = ScopeOnce(); !s.ok()) return s;
   }
-  return Synchronize(&comm, Streams());
+  return Synchronize(&comm, **streams);
 }
 
 collectives::CommandedGlooWorlds& Worlds() {
@@ -92,7 +100,12 @@ collectives::CommandedGlooWorlds& Worlds() {
 }
 
 void BM_ModelStreamScope(benchmark::State& state) {
-  RankStreams& streams = Streams();
+  absl::StatusOr<RankStreams*> created = Streams();
+  if (!created.ok()) {
+    state.SkipWithError(std::string(created.status().message()).c_str());
+    return;
+  }
+  RankStreams& streams = **created;
   // The first scope derives the model stream, and in CUDA builds the first CUDA generator access
   // creates the device's context: both outside the timed loop.
   for (int warm = 0; warm < 10; ++warm) {
@@ -171,6 +184,11 @@ void BM_GlooPaired(benchmark::State& state) {
     state.SkipWithError(std::string(commanded.message()).c_str());
     return;
   }
+  absl::StatusOr<RankStreams*> streams = Streams();  // created by the warm-up already
+  if (!streams.ok()) {
+    state.SkipWithError(std::string(streams.status().message()).c_str());
+    return;
+  }
   benchmarking::PairedSamples samples;
   auto micros = [](auto from, auto to) {
     return std::chrono::duration<double, std::micro>(to - from).count();
@@ -179,10 +197,10 @@ void BM_GlooPaired(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status b = comm->Broadcast(payload, 0);
     const auto t1 = std::chrono::steady_clock::now();
-    absl::Status s = b.ok() ? Synchronize(comm, Streams()) : b;
+    absl::Status s = b.ok() ? Synchronize(comm, **streams) : b;
     const auto t2 = std::chrono::steady_clock::now();
     absl::Status scoped = s.ok() ? ScopeOnce() : s;
-    absl::Status ss = scoped.ok() ? Synchronize(comm, Streams()) : scoped;
+    absl::Status ss = scoped.ok() ? Synchronize(comm, **streams) : scoped;
     const auto t3 = std::chrono::steady_clock::now();
     if (!ss.ok()) {
       state.SkipWithError(std::string(ss.message()).c_str());

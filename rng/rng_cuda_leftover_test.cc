@@ -3,6 +3,7 @@
 // of failing later in an unrelated draw. Its own binary: it leaves the generator unusable.
 #include "ATen/ATen.h"
 #include "ATen/cuda/CUDAGraph.h"
+#include "absl/status/statusor.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "gmock/gmock.h"
@@ -17,7 +18,8 @@ const DefaultGenerators kGpu = DefaultGenerators::WithCudaDevice(0);
 
 TEST(CudaGeneratorLeftoverTest, ARewoundPositionLeftPastTheCaptureIsNamed) {
   const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA, 0);
-  const RngSnapshot eager = *RngSnapshot::Capture(kGpu);
+  const absl::StatusOr<RngSnapshot> eager = RngSnapshot::Capture(kGpu);
+  ASSERT_TRUE(eager.ok()) << eager.status();
   absl::Status rewind;
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
   at::cuda::CUDAGraph graph;
@@ -33,7 +35,7 @@ TEST(CudaGeneratorLeftoverTest, ARewoundPositionLeftPastTheCaptureIsNamed) {
   absl::Status captured = RngSnapshot::Capture(kGpu).status();
   EXPECT_EQ(captured.code(), absl::StatusCode::kFailedPrecondition) << captured;
   EXPECT_THAT(captured.message(), ::testing::HasSubstr("capture that has ended"));
-  absl::Status restored = eager.Restore();
+  absl::Status restored = eager->Restore();
   EXPECT_EQ(restored.code(), absl::StatusCode::kFailedPrecondition) << restored;
   EXPECT_THAT(restored.message(), ::testing::HasSubstr("capture that has ended"));
   // The hazard the refusal names: an ordinary draw now fails too.

@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "ATen/cuda/CUDAGeneratorImpl.h"
 #include "ATen/cuda/CUDAGraph.h"
+#include "absl/status/statusor.h"
 #include "base/status_testutil.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -24,7 +25,7 @@ namespace {
 
 const DefaultGenerators kGpu = DefaultGenerators::WithCudaDevice(0);
 
-std::shared_ptr<RankStreams> GpuStreams() { return RankStreams::Create(kGpu).value(); }
+absl::StatusOr<std::shared_ptr<RankStreams>> GpuStreams() { return RankStreams::Create(kGpu); }
 const at::TensorOptions kCuda = at::TensorOptions().device(at::kCUDA, 0);
 
 at::Tensor CudaDraws() {
@@ -41,7 +42,8 @@ TEST(CudaGeneratorStateTest, SnapshotIsAValueAndRestoreIsBitExact) {
   at::Tensor cuda_first = CudaDraws();
   at::Tensor cpu_first = at::rand({16});
   EXPECT_EQ(*snapshot, copy);  // a value: unchanged by the draws
-  EXPECT_NE(RngSnapshot::Capture(kGpu)->cuda()->offset, copy.cuda()->offset);  // live moved
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot live, RngSnapshot::Capture(kGpu));
+  EXPECT_NE(live.cuda()->offset, copy.cuda()->offset);  // live moved
   ASSERT_TRUE(snapshot->Restore().ok());
   EXPECT_TRUE(at::equal(CudaDraws(), cuda_first));
   EXPECT_TRUE(at::equal(at::rand({16}), cpu_first));
@@ -49,10 +51,10 @@ TEST(CudaGeneratorStateTest, SnapshotIsAValueAndRestoreIsBitExact) {
 
 TEST(CudaGeneratorStateTest, ModelStreamLeavesTheCallersCudaDrawsUntouched) {
   at::manual_seed(5);
-  const RngSnapshot caller = *RngSnapshot::Capture(kGpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture(kGpu));
   at::Tensor expected = CudaDraws();
   ASSERT_TRUE(caller.Restore().ok());
-  auto model = GpuStreams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto model, GpuStreams());
   at::Tensor first, second;
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*model));
@@ -69,10 +71,10 @@ TEST(CudaGeneratorStateTest, ModelStreamLeavesTheCallersCudaDrawsUntouched) {
 
 TEST(CudaGeneratorStateTest, CudaOnlyReseedInsideAScopeIsKeptAndCpuIsRestored) {
   at::manual_seed(8);
-  const RngSnapshot caller = *RngSnapshot::Capture(kGpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot caller, RngSnapshot::Capture(kGpu));
   at::Tensor cpu_expected = at::rand({8});
   ASSERT_TRUE(caller.Restore().ok());
-  auto model = GpuStreams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto model, GpuStreams());
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(ModelStreamScope scope, ModelStreamScope::Enter(*model));
     (void)at::rand({5});
@@ -91,7 +93,7 @@ TEST(CudaGeneratorStateTest, CudaOnlyReseedInsideAScopeIsKeptAndCpuIsRestored) {
 }
 
 TEST(CudaGeneratorStateTest, NamedStreamSeedsTheCudaGenerator) {
-  auto streams = GpuStreams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, GpuStreams());
   NamedStreamTracker& tracker = streams->named();
   ASSERT_TRUE(tracker.Add("tp", 4242).ok());
   at::Tensor forked;
@@ -119,9 +121,9 @@ TEST(CudaGeneratorStateTest, InCaptureSnapshotRewindsCapturedDrawsAndReplayMatch
     absl::StatusOr<RngSnapshot> start = RngSnapshot::Capture(kGpu);
     a = at::rand({1000}, kCuda);
     absl::StatusOr<RngSnapshot> live = RngSnapshot::Capture(kGpu);
-    rewind = start->Restore();
+    rewind = start.ok() ? start->Restore() : start.status();
     b = at::rand({1000}, kCuda);
-    back = live->Restore();
+    back = live.ok() ? live->Restore() : live.status();
     c = at::rand({1000}, kCuda);
     graph.capture_end();
     ASSERT_TRUE(start.ok()) << start.status();
@@ -135,10 +137,10 @@ TEST(CudaGeneratorStateTest, InCaptureSnapshotRewindsCapturedDrawsAndReplayMatch
   ASSERT_TRUE(live_position.has_value());
   EXPECT_LT(start_position->offset_intragraph, live_position->offset_intragraph);
 
-  const RngSnapshot before_replay = *RngSnapshot::Capture(kGpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot before_replay, RngSnapshot::Capture(kGpu));
   graph.replay();
   torch::cuda::synchronize();
-  const RngSnapshot after_replay = *RngSnapshot::Capture(kGpu);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_replay, RngSnapshot::Capture(kGpu));
   EXPECT_TRUE(at::equal(a.cpu(), b.cpu())) << "the rewound draw differs from the original";
   EXPECT_FALSE(at::equal(a.cpu(), c.cpu())) << "the live position was not put back";
 
@@ -149,13 +151,14 @@ TEST(CudaGeneratorStateTest, InCaptureSnapshotRewindsCapturedDrawsAndReplayMatch
   EXPECT_TRUE(at::equal(c.cpu(), eager_c.cpu()));
   // The rewind does not enlarge the graph's offset increment: replay advanced the live generator
   // exactly as the two eager draws did.
-  EXPECT_EQ(*RngSnapshot::Capture(kGpu), after_replay);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_eager, RngSnapshot::Capture(kGpu));
+  EXPECT_EQ(after_eager, after_replay);
 }
 
 TEST(CudaGeneratorStateTest, GraphRelativeAndEagerStatesDoNotCrossTheCaptureBoundary) {
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
-  const RngSnapshot eager = *RngSnapshot::Capture(kGpu);
-  auto model = GpuStreams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot eager, RngSnapshot::Capture(kGpu));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto model, GpuStreams());
   absl::StatusOr<RngSnapshot> in_capture;
   absl::Status eager_in_capture, scope_in_capture;
   at::cuda::CUDAGraph graph;
@@ -174,7 +177,8 @@ TEST(CudaGeneratorStateTest, GraphRelativeAndEagerStatesDoNotCrossTheCaptureBoun
   absl::Status after = in_capture->Restore();
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
   EXPECT_THAT(after.message(), ::testing::HasSubstr("graph-relative"));
-  EXPECT_EQ(*RngSnapshot::Capture(kGpu), eager) << "a refused restore changed the generators";
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot after_refusal, RngSnapshot::Capture(kGpu));
+  EXPECT_EQ(after_refusal, eager) << "a refused restore changed the generators";
 }
 
 // The refusal path of a LibTorch without graph-safe state, selected by the testing switch:
@@ -213,12 +217,15 @@ TEST(PhiloxCudaTest, CudaValuesEqualCpuValuesBitForBit) {
   const std::vector<std::vector<Slice>> boxes = {
       {{0, 6}, {0, 40}, {0, 7}}, {{1, 4}, {10, 30}, {2, 7}}, {{0, 6}, {40, 40}, {0, 7}}};
   for (const auto& box : boxes) {
-    at::Tensor on_cpu = *PartitionedUniform(key, shape, box, cpu);
-    at::Tensor on_gpu = *PartitionedUniform(key, shape, box, gpu);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor on_cpu, PartitionedUniform(key, shape, box, cpu));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor on_gpu, PartitionedUniform(key, shape, box, gpu));
     EXPECT_TRUE(on_gpu.is_cuda());
     EXPECT_TRUE(at::equal(on_gpu.cpu(), on_cpu));
-    EXPECT_TRUE(at::equal(PartitionedDropoutMask(key, shape, box, 0.3, gpu)->cpu(),
-                          *PartitionedDropoutMask(key, shape, box, 0.3, cpu)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor mask_on_gpu,
+                                  PartitionedDropoutMask(key, shape, box, 0.3, gpu));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor mask_on_cpu,
+                                  PartitionedDropoutMask(key, shape, box, 0.3, cpu));
+    EXPECT_TRUE(at::equal(mask_on_gpu.cpu(), mask_on_cpu));
   }
   for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
     at::manual_seed(1);
@@ -237,7 +244,7 @@ TEST(PhiloxCudaTest, CudaValuesEqualCpuValuesBitForBit) {
 }
 
 TEST(CudaRankStreamsTest, CheckGeneratorsRefusesStatesOfOtherGenerators) {
-  auto streams = GpuStreams();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams, GpuStreams());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(RngSnapshot cpu_only, RngSnapshot::Seeded({}, 1, 1));
   const absl::Status refused = streams->CheckGenerators(cpu_only, "a CPU-only snapshot");
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);

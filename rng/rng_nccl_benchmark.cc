@@ -36,8 +36,9 @@
 
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/tool_flags.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/nccl_world.h"
@@ -212,8 +213,7 @@ absl::Status RunRank(int rank, NcclCommunicator& mapped) {
       const absl::Status status = op();
       const auto end = std::chrono::steady_clock::now();
       if (!status.ok()) {
-        return absl::Status(status.code(),
-                            absl::StrCat(name, " (iteration ", i, "): ", status.message()));
+        return Annotate(status, absl::StrCat("in ", name, ", iteration ", i));
       }
       if (i >= warmup) {
         times[name].push_back(std::chrono::duration<double, std::micro>(end - start).count());
@@ -261,10 +261,23 @@ absl::Status RunRank(int rank, NcclCommunicator& mapped) {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_iterations) < 10 || absl::GetFlag(FLAGS_warmup) < 1) {
-    std::fprintf(stderr, "rng_nccl_benchmark: --iterations must be >= 10 and --warmup >= 1\n");
-    return 2;
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
+      argc, argv, "rng_nccl_benchmark [--iterations=N] [--warmup=N]: one process per GPU");
+  if (absl::Status s = lockstep::NoPositionalArguments(args); !s.ok()) {
+    std::fprintf(stderr, "rng_nccl_benchmark: %s\n", std::string(s.message()).c_str());
+    return lockstep::kBadInputExitCode;
+  }
+  if (absl::GetFlag(FLAGS_iterations) < 10) {
+    std::fprintf(stderr,
+                 "rng_nccl_benchmark: --iterations=%d is under 10, the fewest a median is "
+                 "reported from\n",
+                 absl::GetFlag(FLAGS_iterations));
+    return lockstep::kBadInputExitCode;
+  }
+  if (absl::GetFlag(FLAGS_warmup) < 1) {
+    std::fprintf(stderr, "rng_nccl_benchmark: --warmup=%d must be at least 1\n",
+                 absl::GetFlag(FLAGS_warmup));
+    return lockstep::kBadInputExitCode;
   }
   lockstep::collectives::NcclWorldOptions options;
   options.timeout = absl::Seconds(60);

@@ -52,8 +52,10 @@ class AliasingSnapshot {
 
 TEST(RngSnapshotTest, SnapshotIsAValueAndRestoreIsBitExact) {
   const absl::Status checked =
-      CheckSnapshotIsAValue([] { return RngSnapshot::Capture({}).value(); },
-                            [](const RngSnapshot& snapshot) { return snapshot.Restore(); });
+      CheckSnapshotIsAValue([] { return RngSnapshot::Capture({}); },
+                            [](const absl::StatusOr<RngSnapshot>& snapshot) {
+                              return snapshot.ok() ? snapshot->Restore() : snapshot.status();
+                            });
   EXPECT_TRUE(checked.ok()) << checked;
   // A value: it does not change when the live generator advances.
   at::manual_seed(1234);
@@ -61,7 +63,8 @@ TEST(RngSnapshotTest, SnapshotIsAValueAndRestoreIsBitExact) {
   const RngSnapshot copy = snapshot;
   (void)at::rand({64});
   EXPECT_EQ(snapshot, copy);
-  EXPECT_NE(RngSnapshot::Capture({}).value(), copy);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot advanced, RngSnapshot::Capture({}));
+  EXPECT_NE(advanced, copy);
   EXPECT_EQ(snapshot.cpu_seed(), 1234u);
 }
 
@@ -75,7 +78,7 @@ TEST(RngSnapshotTest, NegativeControlAliasingSnapshotFailsTheSameCheck) {
 
 TEST(RngSnapshotTest, SeededEqualsManualSeed) {
   absl::StatusOr<RngSnapshot> seeded = RngSnapshot::Seeded({}, 77, 0);
-  ASSERT_TRUE(seeded.ok());
+  ASSERT_TRUE(seeded.ok()) << seeded.status();
   at::manual_seed(999);
   ASSERT_TRUE(seeded->Restore().ok());
   at::Tensor from_snapshot = at::randn({32});
@@ -87,7 +90,7 @@ TEST(RngSnapshotTest, SeededEqualsManualSeed) {
 TEST(RngSnapshotTest, FromPartsValidatesAndRoundTrips) {
   at::manual_seed(5);
   (void)at::rand({3});
-  RngSnapshot live = *RngSnapshot::Capture({});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const RngSnapshot live, RngSnapshot::Capture({}));
   absl::StatusOr<RngSnapshot> parsed = RngSnapshot::FromParts(live.cpu_state(), std::nullopt);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, live);
@@ -101,7 +104,7 @@ TEST(RngSnapshotTest, CudaDeviceWithoutCudaSupportIsRefused) {
   if (LOCKSTEP_BUILT_WITH_CUDA)
     GTEST_SKIP() << "CUDA build: rng_cuda_test covers the CUDA generator";
   // This test binary is built without CUDA: the CUDA half is not linked in.
-  absl::Status status = RngSnapshot::Capture({.cuda_device = 0}).status();
+  absl::Status status = RngSnapshot::Capture(DefaultGenerators::WithCudaDevice(0)).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("--config=cuda"));
 }

@@ -1,11 +1,14 @@
 // Synchronize across real processes (each with its own default generators), over Gloo.
 #include "rng/synchronize.h"
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,8 +26,8 @@ namespace {
 using collectives::Communicator;
 using collectives::Topology;
 
-std::shared_ptr<RankStreams> Streams() {
-  return *RankStreams::Create(DefaultGenerators::CpuOnly());
+absl::StatusOr<std::shared_ptr<RankStreams>> Streams() {
+  return RankStreams::Create(DefaultGenerators::CpuOnly());
 }
 
 collectives::ProcessWorldOptions World(int n) {
@@ -56,17 +59,20 @@ std::vector<absl::Status> RunSync(int world, int tp, int cp, std::function<uint6
                                   bool synchronize, Check check) {
   return collectives::RunProcessWorld(
       World(world), [=](int rank, Communicator& comm) -> absl::Status {
-        const Topology topo = *Topology::Create(world, tp, cp);
-        auto group = comm.NewGroup(topo.TpCpGroup(rank));
+        absl::StatusOr<Topology> topo = Topology::Create(world, tp, cp);
+        if (!topo.ok()) return topo.status();
+        auto group = comm.NewGroup(topo->TpCpGroup(rank));
         if (!group.ok()) return group.status();
         at::manual_seed(seed_of(rank));
         (void)at::rand({rank + 1});  // ranks have advanced by different amounts
         if (synchronize) {
-          if (absl::Status s = Synchronize(group->get(), *Streams()); !s.ok()) return s;
+          absl::StatusOr<std::shared_ptr<RankStreams>> streams = Streams();
+          if (!streams.ok()) return streams.status();
+          if (absl::Status s = Synchronize(group->get(), **streams); !s.ok()) return s;
         }
         auto gathered = comm.AllGather(Draws());
         if (!gathered.ok()) return gathered.status();
-        return check(topo, *gathered);
+        return check(*topo, *gathered);
       });
 }
 
@@ -117,15 +123,18 @@ TEST(SynchronizeTest, DpTwoCpTwoIdenticalSeedsStayIdenticalAcrossDpWorkers) {
   // same state: make them so by advancing rank 2 like rank 0.
   ExpectAllOk(
       collectives::RunProcessWorld(World(4), [](int rank, Communicator& comm) -> absl::Status {
-        const Topology topo = *Topology::Create(4, 1, 2);
-        auto group = comm.NewGroup(topo.TpCpGroup(rank));
+        absl::StatusOr<Topology> topo = Topology::Create(4, 1, 2);
+        if (!topo.ok()) return topo.status();
+        auto group = comm.NewGroup(topo->TpCpGroup(rank));
         if (!group.ok()) return group.status();
         at::manual_seed(100);
         (void)at::rand({rank % 2 == 0 ? 1 : 7});  // leaders identical, replicas drifted
-        if (absl::Status s = Synchronize(group->get(), *Streams()); !s.ok()) return s;
+        absl::StatusOr<std::shared_ptr<RankStreams>> streams = Streams();
+        if (!streams.ok()) return streams.status();
+        if (absl::Status s = Synchronize(group->get(), **streams); !s.ok()) return s;
         auto gathered = comm.AllGather(Draws());
         if (!gathered.ok()) return gathered.status();
-        return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/true, topo, *gathered);
+        return ReplicasAgreeAndDpWorkers(/*dp_workers_equal=*/true, *topo, *gathered);
       }));
 }
 
@@ -152,7 +161,9 @@ TEST(SynchronizeTest, LeaderFailureReachesEveryMemberWithoutAHang) {
         if (rank == 0) return absl::OkStatus();  // not a member
         auto group = comm.NewGroup({1, 2});      // leader: global rank 1
         if (!group.ok()) return group.status();
-        std::shared_ptr<RankStreams> streams = Streams();
+        absl::StatusOr<std::shared_ptr<RankStreams>> created = Streams();
+        if (!created.ok()) return created.status();
+        std::shared_ptr<RankStreams> streams = *std::move(created);
         std::optional<absl::StatusOr<ModelStreamScope>> scope;
         if (rank == 1) scope.emplace(ModelStreamScope::Enter(*streams));
         const absl::Status s = Synchronize(group->get(), *streams);
@@ -177,7 +188,9 @@ TEST(SynchronizeTest, AMemberInsideAScopeRefusesWithoutStrandingTheLeader) {
   ExpectAllOk(
       collectives::RunProcessWorld(World(2), [](int rank, Communicator& comm) -> absl::Status {
         at::manual_seed(40 + rank);
-        std::shared_ptr<RankStreams> streams = Streams();
+        absl::StatusOr<std::shared_ptr<RankStreams>> created = Streams();
+        if (!created.ok()) return created.status();
+        std::shared_ptr<RankStreams> streams = *std::move(created);
         std::optional<absl::StatusOr<ModelStreamScope>> scope;
         if (rank == 1) scope.emplace(ModelStreamScope::Enter(*streams));
         const absl::Status s = Synchronize(&comm, *streams);
@@ -194,13 +207,17 @@ TEST(SynchronizeTest, NoGroupAndSingleMemberGroupAreNoOps) {
   ExpectAllOk(
       collectives::RunProcessWorld(World(2), [](int rank, Communicator& comm) -> absl::Status {
         at::manual_seed(7 + rank);
-        const RngSnapshot before = *RngSnapshot::Capture({});
-        std::shared_ptr<RankStreams> streams = Streams();
-        if (absl::Status s = Synchronize(nullptr, *streams); !s.ok()) return s;
+        absl::StatusOr<RngSnapshot> before = RngSnapshot::Capture({});
+        if (!before.ok()) return before.status();
+        absl::StatusOr<std::shared_ptr<RankStreams>> streams = Streams();
+        if (!streams.ok()) return streams.status();
+        if (absl::Status s = Synchronize(nullptr, **streams); !s.ok()) return s;
         auto alone = comm.NewGroup({rank});
         if (!alone.ok()) return alone.status();
-        if (absl::Status s = Synchronize(alone->get(), *streams); !s.ok()) return s;
-        if (*RngSnapshot::Capture({}) != before) return absl::InternalError("state changed");
+        if (absl::Status s = Synchronize(alone->get(), **streams); !s.ok()) return s;
+        absl::StatusOr<RngSnapshot> after = RngSnapshot::Capture({});
+        if (!after.ok()) return after.status();
+        if (*after != *before) return absl::InternalError("state changed");
         return absl::OkStatus();
       }));
 }
@@ -211,7 +228,9 @@ TEST(SynchronizeTest, ModelStreamsDerivedAfterSyncAgreeAcrossReplicas) {
   ExpectAllOk(
       collectives::RunProcessWorld(World(2), [](int rank, Communicator& comm) -> absl::Status {
         at::manual_seed(500 + rank);
-        std::shared_ptr<RankStreams> streams = Streams();
+        absl::StatusOr<std::shared_ptr<RankStreams>> created = Streams();
+        if (!created.ok()) return created.status();
+        std::shared_ptr<RankStreams> streams = *std::move(created);
         if (absl::Status s = Synchronize(&comm, *streams); !s.ok()) return s;
         at::Tensor mask;
         {

@@ -16,11 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "base/tool_flags.h"
 #include "collectives/agreement.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
-#include "tools/tool_flags.h"
 
 ABSL_FLAG(int, tp, 1, "tensor-parallel size");
 ABSL_FLAG(int, cp, 1, "context-parallel size");
@@ -83,13 +83,13 @@ absl::StatusOr<std::string> Run(int tp, int cp) {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "collectives_demo [--tp=N] [--cp=N]: a smoke job for a DP x TP x CP world over Gloo, run "
       "under tools/launch");
-  if (absl::Status s = lockstep::tools::NoPositionalArguments(args); !s.ok()) {
+  if (absl::Status s = lockstep::NoPositionalArguments(args); !s.ok()) {
     std::cerr << "collectives_demo: " << s.message() << std::endl;
-    return lockstep::tools::kBadInputExitCode;
+    return lockstep::kBadInputExitCode;
   }
   absl::StatusOr<std::string> line =
       lockstep::Run(absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp));

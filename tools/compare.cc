@@ -17,24 +17,24 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
+#include "base/tool_flags.h"
 #include "nlohmann/json.hpp"
 #include "numerics/compare.h"
 #include "numerics/execution_context.h"
 #include "numerics/inventory.h"
 #include "numerics/safetensors.h"
-#include "tools/tool_flags.h"
 
 ABSL_FLAG(double, atol, 1e-5, "absolute tolerance: |a - b| <= atol + rtol * |b|");
 ABSL_FLAG(double, rtol, 0.016, "relative tolerance, relative to the second (expected) file");
 ABSL_FLAG(double, rel_l2, 0.03, "largest ||a - b|| / ||b|| per tensor");
 ABSL_FLAG(bool, bitwise, false, "pass only bit-identical tensors");
 ABSL_FLAG(bool, nan_equal, false, "NaN equals NaN");
-ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
+ABSL_FLAG(lockstep::OutputPath, out, lockstep::OutputPath(),
           "where to write the JSON result (none when not given)");
 
 namespace {
 
-using lockstep::tools::kBadInputExitCode;
+using lockstep::kBadInputExitCode;
 namespace numerics = lockstep::numerics;
 
 int Fail(const absl::Status& status) {
@@ -47,7 +47,7 @@ std::string Figure(double v) { return absl::StrFormat("%.3g", v); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "compare ACTUAL EXPECTED [--atol --rtol --rel_l2 --bitwise --nan_equal --out]: compares "
       "two safetensors files under a tolerance. Exit 0 pass, 1 fail, 2 bad input.");

@@ -13,15 +13,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
+#include "base/tool_flags.h"
 #include "nlohmann/json.hpp"
 #include "numerics/divergence.h"
 #include "numerics/execution_context.h"
-#include "tools/tool_flags.h"
 
 ABSL_FLAG(double, atol, 1e-5, "absolute tolerance of the comparison at the divergence");
 ABSL_FLAG(double, rtol, 0.016, "relative tolerance of the comparison at the divergence");
 ABSL_FLAG(double, rel_l2, 0.03, "relative L2 limit of the comparison at the divergence");
-ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
+ABSL_FLAG(lockstep::OutputPath, out, lockstep::OutputPath(),
           "where to write the JSON result (none when not given)");
 
 namespace {
@@ -30,7 +30,7 @@ namespace numerics = lockstep::numerics;
 
 int Fail(const absl::Status& status) {
   std::cerr << "diverge: " << status.message() << std::endl;
-  return lockstep::tools::kBadInputExitCode;
+  return lockstep::kBadInputExitCode;
 }
 
 void PrintRecord(const char* label, const numerics::Record& r) {
@@ -43,7 +43,7 @@ void PrintRecord(const char* label, const numerics::Record& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "diverge A.rec B.rec [--out=FILE]: the first module where two recordings differ. Exit 0 "
       "none, 1 diverged, 2 bad input.");

@@ -1,13 +1,20 @@
 // The diverge tool end to end: recordings written by numerics::Recorder, exit codes, the named
 // module, the JSON, and bad input.
 
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "base/status_testutil.h"
+#include "base/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -37,22 +44,34 @@ std::string Record(const std::string& name, int bump) {
   return path;
 }
 
-std::pair<int, std::string> Diverge(const std::string& args) {
-  FILE* pipe = popen(absl::StrCat("tools/diverge ", args, " 2>&1").c_str(), "r");
+// Runs tools/diverge with `args`: its exit code and its output (stdout and stderr together).
+absl::StatusOr<std::pair<int, std::string>> Diverge(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"tools/diverge"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<Child> child = Child::Exec(ChildOptions::Output(), argv, {});
+  if (!child.ok()) return child.status();
+  Child* pointer = &*child;
   std::string out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), out};
+  for (;;) {
+    absl::StatusOr<int> open = PollChannels(
+        {pointer}, absl::Minutes(1),
+        [&](size_t, absl::string_view bytes) { out.append(bytes.data(), bytes.size()); });
+    if (!open.ok()) return open.status();
+    if (*open == 0) break;
+  }
+  child->Reap();
+  return std::make_pair(child->ExitCode(), out);
 }
 
 TEST(DivergeToolTest, NamesTheFirstDivergentModuleAndExitsByVerdict) {
   const std::string a = Record("a", -1), same = Record("same", -1), bumped = Record("b", 1);
-  auto [rc, out] = Diverge(absl::StrCat(a, " ", same));
+  int rc = 0;
+  std::string out;
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::tie(rc, out), Diverge({a, same}));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_THAT(out, HasSubstr("no divergence: 9 records"));
   const std::string json_path = testing::TempDir() + "/divergence.json";
-  std::tie(rc, out) = Diverge(absl::StrCat(a, " ", bumped, " --out=", json_path));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::tie(rc, out), Diverge({a, bumped, "--out=" + json_path}));
   EXPECT_EQ(rc, 1) << out;
   EXPECT_THAT(out,
               HasSubstr("first divergence at record 1: module block1, forward_output (digest)"));
@@ -65,10 +84,13 @@ TEST(DivergeToolTest, NamesTheFirstDivergentModuleAndExitsByVerdict) {
 }
 
 TEST(DivergeToolTest, BadInputIsOneLineAndExitCode2) {
-  auto [rc, out] = Diverge("/nonexistent.rec /nonexistent.rec");
+  int rc = 0;
+  std::string out;
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::tie(rc, out),
+                                Diverge({"/nonexistent.rec", "/nonexistent.rec"}));
   EXPECT_EQ(rc, 2);
   EXPECT_THAT(out, HasSubstr("diverge: cannot open '/nonexistent.rec'"));
-  std::tie(rc, out) = Diverge("only-one.rec");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::tie(rc, out), Diverge({"only-one.rec"}));
   EXPECT_EQ(rc, 2);
   EXPECT_THAT(out, HasSubstr("expected two recordings, got 1"));
 }

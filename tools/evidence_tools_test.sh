@@ -54,8 +54,10 @@ json_check "$tmp/far.json" '[t for t in j["comparison"]["tensors"] if t["name"] 
 json_check "$tmp/far.json" 'j["comparison"]["worst_by_tolerance_ratio"][0] == "w"'
 expect 1 "$compare" "$tmp/extra.safetensors" "$tmp/a.safetensors" --out="$tmp/extra.json"
 json_check "$tmp/extra.json" '[t["outcome"] for t in j["comparison"]["tensors"] if t["name"] == "x"] == ["extra"]'
-# The issue's spelling of the flags (hyphens) is the same flag; a loose enough tolerance passes.
-expect 0 "$compare" "$tmp/far.safetensors" "$tmp/a.safetensors" --atol=1e9 --rel-l2=1e9 --nan-equal
+# A loose enough tolerance passes; flag names have one spelling (snake_case): hyphens are refused.
+expect 0 "$compare" "$tmp/far.safetensors" "$tmp/a.safetensors" --atol=1e9 --rel_l2=1e9 --nan_equal
+expect 2 "$compare" "$tmp/far.safetensors" "$tmp/a.safetensors" --atol=1e9 --rel-l2=1e9
+grep -q "use --rel_l2, not --rel-l2" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "no spelling hint"; exit 1; }
 expect 2 "$compare" "$tmp/cut.safetensors" "$tmp/a.safetensors"
 [[ $(wc -l <"$tmp/err.txt") == 1 ]] && grep -q "cut.safetensors: not a valid safetensors file" "$tmp/err.txt" \
   || { cat "$tmp/err.txt"; echo "corrupt input: not one clear line"; exit 1; }

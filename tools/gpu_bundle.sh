@@ -30,6 +30,7 @@ targets=(
   //collectives:fake_communicator_test
   //collectives:communicator_base_test
   //base:torch_boundary_test
+  //base:cuda_boundary_test
   //base:logging_test
   //base:subprocess_test
   //checkpoint:checkpoint_cuda_test

@@ -15,13 +15,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
+#include "base/tool_flags.h"
 #include "nlohmann/json.hpp"
 #include "numerics/execution_context.h"
 #include "numerics/inventory.h"
 #include "numerics/safetensors.h"
-#include "tools/tool_flags.h"
 
-ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
+ABSL_FLAG(lockstep::OutputPath, out, lockstep::OutputPath(),
           "where to write the JSON inventory (none when not given)");
 
 namespace {
@@ -30,13 +30,13 @@ namespace numerics = lockstep::numerics;
 
 int Fail(const absl::Status& status) {
   std::cerr << "inventory: " << status.message() << std::endl;
-  return lockstep::tools::kBadInputExitCode;
+  return lockstep::kBadInputExitCode;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "inventory FILE [OTHER] [--out=FILE]: tensors, digests and the state digest of safetensors "
       "files; with two, whether they hold the same state. Exit 0 same (or one file), 1 differ, "

@@ -15,8 +15,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
+#include "base/tool_flags.h"
 #include "tools/launcher.h"
-#include "tools/tool_flags.h"
 
 ABSL_FLAG(int, nproc, 1, "number of processes, 1..1024");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1", "address of rank 0's rendezvous store");
@@ -28,8 +28,8 @@ ABSL_FLAG(int64_t, deadline_seconds, 0,
           "(0: none)");
 
 int main(int argc, char** argv) {
-  using lockstep::tools::kBadInputExitCode;
-  std::vector<std::string> program = lockstep::tools::ParseToolFlags(
+  using lockstep::kBadInputExitCode;
+  std::vector<std::string> program = lockstep::ParseToolFlags(
       argc, argv,
       "launch [FLAGS] -- PROGRAM [ARGS...]: starts N local processes of PROGRAM with the "
       "torchrun environment, output prefixed by rank");

@@ -21,8 +21,8 @@
 #include "admission/gradient_staging.h"
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
+#include "admission/qualification/toy_objective.h"
 #include "admission/recovery.h"
-#include "admission/testing/toy_objective.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -36,7 +36,7 @@
 #include "rng/philox.h"
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
-#include "trainer/testing/oracle.h"
+#include "trainer/qualification/oracle.h"
 
 namespace lockstep {
 namespace qualification {
@@ -300,7 +300,7 @@ absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup) {
   if (setup.control == NegativeControl::kAliasingSnapshot) {
     options.rng_streams = std::make_shared<AliasingRngSaver>(generators);
   } else {
-    options.rng_streams = checkpoint::StreamSnapshots::DefaultGeneratorsOnly(generators);
+    options.rng_streams = checkpoint::StreamSnapshots::Of(setup.streams);
   }
   LOCKSTEP_ASSIGN_OR_RETURN(RecomputeStep plain, RunRecomputeStep(setup, false, options));
   LOCKSTEP_ASSIGN_OR_RETURN(RecomputeStep ckpt, RunRecomputeStep(setup, true, options));
@@ -465,7 +465,7 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
       control = trainer::OracleControl::kNoSync;
       break;
     case NegativeControl::kUnscopedModelWork:
-      control = trainer::OracleControl::kModelWorkOnCallerStream;
+      control = trainer::OracleControl::kUnscopedModelWork;
       break;
     case NegativeControl::kInputInsideScope:
       control = trainer::OracleControl::kInputInsideScope;

@@ -27,7 +27,7 @@
 //                           group's gradient equals the run without failures (1e-6 relative), and
 //                           the rank's ledger shows every token counted once (its summary is in
 //                           the detail)
-//   trainer checks          the trainer's oracle (trainer/testing/oracle.h): replica_outputs,
+//   trainer checks          the trainer's oracle (trainer/qualification/oracle.h): replica_outputs,
 //                           caller_draws, stream_progression, reference_match (split run vs the
 //                           unsplit reference through two accumulated forwards per Adam step and
 //                           two Adam steps, with numerics' figures), empty_cp_shard (CP > 1)

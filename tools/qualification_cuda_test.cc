@@ -11,6 +11,7 @@
 #include "checkpoint/rng_state_saver.h"
 #include "gtest/gtest.h"
 #include "rng/generators.h"
+#include "rng/rank_streams.h"
 #include "tools/aliasing_testutil.h"
 #include "tools/negative_controls.h"
 
@@ -27,9 +28,10 @@ TEST(AliasingRngSaverCudaTest, ChangesTheRecomputedCudaMask) {
   EXPECT_TRUE(at::equal(plain.output, broken.output)) << "forward is unaffected";
   EXPECT_FALSE(at::equal(plain.weight_grad, broken.weight_grad))
       << "negative control: an aliasing snapshot must change the recomputed mask";
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      DropoutBlockRun sound,
-      RunDropoutBlock(cuda, checkpoint::StreamSnapshots::DefaultGeneratorsOnly(gpu)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> streams,
+                                rng::RankStreams::Create(gpu));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(DropoutBlockRun sound,
+                                RunDropoutBlock(cuda, checkpoint::StreamSnapshots::Of(streams)));
   EXPECT_TRUE(at::equal(plain.weight_grad, sound.weight_grad));
   EXPECT_EQ(checkpoint::RetainedState().nodes, 0);
 }

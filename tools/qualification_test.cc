@@ -18,6 +18,7 @@
 #include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rng/rank_streams.h"
 #include "rng/snapshot.h"
 #include "tools/aliasing_testutil.h"
 
@@ -108,6 +109,30 @@ TEST(QualificationTest, OomRecoveryAndItsNegativeControl) {
                  "differs from the run without failures");
 }
 
+// CheckTrainer returns the oracle's rows; a run passes when every row does. A failing row names
+// its check in the status, so ExpectDetected can see which one caught the control.
+absl::StatusOr<CheckResult> TrainerRows(RankSetup& setup) {
+  absl::StatusOr<std::vector<CheckResult>> rows = CheckTrainer(setup);
+  if (!rows.ok()) return rows.status();
+  if (rows->empty()) return absl::InternalError("the trainer check returned no rows");
+  CheckResult folded = (*rows)[0];
+  folded.passed = true;
+  folded.detail.clear();
+  for (const CheckResult& row : *rows) {
+    if (row.passed) continue;
+    folded.passed = false;
+    folded.detail += row.name + ": " + row.detail + "; ";
+  }
+  return folded;
+}
+
+TEST(QualificationTest, TrainerAndItsNegativeControls) {
+  ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &TrainerRows));
+  ExpectDetected(RunCheck(NegativeControl::kNoSync, &TrainerRows), "caller_draws");
+  ExpectDetected(RunCheck(NegativeControl::kUnscopedModelWork, &TrainerRows), "stream_progression");
+  ExpectDetected(RunCheck(NegativeControl::kInputInsideScope, &TrainerRows), "reference_match");
+}
+
 // The aliasing saver itself (moved here from checkpoint_test with the saver): forward is
 // unaffected, but the recompute draws another mask, so the gradients differ from the plain
 // block's; the value saver reproduces them.
@@ -120,9 +145,10 @@ TEST(AliasingRngSaverTest, ChangesTheRecomputedMask) {
   EXPECT_TRUE(at::equal(plain.output, broken.output)) << "forward is unaffected";
   EXPECT_FALSE(at::equal(plain.weight_grad, broken.weight_grad))
       << "the aliasing snapshot went unnoticed: recompute reused the forward mask";
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      DropoutBlockRun sound,
-      RunDropoutBlock(options, checkpoint::StreamSnapshots::DefaultGeneratorsOnly(cpu)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> streams,
+                                rng::RankStreams::Create(cpu));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(DropoutBlockRun sound,
+                                RunDropoutBlock(options, checkpoint::StreamSnapshots::Of(streams)));
   EXPECT_TRUE(at::equal(plain.weight_grad, sound.weight_grad));
 }
 

@@ -13,14 +13,14 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "base/tool_flags.h"
 #include "tools/negative_controls.h"
 #include "tools/qualification.h"
-#include "tools/tool_flags.h"
 
 ABSL_FLAG(int, dp, 1, "data-parallel size");
 ABSL_FLAG(int, tp, 1, "tensor-parallel size");
 ABSL_FLAG(int, cp, 1, "context-parallel size");
-ABSL_FLAG(lockstep::tools::OutputPath, out, lockstep::tools::OutputPath(),
+ABSL_FLAG(lockstep::OutputPath, out, lockstep::OutputPath(),
           "where to write the JSON evidence (none when not given)");
 ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
@@ -39,8 +39,8 @@ ABSL_FLAG(std::string, results_dir, "", "internal: where a worker writes its rep
 
 int main(int argc, char** argv) {
   namespace q = lockstep::qualification;
-  using lockstep::tools::kBadInputExitCode;
-  const std::vector<std::string> args = lockstep::tools::ParseToolFlags(
+  using lockstep::kBadInputExitCode;
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "qualify --dp=N --tp=N --cp=N [--out=FILE] [--negative_control=NAME] [--inject_oom=N]: runs "
       "the topology "
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     std::cerr << "qualify: " << status.message() << std::endl;
     return kBadInputExitCode;
   };
-  if (absl::Status s = lockstep::tools::NoPositionalArguments(args); !s.ok()) return fail(s);
+  if (absl::Status s = lockstep::NoPositionalArguments(args); !s.ok()) return fail(s);
   absl::StatusOr<q::NegativeControl> control =
       q::ParseNegativeControl(absl::GetFlag(FLAGS_negative_control));
   if (!control.ok()) return fail(control.status());

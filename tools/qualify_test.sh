@@ -14,10 +14,18 @@ done
 "$qualify" --dp 2 --tp 2 --cp 1 --out "$tmp/dp2tp2.json"
 # Three injected failures (two split levels) on one replica of each group; the ledger summary is
 # shown.
-"$qualify" --dp=1 --tp=2 --cp=2 --inject-oom 3 >"$tmp/oom3.txt"  # hyphenated names work too
+"$qualify" --dp=1 --tp=2 --cp=2 --inject_oom 3 >"$tmp/oom3.txt"
 cat "$tmp/oom3.txt"
 grep -q "^oom_recovery *PASS" "$tmp/oom3.txt" || { echo "oom_recovery did not pass"; exit 1; }
 grep -q "3 injected" "$tmp/oom3.txt" || { echo "oom_recovery does not say 3 injected"; exit 1; }
+
+# One spelling of flag names: a hyphenated one is refused (bad input, exit 2), naming the right one.
+set +e
+"$qualify" --dp=1 --tp=2 --cp=2 --inject-oom 3 >/dev/null 2>"$tmp/hyphen.txt"
+status=$?
+set -e
+[[ $status == 2 ]] || { echo "--inject-oom: exit $status, expected 2"; exit 1; }
+grep -q "use --inject_oom, not --inject-oom" "$tmp/hyphen.txt" || { cat "$tmp/hyphen.txt"; exit 1; }
 
 # Each negative control must make qualify fail (exit 1) through the check that catches it.
 expect_fail() {  # control check

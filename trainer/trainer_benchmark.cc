@@ -21,10 +21,10 @@
 
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
+#include "base/tool_flags.h"
 #include "collectives/process_world.h"
 #include "rng/rank_streams.h"
 #include "trainer/trainer_rank.h"
@@ -84,9 +84,9 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   const std::vector<planner::Sequence> batch = {planner::Sequence::Of(tokens, 1)};
   at::Tensor rows = at::randn({tokens, width}, options);
   // The bare side runs the model on the rows this rank's shard holds.
-  LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan,
-                            planner::PlanMicrobatches(batch, {.max_tokens_per_microbatch = tokens,
-                                                              .cp_size = world.size()}));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      planner::Plan plan,
+      planner::PlanMicrobatches(batch, planner::PlanOptions::Of(tokens, world.size())));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> mine,
                             planner::ShardTokenIndices(plan, 0, trainer->cp_rank()));
   at::Tensor shard_rows = rows.index_select(0, at::tensor(mine, at::kLong).to(device));
@@ -151,12 +151,26 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> args = lockstep::ParseToolFlags(
+      argc, argv,
+      "trainer_benchmark [--device=cpu|cuda] [--transport=gloo|nccl] [--procs=N] [--tokens=N] "
+      "[--width=N] [--hidden=N] [--iterations=N] [--target=R]");
+  if (absl::Status s = lockstep::NoPositionalArguments(args); !s.ok()) {
+    std::fprintf(stderr, "trainer_benchmark: %s\n", std::string(s.message()).c_str());
+    return lockstep::kBadInputExitCode;
+  }
+  if (absl::GetFlag(FLAGS_iterations) < 10) {
+    std::fprintf(stderr,
+                 "trainer_benchmark: --iterations=%d is under 10, the fewest a median is "
+                 "reported from\n",
+                 absl::GetFlag(FLAGS_iterations));
+    return lockstep::kBadInputExitCode;
+  }
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "cuda") {
     std::fprintf(stderr, "trainer_benchmark: --device must be cpu or cuda, not '%s'\n",
                  device.c_str());
-    return 2;
+    return lockstep::kBadInputExitCode;
   }
   lockstep::collectives::ProcessWorldOptions options;
   options.world_size = absl::GetFlag(FLAGS_procs);
@@ -171,8 +185,10 @@ int main(int argc, char** argv) {
   if (transport == "nccl") {
 #if LOCKSTEP_BUILT_WITH_CUDA
     if (device != "cuda") {
-      std::fprintf(stderr, "trainer_benchmark: --transport=nccl needs --device=cuda\n");
-      return 2;
+      std::fprintf(stderr,
+                   "trainer_benchmark: --transport=nccl needs --device=cuda, not --device=%s\n",
+                   device.c_str());
+      return lockstep::kBadInputExitCode;
     }
     lockstep::collectives::NcclWorldResult nccl = lockstep::collectives::RunNcclWorld(
         {}, [&](int rank, lockstep::collectives::NcclCommunicator& world) {
@@ -187,7 +203,7 @@ int main(int argc, char** argv) {
     results = nccl.ranks;
 #else
     std::fprintf(stderr, "trainer_benchmark: --transport=nccl needs a --config=cuda build\n");
-    return 2;
+    return lockstep::kBadInputExitCode;
 #endif
   } else if (transport == "gloo") {
     results = lockstep::collectives::RunProcessWorld(
@@ -196,8 +212,9 @@ int main(int argc, char** argv) {
                                          target);
         });
   } else {
-    std::fprintf(stderr, "trainer_benchmark: --transport must be gloo or nccl\n");
-    return 2;
+    std::fprintf(stderr, "trainer_benchmark: --transport must be gloo or nccl, not '%s'\n",
+                 transport.c_str());
+    return lockstep::kBadInputExitCode;
   }
   int failed = 0;
   for (size_t r = 0; r < results.size(); ++r) {

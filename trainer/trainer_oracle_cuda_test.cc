@@ -13,7 +13,7 @@
 #include "collectives/nccl_world.h"
 #include "collectives/process_world.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/oracle.h"
+#include "trainer/qualification/oracle.h"
 
 namespace lockstep {
 namespace trainer {

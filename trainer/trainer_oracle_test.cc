@@ -1,4 +1,4 @@
-// The trainer's oracle (trainer/testing/oracle.h) on multi-process Gloo worlds: DP1 x CP2,
+// The trainer's oracle (trainer/qualification/oracle.h) on multi-process Gloo worlds: DP1 x CP2,
 // DP2 x CP2, TP2 x CP2 and DP2 x TP2 pass every check on every rank; each negative control makes
 // the check that targets it fail. And a peer that dies mid-stream is an error, not a hang.
 
@@ -23,7 +23,7 @@
 #include "rng/model_stream.h"
 #include "rng/rank_streams.h"
 #include "rng/snapshot.h"
-#include "trainer/testing/oracle.h"
+#include "trainer/qualification/oracle.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {
@@ -75,7 +75,7 @@ TEST(TrainerOracleTest, NegativeControlSynchronizationDisabled) {
 }
 
 TEST(TrainerOracleTest, NegativeControlModelWorkOnTheCallersStream) {
-  ExpectDetected(OracleControl::kModelWorkOnCallerStream, "stream_progression");
+  ExpectDetected(OracleControl::kUnscopedModelWork, "stream_progression");
 }
 
 TEST(TrainerOracleTest, NegativeControlInputMaterialisedInsideTheScope) {
@@ -210,11 +210,11 @@ TEST(TrainerOracleTest, OutOfMemoryInOneReplicasForwardIsRecoveredOnEveryReplica
   for (bool use_stream : {true, false}) {
     SCOPED_TRACE(use_stream ? "microbatch stream" : "DpRankForward");
     std::vector<absl::Status> clean = collectives::RunProcessWorld(
-        {.world_size = 2}, [&](int rank, collectives::Communicator& world) {
+        collectives::ProcessWorldOptions::Of(2), [&](int rank, collectives::Communicator& world) {
           return OomRecoveryBody(rank, world, false, use_stream);
         });
     std::vector<absl::Status> recovered = collectives::RunProcessWorld(
-        {.world_size = 2}, [&](int rank, collectives::Communicator& world) {
+        collectives::ProcessWorldOptions::Of(2), [&](int rank, collectives::Communicator& world) {
           return OomRecoveryBody(rank, world, true, use_stream);
         });
     for (int r = 0; r < 2; ++r) {

@@ -44,16 +44,18 @@ struct Solo {
   numerics::NamedTensors named() { return {{"w", model.w}}; }
 };
 
-std::unique_ptr<Solo> MakeSolo(int64_t seed) {
+absl::StatusOr<std::unique_ptr<Solo>> MakeSolo(int64_t seed) {
   auto solo = std::make_unique<Solo>();
   at::manual_seed(seed);
-  solo->streams = *rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly());
-  auto topology = collectives::Topology::CreateExact(1, 1, 1, 1);
-  auto trainer = TrainerRank::Create(
-      TrainerConfig::Of(16), TrainerRank::Collaborators::Of(*topology, 0, nullptr, solo->streams),
-      [m = &solo->model](const ShardWork& work) { return m->Forward(work); });
-  EXPECT_TRUE(trainer.ok()) << trainer.status();
-  solo->trainer = std::move(*trainer);
+  LOCKSTEP_ASSIGN_OR_RETURN(solo->streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(1, 1, 1, 1));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      solo->trainer,
+      TrainerRank::Create(TrainerConfig::Of(16),
+                          TrainerRank::Collaborators::Of(topology, 0, nullptr, solo->streams),
+                          [m = &solo->model](const ShardWork& work) { return m->Forward(work); }));
   solo->adam = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{solo->model.w},
                                                     torch::optim::AdamOptions(0.1));
   return solo;
@@ -83,7 +85,7 @@ std::string StateDir(const std::string& name) {
 }
 
 TEST(TrainerRankTest, RestartFromSavedStateContinuesBitExactly) {
-  auto first = MakeSolo(5);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> first, MakeSolo(5));
   LOCKSTEP_ASSERT_OK(Step(*first));
   const std::string dir = StateDir("exact");
   SaveOptions options;
@@ -92,7 +94,8 @@ TEST(TrainerRankTest, RestartFromSavedStateContinuesBitExactly) {
   LOCKSTEP_ASSERT_OK(Step(*first));
   LOCKSTEP_ASSERT_OK(Step(*first));
 
-  auto restarted = MakeSolo(77);  // another process's state until the load
+  // Another process's state until the load.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> restarted, MakeSolo(77));
   auto named = restarted->named();
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadReport report,
                                 restarted->trainer->LoadState(dir, named, restarted->adam.get()));
@@ -105,12 +108,12 @@ TEST(TrainerRankTest, RestartFromSavedStateContinuesBitExactly) {
       << restarted->model.w << " vs " << first->model.w;
 
   // Negative control: the same restart without the RNG streams does not continue exactly.
-  auto first_again = MakeSolo(5);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> first_again, MakeSolo(5));
   LOCKSTEP_ASSERT_OK(Step(*first_again));
   const std::string no_rng = StateDir("no_rng");
   LOCKSTEP_ASSERT_OK(first_again->trainer->SaveState(
       no_rng, first_again->named(), first_again->adam.get(), SaveOptions::Defaults()));
-  auto without = MakeSolo(77);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> without, MakeSolo(77));
   auto without_named = without->named();
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       LoadReport partial, without->trainer->LoadState(no_rng, without_named, without->adam.get()));
@@ -122,7 +125,7 @@ TEST(TrainerRankTest, RestartFromSavedStateContinuesBitExactly) {
 }
 
 TEST(TrainerRankTest, SavedStateIsRefusedWhenItDoesNotFit) {
-  auto solo = MakeSolo(1);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(1));
   LOCKSTEP_ASSERT_OK(Step(*solo));
   const std::string dir = StateDir("refusals");
   SaveOptions options;
@@ -160,33 +163,35 @@ TEST(TrainerRankTest, SavedStateIsRefusedWhenItDoesNotFit) {
 }
 
 TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
-  auto streams = *rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly());
-  auto topology = collectives::Topology::CreateExact(1, 1, 1, 1);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams,
+                                rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const collectives::Topology topology,
+                                collectives::Topology::CreateExact(1, 1, 1, 1));
   auto forward = [](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return work.inputs; };
   EXPECT_THAT(
       TrainerRank::Create(TrainerConfig::Of(1),
-                          TrainerRank::Collaborators::Of(*topology, 0, nullptr, streams), forward)
+                          TrainerRank::Collaborators::Of(topology, 0, nullptr, streams), forward)
           .status()
           .message(),
       HasSubstr("max_tokens_per_microbatch 1 is below 2 x CP size (2)"));
   EXPECT_EQ(
       TrainerRank::Create(TrainerConfig::Of(8),
-                          TrainerRank::Collaborators::Of(*topology, 0, nullptr, nullptr), forward)
+                          TrainerRank::Collaborators::Of(topology, 0, nullptr, nullptr), forward)
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
-  auto cp2 = collectives::Topology::CreateExact(2, 1, 1, 2);
-  EXPECT_THAT(
-      TrainerRank::Create(TrainerConfig::Of(8),
-                          TrainerRank::Collaborators::Of(*cp2, 0, nullptr, streams), forward)
-          .status()
-          .message(),
-      HasSubstr("not its TP x CP group [0, 1] (no group given)"));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const collectives::Topology cp2,
+                                collectives::Topology::CreateExact(2, 1, 1, 2));
+  EXPECT_THAT(TrainerRank::Create(TrainerConfig::Of(8),
+                                  TrainerRank::Collaborators::Of(cp2, 0, nullptr, streams), forward)
+                  .status()
+                  .message(),
+              HasSubstr("not its TP x CP group [0, 1] (no group given)"));
 
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       auto trainer,
       TrainerRank::Create(TrainerConfig::Of(8),
-                          TrainerRank::Collaborators::Of(*topology, 0, nullptr, streams),
+                          TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
                           [](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
                             return work.inputs.slice(0, 0, 1);  // wrong rows
                           }));
@@ -257,7 +262,7 @@ TEST(TrainerRankFakeWorldTest, EveryRankGetsFullOutputsIncludingEmptyShards) {
 
 TEST(TrainerRankFakeWorldTest, ARankFailingInACollectiveFailsEveryRankWithoutAHang) {
   for (int call : {0, 1, 2}) {  // the plan agreement, then the two gathers
-    collectives::FakeWorld world(4, {.timeout = absl::Seconds(5)});
+    collectives::FakeWorld world(4, collectives::FakeWorld::Options::WithTimeout(absl::Seconds(5)));
     world.InjectFailure(/*rank=*/2, call);
     const absl::Time start = absl::Now();
     const std::vector<absl::Status> results = world.Run(GatherBody);

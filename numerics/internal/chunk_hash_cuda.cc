@@ -2,6 +2,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -35,8 +36,7 @@ absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor) {
         static_cast<const uint8_t*>(bytes.data_ptr()), num_bytes, out.data_ptr<uint8_t>(),
         c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream());
     if (error != cudaSuccess) {
-      launched = absl::InternalError(
-          absl::StrCat("launching the chunk hash kernel: ", cudaGetErrorString(error)));
+      launched = CudaStatus(error, "launching the chunk hash kernel");
       return;
     }
     const at::Tensor host = out.cpu();

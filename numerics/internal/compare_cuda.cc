@@ -5,6 +5,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -63,8 +64,7 @@ absl::StatusOr<bool> MeasureOnDevice(const at::Tensor& actual, const at::Tensor&
                       tol.nan_equal(), reinterpret_cast<ComparePartial*>(partials.data_ptr()),
                       c10::cuda::getCurrentCUDAStream(actual.device().index()).stream());
     if (error != cudaSuccess) {
-      launched = absl::InternalError(
-          absl::StrCat("launching the comparison kernel: ", cudaGetErrorString(error)));
+      launched = CudaStatus(error, "launching the comparison kernel");
       return;
     }
     const at::Tensor host = partials.cpu();

@@ -4,6 +4,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -33,7 +34,7 @@ absl::StatusOr<PhiloxBox> MakeBox(absl::Span<const int64_t> strides, absl::Span<
 
 absl::Status Launched(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(error)));
+  return CudaStatus(error, what);
 }
 
 }  // namespace

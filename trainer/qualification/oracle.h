@@ -1,4 +1,4 @@
-// trainer/testing/oracle.h
+// trainer/qualification/oracle.h
 //
 // The trainer's oracle: a training program (ReferenceModel through TrainerRank, a head
 // registered with RegisterCustomObject, a caller-drawn random token mask, two accumulated
@@ -22,11 +22,11 @@
 // Collective over the world; every rank must call it with the same topology and options.
 //
 // Negative controls make a check fail: kNoSync (caller never synchronized: caller_draws),
-// kModelWorkOnCallerStream (no model-stream scope: stream_progression), kInputInsideScope (the
+// kUnscopedModelWork (no model-stream scope: stream_progression), kInputInsideScope (the
 // caller materialises its inputs on the model stream: reference_match).
 
-#ifndef LOCKSTEP_TRAINER_TESTING_ORACLE_H_
-#define LOCKSTEP_TRAINER_TESTING_ORACLE_H_
+#ifndef LOCKSTEP_TRAINER_QUALIFICATION_ORACLE_H_
+#define LOCKSTEP_TRAINER_QUALIFICATION_ORACLE_H_
 
 #include <string>
 #include <vector>
@@ -39,7 +39,7 @@
 namespace lockstep {
 namespace trainer {
 
-enum class OracleControl { kNone, kNoSync, kModelWorkOnCallerStream, kInputInsideScope };
+enum class OracleControl { kNone, kNoSync, kUnscopedModelWork, kInputInsideScope };
 
 struct OracleCheck {
   std::string name;
@@ -64,4 +64,4 @@ absl::Status RunTrainerOracleVerdict(collectives::Communicator& world, int dp, i
 }  // namespace trainer
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_TRAINER_TESTING_ORACLE_H_
+#endif  // LOCKSTEP_TRAINER_QUALIFICATION_ORACLE_H_

@@ -1,4 +1,4 @@
-#include "admission/testing/toy_objective.h"
+#include "admission/qualification/toy_objective.h"
 
 #include <cmath>
 #include <utility>

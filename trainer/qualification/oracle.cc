@@ -1,4 +1,4 @@
-#include "trainer/testing/oracle.h"
+#include "trainer/qualification/oracle.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@
 #include "rng/model_stream.h"
 #include "rng/snapshot.h"
 #include "torch/optim/adam.h"
-#include "trainer/testing/reference_model.h"
+#include "trainer/qualification/reference_model.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {
@@ -93,7 +93,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   TrainerConfig config = TrainerConfig::Of(kBudget);
   config.packing = planner::PACKING_IN_ORDER;
   config.synchronize_caller = setup.control != OracleControl::kNoSync;
-  config.model_stream_scope = setup.control != OracleControl::kModelWorkOnCallerStream;
+  config.model_stream_scope = setup.control != OracleControl::kUnscopedModelWork;
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::unique_ptr<TrainerRank> trainer,
       TrainerRank::Create(

@@ -1,4 +1,4 @@
-// trainer/testing/reference_model.h
+// trainer/qualification/reference_model.h
 //
 // ReferenceModel: a small model for the trainer's oracle, runnable unsplit (the reference) and
 // split over TP and CP. Per token: out = x + RowParallel(Dropout(GELU(ColumnParallel(x)))), where
@@ -15,8 +15,8 @@
 //
 // Thread-safety: one thread at a time.
 
-#ifndef LOCKSTEP_TRAINER_TESTING_REFERENCE_MODEL_H_
-#define LOCKSTEP_TRAINER_TESTING_REFERENCE_MODEL_H_
+#ifndef LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_
+#define LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_
 
 #include <vector>
 
@@ -66,4 +66,4 @@ class ReferenceModel {
 }  // namespace trainer
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_TRAINER_TESTING_REFERENCE_MODEL_H_
+#endif  // LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_

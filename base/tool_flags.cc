@@ -1,19 +1,21 @@
-#include "tools/tool_flags.h"
+#include "base/tool_flags.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 
 namespace lockstep {
-namespace tools {
 namespace {
 
 // absl::ParseCommandLine exits the process (status 1) on a flag it cannot parse. While it runs,
@@ -40,34 +42,29 @@ bool AsksForUsage(int argc, char** argv) {
   return false;
 }
 
-}  // namespace
-
-namespace {
-
-// Flag names may be spelled with hyphens (--rel-l2, --inject-oom): they are rewritten to the
-// snake_case names Abseil knows, up to a "--" that ends the flags. Values are left alone.
-void AcceptHyphenatedFlagNames(int argc, char** argv) {
-  static std::vector<std::string>* rewritten = new std::vector<std::string>();
-  rewritten->reserve(argc);
+// One spelling: a flag name with hyphens whose snake_case form is a known flag (--inject-oom for
+// --inject_oom) is refused here, with the right spelling, before absl would report it only as an
+// unknown flag. Nothing is rewritten; absl parses the command line.
+void RefuseHyphenatedFlagNames(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--") break;
-    if (arg.size() < 3 || arg.substr(0, 2) != "--") continue;
-    const size_t equals = arg.find('=');
-    std::string name(
-        arg.substr(2, equals == absl::string_view::npos ? absl::string_view::npos : equals - 2));
-    if (name.find('-') == std::string::npos) continue;
-    std::replace(name.begin(), name.end(), '-', '_');
-    rewritten->push_back(
-        absl::StrCat("--", name, equals == absl::string_view::npos ? "" : arg.substr(equals)));
-    argv[i] = rewritten->back().data();
+    if (!absl::StartsWith(arg, "--")) continue;
+    const absl::string_view name = arg.substr(2, arg.find('=') - 2);
+    if (name.find('-') == absl::string_view::npos) continue;
+    std::string snake(name);
+    std::replace(snake.begin(), snake.end(), '-', '_');
+    if (absl::FindCommandLineFlag(snake) == nullptr) continue;
+    std::fprintf(stderr, "ERROR: flag names are snake_case: use --%s, not --%s\n", snake.c_str(),
+                 std::string(name).c_str());
+    std::exit(kBadInputExitCode);
   }
 }
 
 }  // namespace
 
 std::vector<std::string> ParseToolFlags(int argc, char** argv, absl::string_view usage) {
-  AcceptHyphenatedFlagNames(argc, argv);
+  RefuseHyphenatedFlagNames(argc, argv);
   absl::SetProgramUsageMessage(absl::StrCat(usage, "\n\n", kLoggingHelp));
   InitLogging(argc > 0 ? argv[0] : "lockstep");
   static const bool registered = [] { return std::atexit(&ExitAsBadInput) == 0; }();
@@ -100,5 +97,4 @@ absl::Status NoPositionalArguments(const std::vector<std::string>& args) {
   return absl::InvalidArgumentError(absl::StrCat("unexpected argument ", args.front()));
 }
 
-}  // namespace tools
 }  // namespace lockstep

@@ -1,23 +1,24 @@
-// tools/tool_flags.h
+// base/tool_flags.h
 //
-// What every lockstep command-line tool does with its command line: Abseil flags (snake_case
-// names, also accepted with hyphens: --rel-l2 is --rel_l2; --help from absl's usage library, the
-// tool's usage text followed by the logging help of base/logging.h), glog initialised for the tool,
-// and the positional arguments handed back. Values absl cannot parse are reported by absl ("Illegal
-// value 'abc' specified for flag 'dp'", "Unknown command line flag 'x'") and the tool exits 2, the
-// tools' "bad input" code.
+// What every lockstep command-line program (tools, benchmarks with their own main, test drivers)
+// does with its command line: Abseil flags, spelled snake_case only (--inject_oom; a hyphenated
+// spelling of a known flag, --inject-oom, is refused with the right spelling named); --help from
+// absl's usage library, the program's usage text followed by the logging help of base/logging.h;
+// glog initialised for the program; the positional arguments handed back. Values absl cannot
+// parse are reported by absl ("Illegal value 'abc' specified for flag 'dp'", "Unknown command line
+// flag 'x'") and the program exits 2, the tools' "bad input" code; --help keeps absl's status.
 //
 // Thread-safety: call once, at the start of main.
 //
 // Example:
 //   ABSL_FLAG(int, nproc, 1, "number of processes");
 //   int main(int argc, char** argv) {
-//     std::vector<std::string> args = tools::ParseToolFlags(argc, argv, "launch [FLAGS] -- PROG");
+//     std::vector<std::string> args = lockstep::ParseToolFlags(argc, argv, "launch [FLAGS] -- P");
 //     ...
 //   }
 
-#ifndef LOCKSTEP_TOOLS_TOOL_FLAGS_H_
-#define LOCKSTEP_TOOLS_TOOL_FLAGS_H_
+#ifndef LOCKSTEP_BASE_TOOL_FLAGS_H_
+#define LOCKSTEP_BASE_TOOL_FLAGS_H_
 
 #include <string>
 #include <vector>
@@ -26,9 +27,8 @@
 #include "absl/strings/string_view.h"
 
 namespace lockstep {
-namespace tools {
 
-// The exit code of a tool given bad input (flags, arguments, files).
+// The exit code of a program given bad input (flags, arguments, files).
 inline constexpr int kBadInputExitCode = 2;
 
 // Parses the process's flags (see above) and returns the positional arguments after the program
@@ -48,7 +48,6 @@ std::string AbslUnparseFlag(const OutputPath& out);
 // kInvalidArgument "unexpected argument <first>" when `args` is not empty.
 absl::Status NoPositionalArguments(const std::vector<std::string>& args);
 
-}  // namespace tools
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_TOOLS_TOOL_FLAGS_H_
+#endif  // LOCKSTEP_BASE_TOOL_FLAGS_H_

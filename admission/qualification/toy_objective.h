@@ -1,4 +1,4 @@
-// admission/testing/toy_objective.h
+// admission/qualification/toy_objective.h
 //
 // ToyObjective: a small weighted least-squares objective over a plan's tokens, for admission's
 // tests and qualify's injected-out-of-memory check. Token t of input sequence s has a fixed
@@ -9,8 +9,8 @@
 //
 // Thread-safety: one thread at a time per objective.
 
-#ifndef LOCKSTEP_ADMISSION_TESTING_TOY_OBJECTIVE_H_
-#define LOCKSTEP_ADMISSION_TESTING_TOY_OBJECTIVE_H_
+#ifndef LOCKSTEP_ADMISSION_QUALIFICATION_TOY_OBJECTIVE_H_
+#define LOCKSTEP_ADMISSION_QUALIFICATION_TOY_OBJECTIVE_H_
 
 #include <vector>
 
@@ -45,4 +45,4 @@ double MaxRelativeDifference(const at::Tensor& a, const at::Tensor& b);
 }  // namespace admission
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_ADMISSION_TESTING_TOY_OBJECTIVE_H_
+#endif  // LOCKSTEP_ADMISSION_QUALIFICATION_TOY_OBJECTIVE_H_

@@ -1,4 +1,4 @@
-#include "trainer/testing/reference_model.h"
+#include "trainer/qualification/reference_model.h"
 
 #include <limits>
 #include <utility>
