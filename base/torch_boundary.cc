@@ -57,4 +57,29 @@ absl::Status StatusFromCurrentException(absl::string_view context) {
   }
 }
 
+void ThrowAsTorchError(const absl::Status& status) {
+  const std::string message(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+      break;
+    case absl::StatusCode::kInvalidArgument:
+      TORCH_CHECK_VALUE(false, message);
+      break;
+    case absl::StatusCode::kUnimplemented:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+      break;
+    case absl::StatusCode::kUnavailable:
+#if LOCKSTEP_HAS_C10_DIST_ERROR
+      C10_THROW_ERROR(DistNetworkError, message);
+#else
+      throw gloo::IoException(message);  // before c10::DistError, c10d's transport errors
+#endif
+      break;
+    default:
+      TORCH_CHECK(false, message);
+  }
+  __builtin_unreachable();
+}
+
 }  // namespace lockstep

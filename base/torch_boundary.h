@@ -43,6 +43,14 @@ namespace lockstep {
 // starts with `context`.
 absl::Status StatusFromCurrentException(absl::string_view context);
 
+// The inverse, for code that can only report by throwing (autograd's backward, a function run by
+// Checkpoint): throws the LibTorch exception that StatusFromCurrentException maps back to
+// `status`'s code — kResourceExhausted as c10::OutOfMemoryError, kInvalidArgument as
+// c10::ValueError, kUnimplemented as c10::NotImplementedError, kUnavailable as a c10d
+// network error (gloo's I/O error before LibTorch 2.1), anything else as c10::Error — with
+// `status`'s message. Precondition: !status.ok().
+[[noreturn]] void ThrowAsTorchError(const absl::Status& status);
+
 // Runs `fn`, converting any exception it throws into a status. `fn` returns void, absl::Status
 // or absl::StatusOr<T>; CallTorch returns absl::Status or the same StatusOr<T>.
 template <typename Fn>

@@ -9,6 +9,7 @@
 #include "gloo/common/error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch/version.h"
 
 namespace lockstep {
 namespace {
@@ -69,6 +70,38 @@ TEST(CallTorchTest, GlooTransportErrorsBecomeUnavailable) {
   // make a plain runtime error a deadline.
   absl::Status words = CallTorch("ctx", [] { throw std::runtime_error("Socket Timeout"); });
   EXPECT_EQ(words.code(), absl::StatusCode::kInternal);
+}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+TEST(CallTorchTest, C10dDistErrorsBecomeUnavailable) {
+  absl::Status network = CallTorch("all-gather on group [0, 1]", [] {
+    C10_THROW_ERROR(DistNetworkError, "Connection reset by peer");
+  });
+  EXPECT_EQ(network.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(network.message(), "all-gather on group [0, 1]: Connection reset by peer");
+  absl::Status store = CallTorch("ctx", [] { C10_THROW_ERROR(DistStoreError, "key missing"); });
+  EXPECT_EQ(store.code(), absl::StatusCode::kUnavailable);
+  absl::Status backend = CallTorch("ctx", [] { C10_THROW_ERROR(DistBackendError, "aborted"); });
+  EXPECT_EQ(backend.code(), absl::StatusCode::kUnavailable);
+}
+#endif
+
+// ThrowAsTorchError is CallTorch's inverse: every code it distinguishes survives the round trip.
+TEST(ThrowAsTorchErrorTest, RoundTripsThroughCallTorch) {
+  for (absl::StatusCode code :
+       {absl::StatusCode::kResourceExhausted, absl::StatusCode::kInvalidArgument,
+        absl::StatusCode::kUnimplemented, absl::StatusCode::kUnavailable,
+        absl::StatusCode::kInternal}) {
+    const absl::Status original(code, "what went wrong");
+    const absl::Status back = CallTorch("in backward", [&] { ThrowAsTorchError(original); });
+    EXPECT_EQ(back.code(), code) << original;
+    EXPECT_EQ(back.message(), "in backward: what went wrong");
+  }
+  // Codes without an exception type of their own come back as kInternal, message intact.
+  const absl::Status deadline = CallTorch(
+      "", [] { ThrowAsTorchError(absl::DeadlineExceededError("a peer did not arrive")); });
+  EXPECT_EQ(deadline.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(deadline.message(), "a peer did not arrive");
 }
 
 TEST(CallTorchTest, MessagesKeepOnlyTheFirstLine) {

@@ -65,21 +65,8 @@ bool IsDifferentiable(const at::Tensor& t) {
 // the caller's CallTorch (base/torch_boundary.h) maps it back: out of memory stays
 // kResourceExhausted (admission recovers from it), bad input stays kInvalidArgument.
 [[noreturn]] void Fail(const absl::Status& status) {
-  const std::string message = absl::StrCat("lockstep::Checkpoint backward: ", status.message());
-  switch (status.code()) {
-    case absl::StatusCode::kResourceExhausted:
-      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
-      break;
-    case absl::StatusCode::kInvalidArgument:
-      TORCH_CHECK_VALUE(false, message);
-      break;
-    case absl::StatusCode::kUnimplemented:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, message);
-      break;
-    default:
-      TORCH_CHECK(false, message);
-  }
-  __builtin_unreachable();
+  ThrowAsTorchError(absl::Status(
+      status.code(), absl::StrCat("lockstep::Checkpoint backward: ", status.message())));
 }
 
 // Puts the live stream values back when the recompute leaves, by return or by exception.

@@ -81,11 +81,26 @@ absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerCo
   }
   std::unique_ptr<TrainerRank> trainer(new TrainerRank(
       config, std::move(collaborators), std::move(forward), mine.cp, std::move(member_cp)));
+  if (config.activation_checkpointing) {
+    trainer->recompute_streams_ = checkpoint::StreamSnapshots::Of(trainer->collaborators_.streams);
+  }
   // Before any scope: the model stream is derived from the synchronized caller state, so it
   // agrees across the replicas.
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(trainer->SynchronizeCaller(),
                                         trainer->Where("creating the trainer"));
   return trainer;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> ShardWork::RunBlock(
+    const Block& block, const std::vector<at::Tensor>& inputs) const {
+  if (!block) return absl::InvalidArgumentError("RunBlock: the block is empty");
+  if (recompute_streams_ == nullptr) {
+    return CallTorch("running a model block",
+                     [&]() -> absl::StatusOr<std::vector<at::Tensor>> { return block(inputs); });
+  }
+  checkpoint::CheckpointOptions options;
+  options.rng_streams = recompute_streams_;
+  return checkpoint::Checkpoint(block, inputs, options);
 }
 
 std::string TrainerRank::Where(absl::string_view operation) const {
@@ -162,6 +177,10 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   work.cp_rank = cp_rank_;
   work.cp_size = cp_size();
   work.forward_index = forward_index_++;
+  work.recompute_streams_ = recompute_streams_;
+  for (const std::vector<int64_t>& o : owned) {
+    work.widest_shard = std::max<int64_t>(work.widest_shard, static_cast<int64_t>(o.size()));
+  }
   MicrobatchOutput out;
   out.microbatch = m;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(

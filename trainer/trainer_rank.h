@@ -61,6 +61,7 @@
 #include "absl/status/statusor.h"
 #include "admission/memory_model.h"
 #include "admission/memory_probe.h"
+#include "checkpoint/checkpoint.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
 #include "numerics/named_tensors.h"
@@ -93,6 +94,10 @@ struct TrainerInputs {
 
 // What the model's forward receives: one microbatch, this rank's CP shard of it.
 struct ShardWork {
+  // One block of the model: activations in, activations out. It reports errors by throwing
+  // (LibTorch's exceptions; lockstep::ThrowAsTorchError for a status).
+  using Block = checkpoint::CheckpointedFunction;
+
   const planner::Plan* plan = nullptr;
   int microbatch = 0;
   int cp_rank = 0;
@@ -105,6 +110,23 @@ struct ShardWork {
   at::Tensor inputs;
   at::Tensor sequence_ids;
   at::Tensor positions;
+  // The most tokens any CP rank holds in this microbatch, so that a model's collectives over the
+  // CP group (an all-gather of keys and values) can pad every shard to one size.
+  int64_t widest_shard = 0;
+
+  // Runs `block` on `inputs`. With TrainerConfig::activation_checkpointing on, through
+  // checkpoint::Checkpoint over the rank's streams: its activations are dropped after the forward
+  // and recomputed in backward with the forward's randomness (model stream and named streams)
+  // replayed, the caller's streams restored after; the block's collectives then run again in
+  // backward, in the same order on every rank. Off: the block runs directly. Errors (thrown by
+  // the block, or the checkpoint's own) come back as statuses.
+  absl::StatusOr<std::vector<at::Tensor>> RunBlock(const Block& block,
+                                                   const std::vector<at::Tensor>& inputs) const;
+
+ private:
+  friend class TrainerRank;
+  // The recompute's stream saver; null when activation checkpointing is off.
+  std::shared_ptr<const checkpoint::RngStateSaver> recompute_streams_;
 };
 
 // The model's forward on a shard: returns [n, ...] outputs for the shard's n tokens (same
@@ -145,6 +167,9 @@ struct TrainerConfig {
   int64_t memory_cap_bytes = 0;
   admission::MemoryProbe* memory_probe = nullptr;
   int max_split_depth = 4;
+  // Activation checkpointing of the blocks a model runs through ShardWork::RunBlock: their
+  // activations are recomputed in backward, with the forward's randomness replayed. Default: off.
+  bool activation_checkpointing = false;
   // Negative-control switches, for oracles that must show their checks can fail; leave them on.
   // Off: the model's forward runs on the caller's stream (no model-stream scope).
   bool model_stream_scope = true;
@@ -287,6 +312,8 @@ class TrainerRank {
   // CP rank of each member of the TP x CP group, by group rank.
   std::vector<int> member_cp_ranks_;
   int64_t forward_index_ = 0;
+  // The recompute's stream saver (activation checkpointing); null when off.
+  std::shared_ptr<const checkpoint::RngStateSaver> recompute_streams_;
   int64_t out_of_memory_ = 0;
   // Per-token lists of RunMicrobatch, kept between microbatches so their memory is reused.
   struct Scratch {

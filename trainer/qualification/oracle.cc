@@ -47,15 +47,20 @@ struct RunSetup {
   Communicator* dp = nullptr;
   OracleControl control = OracleControl::kNone;
   c10::Device device = c10::Device(c10::kCPU);
+  // Activation checkpointing of the model's blocks (the split run; the reference runs without,
+  // so matching it shows the recompute replays the forward exactly).
+  bool checkpoint_blocks = false;
 };
 
 struct RunRecord {
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> masks;
-  // Per step: gradients of W1, W2 (this rank's hidden slice) and the head, summed over CP and DP.
+  // Per step: gradients of the model's parameters (this rank's TP shard of each) and the head,
+  // summed over CP and DP, in the order of `names`.
   std::vector<std::vector<at::Tensor>> gradients;
   std::vector<at::Tensor> parameters;
-  int64_t hidden_begin = 0, hidden_end = 0;
+  std::vector<std::string> names;
+  int tp_rank = 0, tp_size = 1;
   int hand_backs = 0;
   std::vector<std::string> caller_moved;
   int model_stream_still = 0;
@@ -86,14 +91,16 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
                                             ? rng::DefaultGenerators::WithCudaDevice(device.index())
                                             : rng::DefaultGenerators::CpuOnly()));
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("seeding", [&] { at::manual_seed(setup.seed); }));
-  LOCKSTEP_ASSIGN_OR_RETURN(ReferenceModel model,
-                            ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp, device));
-  record.hidden_begin = model.hidden_begin();
-  record.hidden_end = model.hidden_end();
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      ReferenceModel model,
+      ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp, setup.cp, device));
+  record.tp_rank = setup.tp_rank;
+  record.tp_size = setup.tp_size;
   TrainerConfig config = TrainerConfig::Of(kBudget);
   config.packing = planner::PACKING_IN_ORDER;
   config.synchronize_caller = setup.control != OracleControl::kNoSync;
   config.model_stream_scope = setup.control != OracleControl::kUnscopedModelWork;
+  config.activation_checkpointing = setup.checkpoint_blocks;
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::unique_ptr<TrainerRank> trainer,
       TrainerRank::Create(
@@ -111,8 +118,13 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
             }));
             return std::vector<at::Tensor>{w};
           }));
-  std::vector<at::Tensor> parameters = model.parameters();
-  parameters.push_back(head[0]);
+  numerics::NamedTensors named = model.parameters();
+  named.emplace_back("head", head[0]);
+  std::vector<at::Tensor> parameters;
+  for (const auto& [name, tensor] : named) {
+    record.names.push_back(name);
+    parameters.push_back(tensor);
+  }
   std::unique_ptr<torch::optim::Adam> adam;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating Adam", [&] {
     adam = std::make_unique<torch::optim::Adam>(parameters, torch::optim::AdamOptions(0.05));
@@ -141,11 +153,10 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
     return absl::OkStatus();
   };
 
-  numerics::NamedTensors named = {
-      {"w1", parameters[0]}, {"w2", parameters[1]}, {"head", parameters[2]}};
   if (!load_dir.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(LoadReport loaded, trainer->LoadState(load_dir, named, adam.get()));
-    if (loaded.weights != 3 || !loaded.optimizer || !loaded.rng_streams) {
+    if (loaded.weights != static_cast<int>(named.size()) || !loaded.optimizer ||
+        !loaded.rng_streams) {
       return absl::InternalError("the saved state was not restored in full");
     }
   }
@@ -161,12 +172,12 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
         LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope,
                                   rng::ModelStreamScope::Enter(*streams));
         LOCKSTEP_RETURN_IF_ERROR(CallTorch("inputs", [&] {
-          rows = at::randn({tokens, ReferenceModel::kWidth}, f32);
+          rows = at::randint(ReferenceModel::kVocab, {tokens}, f32.dtype(at::kLong));
         }));
         LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
       } else {
         LOCKSTEP_RETURN_IF_ERROR(CallTorch("inputs", [&] {
-          rows = at::randn({tokens, ReferenceModel::kWidth}, f32);
+          rows = at::randint(ReferenceModel::kVocab, {tokens}, f32.dtype(at::kLong));
         }));
       }
       TrainerInputs inputs = TrainerInputs::Of(batch, rows);
@@ -195,13 +206,20 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
         for (const MicrobatchOutput& out : outs) LOCKSTEP_RETURN_IF_ERROR(backward(out));
       }
     }
-    // The caller's gradient reduction: model shards over CP, everything over DP.
+    // The caller's gradient reduction: the model's parameters over CP (each CP rank
+    // back-propagated its own tokens; the head saw every token's output on every replica),
+    // everything over DP.
     std::vector<at::Tensor> grads;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("reading gradients", [&] {
-      for (const at::Tensor& p : parameters) grads.push_back(p.grad());
+      for (const at::Tensor& p : parameters) {
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        grads.push_back(p.grad());
+      }
     }));
     if (setup.cp != nullptr) {
-      for (int i = 0; i < 2; ++i) LOCKSTEP_RETURN_IF_ERROR(setup.cp->AllReduceSum(grads[i]));
+      for (size_t i = 0; i + 1 < grads.size(); ++i) {
+        LOCKSTEP_RETURN_IF_ERROR(setup.cp->AllReduceSum(grads[i]));
+      }
     }
     if (setup.dp != nullptr) {
       for (at::Tensor& g : grads) LOCKSTEP_RETURN_IF_ERROR(setup.dp->AllReduceSum(g));
@@ -224,9 +242,22 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   return record;
 }
 
-// This rank's slice of a reference tensor list {W1 [hidden, width], W2 [width, hidden], head}.
-std::vector<at::Tensor> Slice(const std::vector<at::Tensor>& full, int64_t begin, int64_t end) {
-  return {full[0].slice(0, begin, end), full[1].slice(1, begin, end), full[2]};
+// The part of each tensor of the unsplit reference's list (in the order of `names`) that a rank
+// of TP rank `tp_rank` of `tp_size` holds.
+absl::StatusOr<std::vector<at::Tensor>> ShardsOf(const std::vector<at::Tensor>& full,
+                                                 const std::vector<std::string>& names, int tp_rank,
+                                                 int tp_size) {
+  if (full.size() != names.size()) {
+    return absl::InternalError(
+        absl::StrCat("the reference has ", full.size(), " tensors, the run ", names.size()));
+  }
+  std::vector<at::Tensor> shards;
+  for (size_t i = 0; i < full.size(); ++i) {
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor shard,
+                              ReferenceModel::ShardOf(names[i], full[i], tp_rank, tp_size));
+    shards.push_back(std::move(shard));
+  }
+  return shards;
 }
 
 absl::StatusOr<bool> AllEqualAcross(Communicator* group, const std::vector<at::Tensor>& tensors,
@@ -317,6 +348,7 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   split.dp = topology.dp_size() > 1 ? dp.get() : nullptr;
   split.control = control;
   split.device = device;
+  split.checkpoint_blocks = true;
   const char* tmp = std::getenv("TMPDIR");
   const std::string saved = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/lockstep_oracle_",
                                          getpid(), "_rank", rank, "_after_step0");
@@ -376,13 +408,18 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   LOCKSTEP_RETURN_IF_ERROR(CompareLists(run.masks, expected.masks, "token mask",
                                         numerics::Tolerance::Bitwise(), figures, failures));
   for (int step = 0; step < kSteps && step < static_cast<int>(expected.gradients.size()); ++step) {
-    LOCKSTEP_RETURN_IF_ERROR(CompareLists(
-        run.gradients[step], Slice(expected.gradients[step], run.hidden_begin, run.hidden_end),
-        absl::StrCat("step ", step, " gradient"), tolerance, figures, failures));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        std::vector<at::Tensor> expected_gradients,
+        ShardsOf(expected.gradients[step], run.names, run.tp_rank, run.tp_size));
+    LOCKSTEP_RETURN_IF_ERROR(CompareLists(run.gradients[step], expected_gradients,
+                                          absl::StrCat("step ", step, " gradient"), tolerance,
+                                          figures, failures));
   }
-  LOCKSTEP_RETURN_IF_ERROR(
-      CompareLists(run.parameters, Slice(expected.parameters, run.hidden_begin, run.hidden_end),
-                   "parameters after 2 Adam steps", tolerance, figures, failures));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> expected_parameters,
+                            ShardsOf(expected.parameters, run.names, run.tp_rank, run.tp_size));
+  LOCKSTEP_RETURN_IF_ERROR(CompareLists(run.parameters, expected_parameters,
+                                        "parameters after 2 Adam steps", tolerance, figures,
+                                        failures));
   checks.push_back(Check(
       "reference_match", failures.empty(),
       failures.empty()

@@ -5,15 +5,19 @@
 // forwards per Adam step — the first through the microbatch stream, the second through
 // DpRankForward — and two Adam steps) run split over the rank's DP x TP x CP topology and, in the
 // same process, unsplit (TP 1 x CP 1) from the state of the rank's TP x CP leader over the same
-// DP-local batches. Each rank then checks:
+// DP-local batches. The split run checkpoints every block of the model (ShardWork::RunBlock:
+// recomputed in backward, collectives and dropout included); the reference runs them plainly.
+// The caller's inputs are token ids it draws. Each rank then checks:
 //   replica_outputs     every TP/CP replica received bit-identical full outputs
 //   caller_draws        the caller's token masks agree across the replicas after every hand-back
 //   stream_progression  model work never moved the caller's generator (the leader's state right
 //                       after each hand-back equals its state before the call), and the model
 //                       stream advanced between microbatches
-//   reference_match     outputs, caller masks (bit for bit), gradients (summed over CP and DP)
-//                       and the parameters after two Adam steps equal the unsplit reference's
-//                       under the default numerics tolerance
+//   reference_match     outputs, caller masks (bit for bit), gradients of every parameter
+//                       (summed over CP and DP; the rank's TP shard) and the parameters after two
+//                       Adam steps equal the unsplit reference's under the default numerics
+//                       tolerance: CP attention, TP layers and the recompute of checkpointed
+//                       blocks reproduce the unsplit model
 //   resume              a restart from the state saved after step 0 (weights, Adam state, every
 //                       RNG stream, through TrainerRank::SaveState/LoadState) gives step 1's
 //                       outputs and the final parameters bit for bit

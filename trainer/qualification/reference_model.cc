@@ -1,13 +1,16 @@
 #include "trainer/qualification/reference_model.h"
 
+#include <cmath>
 #include <limits>
 #include <utility>
 
 #include "ATen/ATen.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "rng/philox.h"
+#include "trainer/qualification/differentiable_collectives.h"
 
 namespace lockstep {
 namespace trainer {
@@ -15,12 +18,92 @@ namespace {
 
 // Positions per sequence in the dropout's global index space: row = id * kPositions + position.
 constexpr int64_t kPositions = int64_t{1} << 20;
+constexpr int64_t kSequenceIds = int64_t{1} << 20;
 constexpr uint64_t kDropoutStream = 7;
+
+// Parameter layout: the embedding, then per block these six.
+enum BlockWeight { kWq, kWk, kWv, kWo, kW1, kW2, kBlockWeights };
+constexpr const char* kBlockWeightNames[kBlockWeights] = {"wq", "wk", "wv", "wo", "w1", "w2"};
+
+// Inside a block (which reports by throwing): the value, or the status thrown as LibTorch's
+// exception of its code.
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  if (!value.ok()) ThrowAsTorchError(value.status());
+  return *std::move(value);
+}
+
+// The full model's weights: fixed functions of the indices (and of the block).
+at::Tensor FullWeight(int block, BlockWeight which) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const double b = block;
+  switch (which) {
+    case kW1: {  // [hidden, width]
+      at::Tensor i = at::arange(ReferenceModel::kHidden, f32).unsqueeze(1);
+      at::Tensor j = at::arange(ReferenceModel::kWidth, f32).unsqueeze(0);
+      return 0.3 * at::sin(1.7 * i + 0.9 * j + 0.1 + b);
+    }
+    case kW2: {  // [width, hidden]
+      at::Tensor i = at::arange(ReferenceModel::kWidth, f32).unsqueeze(1);
+      at::Tensor j = at::arange(ReferenceModel::kHidden, f32).unsqueeze(0);
+      return 0.25 * at::cos(0.8 * i - 1.1 * j + 0.3 + b);
+    }
+    default: {  // [width, width]
+      at::Tensor i = at::arange(ReferenceModel::kWidth, f32).unsqueeze(1);
+      at::Tensor j = at::arange(ReferenceModel::kWidth, f32).unsqueeze(0);
+      const double phase = 0.7 * which + 0.45 * b;
+      return 0.35 * at::sin((0.9 + 0.2 * which) * i - (0.4 + 0.3 * which) * j + phase);
+    }
+  }
+}
+
+at::Tensor FullEmbedding() {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor v = at::arange(ReferenceModel::kVocab, f32).unsqueeze(1);
+  at::Tensor j = at::arange(ReferenceModel::kWidth, f32).unsqueeze(0);
+  return 0.5 * at::sin(1.3 * v + 0.7 * j + 0.2);
+}
+
+// The dropout mask of a shard's hidden units [hidden_begin, hidden_end) for its tokens (sequence
+// ids and positions, CPU int64 [n]): one contiguous run of positions of one sequence at a time.
+absl::StatusOr<at::Tensor> DropoutMask(const rng::PhiloxKey& key, const at::Tensor& ids,
+                                       const at::Tensor& positions, int64_t hidden_begin,
+                                       int64_t hidden_end, c10::Device device) {
+  const int64_t n = ids.size(0);
+  const auto id = ids.accessor<int64_t, 1>();
+  const auto position = positions.accessor<int64_t, 1>();
+  const std::vector<int64_t> global_shape = {kSequenceIds * kPositions, ReferenceModel::kHidden};
+  for (int64_t t = 0; t < n; ++t) {
+    if (id[t] < 0 || id[t] >= kSequenceIds || position[t] < 0 || position[t] >= kPositions) {
+      return absl::InvalidArgumentError(absl::StrCat("reference model: sequence id ", id[t],
+                                                     " or position ", position[t],
+                                                     " outside its dropout index space"));
+    }
+  }
+  std::vector<at::Tensor> masks;
+  for (int64_t t = 0; t < n;) {
+    int64_t end = t + 1;
+    while (end < n && id[end] == id[t] && position[end] == position[end - 1] + 1) ++end;
+    const int64_t row = id[t] * kPositions + position[t];
+    const std::vector<rng::Slice> box = {{row, row + (end - t)}, {hidden_begin, hidden_end}};
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor mask,
+        rng::PartitionedDropoutMask(key, global_shape, box, ReferenceModel::kDropout, device));
+    masks.push_back(std::move(mask));
+    t = end;
+  }
+  return CallTorch("joining the dropout masks", [&]() -> absl::StatusOr<at::Tensor> {
+    return n > 0 ? at::cat(masks)
+                 : at::zeros({0, hidden_end - hidden_begin},
+                             at::TensorOptions().dtype(at::kBool).device(device));
+  });
+}
 
 }  // namespace
 
 absl::StatusOr<ReferenceModel> ReferenceModel::Create(int tp_rank, int tp_size,
                                                       collectives::Communicator* tp_group,
+                                                      collectives::Communicator* cp_group,
                                                       c10::Device device) {
   if (tp_size < 1 || kHidden % tp_size != 0 || tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("reference model: TP rank ", tp_rank, " of ",
@@ -30,77 +113,109 @@ absl::StatusOr<ReferenceModel> ReferenceModel::Create(int tp_rank, int tp_size,
   if ((tp_size > 1) != (tp_group != nullptr)) {
     return absl::InvalidArgumentError("reference model: a TP group is needed exactly when TP > 1");
   }
-  const int64_t shard = kHidden / tp_size, begin = tp_rank * shard;
-  at::Tensor w1, w2;
+  if (tp_group != nullptr && (tp_group->size() != tp_size || tp_group->rank() != tp_rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("reference model: the TP group is member ",
+                                                   tp_group->rank(), " of ", tp_group->size(),
+                                                   ", not TP rank ", tp_rank, " of ", tp_size));
+  }
+  numerics::NamedTensors parameters;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating the reference model", [&] {
-    const auto f32 = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor i = at::arange(kHidden, f32).unsqueeze(1), j = at::arange(kWidth, f32).unsqueeze(0);
-    at::Tensor full_w1 = 0.3 * at::sin(1.7 * i + 0.9 * j + 0.1);           // [hidden, width]
-    at::Tensor full_w2 = 0.25 * at::cos(0.8 * j.t() - 1.1 * i.t() + 0.3);  // [width, hidden]
-    w1 = full_w1.slice(0, begin, begin + shard).to(device).clone().set_requires_grad(true);
-    w2 = full_w2.slice(1, begin, begin + shard).to(device).clone().set_requires_grad(true);
+    parameters.emplace_back("embedding", FullEmbedding().to(device).set_requires_grad(true));
+    for (int b = 0; b < kBlocks; ++b) {
+      for (int w = 0; w < kBlockWeights; ++w) {
+        const std::string name = absl::StrCat("block", b, ".", kBlockWeightNames[w]);
+        const absl::StatusOr<at::Tensor> shard =
+            ShardOf(name, FullWeight(b, static_cast<BlockWeight>(w)), tp_rank, tp_size);
+        if (!shard.ok()) ThrowAsTorchError(shard.status());
+        parameters.emplace_back(name, shard->to(device).clone().set_requires_grad(true));
+      }
+    }
   }));
-  return ReferenceModel(std::move(w1), std::move(w2), begin, tp_group);
+  return ReferenceModel(std::move(parameters), tp_rank, tp_size, tp_group, cp_group);
+}
+
+absl::StatusOr<at::Tensor> ReferenceModel::ShardOf(const std::string& name, const at::Tensor& full,
+                                                   int tp_rank, int tp_size) {
+  if (tp_size < 1 || kHidden % tp_size != 0 || tp_rank < 0 || tp_rank >= tp_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reference model: no TP rank ", tp_rank, " of ", tp_size));
+  }
+  const int64_t shard = kHidden / tp_size, begin = tp_rank * shard;
+  if (absl::EndsWith(name, ".w1")) return full.slice(0, begin, begin + shard);
+  if (absl::EndsWith(name, ".w2")) return full.slice(1, begin, begin + shard);
+  return full;
+}
+
+const at::Tensor& ReferenceModel::Weight(int block, const char* name) const {
+  for (int w = 0; w < kBlockWeights; ++w) {
+    if (kBlockWeightNames[w] == absl::string_view(name)) {
+      return parameters_[1 + block * kBlockWeights + w].second;
+    }
+  }
+  return parameters_[0].second;  // unreachable: names are this file's constants
 }
 
 absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
-  at::Tensor seed_tensor, h;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward", [&] {
-    // The dropout seed, from the model stream (the same on every replica and in the reference).
-    seed_tensor = at::randint(std::numeric_limits<int32_t>::max(), {2},
-                              at::TensorOptions().dtype(at::kLong).device(w1_.device()))
-                      .cpu();
-    h = at::gelu(at::mm(work.inputs.to(at::kFloat), w1_.t()));
+  const at::Tensor& embedding = parameters_[0].second;
+  const c10::Device device = embedding.device();
+  // Sequence ids and positions of the queries (this shard) and of the keys (the whole
+  // microbatch: with CP gathered from the members, padding with id -1, which no query matches).
+  at::Tensor query_meta, key_meta, x, padded;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward: the embedding", [&] {
+    query_meta = at::stack({work.sequence_ids, work.positions}, 1).to(device);
+    x = at::embedding(embedding, work.inputs.to(device));
+    padded = at::full({work.widest_shard, 2}, -1, query_meta.options());
+    padded.narrow(0, 0, query_meta.size(0)).copy_(query_meta);
   }));
-  const int64_t n = h.size(0);
-  const uint64_t seed = static_cast<uint64_t>(seed_tensor[0].item<int64_t>()) << 31 |
-                        static_cast<uint64_t>(seed_tensor[1].item<int64_t>());
-  rng::PhiloxKey key;
-  key.seed = seed;
-  key.stream = kDropoutStream;
-  key.step = 0;
-  // Dropout mask, one contiguous run of positions of one sequence at a time.
-  std::vector<at::Tensor> masks;
-  const auto ids = work.sequence_ids.accessor<int64_t, 1>();
-  const auto positions = work.positions.accessor<int64_t, 1>();
-  // One global index space for every split: sequence ids below 2^20.
-  const std::vector<int64_t> global_shape = {(int64_t{1} << 20) * kPositions, kHidden};
-  for (int64_t t = 0; t < n; ++t) {
-    if (ids[t] < 0 || ids[t] >= (int64_t{1} << 20) || positions[t] >= kPositions) {
-      return absl::InvalidArgumentError(absl::StrCat("reference model: sequence id ", ids[t],
-                                                     " or position ", positions[t],
-                                                     " outside its dropout index space"));
-    }
-  }
-  for (int64_t t = 0; t < n;) {
-    int64_t end = t + 1;
-    while (end < n && ids[end] == ids[t] && positions[end] == positions[end - 1] + 1) ++end;
-    const int64_t row = ids[t] * kPositions + positions[t];
-    const std::vector<rng::Slice> box = {{row, row + (end - t)}, {hidden_begin(), hidden_end()}};
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor mask, rng::PartitionedDropoutMask(key, global_shape, box,
-                                                                           kDropout, w1_.device()));
-    masks.push_back(mask);
-    t = end;
-  }
-  at::Tensor out;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward", [&] {
-    at::Tensor mask =
-        n > 0 ? at::cat(masks) : at::zeros({0, w1_.size(0)}, w1_.options().dtype(at::kBool));
-    at::Tensor dropped = h * mask.to(h.dtype()) * (1.0 / (1.0 - kDropout));
-    out = at::mm(dropped, w2_.t());
-  }));
-  if (tp_group_ != nullptr) {
-    // Differentiable all-reduce: the value of the sum, the gradient of the identity.
-    at::Tensor sum;
+  key_meta = query_meta;
+  if (cp_group_ != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, cp_group_->AllGather(padded));
     LOCKSTEP_RETURN_IF_ERROR(
-        CallTorch("copying the partial sums", [&] { sum = out.detach().clone(); }));
-    LOCKSTEP_RETURN_IF_ERROR(tp_group_->AllReduceSum(sum));
-    LOCKSTEP_RETURN_IF_ERROR(
-        CallTorch("reference residual", [&] { out = out + (sum - out.detach()); }));
+        CallTorch("reference forward: the keys' tokens", [&] { key_meta = at::cat(all, 0); }));
   }
-  LOCKSTEP_RETURN_IF_ERROR(
-      CallTorch("reference residual", [&] { out = out + work.inputs.to(at::kFloat); }));
-  return out;
+  // The block runs again in backward under activation checkpointing, after `work` is gone: it
+  // captures what it needs by value.
+  const at::Tensor ids = work.sequence_ids, positions = work.positions;
+  const int64_t widest = work.widest_shard;
+  for (int b = 0; b < kBlocks; ++b) {
+    ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions,
+                              widest](const std::vector<at::Tensor>& in) {
+      const at::Tensor& h = in[0];
+      // Attention, causal within each sequence, over every key of the microbatch.
+      const at::Tensor q = at::mm(h, Weight(b, "wq").t());
+      const at::Tensor keys =
+          ValueOrThrow(GatherRows(at::mm(h, Weight(b, "wk").t()), widest, cp_group_));
+      const at::Tensor values =
+          ValueOrThrow(GatherRows(at::mm(h, Weight(b, "wv").t()), widest, cp_group_));
+      const at::Tensor visible =
+          (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
+          (key_meta.select(1, 1).unsqueeze(0) <= query_meta.select(1, 1).unsqueeze(1));
+      const at::Tensor scores =
+          (at::mm(q, keys.t()) / std::sqrt(static_cast<double>(kWidth)))
+              .masked_fill(at::logical_not(visible), -std::numeric_limits<double>::infinity());
+      const at::Tensor attended = at::mm(at::softmax(scores, 1), values);
+      const at::Tensor after_attention = h + at::mm(attended, Weight(b, "wo").t());
+      // The TP-split MLP with partition-invariant dropout seeded from the model stream.
+      const at::Tensor in_tp = ValueOrThrow(CopyToGroup(after_attention, tp_group_));
+      const at::Tensor hidden = at::gelu(at::mm(in_tp, Weight(b, "w1").t()));
+      const at::Tensor seed = at::randint(std::numeric_limits<int32_t>::max(), {2},
+                                          at::TensorOptions().dtype(at::kLong).device(h.device()))
+                                  .cpu();
+      const uint64_t key_seed = static_cast<uint64_t>(seed[0].item<int64_t>()) << 31 |
+                                static_cast<uint64_t>(seed[1].item<int64_t>());
+      const int64_t shard = kHidden / tp_size_, begin = tp_rank_ * shard;
+      const at::Tensor mask =
+          ValueOrThrow(DropoutMask(rng::PhiloxKey::Of(key_seed, kDropoutStream, b), ids, positions,
+                                   begin, begin + shard, h.device()));
+      const at::Tensor partial =
+          at::mm(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, "w2").t());
+      return std::vector<at::Tensor>{after_attention +
+                                     ValueOrThrow(ReduceFromGroup(partial, tp_group_))};
+    };
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> out, work.RunBlock(block, {x}));
+    x = out[0];
+  }
+  return x;
 }
 
 }  // namespace trainer

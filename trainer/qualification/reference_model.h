@@ -1,29 +1,40 @@
 // trainer/qualification/reference_model.h
 //
-// ReferenceModel: a small model for the trainer's oracle, runnable unsplit (the reference) and
-// split over TP and CP. Per token: out = x + RowParallel(Dropout(GELU(ColumnParallel(x)))), where
-// the column-parallel weight W1 [hidden, width] and the row-parallel W2 [width, hidden] are
-// sharded over the TP group (W1 by rows, W2 by columns), the row-parallel partial sums are
-// all-reduced over TP with a differentiable all-reduce (forward: sum; backward: identity, as the
-// loss is replicated), and dropout is partition-invariant Philox (rng/philox.h) keyed by a seed
-// drawn from the model stream each forward and indexed by (sequence id, position, hidden unit),
-// so masks are the same bit for bit however the tokens and units are split. The full weights are
-// fixed functions of their indices, so every split holds slices of the same model.
+// ReferenceModel: a small transformer-shaped model for the trainer's oracle, runnable unsplit
+// (the reference) and split over TP and CP, with the same parameters either way:
+//   x = Embedding[token id]                                    (replicated)
+//   kBlocks times, each block one ShardWork::RunBlock (so activation checkpointing applies):
+//     x = x + Attention(x)   causal within each sequence; with CP, over keys and values
+//                            all-gathered from the CP group (GatherRows: the planner's shards,
+//                            padded to the widest), so every query sees its whole sequence
+//     x = x + RowParallel(Dropout(GELU(ColumnParallel(CopyToGroup(x)))))  reduced over TP
+//                            (ReduceFromGroup); W1 [hidden, width] split by rows and W2
+//                            [width, hidden] by columns over the TP group
+// Dropout is partition-invariant Philox (rng/philox.h) keyed by a seed each block draws from the
+// model stream and indexed by (sequence id, position, hidden unit), so masks are the same bit for
+// bit however tokens and units are split, and a recomputed block (activation checkpointing)
+// draws the same seed again. The embedding and attention weights are replicated over TP (their
+// gradients agree across TP ranks); every parameter's gradient is partial over CP (each CP rank
+// back-propagates its own tokens' outputs) and sums to the unsplit gradient.
 //
-// The loss head is not part of it: the oracle registers one through
+// Every weight is a fixed function of its indices (no RNG), so every split holds slices of the
+// same model. The loss head is not part of it: the oracle registers one through
 // TrainerRank::RegisterCustomObject.
 //
-// Thread-safety: one thread at a time.
+// Thread-safety: one thread at a time. The groups must outlive the model and every backward
+// through its outputs (backward runs its collectives).
 
 #ifndef LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_
 #define LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_
 
+#include <string>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "c10/core/Device.h"
 #include "collectives/communicator.h"
+#include "numerics/named_tensors.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {
@@ -31,36 +42,50 @@ namespace trainer {
 
 class ReferenceModel {
  public:
-  static constexpr int64_t kWidth = 8;    // input/output features
-  static constexpr int64_t kHidden = 16;  // hidden units, split over TP
+  static constexpr int64_t kVocab = 64;   // token ids are in [0, kVocab)
+  static constexpr int64_t kWidth = 8;    // model width (outputs per token)
+  static constexpr int64_t kHidden = 16;  // MLP hidden units, split over TP
+  static constexpr int kBlocks = 2;
   static constexpr double kDropout = 0.25;
 
-  // The model's shard for TP rank `tp_rank` of `tp_size` (1: the whole model); `tp_group` is
-  // the TP group (nullptr when tp_size is 1). kInvalidArgument if kHidden does not split evenly.
-  // Its tensors live on `device` (CPU, or a CUDA device in --config=cuda builds); the dropout
-  // seed is drawn from that device's default generator (the model stream inside the scope).
+  // The model's shard for TP rank `tp_rank` of `tp_size` (1: the whole model) and a CP group of
+  // `cp_group` (nullptr: no CP). `tp_group` is the TP group (nullptr exactly when tp_size is 1).
+  // kInvalidArgument if kHidden does not split evenly or the groups do not fit the sizes. Its
+  // tensors live on `device` (CPU, or a CUDA device in --config=cuda builds); dropout seeds are
+  // drawn from that device's default generator (the model stream inside TrainerRank's scope).
   static absl::StatusOr<ReferenceModel> Create(int tp_rank, int tp_size,
                                                collectives::Communicator* tp_group,
+                                               collectives::Communicator* cp_group,
                                                c10::Device device = c10::Device(c10::kCPU));
 
-  // The forward of a shard (a TrainerRank ForwardAdapter). Draws the dropout seed from the live
-  // generator (the model stream, inside TrainerRank's scope).
+  // The forward of a shard (a TrainerRank ForwardAdapter): work.inputs holds the shard's token
+  // ids (int64 [n]); returns [n, kWidth]. Collective over the TP and CP groups.
   absl::StatusOr<at::Tensor> Forward(const ShardWork& work);
 
-  // W1's and W2's shards (parameters).
-  std::vector<at::Tensor> parameters() const { return {w1_, w2_}; }
-  // The full-model slice this shard corresponds to: rows of W1 / columns of W2.
-  int64_t hidden_begin() const { return hidden_begin_; }
-  int64_t hidden_end() const { return hidden_begin_ + w1_.size(0); }
+  // The shard's parameters by name ("embedding", "block<b>.wq", ... "block<b>.w2").
+  const numerics::NamedTensors& parameters() const { return parameters_; }
+
+  // The part of the full model's tensor `full` of parameter `name` that TP rank `tp_rank` of
+  // `tp_size` holds: rows [begin, end) of W1, columns of W2, all of a replicated one.
+  static absl::StatusOr<at::Tensor> ShardOf(const std::string& name, const at::Tensor& full,
+                                            int tp_rank, int tp_size);
 
  private:
-  ReferenceModel(at::Tensor w1, at::Tensor w2, int64_t hidden_begin,
-                 collectives::Communicator* tp_group)
-      : w1_(std::move(w1)), w2_(std::move(w2)), hidden_begin_(hidden_begin), tp_group_(tp_group) {}
-  at::Tensor w1_;
-  at::Tensor w2_;
-  int64_t hidden_begin_;
+  ReferenceModel(numerics::NamedTensors parameters, int tp_rank, int tp_size,
+                 collectives::Communicator* tp_group, collectives::Communicator* cp_group)
+      : parameters_(std::move(parameters)),
+        tp_rank_(tp_rank),
+        tp_size_(tp_size),
+        tp_group_(tp_group),
+        cp_group_(cp_group) {}
+
+  const at::Tensor& Weight(int block, const char* name) const;
+
+  numerics::NamedTensors parameters_;
+  int tp_rank_;
+  int tp_size_;
   collectives::Communicator* tp_group_;
+  collectives::Communicator* cp_group_;
 };
 
 }  // namespace trainer
