@@ -29,6 +29,9 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/rng_state_saver.h"
 #include "collectives/gloo_communicator.h"
+#if LOCKSTEP_BUILT_WITH_CUDA
+#include "collectives/nccl_communicator.h"
+#endif
 #include "collectives/rendezvous.h"
 #include "nlohmann/json.hpp"
 #include "numerics/execution_context.h"
@@ -585,10 +588,24 @@ int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration ti
   json report;
   const absl::Status status = [&]() -> absl::Status {
     LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
-    collectives::GlooCommunicator::Options options;
-    options.timeout = timeout;
-    LOCKSTEP_ASSIGN_OR_RETURN(auto world,
-                              collectives::GlooCommunicator::Create(rendezvous, options));
+    std::unique_ptr<Communicator> world;
+    std::string transport = "gloo";
+#if LOCKSTEP_BUILT_WITH_CUDA
+    // --device cuda with a GPU for every rank: NCCL, one GPU per rank (its local rank).
+    if (device == "cuda" && at::hasCUDA() &&
+        static_cast<int64_t>(at::getNumGPUs()) >= rendezvous->world_size()) {
+      collectives::NcclCommunicator::Options options;
+      options.timeout = timeout;
+      LOCKSTEP_ASSIGN_OR_RETURN(world, collectives::NcclCommunicator::Create(rendezvous, options));
+      transport = "nccl";
+    }
+#endif
+    if (world == nullptr) {
+      collectives::GlooCommunicator::Options options;
+      options.timeout = timeout;
+      LOCKSTEP_ASSIGN_OR_RETURN(world, collectives::GlooCommunicator::Create(rendezvous, options));
+    }
+    report["transport"] = transport;
     LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::CreateExact(world->size(), dp, tp, cp));
     report["rank"] = world->rank();
     LOCKSTEP_ASSIGN_OR_RETURN(
@@ -684,8 +701,11 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                     absl::StrCat("--device=", options.device)};
   const std::string topology =
       absl::StrCat("DP", options.dp, " x TP", options.tp, " x CP", options.cp);
-  out << "qualify: " << topology << " (" << world << " local processes over Gloo"
-      << (options.device == "cuda" ? "; the trainer oracle on CUDA" : "") << ")"
+  out << "qualify: " << topology << " (" << world << " local processes"
+      << (options.device == "cuda"
+              ? "; the trainer oracle on CUDA, over NCCL when there is a GPU per rank, else Gloo"
+              : " over Gloo")
+      << ")"
       << (options.control == NegativeControl::kNone
               ? ""
               : "  negative control: " + NegativeControlName(options.control))
@@ -704,6 +724,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   std::vector<std::string> order;
   std::map<std::string, std::vector<json>> per_check;
   std::vector<std::string> errors;
+  std::string transport = "unknown";
   for (int r = 0; r < world; ++r) {
     std::ifstream in(absl::StrCat(dir, "/rank", r, ".json"));
     // A rank stopped mid-write leaves an empty or truncated file: report it, do not throw.
@@ -711,6 +732,9 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     if (!in || report.is_discarded() || !report.is_object()) {
       errors.push_back(absl::StrCat("rank ", r, " wrote no report"));
       continue;
+    }
+    if (r == 0 && report.contains("transport") && report["transport"].is_string()) {
+      transport = report["transport"].get<std::string>();
     }
     if (report.contains("error") && report["error"].is_string()) {
       errors.push_back(absl::StrCat("rank ", r, ": ", report["error"].get<std::string>()));
@@ -725,7 +749,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     }
   }
 
-  out << "\n"
+  out << "transport: " << transport << "\n\n"
       << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
   bool all_passed = errors.empty() && launched->exit_code == 0 && !order.empty();
   json evidence;
@@ -733,6 +757,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
       {"dp", options.dp}, {"tp", options.tp}, {"cp", options.cp}, {"world", world}};
   evidence["negative_control"] = NegativeControlName(options.control);
   evidence["device"] = options.device;
+  evidence["transport"] = transport;
   evidence["context"] = numerics::CaptureExecutionContext(
       {{"topology", topology}, {"negative_control", NegativeControlName(options.control)}});
   for (const std::string& name : order) {

@@ -269,25 +269,37 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   absl::StatusOr<std::vector<at::Tensor>> all = collaborators_.tp_cp_group->AllGather(padded);
   if (!all.ok()) return Annotate(all.status(), absl::StrCat(where, ": gathering the outputs"));
   const std::vector<at::Tensor>& gathered = *all;
+  // Assembly in three kernels and one index upload: the gathered shards concatenated, every
+  // packed token's row picked from them (the first member of each CP rank holds it; TP replicas
+  // of a CP rank hold the same rows), then the rank's own rows put back from `local`, so they stay
+  // differentiable while the others are constants.
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      CallTorch("assembling the full outputs",
-                [&] {
-                  std::vector<int64_t> shape = local.sizes().vec();
-                  shape[0] = mb.num_tokens();
-                  at::Tensor others = at::zeros(shape, padded.options());
-                  std::vector<bool> placed(cp_size(), false);
-                  placed[cp_rank_] = true;
-                  for (size_t g = 0; g < gathered.size(); ++g) {
-                    const int c = member_cp_ranks_[g];
-                    if (placed[c] || owned[c].empty()) continue;
-                    placed[c] = true;
-                    others.index_copy_(
-                        0, Int64Tensor(owned[c]).to(others.device()),
-                        gathered[g].slice(0, 0, static_cast<int64_t>(owned[c].size())));
-                  }
-                  // The rank's own rows stay differentiable; the others are constants.
-                  out.outputs = others.index_add(0, Int64Tensor(mine).to(others.device()), local);
-                }),
+      CallTorch(
+          "assembling the full outputs",
+          [&] {
+            std::vector<int64_t>& index = scratch_.gather_index;
+            index.assign(static_cast<size_t>(mb.num_tokens() + mine.size()), 0);
+            std::vector<bool> placed(cp_size(), false);
+            for (size_t g = 0; g < gathered.size(); ++g) {
+              const int c = member_cp_ranks_[g];
+              if (placed[c]) continue;
+              placed[c] = true;
+              for (size_t i = 0; i < owned[c].size(); ++i) {
+                index[owned[c][i]] = static_cast<int64_t>(g) * widest + i;
+              }
+            }
+            std::copy(mine.begin(), mine.end(), index.begin() + mb.num_tokens());
+            // A copy even on the CPU: autograd keeps the index for backward, and the
+            // scratch list is reused by the next microbatch.
+            const at::Tensor device_index =
+                at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
+                    .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
+            const at::Tensor full =
+                at::cat(gathered, 0).index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
+            out.outputs = full.index_copy(
+                0, device_index.narrow(0, mb.num_tokens(), static_cast<int64_t>(mine.size())),
+                local);
+          }),
       where);
   return out;
 }

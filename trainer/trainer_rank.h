@@ -318,6 +318,7 @@ class TrainerRank {
   // Per-token lists of RunMicrobatch, kept between microbatches so their memory is reused.
   struct Scratch {
     std::vector<int64_t> row_offset, rows, ids, positions, my_rows, my_ids, my_positions;
+    std::vector<int64_t> gather_index;
   } scratch_;
 
  public:
