@@ -7,21 +7,26 @@
 // per GPU over NCCL.
 //
 //   trainer_benchmark [--device=cpu|cuda] [--transport=gloo|nccl] [--procs=2] [--tokens=1024]
-//                     [--width=512] [--hidden=2048] [--iterations=30] [--target=1.05]
+//                     [--width=512] [--hidden=2048] [--iterations=30] [--target=1.05] [--ledger]
 //
 // Prints the bare forward's median (the target applies to forwards of >= 5 ms) and
 // "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; exits non-zero if it
 // could not measure.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
 #include "base/tool_flags.h"
@@ -41,6 +46,9 @@ ABSL_FLAG(int64_t, width, 512, "model width");
 ABSL_FLAG(int64_t, hidden, 2048, "hidden units of the two-layer MLP");
 ABSL_FLAG(int, iterations, 30, "paired iterations after the warm-up");
 ABSL_FLAG(double, target, 1.05, "the ratio's target");
+ABSL_FLAG(bool, ledger, false,
+          "record every call in a recovery ledger per rank (admission/ledger.h, in $TMPDIR; a "
+          "commit, with its fsync, per call)");
 
 namespace lockstep {
 namespace trainer {
@@ -76,6 +84,15 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   TrainerConfig config = TrainerConfig::Of(tokens);
   config.memory_model = &memory;
   config.memory_cap_bytes = int64_t{1} << 40;
+  std::unique_ptr<admission::Ledger> ledger;
+  if (absl::GetFlag(FLAGS_ledger)) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/trainer_benchmark_",
+                                          getpid(), "_rank", rank, ".db");
+    LOCKSTEP_ASSIGN_OR_RETURN(ledger,
+                              admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0)));
+    config.ledger = ledger.get();
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
       TrainerRank::Create(
@@ -129,9 +146,10 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     }
     std::printf(
         "device %s, CP %d, %lld tokens per microbatch (%zu on this rank), width %lld, "
-        "hidden %lld, %d paired iterations\n",
+        "hidden %lld, %d paired iterations%s\n",
         device_name.c_str(), world.size(), static_cast<long long>(tokens), mine.size(),
-        static_cast<long long>(width), static_cast<long long>(hidden), iterations);
+        static_cast<long long>(width), static_cast<long long>(hidden), iterations,
+        ledger != nullptr ? ", with a recovery ledger" : "");
     std::printf("bare forward median %.3f ms; trainer microbatch median %.3f ms (rank 0)\n",
                 1e3 * bare_median, 1e3 * trainer_median);
     std::printf(

@@ -81,6 +81,18 @@ absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerCo
   }
   std::unique_ptr<TrainerRank> trainer(new TrainerRank(
       config, std::move(collaborators), std::move(forward), mine.cp, std::move(member_cp)));
+  if (config.ledger != nullptr) {
+    // Step numbers go on from the last step this rank's ledger began (committed or not: an
+    // interrupted call keeps its record).
+    absl::StatusOr<admission::LedgerReplay> replay =
+        admission::Ledger::Replay(config.ledger->path());
+    if (!replay.ok()) return Annotate(replay.status(), "trainer: reading the ledger to resume");
+    for (const admission::StepReplay& step : replay->steps) {
+      if (step.dp_rank == config.ledger->options().dp_rank) {
+        trainer->next_ledger_step_ = std::max(trainer->next_ledger_step_, step.step + 1);
+      }
+    }
+  }
   if (config.activation_checkpointing) {
     trainer->recompute_streams_ = checkpoint::StreamSnapshots::Of(trainer->collaborators_.streams);
   }
@@ -312,10 +324,43 @@ absl::Status TrainerRank::Admit(const planner::Plan& plan) const {
       .status();
 }
 
+absl::Status TrainerRank::BeginLedgerStep(const planner::Plan& plan, internal::LedgerCall& call) {
+  if (config_.ledger == nullptr) return absl::OkStatus();
+  call.step = next_ledger_step_;
+  call.ids.clear();
+  for (int m = 0; m < plan.microbatches_size(); ++m) call.ids.push_back(absl::StrCat(m));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      config_.ledger->BeginStep(call.step, admission::PlannedWorkOf(plan)),
+      Where(absl::StrCat("beginning ledger step ", call.step)));
+  ++next_ledger_step_;
+  return absl::OkStatus();
+}
+
+absl::Status TrainerRank::RecordLedger(const internal::LedgerCall& call,
+                                       admission::LedgerEventKind kind, const planner::Plan& plan,
+                                       int m, std::string detail) {
+  if (config_.ledger == nullptr || call.step < 0) return absl::OkStatus();
+  const std::string id = call.ids.at(m);
+  return Annotate(
+      config_.ledger
+          ->Record(admission::LedgerEvent::Of(kind, call.step, id,
+                                              admission::TokenRangesOf(plan, m), std::move(detail)))
+          .status(),
+      Where(absl::StrCat("recording microbatch ", id, " of ledger step ", call.step)));
+}
+
+absl::Status TrainerRank::CommitLedgerStep(const internal::LedgerCall& call) {
+  if (config_.ledger == nullptr || call.step < 0) return absl::OkStatus();
+  return Annotate(config_.ledger->CommitStep(call.step),
+                  Where(absl::StrCat("committing ledger step ", call.step)));
+}
+
 absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& plan,
-                                                              std::vector<int>& depth, int m,
+                                                              std::vector<int>& depth,
+                                                              internal::LedgerCall& call, int m,
                                                               const TrainerInputs& inputs) {
   while (true) {
+    LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kStarted, plan, m));
     // Where the model stream stands before the attempt (only needed to rewind after an agreed
     // out-of-memory outcome, so only with admission).
     std::optional<rng::RngSnapshot> before;
@@ -330,6 +375,8 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
     // Agreed out of memory: every replica discards the attempt the same way.
     const std::string where = Where(absl::StrCat("microbatch ", m));
     ++out_of_memory_;
+    LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kFailed, plan, m,
+                                          std::string(out.status().message())));
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(before->Restore(), where);  // the model stream rewinds
     --forward_index_;
     if (config_.memory_probe != nullptr) {
@@ -348,6 +395,13 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
                                                        ": out of memory and cannot be split "
                                                        "further: ",
                                                        split.status().message()));
+    }
+    if (call.step >= 0) {
+      const std::string id = call.ids[m];
+      LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kSplit, plan, m,
+                                            absl::StrCat("into ", id, ".0 and ", id, ".1")));
+      call.ids[m] = absl::StrCat(id, ".1");
+      call.ids.insert(call.ids.begin() + m, absl::StrCat(id, ".0"));
     }
     plan = std::move(*split);
     depth.insert(depth.begin() + m, ++depth[m]);
@@ -377,6 +431,7 @@ absl::StatusOr<MicrobatchStream> TrainerRank::ForwardMicroBatches(TrainerInputs 
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(Admit(plan), Where("admission"));
   MicrobatchStream stream(this, std::move(plan), std::move(inputs));
   stream.split_depth_.assign(stream.plan_.microbatches_size(), 0);
+  LOCKSTEP_RETURN_IF_ERROR(BeginLedgerStep(stream.plan_, stream.ledger_));
   return stream;
 }
 
@@ -391,12 +446,18 @@ absl::StatusOr<std::optional<MicrobatchOutput>> MicrobatchStream::Next() {
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
                               EnterModelStream(streams, trainer_->config_.model_stream_scope));
     absl::StatusOr<MicrobatchOutput> run =
-        trainer_->RunWithRecovery(plan_, split_depth_, next_, inputs_);
+        trainer_->RunWithRecovery(plan_, split_depth_, ledger_, next_, inputs_);
     LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
     if (!run.ok()) return run.status();
     // The hand-back point: the caller's state agrees across the group before the caller draws.
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(trainer_->SynchronizeCaller(),
                                           trainer_->Where("synchronizing after a microbatch"));
+    // Handed back: the microbatch completed; the call's last one commits the step.
+    LOCKSTEP_RETURN_IF_ERROR(
+        trainer_->RecordLedger(ledger_, admission::LedgerEventKind::kCompleted, plan_, next_));
+    if (next_ + 1 == plan_.microbatches_size()) {
+      LOCKSTEP_RETURN_IF_ERROR(trainer_->CommitLedgerStep(ledger_));
+    }
     return run;
   }();
   if (!out.ok()) {
@@ -414,15 +475,19 @@ absl::StatusOr<std::vector<MicrobatchOutput>> TrainerRank::DpRankForward(Trainer
         Where("DpRankForward inside a model-stream scope or named-stream fork"));
   }
   std::vector<MicrobatchOutput> outputs;
+  planner::Plan plan;
+  internal::LedgerCall call;
   {
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
                               EnterModelStream(streams, config_.model_stream_scope));
     absl::Status status = [&]() -> absl::Status {
-      LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, Plan(inputs));
+      LOCKSTEP_ASSIGN_OR_RETURN(plan, Plan(inputs));
       LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(Admit(plan), Where("admission"));
+      LOCKSTEP_RETURN_IF_ERROR(BeginLedgerStep(plan, call));
       std::vector<int> depth(plan.microbatches_size(), 0);
       for (int m = 0; m < plan.microbatches_size(); ++m) {
-        LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchOutput out, RunWithRecovery(plan, depth, m, inputs));
+        LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchOutput out,
+                                  RunWithRecovery(plan, depth, call, m, inputs));
         outputs.push_back(std::move(out));
       }
       return absl::OkStatus();
@@ -432,6 +497,11 @@ absl::StatusOr<std::vector<MicrobatchOutput>> TrainerRank::DpRankForward(Trainer
   }
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(SynchronizeCaller(),
                                         Where("synchronizing after DpRankForward"));
+  // Handed back: every microbatch completed, and the step commits.
+  for (int m = 0; m < plan.microbatches_size(); ++m) {
+    LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kCompleted, plan, m));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CommitLedgerStep(call));
   return outputs;
 }
 

@@ -59,6 +59,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "admission/memory_probe.h"
 #include "checkpoint/checkpoint.h"
@@ -167,6 +168,17 @@ struct TrainerConfig {
   int64_t memory_cap_bytes = 0;
   admission::MemoryProbe* memory_probe = nullptr;
   int max_split_depth = 4;
+  // The rank's recovery ledger (admission/ledger.h), optional; it must outlive the trainer, and
+  // each process writes its own. Every ForwardMicroBatches/DpRankForward call is one ledger step
+  // (numbered on from the last step the ledger holds): its plan is recorded, every attempt at a
+  // microbatch as started, an out-of-memory attempt as failed and then split (halves "m.0" and
+  // "m.1"), a microbatch as completed once its outputs are handed back, and the step committed
+  // when the call's last microbatch has been handed back. A call that ends early (an error, a
+  // crash, a stream not read to its end) leaves its step open: Ledger::Replay then says which
+  // microbatches of it the caller received, none twice, and the ledger refuses to begin another
+  // step (kFailedPrecondition naming the open one) until the caller has decided what to do with
+  // the interrupted work and continues on a new ledger file.
+  admission::Ledger* ledger = nullptr;
   // Activation checkpointing of the blocks a model runs through ShardWork::RunBlock: their
   // activations are recomputed in backward, with the forward's randomness replayed. Default: off.
   bool activation_checkpointing = false;
@@ -198,6 +210,15 @@ struct LoadReport {
   bool rng_streams = false;
 };
 
+namespace internal {
+// One forward call's place in the ledger (TrainerConfig::ledger): its step and the ids of its
+// plan's microbatches ("3", then "3.0" and "3.1" after a split, as the ledger names halves).
+struct LedgerCall {
+  int64_t step = -1;  // -1: no ledger
+  std::vector<std::string> ids;
+};
+}  // namespace internal
+
 // Pull-based microbatch stream of one ForwardMicroBatches call.
 class MicrobatchStream {
  public:
@@ -217,6 +238,7 @@ class MicrobatchStream {
   TrainerInputs inputs_;
   // Halvings each microbatch of plan_ went through.
   std::vector<int> split_depth_;
+  internal::LedgerCall ledger_;
   int next_ = 0;
   bool failed_ = false;
 };
@@ -300,7 +322,14 @@ class TrainerRank {
   // RunMicrobatch with the recovery loop: on an agreed out-of-memory outcome, rewinds the model
   // stream, splits microbatch `m` of `plan` (and `depth`) and retries its first half.
   absl::StatusOr<MicrobatchOutput> RunWithRecovery(planner::Plan& plan, std::vector<int>& depth,
-                                                   int m, const TrainerInputs& inputs);
+                                                   internal::LedgerCall& call, int m,
+                                                   const TrainerInputs& inputs);
+  // The ledger's part of a forward call (no-ops without a ledger): the step begins with the
+  // plan; events of microbatch m; the step commits.
+  absl::Status BeginLedgerStep(const planner::Plan& plan, internal::LedgerCall& call);
+  absl::Status RecordLedger(const internal::LedgerCall& call, admission::LedgerEventKind kind,
+                            const planner::Plan& plan, int m, std::string detail = "");
+  absl::Status CommitLedgerStep(const internal::LedgerCall& call);
   // Refuses a plan whose microbatches do not fit alone under the cap (with admission).
   absl::Status Admit(const planner::Plan& plan) const;
   std::string Where(absl::string_view operation) const;
@@ -312,6 +341,8 @@ class TrainerRank {
   // CP rank of each member of the TP x CP group, by group rank.
   std::vector<int> member_cp_ranks_;
   int64_t forward_index_ = 0;
+  // The ledger step the next forward call records (TrainerConfig::ledger).
+  int64_t next_ledger_step_ = 0;
   // The recompute's stream saver (activation checkpointing); null when off.
   std::shared_ptr<const checkpoint::RngStateSaver> recompute_streams_;
   int64_t out_of_memory_ = 0;

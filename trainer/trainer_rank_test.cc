@@ -9,14 +9,18 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "admission/ledger.h"
+#include "admission/memory_model.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
 #include "base/torch_boundary.h"
+#include "c10/util/Exception.h"
 #include "checkpoint/checkpoint.h"
 #include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
@@ -152,6 +156,134 @@ TEST(TrainerRankTest, RunBlockReportsAThrowingBlockAsAStatus) {
       {at::ones({2, 5})});
   EXPECT_FALSE(out.ok());
   EXPECT_EQ(work.RunBlock(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A fresh ledger file for one test.
+absl::StatusOr<std::unique_ptr<admission::Ledger>> FreshLedger(const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/" + name + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  return admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0));
+}
+
+// A trainer of a world of one over y = x * w, with `ledger` and an optional out-of-memory failure
+// of the first attempt at any microbatch of more than `oom_above` tokens.
+struct LedgerRig {
+  std::shared_ptr<rng::RankStreams> streams;
+  at::Tensor w = at::linspace(0.5, 1.5, 4).set_requires_grad(true);
+  std::optional<admission::MemoryModel> memory;
+  int oom_left = 0;
+  int64_t oom_above = 0;
+  std::unique_ptr<TrainerRank> trainer;
+};
+
+absl::Status MakeLedgerRig(LedgerRig& rig, admission::Ledger* ledger, int ooms = 0,
+                           int64_t oom_above = 0) {
+  LOCKSTEP_ASSIGN_OR_RETURN(rig.streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(1, 1, 1, 1));
+  rig.oom_left = ooms;
+  rig.oom_above = oom_above;
+  TrainerConfig config = TrainerConfig::Of(8);
+  config.packing = planner::PACKING_IN_ORDER;
+  config.ledger = ledger;
+  if (ooms > 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(rig.memory, admission::MemoryModel::Of(1e3, 1e2));
+    config.memory_model = &*rig.memory;
+    config.memory_cap_bytes = int64_t{1} << 40;
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      rig.trainer,
+      TrainerRank::Create(
+          config, TrainerRank::Collaborators::Of(topology, 0, nullptr, rig.streams),
+          [&rig](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+            if (work.inputs.size(0) > rig.oom_above && rig.oom_left > 0) {
+              --rig.oom_left;
+              throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected out of memory");
+            }
+            return work.inputs * rig.w;
+          }));
+  return absl::OkStatus();
+}
+
+TrainerInputs LedgerBatch() {
+  return TrainerInputs::Of(
+      {planner::Sequence::Of(6, 1), planner::Sequence::Of(5, 2), planner::Sequence::Of(4, 3)},
+      at::randn({15, 4}));
+}
+
+// Every forward call is a step of the ledger: its plan, each microbatch started and completed,
+// the step committed at the last hand-back; a new trainer over the ledger goes on after them. A
+// stream left unfinished leaves its step open with the tokens the caller never received named,
+// and no later call begins over it.
+TEST(TrainerRankLedgerTest, EveryForwardCallIsALedgerStep) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<admission::Ledger> ledger,
+                                FreshLedger("trainer_calls"));
+  LedgerRig rig;
+  LOCKSTEP_ASSERT_OK(MakeLedgerRig(rig, ledger.get()));
+  {  // step 0: the stream, to its end
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(MicrobatchStream stream,
+                                  rig.trainer->ForwardMicroBatches(LedgerBatch()));
+    for (;;) {
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<MicrobatchOutput> out, stream.Next());
+      if (!out.has_value()) break;
+    }
+  }
+  // step 1: DpRankForward
+  LOCKSTEP_ASSERT_OK(rig.trainer->DpRankForward(LedgerBatch()).status());
+  // A new trainer over the same ledger (as after a restart) goes on with step 2.
+  LedgerRig again;
+  LOCKSTEP_ASSERT_OK(MakeLedgerRig(again, ledger.get()));
+  LOCKSTEP_ASSERT_OK(again.trainer->DpRankForward(LedgerBatch()).status());
+  {  // step 3: abandoned after its first microbatch
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(MicrobatchStream stream,
+                                  again.trainer->ForwardMicroBatches(LedgerBatch()));
+    LOCKSTEP_ASSERT_OK(stream.Next().status());
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(admission::LedgerReplay replay,
+                                admission::Ledger::Replay(ledger->path()));
+  ASSERT_EQ(replay.steps.size(), 4u) << replay.Summary();
+  for (int step : {0, 1, 2}) {
+    EXPECT_EQ(replay.steps[step].step, step);
+    const admission::StepReplay& s = replay.steps[step];
+    EXPECT_TRUE(s.committed) << replay.Summary();
+    EXPECT_EQ(s.completed_tokens, 15);
+    EXPECT_EQ(s.completed_microbatches.size(), 3u);
+    EXPECT_EQ(s.event_counts[static_cast<int>(admission::LedgerEventKind::kStarted)], 3);
+  }
+  const admission::StepReplay& open = replay.steps[3];
+  EXPECT_FALSE(open.committed);
+  EXPECT_EQ(open.completed_microbatches, std::vector<std::string>{"0"});
+  EXPECT_EQ(open.completed_tokens, 6);
+  EXPECT_FALSE(open.missing.empty());
+
+  // The open step is not overwritten: the next call is refused, naming it, and writes nothing.
+  const absl::Status refused = again.trainer->DpRankForward(LedgerBatch()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("step 3 began and has not committed"));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(replay, admission::Ledger::Replay(ledger->path()));
+  EXPECT_EQ(replay.steps.size(), 4u);
+}
+
+// An out-of-memory attempt is recorded as failed and split; the halves complete, every token once.
+TEST(TrainerRankLedgerTest, RecoveryIsRecordedAndEveryTokenCompletesOnce) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<admission::Ledger> ledger,
+                                FreshLedger("trainer_recovery"));
+  LedgerRig rig;
+  LOCKSTEP_ASSERT_OK(MakeLedgerRig(rig, ledger.get(), /*ooms=*/1, /*oom_above=*/5));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<MicrobatchOutput> outs,
+                                rig.trainer->DpRankForward(LedgerBatch()));
+  EXPECT_EQ(outs.size(), 4u);
+  EXPECT_EQ(rig.trainer->out_of_memory_recovered(), 1);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(admission::LedgerReplay replay,
+                                admission::Ledger::Replay(ledger->path()));
+  ASSERT_EQ(replay.steps.size(), 1u);
+  const admission::StepReplay& step = replay.steps[0];
+  EXPECT_TRUE(step.committed) << replay.Summary();
+  EXPECT_EQ(step.completed_tokens, 15);
+  EXPECT_EQ(step.event_counts[static_cast<int>(admission::LedgerEventKind::kFailed)], 1);
+  EXPECT_EQ(step.event_counts[static_cast<int>(admission::LedgerEventKind::kSplit)], 1);
+  EXPECT_EQ(step.completed_microbatches, (std::vector<std::string>{"0.0", "0.1", "1", "2"}));
 }
 
 std::string StateDir(const std::string& name) {
