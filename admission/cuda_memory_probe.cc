@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_boundary.h"
+#include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/core/Allocator.h"
 #include "c10/cuda/CUDACachingAllocator.h"
@@ -55,13 +56,14 @@ absl::Status CudaMemoryProbe::ReleaseCachedMemory() {
 absl::StatusOr<int64_t> CudaMemoryProbe::DeviceTotalBytes() {
   size_t free_bytes = 0, total_bytes = 0;
   int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_);
+  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "reading the current CUDA device"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device_), absl::StrCat("selecting ", DeviceName())));
   const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
-  cudaSetDevice(previous);
-  if (error != cudaSuccess) {
-    return CudaStatus(error, absl::StrCat("cudaMemGetInfo on ", DeviceName()));
-  }
+  const absl::Status restored =
+      CudaStatus(cudaSetDevice(previous), "selecting the previous CUDA device again");
+  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, absl::StrCat("cudaMemGetInfo on ", DeviceName())));
+  LOCKSTEP_RETURN_IF_ERROR(restored);
   return static_cast<int64_t>(total_bytes);
 }
 

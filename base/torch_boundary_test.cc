@@ -156,7 +156,9 @@ TEST(StatusMacrosTest, ContextReadsFromTheInnermostOperationOutwards) {
 }
 
 TEST(StatusMacrosTest, AssignOrReturnPropagatesTheFirstError) {
-  EXPECT_EQ(*Quarter(12), 3);
+  const absl::StatusOr<int> quarter = Quarter(12);
+  ASSERT_TRUE(quarter.ok()) << quarter.status();
+  EXPECT_EQ(*quarter, 3);
   EXPECT_EQ(Quarter(6).status().message(), "3 is odd");
   absl::Status status = CheckQuarter(6);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

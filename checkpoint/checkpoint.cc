@@ -65,8 +65,7 @@ bool IsDifferentiable(const at::Tensor& t) {
 // the caller's CallTorch (base/torch_boundary.h) maps it back: out of memory stays
 // kResourceExhausted (admission recovers from it), bad input stays kInvalidArgument.
 [[noreturn]] void Fail(const absl::Status& status) {
-  ThrowAsTorchError(absl::Status(
-      status.code(), absl::StrCat("lockstep::Checkpoint backward: ", status.message())));
+  ThrowAsTorchError(Annotate(status, "in lockstep::Checkpoint's backward"));
 }
 
 // Puts the live stream values back when the recompute leaves, by return or by exception.

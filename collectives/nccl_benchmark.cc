@@ -35,6 +35,7 @@ NcclCommunicator* WorldOfOne() {
   static NcclCommunicator* comm = [] {
     auto rendezvous = Rendezvous::File(absl::StrCat("/tmp/lockstep_nccl_bench_", getpid()), 0, 1,
                                        absl::Seconds(30));
+    if (!rendezvous.ok()) return static_cast<NcclCommunicator*>(nullptr);
     auto created = NcclCommunicator::Create(*rendezvous, NcclCommunicator::Options());
     if (!created.ok()) return static_cast<NcclCommunicator*>(nullptr);
     return created->release();

@@ -222,7 +222,9 @@ absl::StatusOr<Recording> Recording::Load(const std::string& path) {
     }
     if (j.value("kept", false)) {
       absl::StatusOr<at::Tensor> tensor = file.Tensor(TensorName(*r));
-      if (!tensor.ok()) return invalid(tensor.status().message());
+      if (!tensor.ok()) {
+        return Annotate(tensor.status(), absl::StrCat("reading record ", r->index, " of ", path));
+      }
       r->tensor = *tensor;
     }
     out.push_back(std::move(*r));

@@ -97,8 +97,13 @@ BENCHMARK(BM_PlanLongTailReusingPlan)
     ->UseRealTime();
 
 void BM_PlanDigest(benchmark::State& state) {
-  const Plan plan = *PlanMicrobatches(LongTail(state.range(0)),
-                                      PlanOptions::Of(kBudget, static_cast<int>(state.range(1))));
+  const absl::StatusOr<Plan> planned = PlanMicrobatches(
+      LongTail(state.range(0)), PlanOptions::Of(kBudget, static_cast<int>(state.range(1))));
+  if (!planned.ok()) {
+    state.SkipWithError(std::string(planned.status().message()).c_str());
+    return;
+  }
+  const Plan& plan = *planned;
   for (auto _ : state) benchmark::DoNotOptimize(PlanDigest(plan));
   state.counters["plan_bytes"] = static_cast<double>(SerializePlan(plan).size());
 }
@@ -115,7 +120,9 @@ double ReportedTime(const lockstep::benchmarking::RatioReporter& reporter,
   return reporter.Seconds(name).value_or(-1);
 }
 
-void PrintEfficiencyTable() {
+// Prints the packing-efficiency table; false (saying why on stderr) if a batch could not be
+// planned, so nothing could be measured.
+bool PrintEfficiencyTable() {
   std::printf(
       "\npacking efficiency = tokens / (microbatches x %ld), 100000 sequences, max %ld "
       "tokens, seeds 1-3 (worst seed shown)\n",
@@ -137,9 +144,20 @@ void PrintEfficiencyTable() {
       batch_options.seed = seed;
       batch_options.equal_length = 3000;
       const std::vector<Sequence> batch = RandomBatch(batch_options);
-      const Plan by_default = *PlanMicrobatches(batch, PlanOptions::Of(kBudget));
-      const Plan in_order =
-          *PlanMicrobatches(batch, PlanOptions::Of(kBudget).WithPacking(PACKING_IN_ORDER));
+      const absl::StatusOr<Plan> planned_default =
+          PlanMicrobatches(batch, PlanOptions::Of(kBudget));
+      const absl::StatusOr<Plan> planned_in_order =
+          PlanMicrobatches(batch, PlanOptions::Of(kBudget).WithPacking(PACKING_IN_ORDER));
+      if (!planned_default.ok() || !planned_in_order.ok()) {
+        std::fprintf(stderr, "planner_benchmark: cannot plan the %s batch of seed %lu: %s\n",
+                     DistributionName(d).c_str(), static_cast<unsigned long>(seed),
+                     (planned_default.ok() ? planned_in_order.status() : planned_default.status())
+                         .ToString()
+                         .c_str());
+        return false;
+      }
+      const Plan& by_default = *planned_default;
+      const Plan& in_order = *planned_in_order;
       const double e_default = PackingEfficiency(by_default);
       const double e_in_order = PackingEfficiency(in_order);
       never_worse = never_worse && e_default >= e_in_order;
@@ -160,6 +178,7 @@ void PrintEfficiencyTable() {
                 mb_in_order, long_tail ? ", >= 95%" : "", met ? "met" : "NOT met");
   }
   std::printf("packing efficiency targets: %s\n", all_met ? "met" : "NOT met");
+  return true;
 }
 
 // Minor page faults of this process so far.
@@ -232,7 +251,7 @@ int main(int argc, char** argv) {
                   100 * digest / plan);
     }
   }
-  PrintEfficiencyTable();
+  const bool measured = PrintEfficiencyTable();
   benchmark::Shutdown();
-  return 0;
+  return measured ? 0 : 1;
 }

@@ -37,6 +37,7 @@
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_boundary.h"
 #include "base/status_macros.h"
 #include "base/tool_flags.h"
 #include "c10/cuda/CUDAGuard.h"
@@ -60,10 +61,7 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-absl::Status Cuda(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": CUDA ", cudaGetErrorString(e)));
-}
+absl::Status Cuda(cudaError_t e, const std::string& what) { return CudaStatus(e, what); }
 
 absl::Status Nccl(ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return absl::OkStatus();

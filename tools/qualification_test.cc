@@ -157,7 +157,8 @@ TEST(NegativeControlTest, NamesParseBothWays) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(NegativeControl control, ParseNegativeControl(name));
     EXPECT_EQ(NegativeControlName(control), name);
   }
-  EXPECT_EQ(ParseNegativeControl("").value(), NegativeControl::kNone);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const NegativeControl none, ParseNegativeControl(""));
+  EXPECT_EQ(none, NegativeControl::kNone);
   const absl::Status unknown = ParseNegativeControl("no_sync").status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(unknown.message(), HasSubstr("unknown negative control 'no_sync'; known: no-sync"));

@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
 #include "base/status_macros.h"
+#include "base/status_testutil.h"
 #include "base/torch_boundary.h"
 #include "collectives/fake_communicator.h"
 #include "gtest/gtest.h"
@@ -93,9 +94,12 @@ TEST(DifferentiableCollectivesTest, GatherRowsGathersUnevenShardsAndScattersTheG
 
 TEST(DifferentiableCollectivesTest, NullGroupIsTheIdentityAndBadShapesAreRefused) {
   at::Tensor x = Input(0, 3);
-  EXPECT_TRUE(at::equal(*CopyToGroup(x, nullptr), x));
-  EXPECT_TRUE(at::equal(*ReduceFromGroup(x, nullptr), x));
-  EXPECT_TRUE(at::equal(*GatherRows(x, 3, nullptr), x));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor copied, CopyToGroup(x, nullptr));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor reduced, ReduceFromGroup(x, nullptr));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor gathered, GatherRows(x, 3, nullptr));
+  EXPECT_TRUE(at::equal(copied, x));
+  EXPECT_TRUE(at::equal(reduced, x));
+  EXPECT_TRUE(at::equal(gathered, x));
   EXPECT_EQ(GatherRows(x, 2, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GatherRows(at::scalar_tensor(1.0), 2, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
