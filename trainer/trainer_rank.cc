@@ -141,9 +141,9 @@ absl::StatusOr<planner::Plan> TrainerRank::Plan(const TrainerInputs& inputs) {
   options.loss_normalization = config_.loss_normalization;
   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan,
                             planner::PlanMicrobatches(inputs.sequences, options));
-  if (collaborators_.tp_cp_group != nullptr) {
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        planner::CheckPlanAgreement(*collaborators_.tp_cp_group, plan), Where("plan agreement"));
+  if (Replicas() != nullptr) {
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(planner::CheckPlanAgreement(*Replicas(), plan),
+                                          Where("plan agreement"));
   }
   return plan;
 }
@@ -228,11 +228,11 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   absl::StatusOr<at::Tensor> forwarded;
   absl::Status thrown = CallTorch("the model's forward", [&] { forwarded = forward_(work); });
   if (!thrown.ok()) forwarded = thrown;
-  if (config_.memory_model != nullptr && collaborators_.tp_cp_group != nullptr) {
+  if (config_.memory_model != nullptr && Replicas() != nullptr) {
     // The group agrees on the forward's outcome before anyone waits in the gather.
     const bool oom = absl::IsResourceExhausted(forwarded.status());
     absl::StatusOr<admission::GroupOutcome> agreed =
-        admission::AgreeOnOutcome(collaborators_.tp_cp_group, forwarded.status());
+        admission::AgreeOnOutcome(Replicas(), forwarded.status());
     if (!agreed.ok()) {
       return Annotate(agreed.status(), absl::StrCat(where, ": agreeing on the forward's outcome"));
     }
@@ -405,10 +405,9 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
     }
     plan = std::move(*split);
     depth.insert(depth.begin() + m, ++depth[m]);
-    if (collaborators_.tp_cp_group != nullptr) {
-      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-          planner::CheckPlanAgreement(*collaborators_.tp_cp_group, plan),
-          absl::StrCat(where, ": agreeing on the split"));
+    if (Replicas() != nullptr) {
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(planner::CheckPlanAgreement(*Replicas(), plan),
+                                            absl::StrCat(where, ": agreeing on the split"));
     }
   }
 }

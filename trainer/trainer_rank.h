@@ -341,6 +341,13 @@ class TrainerRank {
   // CP rank of each member of the TP x CP group, by group rank.
   std::vector<int> member_cp_ranks_;
   int64_t forward_index_ = 0;
+  // The TP x CP group when it has other members; nullptr for a group of one, where every
+  // agreement holds without a collective (measured: a plan agreement over a one-member Gloo
+  // group cost ~0.45 ms per microbatch of 65,536 tokens on a 2-core VM).
+  collectives::Communicator* Replicas() const {
+    collectives::Communicator* group = collaborators_.tp_cp_group;
+    return group != nullptr && group->size() > 1 ? group : nullptr;
+  }
   // The ledger step the next forward call records (TrainerConfig::ledger).
   int64_t next_ledger_step_ = 0;
   // The recompute's stream saver (activation checkpointing); null when off.
