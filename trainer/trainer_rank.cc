@@ -266,8 +266,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   }
   // Gather: every member sends its shard padded to the largest shard of the microbatch (an
   // empty shard sends padding), so all members run the same all-gather.
-  int64_t widest = 0;
-  for (const std::vector<int64_t>& o : owned) widest = std::max<int64_t>(widest, o.size());
+  const int64_t widest = work.widest_shard;
   at::Tensor padded;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("padding the shard",

@@ -146,13 +146,8 @@ absl::StatusOr<at::Tensor> ReferenceModel::ShardOf(const std::string& name, cons
   return full;
 }
 
-const at::Tensor& ReferenceModel::Weight(int block, const char* name) const {
-  for (int w = 0; w < kBlockWeights; ++w) {
-    if (kBlockWeightNames[w] == absl::string_view(name)) {
-      return parameters_[1 + block * kBlockWeights + w].second;
-    }
-  }
-  return parameters_[0].second;  // unreachable: names are this file's constants
+const at::Tensor& ReferenceModel::Weight(int block, int which) const {
+  return parameters_[1 + block * kBlockWeights + which].second;
 }
 
 absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
@@ -182,11 +177,11 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
                               widest](const std::vector<at::Tensor>& in) {
       const at::Tensor& h = in[0];
       // Attention, causal within each sequence, over every key of the microbatch.
-      const at::Tensor q = at::mm(h, Weight(b, "wq").t());
+      const at::Tensor q = at::mm(h, Weight(b, kWq).t());
       const at::Tensor keys =
-          ValueOrThrow(GatherRows(at::mm(h, Weight(b, "wk").t()), widest, cp_group_));
+          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWk).t()), widest, cp_group_));
       const at::Tensor values =
-          ValueOrThrow(GatherRows(at::mm(h, Weight(b, "wv").t()), widest, cp_group_));
+          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWv).t()), widest, cp_group_));
       const at::Tensor visible =
           (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
           (key_meta.select(1, 1).unsqueeze(0) <= query_meta.select(1, 1).unsqueeze(1));
@@ -194,10 +189,10 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
           (at::mm(q, keys.t()) / std::sqrt(static_cast<double>(kWidth)))
               .masked_fill(at::logical_not(visible), -std::numeric_limits<double>::infinity());
       const at::Tensor attended = at::mm(at::softmax(scores, 1), values);
-      const at::Tensor after_attention = h + at::mm(attended, Weight(b, "wo").t());
+      const at::Tensor after_attention = h + at::mm(attended, Weight(b, kWo).t());
       // The TP-split MLP with partition-invariant dropout seeded from the model stream.
       const at::Tensor in_tp = ValueOrThrow(CopyToGroup(after_attention, tp_group_));
-      const at::Tensor hidden = at::gelu(at::mm(in_tp, Weight(b, "w1").t()));
+      const at::Tensor hidden = at::gelu(at::mm(in_tp, Weight(b, kW1).t()));
       const at::Tensor seed = at::randint(std::numeric_limits<int32_t>::max(), {2},
                                           at::TensorOptions().dtype(at::kLong).device(h.device()))
                                   .cpu();
@@ -208,7 +203,7 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
           ValueOrThrow(DropoutMask(rng::PhiloxKey::Of(key_seed, kDropoutStream, b), ids, positions,
                                    begin, begin + shard, h.device()));
       const at::Tensor partial =
-          at::mm(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, "w2").t());
+          at::mm(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, kW2).t());
       return std::vector<at::Tensor>{after_attention +
                                      ValueOrThrow(ReduceFromGroup(partial, tp_group_))};
     };

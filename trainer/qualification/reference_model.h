@@ -79,7 +79,8 @@ class ReferenceModel {
         tp_group_(tp_group),
         cp_group_(cp_group) {}
 
-  const at::Tensor& Weight(int block, const char* name) const;
+  // Block `block`'s weight `which` (the .cc's BlockWeight order: wq, wk, wv, wo, w1, w2).
+  const at::Tensor& Weight(int block, int which) const;
 
   numerics::NamedTensors parameters_;
   int tp_rank_;
