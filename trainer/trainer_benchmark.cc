@@ -13,6 +13,7 @@
 // "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; exits non-zero if it
 // could not measure.
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +64,14 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// Minor page faults of this process so far: fresh memory the side touched (allocation churn shows
+// up here before it shows up in time).
+double MinorFaults() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_minflt);
+}
+
 absl::Status Body(int rank, collectives::Communicator& world, const std::string& device_name,
                   int device_index, int64_t tokens, int64_t width, int64_t hidden, int iterations,
                   double target) {
@@ -93,11 +102,19 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
                               admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0)));
     config.ledger = ledger.get();
   }
+  // When the trainer calls the model: the time before it is the trainer's own work ahead of the
+  // forward (the GPU idles through it), the rest overlaps the forward's kernels or follows them.
+  std::chrono::steady_clock::time_point model_called, model_returned;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
-      TrainerRank::Create(
-          config, TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
-          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return model(work.inputs); }));
+      TrainerRank::Create(config,
+                          TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
+                          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                            model_called = std::chrono::steady_clock::now();
+                            at::Tensor out = model(work.inputs);
+                            model_returned = std::chrono::steady_clock::now();
+                            return out;
+                          }));
   const std::vector<planner::Sequence> batch = {planner::Sequence::Of(tokens, 1)};
   at::Tensor rows = at::randn({tokens, width}, options);
   // The bare side runs the model on the rows this rank's shard holds.
@@ -108,31 +125,60 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
                             planner::ShardTokenIndices(plan, 0, trainer->cp_rank()));
   at::Tensor shard_rows = rows.index_select(0, at::tensor(mine, at::kLong).to(device));
 
+  // Where each side's time goes (host phases; "wait" is reading the result back, i.e. the
+  // device's remaining work): [0] before the model is called, [1] the model call itself, [2]
+  // from the model's return to the output in hand, [3] the wait for the result, [4] the rest.
+  using Clock = std::chrono::steady_clock;
+  auto between = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  std::vector<std::vector<double>> bare_phases(5), trainer_phases(5);
   auto bare = [&]() -> double {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     at::Tensor out = model(shard_rows);
-    (void)out.sum().item<float>();
+    const auto returned = Clock::now();
+    at::Tensor sum = out.sum();
+    const auto summed = Clock::now();
+    (void)sum.item<float>();
+    const auto waited = Clock::now();
+    bare_phases[1].push_back(between(start, returned));
+    bare_phases[2].push_back(between(returned, summed));
+    bare_phases[3].push_back(between(summed, waited));
     return Seconds(start);
   };
   auto through_trainer = [&]() -> absl::StatusOr<double> {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
                               trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
     if (!out.has_value()) return absl::InternalError("no microbatch");
-    (void)out->outputs.sum().item<float>();
+    at::Tensor sum = out->outputs.sum();
+    const auto summed = Clock::now();
+    (void)sum.item<float>();
+    const auto waited = Clock::now();
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> end, stream.Next());
     if (end.has_value()) return absl::InternalError("more than one microbatch");
+    trainer_phases[0].push_back(between(start, model_called));
+    trainer_phases[1].push_back(between(model_called, model_returned));
+    trainer_phases[2].push_back(between(model_returned, summed));
+    trainer_phases[3].push_back(between(summed, waited));
+    trainer_phases[4].push_back(between(waited, Clock::now()));
     return Seconds(start);
   };
   for (int i = 0; i < 5; ++i) {  // warm-up
     bare();
     LOCKSTEP_RETURN_IF_ERROR(through_trainer().status());
   }
-  std::vector<double> bare_times, trainer_times;
+  for (auto& phase : bare_phases) phase.clear();
+  for (auto& phase : trainer_phases) phase.clear();
+  std::vector<double> bare_times, trainer_times, bare_faults, trainer_faults;
   for (int i = 0; i < iterations; ++i) {
+    double faults = MinorFaults();
     bare_times.push_back(bare());
+    bare_faults.push_back(MinorFaults() - faults);
+    faults = MinorFaults();
     LOCKSTEP_ASSIGN_OR_RETURN(double t, through_trainer());
+    trainer_faults.push_back(MinorFaults() - faults);
     trainer_times.push_back(t);
   }
   const double bare_median = Median(bare_times), trainer_median = Median(trainer_times);
@@ -152,6 +198,18 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
         ledger != nullptr ? ", with a recovery ledger" : "");
     std::printf("bare forward median %.3f ms; trainer microbatch median %.3f ms (rank 0)\n",
                 1e3 * bare_median, 1e3 * trainer_median);
+    bare_phases[0].assign(bare_phases[1].size(), 0.0);
+    bare_phases[4].assign(bare_phases[1].size(), 0.0);
+    for (const auto& [side, phases] :
+         {std::make_pair("bare", &bare_phases), std::make_pair("trainer", &trainer_phases)}) {
+      std::printf(
+          "%s phases (medians, ms, rank 0): before the model %.3f, model call %.3f, to the "
+          "output in hand %.3f, waiting for the result %.3f, after %.3f\n",
+          side, 1e3 * Median((*phases)[0]), 1e3 * Median((*phases)[1]), 1e3 * Median((*phases)[2]),
+          1e3 * Median((*phases)[3]), 1e3 * Median((*phases)[4]));
+    }
+    std::printf("minor page faults per iteration (medians, rank 0): bare %.0f, trainer %.0f\n",
+                Median(bare_faults), Median(trainer_faults));
     std::printf(
         "ratio trainer microbatch / bare forward (worst rank, paired medians): %.4f "
         "(target <= %.2f for forwards of >= 5 ms: %s)\n",
