@@ -1,0 +1,332 @@
+#include "collectives/internal/host_lane.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
+
+namespace lockstep {
+namespace collectives {
+namespace internal {
+namespace {
+
+// Segment layout: a header, then one control block per member, then one data slot per member.
+// Each control block has cache lines of its own, written only by its member.
+constexpr uint64_t kMagic = 0x6c6f636b73746570;  // "lockstep"
+constexpr size_t kHeaderBytes = 128;
+constexpr size_t kControlBytes = 128;
+
+struct Header {
+  uint64_t magic;
+  uint64_t token;  // random, published with the name: proves the mapping is the one created
+  int64_t size;
+  std::atomic<int64_t> poisoned_by;  // 1 + the rank of a member that gave up, or 0
+};
+static_assert(sizeof(Header) <= kHeaderBytes, "header");
+
+struct Control {
+  std::atomic<uint64_t> arrived;  // the last round this member has called (its slot written)
+  std::atomic<uint64_t> done;     // the last round this member has finished
+  uint32_t kind;                  // the collective of round `arrived`: kind and root
+  int64_t bytes;                  // and its size
+};
+static_assert(sizeof(Control) <= kControlBytes, "control block");
+
+// Collective kinds, combined with the root in Round's `kind`.
+constexpr uint32_t kBroadcast = 1u << 24;
+constexpr uint32_t kAllGather = 2u << 24;
+
+std::string DescribeKind(uint32_t kind, int64_t bytes) {
+  if ((kind & 0xff000000u) == kBroadcast) {
+    return absl::StrCat("broadcast of ", bytes, " bytes from rank ", kind & 0xffffffu);
+  }
+  if (kind == kAllGather) return absl::StrCat("all-gather of ", bytes, " bytes per member");
+  return absl::StrCat("unknown collective ", kind);
+}
+
+size_t SegmentBytes(int size) {
+  return kHeaderBytes + static_cast<size_t>(size) * (kControlBytes + HostLane::kMaxBytes);
+}
+
+Header& HeaderOf(void* mapping) { return *static_cast<Header*>(mapping); }
+Control& ControlOf(void* mapping, int rank) {
+  return *reinterpret_cast<Control*>(static_cast<char*>(mapping) + kHeaderBytes +
+                                     static_cast<size_t>(rank) * kControlBytes);
+}
+char* SlotOf(void* mapping, int size, int rank) {
+  return static_cast<char*>(mapping) + kHeaderBytes + static_cast<size_t>(size) * kControlBytes +
+         static_cast<size_t>(rank) * HostLane::kMaxBytes;
+}
+
+std::string ReadFirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string NamespaceOf(const char* link) {
+  char target[256];
+  const ssize_t n = readlink(link, target, sizeof(target) - 1);
+  return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+}
+
+// Who may share memory with whom: same machine boot, same IPC namespace (shm_open's), same PID
+// namespace (so a peer's pid can be checked), same user (the segment is 0600).
+std::string HostIdentity() {
+  const std::string boot = ReadFirstLine("/proc/sys/kernel/random/boot_id");
+  const std::string ipc = NamespaceOf("/proc/self/ns/ipc");
+  const std::string pid = NamespaceOf("/proc/self/ns/pid");
+  if (boot.empty() || ipc.empty() || pid.empty()) return "";
+  return absl::StrCat(boot, "|", ipc, "|", pid, "|", getuid());
+}
+
+// Whether process `pid` has exited: gone, or a zombie its parent has not reaped yet.
+bool HasExited(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  const std::string stat = ReadFirstLine(absl::StrCat("/proc/", pid, "/stat").c_str());
+  const size_t name_end = stat.rfind(')');
+  if (name_end == std::string::npos || name_end + 2 >= stat.size()) return false;
+  const char state = stat[name_end + 2];
+  return state == 'Z' || state == 'X';
+}
+
+void* MapSegment(int fd, size_t bytes) {
+  void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return mapping == MAP_FAILED ? nullptr : mapping;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvous,
+                                                            const std::string& store_key, int rank,
+                                                            int size, absl::Duration timeout) {
+  const std::string key = store_key + "/host-lane";
+  const std::string what = absl::StrCat("setting up the host lane of ", store_key);
+  if (size < 2 || rank < 0 || rank >= size) return std::unique_ptr<HostLane>();
+  // 1. Every member publishes where it runs and its pid; all compare.
+  const std::string identity = HostIdentity();
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+      rendezvous.Set(absl::StrCat(key, "/member/", rank), absl::StrCat(getpid(), " ", identity)),
+      what);
+  std::vector<int64_t> pids(size, 0);
+  bool shared = !identity.empty();
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::string> member = rendezvous.Get(absl::StrCat(key, "/member/", r));
+    if (!member.ok()) return Annotate(member.status(), what);
+    const std::vector<std::string> parts = absl::StrSplit(*member, absl::MaxSplits(' ', 1));
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pids[r]) || parts[1] != identity) {
+      shared = false;
+    }
+  }
+  if (!shared) return std::unique_ptr<HostLane>();
+  // 2. The first member creates the segment and publishes its name and token ("none": no lane).
+  const size_t bytes = SegmentBytes(size);
+  void* mapping = nullptr;
+  std::string name;
+  uint64_t token = 0;
+  if (rank == 0) {
+    std::random_device entropy;
+    token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+    name = absl::StrCat("/lockstep-", getpid(), "-", token);
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) mapping = MapSegment(fd, bytes);
+      close(fd);
+      if (mapping == nullptr) shm_unlink(name.c_str());
+    }
+    if (mapping != nullptr) {
+      // A fresh segment reads as zeros: every counter at round 0, nobody poisoned.
+      Header& header = HeaderOf(mapping);
+      header.magic = kMagic;
+      header.token = token;
+      header.size = size;
+      new (&header.poisoned_by) std::atomic<int64_t>(0);
+      for (int r = 0; r < size; ++r) {
+        Control& control = ControlOf(mapping, r);
+        new (&control.arrived) std::atomic<uint64_t>(0);
+        new (&control.done) std::atomic<uint64_t>(0);
+      }
+      std::atomic_thread_fence(std::memory_order_release);
+    }
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        rendezvous.Set(key + "/segment",
+                       mapping != nullptr ? absl::StrCat(name, " ", token) : "none"),
+        what);
+  } else {
+    absl::StatusOr<std::string> segment = rendezvous.Get(key + "/segment");
+    if (!segment.ok()) return Annotate(segment.status(), what);
+    const std::vector<std::string> parts = absl::StrSplit(*segment, ' ');
+    if (parts.size() == 2 && absl::SimpleAtoi(parts[1], &token)) {
+      name = parts[0];
+      const int fd = shm_open(name.c_str(), O_RDWR, 0);
+      if (fd >= 0) {
+        struct stat info;
+        if (fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) == bytes) {
+          mapping = MapSegment(fd, bytes);
+        }
+        close(fd);
+      }
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (mapping != nullptr &&
+          (HeaderOf(mapping).magic != kMagic || HeaderOf(mapping).token != token ||
+           HeaderOf(mapping).size != size)) {
+        munmap(mapping, bytes);  // a segment of the same name that is not ours
+        mapping = nullptr;
+      }
+    }
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        rendezvous.Set(absl::StrCat(key, "/attached/", rank), mapping != nullptr ? "1" : "0"),
+        what);
+  }
+  // 3. The lane is used only if every member has it mapped; then the name can go.
+  bool everyone = mapping != nullptr;
+  for (int r = 1; r < size; ++r) {
+    absl::StatusOr<std::string> attached = rendezvous.Get(absl::StrCat(key, "/attached/", r));
+    if (!attached.ok()) {
+      if (mapping != nullptr) munmap(mapping, bytes);
+      if (rank == 0 && !name.empty()) shm_unlink(name.c_str());
+      return Annotate(attached.status(), what);
+    }
+    everyone = everyone && *attached == "1";
+  }
+  if (rank == 0 && mapping != nullptr) shm_unlink(name.c_str());
+  if (!everyone || mapping == nullptr) {
+    if (mapping != nullptr) munmap(mapping, bytes);
+    return std::unique_ptr<HostLane>();
+  }
+  return std::unique_ptr<HostLane>(
+      new HostLane(mapping, bytes, rank, size, timeout, std::move(pids)));
+}
+
+HostLane::HostLane(void* mapping, size_t mapping_bytes, int rank, int size, absl::Duration timeout,
+                   std::vector<int64_t> pids)
+    : mapping_(mapping),
+      mapping_bytes_(mapping_bytes),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      pids_(std::move(pids)) {}
+
+HostLane::~HostLane() { munmap(mapping_, mapping_bytes_); }
+
+absl::Status HostLane::Fail(absl::Status status) {
+  broken_ = status;
+  int64_t none = 0;
+  HeaderOf(mapping_).poisoned_by.compare_exchange_strong(none, rank_ + 1);
+  return status;
+}
+
+absl::Status HostLane::WaitForAll(int field, uint64_t round, const std::string& what) {
+  auto reached = [&](int r) {
+    const Control& control = ControlOf(mapping_, r);
+    return (field == 0 ? control.arrived : control.done).load(std::memory_order_acquire) >= round;
+  };
+  int waiting_for = 0;
+  const absl::Time start = absl::Now();
+  for (uint64_t spin = 0;; ++spin) {
+    while (waiting_for < size_ && reached(waiting_for)) ++waiting_for;
+    if (waiting_for == size_) return absl::OkStatus();
+    if (spin % 64 != 63) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    // Every 64 polls: a member that gave up, the clock, and (when the wait is long) whether the
+    // awaited member's process still exists.
+    const int64_t poisoned = HeaderOf(mapping_).poisoned_by.load(std::memory_order_acquire);
+    if (poisoned != 0 && poisoned != rank_ + 1) {
+      return Fail(absl::UnavailableError(
+          absl::StrCat(what, ": rank ", poisoned - 1, " of the group gave up after an error")));
+    }
+    const absl::Duration waited = absl::Now() - start;
+    if (waited >= timeout_) {
+      return Fail(absl::DeadlineExceededError(
+          absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout_),
+                       " waiting for rank ", waiting_for, "; a peer did not arrive")));
+    }
+    if (waited < absl::Microseconds(200)) continue;  // a collective in step takes microseconds
+    if (spin % (64 * 64) == 64 * 64 - 1 && HasExited(pids_[waiting_for])) {
+      return Fail(absl::UnavailableError(absl::StrCat(what, ": rank ", waiting_for, " (pid ",
+                                                      pids_[waiting_for], ") has exited")));
+    }
+    if (waited < absl::Milliseconds(2)) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(20));
+    }
+  }
+}
+
+absl::Status HostLane::Round(uint32_t kind, const void* input, bool writes, int first_source,
+                             int last_source, int64_t bytes, void* output,
+                             const std::string& what) {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the host lane failed earlier: ", broken_.message()));
+  }
+  if (bytes < 0 || bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", bytes, " bytes per member; the host lane carries 0 to ", kMaxBytes));
+  }
+  const uint64_t round = ++round_;
+  // Nobody may still be reading the previous round's slots (nor checking its calls).
+  LOCKSTEP_RETURN_IF_ERROR(WaitForAll(/*field=*/1, round - 1, what));
+  Control& mine = ControlOf(mapping_, rank_);
+  if (writes && bytes > 0) std::memcpy(SlotOf(mapping_, size_, rank_), input, bytes);
+  mine.kind = kind;
+  mine.bytes = bytes;
+  mine.arrived.store(round, std::memory_order_release);
+  LOCKSTEP_RETURN_IF_ERROR(WaitForAll(/*field=*/0, round, what));
+  for (int r = 0; r < size_; ++r) {
+    const Control& theirs = ControlOf(mapping_, r);
+    if (theirs.kind != kind || theirs.bytes != bytes) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          what, ": members called different collectives (this member: ", DescribeKind(kind, bytes),
+          "; rank ", r, ": ", DescribeKind(theirs.kind, theirs.bytes), ")")));
+    }
+  }
+  for (int r = first_source; r <= last_source && bytes > 0; ++r) {
+    char* into = static_cast<char*>(output) + static_cast<size_t>(r - first_source) * bytes;
+    const void* from = r == rank_ && writes ? input : SlotOf(mapping_, size_, r);
+    if (into != from) std::memcpy(into, from, bytes);
+  }
+  mine.done.store(round, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status HostLane::Broadcast(void* data, int64_t bytes, int root, const std::string& what) {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": root ", root, " is outside [0, ", size_, ")"));
+  }
+  const bool is_root = root == rank_;
+  // The root only writes; the others read the root's slot into `data`.
+  return Round(kBroadcast | static_cast<uint32_t>(root), data, is_root, is_root ? 1 : root,
+               is_root ? 0 : root, bytes, data, what);
+}
+
+absl::Status HostLane::AllGather(const void* input, int64_t bytes, void* output,
+                                 const std::string& what) {
+  return Round(kAllGather, input, /*writes=*/true, 0, size_ - 1, bytes, output, what);
+}
+
+}  // namespace internal
+}  // namespace collectives
+}  // namespace lockstep

@@ -1,0 +1,104 @@
+// collectives/internal/host_lane.h
+//
+// HostLane: collectives on small CPU buffers among the processes of one group that share a host,
+// through a shared-memory segment instead of a device. Used by NcclCommunicator for CPU tensors
+// (Note [Host lane] in nccl_communicator.cc): an RNG hand-back moves ~5 KB of host state, and
+// routing it through a GPU costs two PCIe crossings, a kernel launch and a stream wait
+// (~30 us on two H200s) where a shared cache line costs well under a microsecond.
+//
+// Contract:
+// - Connect is called by every member of the group with the same store key; it returns a lane
+//   only when every member is on the same host (boot id), in the same IPC and PID namespaces, and
+//   could map the segment the first member created; otherwise nullptr on every member (the
+//   caller keeps its other path). The segment's name is unlinked once every member has it
+//   mapped, so nothing is left in /dev/shm after setup (unless the first member dies during it).
+// - Members call the same collectives in the same order (rounds are counted on each member);
+//   each collective carries at most kMaxBytes per member and returns once this member's part
+//   is complete (its output written, its input no longer needed).
+// - A peer that does not arrive within the timeout makes the call kDeadlineExceeded; a peer
+//   process that has exited makes it kUnavailable (checked while waiting); members that called
+//   different collectives (kind, root or size) get kFailedPrecondition on the member that sees
+//   it. After any error the lane refuses further calls (kFailedPrecondition).
+//
+// Thread-safety: one thread uses a lane at a time.
+//
+// Example (inside a communicator's setup and collective):
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<HostLane> lane,
+//                             HostLane::Connect(rendezvous, key, rank, size, timeout));
+//   if (lane != nullptr && bytes <= HostLane::kMaxBytes) {
+//     LOCKSTEP_RETURN_IF_ERROR(lane->Broadcast(data, bytes, root, "broadcast"));
+//   }
+
+#ifndef LOCKSTEP_COLLECTIVES_INTERNAL_HOST_LANE_H_
+#define LOCKSTEP_COLLECTIVES_INTERNAL_HOST_LANE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectives/rendezvous.h"
+
+namespace lockstep {
+namespace collectives {
+namespace internal {
+
+class HostLane {
+ public:
+  // The most bytes one member contributes to one collective.
+  static constexpr int64_t kMaxBytes = 64 * 1024;
+
+  // Sets up the lane of the group whose members share `store_key` (see the contract above).
+  // Errors only when the rendezvous fails (a member did not publish in time); every other
+  // obstacle means "no lane" (nullptr).
+  static absl::StatusOr<std::unique_ptr<HostLane>> Connect(Rendezvous& rendezvous,
+                                                           const std::string& store_key, int rank,
+                                                           int size, absl::Duration timeout);
+
+  ~HostLane();
+  HostLane(const HostLane&) = delete;
+  HostLane& operator=(const HostLane&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Copies `bytes` bytes at root's `data` into every member's `data`. `what` names the
+  // operation in errors.
+  absl::Status Broadcast(void* data, int64_t bytes, int root, const std::string& what);
+
+  // Writes every member's `bytes` bytes at `input` into `output`, in rank order (size() * bytes
+  // bytes; may not overlap `input`).
+  absl::Status AllGather(const void* input, int64_t bytes, void* output, const std::string& what);
+
+ private:
+  HostLane(void* mapping, size_t mapping_bytes, int rank, int size, absl::Duration timeout,
+           std::vector<int64_t> pids);
+
+  // One round: this member writes `input` into its slot (when `writes`) and copies the slots of
+  // members [first_source, last_source] into `output` (rank order, `bytes` each).
+  absl::Status Round(uint32_t kind, const void* input, bool writes, int first_source,
+                     int last_source, int64_t bytes, void* output, const std::string& what);
+  // Waits until every member's `field` (0: arrived, 1: done) has reached `round`.
+  absl::Status WaitForAll(int field, uint64_t round, const std::string& what);
+  // Records `status` as the lane's failure, tells the other members, and returns it.
+  absl::Status Fail(absl::Status status);
+
+  void* mapping_;
+  size_t mapping_bytes_;
+  int rank_;
+  int size_;
+  absl::Duration timeout_;
+  std::vector<int64_t> pids_;  // by rank, for the liveness check
+  uint64_t round_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace internal
+}  // namespace collectives
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_COLLECTIVES_INTERNAL_HOST_LANE_H_

@@ -1,0 +1,257 @@
+#include "collectives/internal/host_lane.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/posix_io.h"
+#include "base/subprocess.h"
+#include "collectives/rendezvous.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace collectives {
+namespace internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
+
+// Runs `body` in `size` forked processes that connect a host lane over a FileStore and returns
+// each member's status (its code and message, sent back through the child's channel).
+std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const MemberBody& body) {
+  char dir_template[] = "/tmp/host_lane_test.XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string store = dir + "/store";
+  std::vector<Child> children;
+  for (int rank = 0; rank < size; ++rank) {
+    absl::StatusOr<Child> child =
+        Child::Fork(ChildOptions::Reporting(), [&, rank](int channel) -> int {
+          absl::Status status = [&]() -> absl::Status {
+            absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous =
+                Rendezvous::File(store, rank, size, absl::Seconds(30));
+            if (!rendezvous.ok()) return rendezvous.status();
+            absl::StatusOr<std::unique_ptr<HostLane>> lane =
+                HostLane::Connect(**rendezvous, "test/group", rank, size, timeout);
+            if (!lane.ok()) return lane.status();
+            return body(rank, lane->get());
+          }();
+          const std::string report =
+              absl::StrCat(static_cast<int>(status.code()), " ", status.message());
+          (void)WriteAll(channel, report);
+          return 0;
+        });
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
+      return {};
+    }
+    children.push_back(std::move(*child));
+  }
+  std::vector<std::string> reports(size);
+  std::vector<Child*> pointers;
+  for (Child& c : children) pointers.push_back(&c);
+  while (true) {
+    absl::StatusOr<int> open = PollChannels(
+        pointers, absl::Seconds(60),
+        [&](size_t i, absl::string_view bytes) { reports[i].append(bytes.data(), bytes.size()); });
+    if (!open.ok() || *open == 0) break;
+  }
+  std::vector<absl::Status> statuses;
+  for (int rank = 0; rank < size; ++rank) {
+    children[rank].Reap();
+    const std::vector<std::string> parts = absl::StrSplit(reports[rank], absl::MaxSplits(' ', 1));
+    int code = -1;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &code)) {
+      statuses.push_back(absl::InternalError(
+          absl::StrCat("member ", rank, " ", children[rank].Describe(), " without a report")));
+    } else {
+      statuses.push_back(absl::Status(static_cast<absl::StatusCode>(code), parts[1]));
+    }
+  }
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+  return statuses;
+}
+
+// The byte member `rank` contributes at `index` of round `round`.
+uint8_t Pattern(int round, int rank, int64_t index) {
+  return static_cast<uint8_t>(round * 131 + rank * 31 + index * 7 + (index >> 8));
+}
+
+class HostLaneTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HostLaneTest, BroadcastAndAllGatherDeliverEveryMembersBytes) {
+  const int size = GetParam();
+  const std::vector<absl::Status> statuses =
+      RunMembers(size, absl::Seconds(30), [size](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane between processes of one host");
+        // Sizes that cross cache lines and pages, up to the limit; roots rotate.
+        const std::vector<int64_t> sizes = {1, 7, 64, 5073, 4096 + 3, HostLane::kMaxBytes};
+        for (int round = 0; round < 600; ++round) {
+          const int64_t bytes = sizes[round % sizes.size()];
+          if (round % 2 == 0) {
+            const int root = (round / 2) % size;
+            std::vector<uint8_t> data(bytes, 0);
+            if (rank == root) {
+              for (int64_t i = 0; i < bytes; ++i) data[i] = Pattern(round, root, i);
+            }
+            if (absl::Status s = lane->Broadcast(data.data(), bytes, root, "broadcast"); !s.ok()) {
+              return s;
+            }
+            for (int64_t i = 0; i < bytes; ++i) {
+              if (data[i] != Pattern(round, root, i)) {
+                return absl::DataLossError(absl::StrCat("round ", round, ": broadcast byte ", i,
+                                                        " from root ", root, " is ", data[i]));
+              }
+            }
+          } else {
+            std::vector<uint8_t> mine(bytes), all(bytes * size, 0);
+            for (int64_t i = 0; i < bytes; ++i) mine[i] = Pattern(round, rank, i);
+            if (absl::Status s = lane->AllGather(mine.data(), bytes, all.data(), "all-gather");
+                !s.ok()) {
+              return s;
+            }
+            for (int r = 0; r < size; ++r) {
+              for (int64_t i = 0; i < bytes; ++i) {
+                if (all[r * bytes + i] != Pattern(round, r, i)) {
+                  return absl::DataLossError(absl::StrCat(
+                      "round ", round, ": member ", r, "'s byte ", i, " is ", all[r * bytes + i]));
+                }
+              }
+            }
+          }
+        }
+        return absl::OkStatus();
+      });
+  ASSERT_EQ(statuses.size(), static_cast<size_t>(size));
+  for (int rank = 0; rank < size; ++rank) EXPECT_TRUE(statuses[rank].ok()) << statuses[rank];
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, HostLaneTest, ::testing::Values(2, 3, 4));
+
+TEST(HostLaneSetupTest, LeavesNothingInDevShm) {
+  const std::vector<absl::Status> statuses =
+      RunMembers(2, absl::Seconds(30), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        // Both members are connected here; rank 0 created the segment under its pid.
+        uint8_t byte = 1;
+        if (absl::Status s = lane->Broadcast(&byte, 1, 0, "sync"); !s.ok()) return s;
+        if (rank != 0) return absl::OkStatus();
+        const std::string prefix = absl::StrCat("lockstep-", getpid(), "-");
+        DIR* dir = opendir("/dev/shm");
+        if (dir == nullptr) return absl::OkStatus();
+        std::string left;
+        while (dirent* entry = readdir(dir)) {
+          if (std::string(entry->d_name).rfind(prefix, 0) == 0) left = entry->d_name;
+        }
+        closedir(dir);
+        return left.empty() ? absl::OkStatus()
+                            : absl::InternalError(absl::StrCat("/dev/shm/", left, " is left"));
+      });
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(HostLaneSetupTest, AGroupOfOneHasNoLane) {
+  char dir_template[] = "/tmp/host_lane_test.XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous =
+      Rendezvous::File(dir + "/store", 0, 1, absl::Seconds(5));
+  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+  absl::StatusOr<std::unique_ptr<HostLane>> lane =
+      HostLane::Connect(**rendezvous, "alone", 0, 1, absl::Seconds(5));
+  ASSERT_TRUE(lane.ok()) << lane.status();
+  EXPECT_EQ(*lane, nullptr);
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+}
+
+TEST(HostLaneErrorTest, MismatchedCollectivesAreRefused) {
+  const std::vector<absl::Status> statuses =
+      RunMembers(2, absl::Seconds(20), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        std::vector<uint8_t> data(16, 0), all(32);
+        return rank == 0 ? lane->Broadcast(data.data(), 16, 0, "broadcast")
+                         : lane->AllGather(data.data(), 16, all.data(), "all-gather");
+      });
+  ASSERT_EQ(statuses.size(), 2u);
+  for (const absl::Status& s : statuses) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
+  }
+  // Both see the disagreement itself (each checks every member's call).
+  EXPECT_TRUE(absl::IsFailedPrecondition(statuses[0]) || absl::IsFailedPrecondition(statuses[1]));
+  for (const absl::Status& s : statuses) {
+    if (absl::IsFailedPrecondition(s)) {
+      EXPECT_THAT(s.message(), HasSubstr("members called different collectives"));
+    }
+  }
+}
+
+TEST(HostLaneErrorTest, AbsentPeerIsADeadlineWithinTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<absl::Status> statuses =
+      RunMembers(2, absl::Milliseconds(300), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        if (rank == 1) {
+          absl::SleepFor(absl::Seconds(3));  // alive, but never calls
+          return absl::OkStatus();
+        }
+        uint8_t byte = 0;
+        return lane->Broadcast(&byte, 1, 1, "broadcast from rank 1");
+      });
+  ASSERT_EQ(statuses.size(), 2u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0])) << statuses[0];
+  EXPECT_THAT(statuses[0].message(), HasSubstr("waiting for rank 1"));
+  // Bounded by the sleeping member, not by a hang: generous against the 3 s it sleeps.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(HostLaneErrorTest, ExitedPeerIsUnavailableBeforeTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<absl::Status> statuses =
+      RunMembers(2, absl::Seconds(100), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        if (rank == 1) _exit(0);  // dies without a report
+        uint8_t byte = 0;
+        return lane->Broadcast(&byte, 1, 1, "broadcast from rank 1");
+      });
+  ASSERT_EQ(statuses.size(), 2u);
+  EXPECT_TRUE(absl::IsUnavailable(statuses[0])) << statuses[0];
+  EXPECT_THAT(statuses[0].message(), HasSubstr("has exited"));
+  // Well inside the 100 s timeout: the liveness check noticed the exit.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(50));
+}
+
+TEST(HostLaneErrorTest, OversizedAndBadRootAreRefusedAndLaterCallsStillWork) {
+  const std::vector<absl::Status> statuses =
+      RunMembers(2, absl::Seconds(20), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        std::vector<uint8_t> big(HostLane::kMaxBytes + 1);
+        absl::Status too_big = lane->Broadcast(big.data(), HostLane::kMaxBytes + 1, 0, "big");
+        if (!absl::IsInvalidArgument(too_big) ||
+            too_big.message().find(absl::StrCat(HostLane::kMaxBytes + 1)) == std::string::npos) {
+          return absl::InternalError(absl::StrCat("oversized: ", too_big.ToString()));
+        }
+        absl::Status bad_root = lane->Broadcast(big.data(), 1, 2, "bad root");
+        if (!absl::IsInvalidArgument(bad_root)) {
+          return absl::InternalError(absl::StrCat("bad root: ", bad_root.ToString()));
+        }
+        uint8_t byte = rank == 0 ? 42 : 0;
+        if (absl::Status s = lane->Broadcast(&byte, 1, 0, "after"); !s.ok()) return s;
+        return byte == 42 ? absl::OkStatus() : absl::DataLossError("stale byte after refusals");
+      });
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace collectives
+}  // namespace lockstep
