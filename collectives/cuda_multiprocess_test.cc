@@ -100,12 +100,25 @@ absl::Status CpuCollectivesRound(NcclCommunicator& world, int rank, int round) {
   return absl::OkStatus();
 }
 
-class NcclStaging : public ::testing::TestWithParam<NcclCommunicator::CpuStaging> {};
+// The three paths a CPU tensor can take between GPUs of one host: the host lane (small tensors;
+// larger ones still go through NCCL, zero-copy), NCCL zero-copy, NCCL with staging copies.
+struct CpuPath {
+  const char* name;
+  NcclCommunicator::CpuStaging staging;
+  bool host_lane;
+};
+
+class NcclStaging : public ::testing::TestWithParam<CpuPath> {};
 
 TEST_P(NcclStaging, CpuTensorsReachEveryGpuIntact) {
   NcclWorldOptions options;
-  options.cpu_staging = GetParam();
-  NcclWorldResult result = RunNcclWorld(options, [](int rank, NcclCommunicator& world) {
+  options.cpu_staging = GetParam().staging;
+  options.host_lane = GetParam().host_lane;
+  const bool host_lane = GetParam().host_lane;
+  NcclWorldResult result = RunNcclWorld(options, [host_lane](int rank, NcclCommunicator& world) {
+    // The path under test is the one taken: all GPUs of this machine share its host.
+    LOCKSTEP_RETURN_IF_ERROR(
+        Expect(world.uses_host_lane() == host_lane, "the host lane is not as configured"));
     for (int round = 0; round < 200; ++round) {
       LOCKSTEP_RETURN_IF_ERROR(CpuCollectivesRound(world, rank, round));
     }
@@ -115,9 +128,12 @@ TEST_P(NcclStaging, CpuTensorsReachEveryGpuIntact) {
   ExpectAllOk(result.ranks);
 }
 
-INSTANTIATE_TEST_SUITE_P(BothModes, NcclStaging,
-                         ::testing::Values(NcclCommunicator::CpuStaging::kMappedHost,
-                                           NcclCommunicator::CpuStaging::kDeviceCopies));
+INSTANTIATE_TEST_SUITE_P(
+    EveryPath, NcclStaging,
+    ::testing::Values(CpuPath{"HostLane", NcclCommunicator::CpuStaging::kMappedHost, true},
+                      CpuPath{"NcclZeroCopy", NcclCommunicator::CpuStaging::kMappedHost, false},
+                      CpuPath{"NcclCopies", NcclCommunicator::CpuStaging::kDeviceCopies, false}),
+    [](const ::testing::TestParamInfo<CpuPath>& info) { return std::string(info.param.name); });
 
 TEST(NcclMultiGpuTest, CudaTensorCollectivesAndGroups) {
   NcclWorldResult result =

@@ -17,6 +17,7 @@
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
+#include "collectives/internal/host_lane.h"
 
 namespace lockstep {
 namespace collectives {
@@ -25,6 +26,7 @@ struct NcclCommunicator::Transport {
   std::shared_ptr<Rendezvous> rendezvous;
   int device = 0;
   CpuStaging cpu_staging = CpuStaging::kMappedHost;
+  bool host_lane = true;
 };
 
 namespace {
@@ -143,6 +145,8 @@ struct NcclCommunicator::Group {
   // stream of its own, for small CPU tensors. Null when it could not be set up.
   ncclComm_t fast = nullptr;
   cudaStream_t fast_stream = nullptr;
+  // The host lane (Note [Host lane]); null when off or when a member is on another host.
+  std::unique_ptr<internal::HostLane> host_lane;
 };
 
 namespace {
@@ -450,6 +454,8 @@ NcclCommunicator::~NcclCommunicator() = default;
 
 int NcclCommunicator::device() const { return transport_->device; }
 
+bool NcclCommunicator::uses_host_lane() const { return group_->host_lane != nullptr; }
+
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
   LOCKSTEP_ASSIGN_OR_RETURN(internal::NewWorld world,
@@ -469,11 +475,19 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   transport->rendezvous = rendezvous;
   transport->device = device;
   transport->cpu_staging = options.cpu_staging;
+  transport->host_lane = options.host_lane;
   auto group = std::make_unique<Group>(options.cpu_staging, device);
   LOCKSTEP_RETURN_IF_ERROR(
       CreateComm(*rendezvous, world.identity, device, options.timeout, group->comm));
   LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*rendezvous, world.identity, device, options.timeout,
                                          group->fast, group->fast_stream));
+  if (options.host_lane) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        group->host_lane,
+        internal::HostLane::Connect(*rendezvous, world.identity.store_key, world.identity.rank,
+                                    static_cast<int>(world.identity.global_ranks.size()),
+                                    options.timeout));
+  }
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
       std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
@@ -485,6 +499,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(
       CreateComm(*transport_->rendezvous, identity, transport_->device, timeout(), group->comm));
   LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport_->rendezvous, identity, transport_->device,
                                          timeout(), group->fast, group->fast_stream));
+  if (transport_->host_lane) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        group->host_lane,
+        internal::HostLane::Connect(*transport_->rendezvous, identity.store_key, identity.rank,
+                                    static_cast<int>(identity.global_ranks.size()), timeout()));
+  }
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
 }
@@ -543,6 +563,21 @@ absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_str
   return absl::OkStatus();
 }
 
+// Note [Host lane]
+// lockstep's CPU-tensor traffic is small host data (RNG states, digests, votes) exchanged by
+// processes that usually share a host. Through NCCL it crosses PCIe twice and waits for a kernel
+// and a stream (~30 us for a 5 KB RNG hand-back between two H200s, zero-copy or staged). When
+// every member of the group is on this host, CPU tensors of at most HostLane::kMaxBytes per
+// member go through a shared-memory segment instead (collectives/internal/host_lane.h): the same
+// bytes, the same collective order, the same timeout; a peer that exits is kUnavailable, members
+// that disagree on the collective kFailedPrecondition. Larger CPU tensors and every CUDA tensor
+// keep using NCCL. The decision depends only on the group and the tensor's size, which every
+// member shares, so all members take the same path.
+bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
+  return lane != nullptr && tensor.defined() && tensor.is_cpu() &&
+         static_cast<int64_t>(tensor.nbytes()) <= internal::HostLane::kMaxBytes;
+}
+
 }  // namespace
 
 absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
@@ -551,6 +586,12 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
   return Collective(op, [&]() -> absl::Status {
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
+    }
+    if (TakesHostLane(group_->host_lane.get(), tensor)) {
+      LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device(), what));
+      LOCKSTEP_RETURN_IF_ERROR(NcclType(tensor.scalar_type(), what).status());
+      return group_->host_lane->Broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()),
+                                          root, what);
     }
     // Only the root's bytes matter: the others' staging buffer is overwritten.
     return InPlace(
@@ -567,6 +608,25 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
 absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
   const std::string what = What("all-reduce (sum)");
   return Collective("all-reduce (sum)", [&]() -> absl::Status {
+    if (TakesHostLane(group_->host_lane.get(), tensor) && tensor.scalar_type() != at::kBool) {
+      // Every member gathers every contribution and adds them up in rank order, so all members
+      // hold the same sum.
+      LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device(), what));
+      LOCKSTEP_RETURN_IF_ERROR(NcclType(tensor.scalar_type(), what).status());
+      at::Tensor gathered;
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating", [&] {
+        std::vector<int64_t> shape = {size()};
+        for (int64_t d : tensor.sizes()) shape.push_back(d);
+        gathered = at::empty(shape, tensor.options());
+      }));
+      LOCKSTEP_RETURN_IF_ERROR(group_->host_lane->AllGather(
+          tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), gathered.data_ptr(), what));
+      return CallTorch(what + ": adding up", [&] {
+        at::Tensor sum = gathered[0].clone();
+        for (int m = 1; m < size(); ++m) sum.add_(gathered[m]);
+        tensor.copy_(sum);
+      });
+    }
     return InPlace(
         group_->comm, group_->fast, group_->fast_stream, group_->staging, device(), timeout(), what,
         tensor,
@@ -583,8 +643,21 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, device(), what));
     LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type(), what));
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device()));
     const int64_t bytes = static_cast<int64_t>(input.nbytes());
+    if (TakesHostLane(group_->host_lane.get(), input)) {
+      at::Tensor gathered;
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
+        std::vector<int64_t> shape = {size()};
+        for (int64_t d : input.sizes()) shape.push_back(d);
+        gathered = at::empty(shape, input.options());
+      }));
+      LOCKSTEP_RETURN_IF_ERROR(
+          group_->host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
+      return CallTorch(what + ": splitting the output", [&] {
+        for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);
+      });
+    }
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device()));
     const size_t count = static_cast<size_t>(input.numel());
     const Lane lane = ChooseLane(group_->comm, group_->fast, group_->fast_stream, device(),
                                  input.is_cpu(), bytes * (size() + 1));

@@ -8,7 +8,10 @@
 // collective is queued), or, as Options::cpu_staging chooses, a pinned host buffer and a device
 // buffer with the upload, the collective and the download queued on one stream and waited for
 // once (a broadcast's receivers skip the upload). All-gather stages its input and output the same
-// way.
+// way. When every member of a group runs on this host, small CPU tensors (at most 64 KiB per
+// member) skip the devices altogether and move through a shared-memory segment, the host lane
+// (Note [Host lane] in the .cc; Options::host_lane turns it off); an RNG hand-back is such a
+// tensor.
 //
 // Why the NCCL API rather than c10d's ProcessGroupNCCL: lockstep's collectives are small and
 // latency-bound (RNG states, plan digests); the direct calls skip c10d's work objects and
@@ -66,6 +69,10 @@ class NcclCommunicator : public internal::CommunicatorBase {
     int device = -1;
     // Default: kMappedHost.
     CpuStaging cpu_staging = CpuStaging::kMappedHost;
+    // Whether CPU tensors of at most 64 KiB per member take the host lane when every member of
+    // the group is on this host (same boot, IPC and PID namespaces). false: they always go
+    // through NCCL, staged as cpu_staging says. Default: true.
+    bool host_lane = true;
   };
 
   // The world communicator of the rendezvous's processes. Collective over every process.
@@ -77,6 +84,9 @@ class NcclCommunicator : public internal::CommunicatorBase {
 
   // The CUDA device this communicator runs on.
   int device() const;
+  // Whether small CPU tensors of this group take the host lane (Options::host_lane, and every
+  // member on this host).
+  bool uses_host_lane() const;
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;

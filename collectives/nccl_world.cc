@@ -67,6 +67,7 @@ NcclWorldResult RunNcclWorld(const NcclWorldOptions& options,
     nccl.device = rank;
     nccl.timeout = options.timeout;
     nccl.cpu_staging = options.cpu_staging;
+    nccl.host_lane = options.host_lane;
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
         NcclCommunicator::Create(*rendezvous, nccl);
     if (!comm.ok()) return comm.status();

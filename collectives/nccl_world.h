@@ -37,6 +37,8 @@ struct NcclWorldOptions {
   // The whole run's limit. Default: 300 s.
   absl::Duration deadline = absl::Seconds(300);
   NcclCommunicator::CpuStaging cpu_staging = NcclCommunicator::CpuStaging::kMappedHost;
+  // NcclCommunicator::Options::host_lane. Default: true.
+  bool host_lane = true;
 };
 
 struct NcclWorldResult {

@@ -91,14 +91,26 @@ absl::Status NcclRounds(int rank, collectives::NcclCommunicator& world, bool syn
   return absl::OkStatus();
 }
 
-class NcclSynchronize : public ::testing::TestWithParam<collectives::NcclCommunicator::CpuStaging> {
+// The paths the hand-back's CPU bytes can take between GPUs of one host (see
+// collectives/nccl_communicator.h): the host lane, NCCL zero-copy, NCCL with staging copies.
+struct CpuPath {
+  const char* name;
+  collectives::NcclCommunicator::CpuStaging staging;
+  bool host_lane;
 };
+
+class NcclSynchronize : public ::testing::TestWithParam<CpuPath> {};
 
 TEST_P(NcclSynchronize, EveryGpuAgreesAfterSynchronize) {
   collectives::NcclWorldOptions options;
-  options.cpu_staging = GetParam();
-  collectives::NcclWorldResult result =
-      collectives::RunNcclWorld(options, [](int rank, collectives::NcclCommunicator& world) {
+  options.cpu_staging = GetParam().staging;
+  options.host_lane = GetParam().host_lane;
+  const bool host_lane = GetParam().host_lane;
+  collectives::NcclWorldResult result = collectives::RunNcclWorld(
+      options, [host_lane](int rank, collectives::NcclCommunicator& world) -> absl::Status {
+        if (world.uses_host_lane() != host_lane) {
+          return absl::InternalError("the host lane is not as configured");
+        }
         return NcclRounds(rank, world, /*synchronize=*/true);
       });
   if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
@@ -107,7 +119,8 @@ TEST_P(NcclSynchronize, EveryGpuAgreesAfterSynchronize) {
 
 TEST_P(NcclSynchronize, NegativeControlWithoutSynchronizeGpusDisagree) {
   collectives::NcclWorldOptions options;
-  options.cpu_staging = GetParam();
+  options.cpu_staging = GetParam().staging;
+  options.host_lane = GetParam().host_lane;
   collectives::NcclWorldResult result =
       collectives::RunNcclWorld(options, [](int rank, collectives::NcclCommunicator& world) {
         return NcclRounds(rank, world, /*synchronize=*/false);
@@ -117,9 +130,12 @@ TEST_P(NcclSynchronize, NegativeControlWithoutSynchronizeGpusDisagree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    BothModes, NcclSynchronize,
-    ::testing::Values(collectives::NcclCommunicator::CpuStaging::kMappedHost,
-                      collectives::NcclCommunicator::CpuStaging::kDeviceCopies));
+    EveryPath, NcclSynchronize,
+    ::testing::Values(
+        CpuPath{"HostLane", collectives::NcclCommunicator::CpuStaging::kMappedHost, true},
+        CpuPath{"NcclZeroCopy", collectives::NcclCommunicator::CpuStaging::kMappedHost, false},
+        CpuPath{"NcclCopies", collectives::NcclCommunicator::CpuStaging::kDeviceCopies, false}),
+    [](const ::testing::TestParamInfo<CpuPath>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace rng

@@ -6,12 +6,16 @@
 //                  buffer + stream synchronize
 //   floor_staged   plain NCCL: memcpy into pinned memory + host-to-device copy + ncclBroadcast +
 //                  device-to-host copy + stream synchronize
-//   bare_mapped    lockstep's NcclCommunicator broadcasting a CPU tensor of Synchronize's size,
-//                  staged through mapped host memory (the default)
-//   bare_copies    the same, staged through device copies
-//   synchronize    rng::Synchronize over lockstep's communicator
+//   bare_lane      lockstep's NcclCommunicator (defaults) broadcasting a CPU tensor of
+//                  Synchronize's size: all GPUs share this host, so it takes the host lane
+//                  (shared memory, Note [Host lane] in collectives/nccl_communicator.cc)
+//   bare_mapped    the same with the host lane off: through NCCL, zero-copy from mapped host
+//                  memory
+//   bare_copies    the same with the host lane off, staged through device copies
+//   synchronize    rng::Synchronize over lockstep's communicator (defaults: the host lane)
 //   scope          rng::ModelStreamScope enter + exit (no communication)
 //   handback       scope + Synchronize: the figure the <= 20 us target is stated in
+//   handback_nccl  scope + Synchronize with the host lane off (the bytes cross the GPUs)
 // Every operation runs once per iteration in one loop (paired: all see the same machine state),
 // each timed on its own; medians of --iterations after --warmup iterations are printed by rank 0,
 // with the ratios, and a last line HANDBACK_US=<median> for tools/bench/handback.sh. The
@@ -107,7 +111,21 @@ absl::Status SetUpPlain(NcclCommunicator& world, int rank, size_t bytes, PlainNc
   return Cuda(cudaMalloc(&plain.device, bytes), "cudaMalloc");
 }
 
-absl::Status RunRank(int rank, NcclCommunicator& mapped) {
+// A second lockstep world over the same processes with other options; its store is named by
+// rank 0 of `world`.
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> SecondWorld(NcclCommunicator& world, int rank,
+                                                              const std::string& name,
+                                                              NcclCommunicator::Options options) {
+  std::string store = absl::StrCat("/tmp/rng_nccl_benchmark_", name, "_", getpid());
+  LOCKSTEP_RETURN_IF_ERROR(collectives::BroadcastBytes(world, &store, 0));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::shared_ptr<collectives::Rendezvous> rendezvous,
+      collectives::Rendezvous::File(store, rank, world.size(), absl::Seconds(60)));
+  options.device = rank;
+  return NcclCommunicator::Create(rendezvous, options);
+}
+
+absl::Status RunRank(int rank, NcclCommunicator& lane) {
   const int iterations = absl::GetFlag(FLAGS_iterations);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(rank));
@@ -115,22 +133,21 @@ absl::Status RunRank(int rank, NcclCommunicator& mapped) {
       RankStreams::Create(DefaultGenerators::WithCudaDevice(rank));
   if (!created.ok()) return created.status();
   RankStreams& streams = **created;
-  // A second lockstep world staging through device copies, for comparison; its store is named
-  // by rank 0.
-  std::string store = absl::StrCat("/tmp/rng_nccl_benchmark_copies_", getpid());
-  if (absl::Status s = collectives::BroadcastBytes(mapped, &store, 0); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<collectives::Rendezvous>> rendezvous =
-      collectives::Rendezvous::File(store, rank, mapped.size(), absl::Seconds(60));
-  if (!rendezvous.ok()) return rendezvous.status();
-  NcclCommunicator::Options copies_options;
-  copies_options.device = rank;
-  copies_options.cpu_staging = NcclCommunicator::CpuStaging::kDeviceCopies;
-  absl::StatusOr<std::unique_ptr<NcclCommunicator>> copies =
-      NcclCommunicator::Create(*rendezvous, copies_options);
-  if (!copies.ok()) return copies.status();
+  if (!lane.uses_host_lane()) {
+    return absl::FailedPreconditionError(
+        "the default world did not set up its host lane, though all its GPUs share this host");
+  }
+  // Worlds whose CPU tensors cross the GPUs through NCCL, for comparison.
+  NcclCommunicator::Options nccl_options;
+  nccl_options.host_lane = false;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> mapped,
+                            SecondWorld(lane, rank, "mapped", nccl_options));
+  nccl_options.cpu_staging = NcclCommunicator::CpuStaging::kDeviceCopies;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> copies,
+                            SecondWorld(lane, rank, "copies", nccl_options));
   const size_t bytes = SynchronizeWireBytes(streams.generators());
   PlainNccl plain;
-  if (absl::Status s = SetUpPlain(mapped, rank, bytes, plain); !s.ok()) return s;
+  if (absl::Status s = SetUpPlain(lane, rank, bytes, plain); !s.ok()) return s;
   std::vector<uint8_t> source(bytes);
   for (size_t i = 0; i < bytes; ++i) source[i] = static_cast<uint8_t>(i * 13 + 5);
   at::Tensor payload = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
@@ -194,14 +211,20 @@ absl::Status RunRank(int rank, NcclCommunicator& mapped) {
          }
          return absl::OkStatus();
        }},
-      {"bare_mapped", [&] { return bare(mapped); }},
-      {"bare_copies", [&] { return bare(**copies); }},
-      {"synchronize", [&] { return Synchronize(&mapped, streams); }},
+      {"bare_lane", [&] { return bare(lane); }},
+      {"bare_mapped", [&] { return bare(*mapped); }},
+      {"bare_copies", [&] { return bare(*copies); }},
+      {"synchronize", [&] { return Synchronize(&lane, streams); }},
       {"scope", scope},
       {"handback",
        [&]() -> absl::Status {
          if (absl::Status s = scope(); !s.ok()) return s;
-         return Synchronize(&mapped, streams);
+         return Synchronize(&lane, streams);
+       }},
+      {"handback_nccl",
+       [&]() -> absl::Status {
+         if (absl::Status s = scope(); !s.ok()) return s;
+         return Synchronize(mapped.get(), streams);
        }},
   };
   std::map<std::string, std::vector<double>> times;
@@ -219,10 +242,10 @@ absl::Status RunRank(int rank, NcclCommunicator& mapped) {
     }
   }
   // The synchronized streams agree: every GPU draws the same CPU and CUDA numbers.
-  if (absl::Status s = Synchronize(&mapped, streams); !s.ok()) return s;
+  if (absl::Status s = Synchronize(&lane, streams); !s.ok()) return s;
   at::Tensor draws =
       at::cat({at::rand({8}), at::rand({8}, at::TensorOptions().device(at::kCUDA, rank)).cpu()});
-  absl::StatusOr<std::vector<at::Tensor>> all = mapped.AllGather(draws);
+  absl::StatusOr<std::vector<at::Tensor>> all = mapped->AllGather(draws);
   if (!all.ok()) return all.status();
   for (const at::Tensor& other : *all) {
     if (!at::equal(other, draws)) {
@@ -235,20 +258,25 @@ absl::Status RunRank(int rank, NcclCommunicator& mapped) {
     std::printf(
         "NCCL world of %d GPUs (one process each), %zu-byte Synchronize wire, "
         "%d iterations after %d warm-up, medians of a paired loop:\n",
-        mapped.size(), bytes, iterations, warmup);
+        lane.size(), bytes, iterations, warmup);
     for (const auto& [name, _] : ops) std::printf("  %-14s %8.1f us\n", name.c_str(), median[name]);
     const double handback = median["handback"];
     std::printf("handback (scope + Synchronize): %.1f us (target <= 20 us: %s)\n", handback,
                 handback <= 20.0 ? "met" : "NOT met");
+    std::printf("handback_nccl (host lane off): %.1f us (target <= 20 us: %s)\n",
+                median["handback_nccl"], median["handback_nccl"] <= 20.0 ? "met" : "NOT met");
     std::printf("ratio handback / plain-NCCL staged floor: %.3f\n",
                 handback / median["floor_staged"]);
     std::printf("ratio handback / plain-NCCL device floor: %.3f\n",
                 handback / median["floor_device"]);
+    std::printf("ratio bare_lane / plain-NCCL staged floor: %.3f\n",
+                median["bare_lane"] / median["floor_staged"]);
     std::printf("ratio bare_mapped / plain-NCCL staged floor: %.3f\n",
                 median["bare_mapped"] / median["floor_staged"]);
     std::printf("ratio bare_copies / plain-NCCL staged floor: %.3f\n",
                 median["bare_copies"] / median["floor_staged"]);
     std::printf("HANDBACK_US=%.2f\n", handback);
+    std::printf("HANDBACK_NCCL_US=%.2f\n", median["handback_nccl"]);
     std::fflush(stdout);
   }
   return absl::OkStatus();

@@ -29,6 +29,7 @@ targets=(
   //collectives:agreement_test
   //collectives:fake_communicator_test
   //collectives:communicator_base_test
+  //collectives:host_lane_test
   //base:torch_boundary_test
   //base:cuda_boundary_test
   //base:logging_test

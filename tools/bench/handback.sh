@@ -30,14 +30,17 @@ echo "$theirs"
 [[ $rc == 0 ]] || { echo "handback: the PyTorch baseline failed (exit $rc)"; exit 1; }
 
 lockstep_us=$(sed -n 's/^HANDBACK_US=//p' <<<"$ours")
+nccl_us=$(sed -n 's/^HANDBACK_NCCL_US=//p' <<<"$ours")
 torch_us=$(sed -n 's/^TORCH_HANDBACK_US=//p' <<<"$theirs")
-[[ -n $lockstep_us && -n $torch_us ]] || { echo "handback: a median is missing"; exit 1; }
-python3 - "$lockstep_us" "$torch_us" "$gpus" <<'PY'
+[[ -n $lockstep_us && -n $nccl_us && -n $torch_us ]] || { echo "handback: a median is missing"; exit 1; }
+python3 - "$lockstep_us" "$nccl_us" "$torch_us" "$gpus" <<'PY'
 import sys
-ours, theirs, gpus = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+ours, nccl, theirs, gpus = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 ratio = ours / theirs
-print(f"hand-back on {gpus} GPUs: lockstep {ours:.1f} us, PyTorch baseline {theirs:.1f} us, "
-      f"ratio {ratio:.3f}")
+print(f"hand-back on {gpus} GPUs: lockstep {ours:.1f} us (host lane), PyTorch baseline "
+      f"{theirs:.1f} us, ratio {ratio:.3f}")
 print(f"target <= 20 us: {'met' if ours <= 20 else 'NOT met'}; "
       f"target <= 0.25 x baseline: {'met' if ratio <= 0.25 else 'NOT met'}")
+print(f"with the host lane off (bytes through NCCL): lockstep {nccl:.1f} us, ratio "
+      f"{nccl / theirs:.3f}")
 PY
