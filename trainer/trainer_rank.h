@@ -355,7 +355,7 @@ class TrainerRank {
   int64_t out_of_memory_ = 0;
   // Per-token lists of RunMicrobatch, kept between microbatches so their memory is reused.
   struct Scratch {
-    std::vector<int64_t> row_offset, ids, positions, my_rows;
+    std::vector<int64_t> row_offset, my_rows;
     std::vector<int64_t> gather_index;
   } scratch_;
 

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -31,8 +33,10 @@ using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
 // Runs `body` in `size` forked processes that connect a host lane over a FileStore and returns
 // each member's status (its code and message, sent back through the child's channel).
 std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const MemberBody& body) {
-  char dir_template[] = "/tmp/host_lane_test.XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
+  static int run = 0;
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/host_lane_test_", getpid(), "_", run++);
+  std::filesystem::create_directories(dir);
   const std::string store = dir + "/store";
   std::vector<Child> children;
   for (int rank = 0; rank < size; ++rank) {
@@ -79,7 +83,8 @@ std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const Mem
       statuses.push_back(absl::Status(static_cast<absl::StatusCode>(code), parts[1]));
     }
   }
-  std::system(absl::StrCat("rm -rf ", dir).c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
   return statuses;
 }
 
@@ -162,16 +167,13 @@ TEST(HostLaneSetupTest, LeavesNothingInDevShm) {
 }
 
 TEST(HostLaneSetupTest, AGroupOfOneHasNoLane) {
-  char dir_template[] = "/tmp/host_lane_test.XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
-  absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous =
-      Rendezvous::File(dir + "/store", 0, 1, absl::Seconds(5));
-  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
-  absl::StatusOr<std::unique_ptr<HostLane>> lane =
-      HostLane::Connect(**rendezvous, "alone", 0, 1, absl::Seconds(5));
-  ASSERT_TRUE(lane.ok()) << lane.status();
-  EXPECT_EQ(*lane, nullptr);
-  std::system(absl::StrCat("rm -rf ", dir).c_str());
+  const std::vector<absl::Status> statuses =
+      RunMembers(1, absl::Seconds(5), [](int, HostLane* lane) -> absl::Status {
+        return lane == nullptr ? absl::OkStatus()
+                               : absl::InternalError("a group of one got a host lane");
+      });
+  ASSERT_EQ(statuses.size(), 1u);
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
 }
 
 TEST(HostLaneErrorTest, MismatchedCollectivesAreRefused) {
