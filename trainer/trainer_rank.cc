@@ -286,55 +286,77 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   // Gather: every member sends its shard padded to the largest shard of the microbatch (an
   // empty shard sends padding), so all members run the same all-gather.
   const int64_t widest = work.widest_shard;
+  // Where every packed token's row is in the gathered shards (the first member of each CP rank
+  // holds it; TP replicas of a CP rank hold the same rows), then this rank's own tokens: listed
+  // before the all-gather waits, while the forward's kernels may still run.
+  std::vector<int64_t>& index = scratch_.gather_index;
+  index.assign(static_cast<size_t>(mb.num_tokens() + my_tokens), 0);
+  {
+    std::vector<bool> placed(cp_size(), false);
+    for (size_t g = 0; g < member_cp_ranks_.size(); ++g) {
+      const int c = member_cp_ranks_[g];
+      if (placed[c]) continue;
+      placed[c] = true;
+      int64_t row = static_cast<int64_t>(g) * widest;
+      for (const planner::ShardPiece& p : pieces[c]) {
+        std::iota(index.data() + p.begin, index.data() + p.end, row);
+        row += p.end - p.begin;
+      }
+    }
+    int64_t* own = index.data() + mb.num_tokens();
+    for (const planner::ShardPiece& p : mine) {
+      std::iota(own, own + (p.end - p.begin), p.begin);
+      own += p.end - p.begin;
+    }
+  }
   at::Tensor padded;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("padding the shard",
                 [&] {
                   std::vector<int64_t> shape = local.sizes().vec();
                   shape[0] = widest;
-                  padded = at::zeros(shape, local.options().requires_grad(false));
+                  padded = at::empty(shape, local.options().requires_grad(false));
                   if (local.size(0) > 0) padded.slice(0, 0, local.size(0)).copy_(local.detach());
+                  if (local.size(0) < widest) padded.slice(0, local.size(0)).zero_();
                 }),
       where);
   absl::StatusOr<std::vector<at::Tensor>> all = collaborators_.tp_cp_group->AllGather(padded);
   if (!all.ok()) return Annotate(all.status(), absl::StrCat(where, ": gathering the outputs"));
   const std::vector<at::Tensor>& gathered = *all;
-  // Assembly in three kernels and one index upload: the gathered shards concatenated, every
-  // packed token's row picked from them (the first member of each CP rank holds it; TP replicas
-  // of a CP rank hold the same rows), then the rank's own rows put back from `local`, so they stay
-  // differentiable while the others are constants.
+  // Assembly in two kernels and one index upload: every packed token's row picked from the
+  // gathered shards, then the rank's own rows put back from `local` in place, so they stay
+  // differentiable while the others are constants. The output is [tokens, ...] of the full
+  // width, so every copy avoided here is a full pass over it.
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      CallTorch(
-          "assembling the full outputs",
-          [&] {
-            std::vector<int64_t>& index = scratch_.gather_index;
-            index.assign(static_cast<size_t>(mb.num_tokens() + my_tokens), 0);
-            std::vector<bool> placed(cp_size(), false);
-            for (size_t g = 0; g < gathered.size(); ++g) {
-              const int c = member_cp_ranks_[g];
-              if (placed[c]) continue;
-              placed[c] = true;
-              int64_t row = static_cast<int64_t>(g) * widest;
-              for (const planner::ShardPiece& p : pieces[c]) {
-                std::iota(index.data() + p.begin, index.data() + p.end, row);
-                row += p.end - p.begin;
-              }
-            }
-            int64_t* own = index.data() + mb.num_tokens();
-            for (const planner::ShardPiece& p : mine) {
-              std::iota(own, own + (p.end - p.begin), p.begin);
-              own += p.end - p.begin;
-            }
-            // A copy even on the CPU: autograd keeps the index for backward, and the
-            // scratch list is reused by the next microbatch.
-            const at::Tensor device_index =
-                at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
-                    .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
-            const at::Tensor full =
-                at::cat(gathered, 0).index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
-            out.outputs =
-                full.index_copy(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
-          }),
+      CallTorch("assembling the full outputs",
+                [&] {
+                  // A copy even on the CPU: autograd keeps the index for backward, and the
+                  // scratch list is reused by the next microbatch.
+                  const at::Tensor device_index =
+                      at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
+                          .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
+                  // The shards side by side: a view when the communicator returned views of one
+                  // buffer in member order (NCCL does), else a concatenation.
+                  const at::Tensor& first = gathered.front();
+                  bool one_buffer = first.is_contiguous();
+                  for (size_t g = 0; g < gathered.size() && one_buffer; ++g) {
+                    one_buffer =
+                        gathered[g].is_contiguous() && gathered[g].sizes() == first.sizes() &&
+                        gathered[g].storage().is_alias_of(first.storage()) &&
+                        gathered[g].storage_offset() ==
+                            first.storage_offset() + static_cast<int64_t>(g) * first.numel();
+                  }
+                  std::vector<int64_t> shape = first.sizes().vec();
+                  shape[0] *= static_cast<int64_t>(gathered.size());
+                  const at::Tensor side_by_side =
+                      one_buffer ? first.as_strided(shape, c10::contiguous_strides(shape),
+                                                    first.storage_offset())
+                                 : at::cat(gathered, 0);
+                  at::Tensor full =
+                      side_by_side.index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
+                  full.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
+                  out.outputs = full;
+                }),
       where);
   return out;
 }

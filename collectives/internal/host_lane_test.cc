@@ -12,6 +12,8 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -27,6 +29,13 @@ namespace internal {
 namespace {
 
 using ::testing::HasSubstr;
+
+// A crash of this test prints where it happened (one was seen on the GPU machine's host only).
+const bool kCrashesPrintTheirStack = [] {
+  absl::InitializeSymbolizer("/proc/self/exe");
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+  return true;
+}();
 
 using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
 
