@@ -49,6 +49,11 @@ absl::Status ExitModelStream(std::optional<rng::ModelStreamScope>& scope) {
 
 at::Tensor Int64Tensor(const std::vector<int64_t>& values) { return at::tensor(values, at::kLong); }
 
+// Up to this many shard pieces in a microbatch (over all CP ranks), the gathered outputs are
+// assembled by one copy per piece; beyond it, by one index_select (a kernel launch per piece
+// would cost more than listing every token).
+constexpr int64_t kMaxPieceCopies = 64;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerConfig& config,
@@ -286,24 +291,35 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   // Gather: every member sends its shard padded to the largest shard of the microbatch (an
   // empty shard sends padding), so all members run the same all-gather.
   const int64_t widest = work.widest_shard;
-  // Where every packed token's row is in the gathered shards (the first member of each CP rank
-  // holds it; TP replicas of a CP rank hold the same rows), then this rank's own tokens: listed
-  // before the all-gather waits, while the forward's kernels may still run.
+  // The first member of each CP rank in the group (TP replicas of a CP rank hold the same rows).
+  std::vector<int> holder(cp_size(), -1);
+  for (size_t g = 0; g < member_cp_ranks_.size(); ++g) {
+    if (holder[member_cp_ranks_[g]] < 0) holder[member_cp_ranks_[g]] = static_cast<int>(g);
+  }
+  // Few pieces (long sequences): the full output is assembled by one copy per piece. Many
+  // (short sequences): by one index_select over a listed index, built here, before the
+  // all-gather waits, while the forward's kernels may still run.
+  int64_t piece_count = 0;
+  for (const auto& p : pieces) piece_count += static_cast<int64_t>(p.size());
+  const bool by_pieces = piece_count <= kMaxPieceCopies;
+  // The index: (unless by pieces) every packed token's row in the gathered shards, then this
+  // rank's own tokens' places, always: they go back in with one index_copy, which keeps `local`
+  // in the autograd graph even for an empty shard, so that every rank's backward runs the same
+  // blocks (and their collectives).
+  const int64_t listed = by_pieces ? 0 : mb.num_tokens();
   std::vector<int64_t>& index = scratch_.gather_index;
-  index.assign(static_cast<size_t>(mb.num_tokens() + my_tokens), 0);
-  {
-    std::vector<bool> placed(cp_size(), false);
-    for (size_t g = 0; g < member_cp_ranks_.size(); ++g) {
-      const int c = member_cp_ranks_[g];
-      if (placed[c]) continue;
-      placed[c] = true;
-      int64_t row = static_cast<int64_t>(g) * widest;
+  index.assign(static_cast<size_t>(listed + my_tokens), 0);
+  if (!by_pieces) {
+    for (int c = 0; c < cp_size(); ++c) {
+      int64_t row = static_cast<int64_t>(holder[c]) * widest;
       for (const planner::ShardPiece& p : pieces[c]) {
         std::iota(index.data() + p.begin, index.data() + p.end, row);
         row += p.end - p.begin;
       }
     }
-    int64_t* own = index.data() + mb.num_tokens();
+  }
+  {
+    int64_t* own = index.data() + listed;
     for (const planner::ShardPiece& p : mine) {
       std::iota(own, own + (p.end - p.begin), p.begin);
       own += p.end - p.begin;
@@ -313,28 +329,26 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("padding the shard",
                 [&] {
+                  if (local.size(0) == widest && local.is_contiguous()) {
+                    padded = local.detach();  // already the widest: sent as it is
+                    return;
+                  }
                   std::vector<int64_t> shape = local.sizes().vec();
                   shape[0] = widest;
                   padded = at::empty(shape, local.options().requires_grad(false));
                   if (local.size(0) > 0) padded.slice(0, 0, local.size(0)).copy_(local.detach());
-                  if (local.size(0) < widest) padded.slice(0, local.size(0)).zero_();
+                  padded.slice(0, local.size(0)).zero_();
                 }),
       where);
   absl::StatusOr<std::vector<at::Tensor>> all = collaborators_.tp_cp_group->AllGather(padded);
   if (!all.ok()) return Annotate(all.status(), absl::StrCat(where, ": gathering the outputs"));
   const std::vector<at::Tensor>& gathered = *all;
-  // Assembly in two kernels and one index upload: every packed token's row picked from the
-  // gathered shards, then the rank's own rows put back from `local` in place, so they stay
-  // differentiable while the others are constants. The output is [tokens, ...] of the full
-  // width, so every copy avoided here is a full pass over it.
+  // The rank's own rows come from `local`, so they stay differentiable while the others are
+  // constants. The output is [tokens, ...] of the full width, so every pass avoided here is a
+  // pass over all of it.
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("assembling the full outputs",
                 [&] {
-                  // A copy even on the CPU: autograd keeps the index for backward, and the
-                  // scratch list is reused by the next microbatch.
-                  const at::Tensor device_index =
-                      at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
-                          .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
                   // The shards side by side: a view when the communicator returned views of one
                   // buffer in member order (NCCL does), else a concatenation.
                   const at::Tensor& first = gathered.front();
@@ -352,9 +366,30 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                       one_buffer ? first.as_strided(shape, c10::contiguous_strides(shape),
                                                     first.storage_offset())
                                  : at::cat(gathered, 0);
-                  at::Tensor full =
-                      side_by_side.index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
-                  full.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
+                  // A copy even on the CPU: autograd keeps the index for backward, and the
+                  // scratch list is reused by the next microbatch.
+                  const at::Tensor device_index =
+                      at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
+                          .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
+                  at::Tensor full;
+                  if (by_pieces) {
+                    // The other ranks' rows, one copy per piece (this rank's come from `local`
+                    // below).
+                    shape[0] = mb.num_tokens();
+                    full = at::empty(shape, side_by_side.options());
+                    for (int c = 0; c < cp_size(); ++c) {
+                      if (c == cp_rank_) continue;
+                      int64_t row = holder[c] * widest;
+                      for (const planner::ShardPiece& p : pieces[c]) {
+                        full.narrow(0, p.begin, p.end - p.begin)
+                            .copy_(side_by_side.narrow(0, row, p.end - p.begin));
+                        row += p.end - p.begin;
+                      }
+                    }
+                  } else {
+                    full = side_by_side.index_select(0, device_index.narrow(0, 0, listed));
+                  }
+                  full.index_copy_(0, device_index.narrow(0, listed, my_tokens), local);
                   out.outputs = full;
                 }),
       where);

@@ -430,43 +430,82 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
 
 // The thread fake (one process: the ranks share the default generators, so the RNG contract is
 // tested on processes in trainer_oracle_test; here the scope and synchronization are off and the
-// gather itself is under test): CP4, a microbatch of one token leaves three ranks empty, and
-// every rank still receives the full outputs in packed order.
-absl::Status GatherBody(collectives::Communicator& world) {
+// gather itself is under test): a CP group of `cp` ranks forwards `batch` (microbatches of at most
+// `max_tokens`) through a model that scales its rows by a parameter w; every rank must receive
+// the full outputs in packed order, differentiable into w through its own rows only.
+absl::Status GatherBody(collectives::Communicator& world, int cp,
+                        const std::vector<planner::Sequence>& batch, int64_t max_tokens,
+                        int expected_microbatches) {
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
-                            collectives::Topology::CreateExact(4, 1, 1, 4));
+                            collectives::Topology::CreateExact(cp, 1, 1, cp));
   LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(world.rank())));
   LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
                             rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
-  TrainerConfig config = TrainerConfig::Of(11);
+  TrainerConfig config = TrainerConfig::Of(max_tokens);
   config.packing = planner::PACKING_IN_ORDER;
   config.model_stream_scope = false;  // threads share one process's generators
   config.synchronize_caller = false;
+  const at::Tensor w = at::full({1}, 2.0, at::kFloat).set_requires_grad(true);
+  std::vector<at::Tensor> my_inputs;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
       TrainerRank::Create(
           config, TrainerRank::Collaborators::Of(topology, world.rank(), group.get(), streams),
-          [](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return work.inputs * 2; }));
-  std::vector<planner::Sequence> batch = {planner::Sequence::Of(9, 1), planner::Sequence::Of(2, 2),
-                                          planner::Sequence::Of(1, 3)};
-  const at::Tensor rows = at::arange(24, at::kFloat).reshape({12, 2});
+          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+            my_inputs.push_back(work.inputs);
+            return work.inputs * w;
+          }));
+  int64_t tokens = 0;
+  for (const planner::Sequence& s : batch) tokens += s.num_tokens;
+  const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2});
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outputs,
                             trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
-  if (outputs.size() != 2 || outputs[1].outputs.size(0) != 1) {
-    return absl::InternalError("expected microbatches of 11 and 1 tokens");
+  if (static_cast<int>(outputs.size()) != expected_microbatches) {
+    return absl::InternalError(
+        absl::StrCat("expected ", expected_microbatches, " microbatches, got ", outputs.size()));
   }
+  at::Tensor total = at::zeros({}, at::kFloat);
   for (const MicrobatchOutput& out : outputs) {
     if (!at::equal(out.outputs, rows.index_select(0, out.input_rows) * 2)) {
       return absl::InternalError(absl::StrCat("rank ", world.rank(), ": microbatch ",
                                               out.microbatch, " gathered wrong outputs"));
     }
+    total = total + out.outputs.sum();
+  }
+  // d(sum of outputs)/dw: the sum of this rank's own input rows, and nothing from the others'.
+  total.backward();
+  at::Tensor own = at::zeros({}, at::kFloat);
+  for (const at::Tensor& in : my_inputs) own = own + in.sum();
+  if (!w.grad().defined() || !at::allclose(w.grad(), own.reshape({1}))) {
+    return absl::InternalError(absl::StrCat("rank ", world.rank(), ": gradient ",
+                                            w.grad().defined() ? w.grad().item<float>() : -1.0f,
+                                            " instead of the own rows' sum ", own.item<float>()));
   }
   return absl::OkStatus();
 }
 
+// CP4, a microbatch of one token leaves three ranks empty (few pieces: one copy each).
+absl::Status FewPiecesGatherBody(collectives::Communicator& world) {
+  return GatherBody(
+      world, 4,
+      {planner::Sequence::Of(9, 1), planner::Sequence::Of(2, 2), planner::Sequence::Of(1, 3)}, 11,
+      2);
+}
+
+TEST(TrainerRankFakeWorldTest, ManyShortSequencesGatherThroughTheListedIndex) {
+  // 40 sequences of 4 tokens over CP2: 80 pieces per rank, beyond the per-piece copies.
+  std::vector<planner::Sequence> batch;
+  for (int i = 0; i < 40; ++i) batch.push_back(planner::Sequence::Of(4, i + 1));
+  collectives::FakeWorld world(2);
+  for (const absl::Status& s :
+       world.Run([&](collectives::Communicator& w) { return GatherBody(w, 2, batch, 160, 1); })) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 TEST(TrainerRankFakeWorldTest, EveryRankGetsFullOutputsIncludingEmptyShards) {
   collectives::FakeWorld world(4);
-  for (const absl::Status& s : world.Run(GatherBody)) EXPECT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : world.Run(FewPiecesGatherBody)) EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(TrainerRankFakeWorldTest, ARankFailingInACollectiveFailsEveryRankWithoutAHang) {
@@ -474,7 +513,7 @@ TEST(TrainerRankFakeWorldTest, ARankFailingInACollectiveFailsEveryRankWithoutAHa
     collectives::FakeWorld world(4, collectives::FakeWorld::Options::WithTimeout(absl::Seconds(5)));
     world.InjectFailure(/*rank=*/2, call);
     const absl::Time start = absl::Now();
-    const std::vector<absl::Status> results = world.Run(GatherBody);
+    const std::vector<absl::Status> results = world.Run(FewPiecesGatherBody);
     EXPECT_LT(absl::Now() - start, absl::Seconds(15));
     for (size_t r = 0; r < results.size(); ++r) {
       EXPECT_FALSE(results[r].ok()) << "call " << call << ", rank " << r;
