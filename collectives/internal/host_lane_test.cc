@@ -5,13 +5,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
+#include <cstring>
 #include <functional>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -64,10 +64,14 @@ using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
 // Runs `body` in `size` forked processes that connect a host lane over a FileStore and returns
 // each member's status (its code and message, sent back through the child's channel).
 std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const MemberBody& body) {
-  static int run = 0;
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/host_lane_test_", getpid(), "_", run++);
-  std::filesystem::create_directories(dir);
+  // POSIX calls, not std::filesystem: its remove_all crashed this test's process on the GPU
+  // machine's host (Ubuntu 24.04, the binary built here with GCC 12), every time, right after a
+  // member had exited; the cause was not pinned down.
+  std::string dir = absl::StrCat(::testing::TempDir(), "/host_lane_test.XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp " << dir << ": " << std::strerror(errno);
+    return {};
+  }
   const std::string store = dir + "/store";
   std::vector<Child> children;
   for (int rank = 0; rank < size; ++rank) {
@@ -114,8 +118,8 @@ std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const Mem
       statuses.push_back(absl::Status(static_cast<absl::StatusCode>(code), parts[1]));
     }
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
+  unlink(store.c_str());  // the FileStore's one file
+  rmdir(dir.c_str());
   return statuses;
 }
 
