@@ -63,7 +63,9 @@ using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
 
 // Runs `body` in `size` forked processes that connect a host lane over a FileStore and returns
 // each member's status (its code and message, sent back through the child's channel).
-std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const MemberBody& body) {
+std::vector<absl::Status> RunMembers(const std::vector<absl::Duration>& timeouts,
+                                     const MemberBody& body) {
+  const int size = static_cast<int>(timeouts.size());
   // POSIX calls, not std::filesystem: its remove_all crashed this test's process on the GPU
   // machine's host (Ubuntu 24.04, the binary built here with GCC 12), every time, right after a
   // member had exited; the cause was not pinned down.
@@ -82,7 +84,7 @@ std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const Mem
                 Rendezvous::File(store, rank, size, absl::Seconds(30));
             if (!rendezvous.ok()) return rendezvous.status();
             absl::StatusOr<std::unique_ptr<HostLane>> lane =
-                HostLane::Connect(**rendezvous, "test/group", rank, size, timeout);
+                HostLane::Connect(**rendezvous, "test/group", rank, size, timeouts[rank]);
             if (!lane.ok()) return lane.status();
             return body(rank, lane->get());
           }();
@@ -121,6 +123,11 @@ std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const Mem
   unlink(store.c_str());  // the FileStore's one file
   rmdir(dir.c_str());
   return statuses;
+}
+
+// Every member with the same timeout.
+std::vector<absl::Status> RunMembers(int size, absl::Duration timeout, const MemberBody& body) {
+  return RunMembers(std::vector<absl::Duration>(size, timeout), body);
 }
 
 // The byte member `rank` contributes at `index` of round `round`.
@@ -249,6 +256,29 @@ TEST(HostLaneErrorTest, AbsentPeerIsADeadlineWithinTheTimeout) {
   EXPECT_THAT(statuses[0].message(), HasSubstr("waiting for rank 1"));
   // Bounded by the sleeping member, not by a hang: generous against the 3 s it sleeps.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(HostLaneErrorTest, AMemberThatGaveUpReleasesTheOthersBeforeTheirTimeout) {
+  // Rank 2 is alive but never calls. Rank 0 (300 ms timeout) gives up first; rank 1 (100 s) must
+  // then fail at once instead of waiting out its own timeout.
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<absl::Status> statuses =
+      RunMembers({absl::Milliseconds(300), absl::Seconds(100), absl::Seconds(100)},
+                 [](int rank, HostLane* lane) -> absl::Status {
+                   if (lane == nullptr) return absl::InternalError("no lane");
+                   if (rank == 2) {
+                     absl::SleepFor(absl::Seconds(5));
+                     return absl::OkStatus();
+                   }
+                   uint8_t byte = 0;
+                   return lane->Broadcast(&byte, 1, 2, "broadcast from rank 2");
+                 });
+  ASSERT_EQ(statuses.size(), 3u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0])) << statuses[0];
+  EXPECT_TRUE(absl::IsUnavailable(statuses[1])) << statuses[1];
+  EXPECT_THAT(statuses[1].message(), HasSubstr("rank 0 of the group gave up after an error"));
+  // Bounded by the sleeping rank 2 (5 s), far inside rank 1's 100 s timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(50));
 }
 
 TEST(HostLaneErrorTest, ExitedPeerIsUnavailableBeforeTheTimeout) {
