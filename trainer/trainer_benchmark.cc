@@ -2,7 +2,10 @@
 // scope, plan agreement, admission, the gather of full outputs, the caller's synchronization)
 // against the bare model forward on the same shard, as a ratio of paired medians: both sides
 // alternate in one loop after a warm-up (communicators, caches, first-touch memory), each timed on
-// its own, completion forced by reading a value back. Runs a CP group of --procs processes over
+// its own, completion forced by reading a value back. Every side starts on all ranks together (a
+// one-element all-reduce, outside the timed region): otherwise a rank whose GPU finished its bare
+// forward sooner would count the wait for the slower one in its trainer side, at the trainer's
+// first collective. Runs a CP group of --procs processes over
 // Gloo (sharing one GPU with --device=cuda), or with --transport=nccl (CUDA builds) one process
 // per GPU over NCCL.
 //
@@ -171,11 +174,18 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   }
   for (auto& phase : bare_phases) phase.clear();
   for (auto& phase : trainer_phases) phase.clear();
+  // The start line: every rank leaves it at about the same time (untimed).
+  at::Tensor start_line = at::zeros({1}, at::kFloat);
+  auto line_up = [&]() -> absl::Status {
+    return group->size() > 1 ? group->AllReduceSum(start_line) : absl::OkStatus();
+  };
   std::vector<double> bare_times, trainer_times, bare_faults, trainer_faults;
   for (int i = 0; i < iterations; ++i) {
+    LOCKSTEP_RETURN_IF_ERROR(line_up());
     double faults = MinorFaults();
     bare_times.push_back(bare());
     bare_faults.push_back(MinorFaults() - faults);
+    LOCKSTEP_RETURN_IF_ERROR(line_up());
     faults = MinorFaults();
     LOCKSTEP_ASSIGN_OR_RETURN(double t, through_trainer());
     trainer_faults.push_back(MinorFaults() - faults);
