@@ -63,8 +63,10 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+using Clock = std::chrono::steady_clock;
+
+double SecondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
 }
 
 // Minor page faults of this process so far: fresh memory the side touched (allocation churn shows
@@ -107,15 +109,15 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   }
   // When the trainer calls the model: the time before it is the trainer's own work ahead of the
   // forward (the GPU idles through it), the rest overlaps the forward's kernels or follows them.
-  std::chrono::steady_clock::time_point model_called, model_returned;
+  Clock::time_point model_called, model_returned;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
       TrainerRank::Create(config,
                           TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
                           [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-                            model_called = std::chrono::steady_clock::now();
+                            model_called = Clock::now();
                             at::Tensor out = model(work.inputs);
-                            model_returned = std::chrono::steady_clock::now();
+                            model_returned = Clock::now();
                             return out;
                           }));
   const std::vector<planner::Sequence> batch = {planner::Sequence::Of(tokens, 1)};
@@ -131,10 +133,6 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   // Where each side's time goes (host phases; "wait" is reading the result back, i.e. the
   // device's remaining work): [0] before the model is called, [1] the model call itself, [2]
   // from the model's return to the output in hand, [3] the wait for the result, [4] the rest.
-  using Clock = std::chrono::steady_clock;
-  auto between = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  };
   std::vector<std::vector<double>> bare_phases(5), trainer_phases(5);
   auto bare = [&]() -> double {
     const auto start = Clock::now();
@@ -144,10 +142,10 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     const auto summed = Clock::now();
     (void)sum.item<float>();
     const auto waited = Clock::now();
-    bare_phases[1].push_back(between(start, returned));
-    bare_phases[2].push_back(between(returned, summed));
-    bare_phases[3].push_back(between(summed, waited));
-    return Seconds(start);
+    bare_phases[1].push_back(SecondsBetween(start, returned));
+    bare_phases[2].push_back(SecondsBetween(returned, summed));
+    bare_phases[3].push_back(SecondsBetween(summed, waited));
+    return SecondsBetween(start, Clock::now());
   };
   auto through_trainer = [&]() -> absl::StatusOr<double> {
     const auto start = Clock::now();
@@ -161,12 +159,12 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     const auto waited = Clock::now();
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> end, stream.Next());
     if (end.has_value()) return absl::InternalError("more than one microbatch");
-    trainer_phases[0].push_back(between(start, model_called));
-    trainer_phases[1].push_back(between(model_called, model_returned));
-    trainer_phases[2].push_back(between(model_returned, summed));
-    trainer_phases[3].push_back(between(summed, waited));
-    trainer_phases[4].push_back(between(waited, Clock::now()));
-    return Seconds(start);
+    trainer_phases[0].push_back(SecondsBetween(start, model_called));
+    trainer_phases[1].push_back(SecondsBetween(model_called, model_returned));
+    trainer_phases[2].push_back(SecondsBetween(model_returned, summed));
+    trainer_phases[3].push_back(SecondsBetween(summed, waited));
+    trainer_phases[4].push_back(SecondsBetween(waited, Clock::now()));
+    return SecondsBetween(start, Clock::now());
   };
   for (int i = 0; i < 5; ++i) {  // warm-up
     bare();

@@ -80,13 +80,15 @@ absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerCo
         absl::StrJoin(members, ", "), "], not its TP x CP group [", absl::StrJoin(expected, ", "),
         "]", collaborators.tp_cp_group == nullptr ? " (no group given)" : ""));
   }
-  std::vector<int> member_cp;
-  for (int global : members) {
-    LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topology.CoordinatesOf(global));
-    member_cp.push_back(c.cp);
+  // The first group member of each CP rank: its gathered shard is the one read (TP replicas of a
+  // CP rank hold the same rows).
+  std::vector<int> cp_holders(topology.cp_size(), -1);
+  for (size_t g = 0; g < members.size(); ++g) {
+    LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topology.CoordinatesOf(members[g]));
+    if (cp_holders[c.cp] < 0) cp_holders[c.cp] = static_cast<int>(g);
   }
   std::unique_ptr<TrainerRank> trainer(new TrainerRank(
-      config, std::move(collaborators), std::move(forward), mine.cp, std::move(member_cp)));
+      config, std::move(collaborators), std::move(forward), mine.cp, std::move(cp_holders)));
   if (config.ledger != nullptr) {
     // Step numbers go on from the last step this rank's ledger began (committed or not: an
     // interrupted call keeps its record).
@@ -291,11 +293,6 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   // Gather: every member sends its shard padded to the largest shard of the microbatch (an
   // empty shard sends padding), so all members run the same all-gather.
   const int64_t widest = work.widest_shard;
-  // The first member of each CP rank in the group (TP replicas of a CP rank hold the same rows).
-  std::vector<int> holder(cp_size(), -1);
-  for (size_t g = 0; g < member_cp_ranks_.size(); ++g) {
-    if (holder[member_cp_ranks_[g]] < 0) holder[member_cp_ranks_[g]] = static_cast<int>(g);
-  }
   // Few pieces (long sequences): the full output is assembled by one copy per piece. Many
   // (short sequences): by one index_select over a listed index, built here, before the
   // all-gather waits, while the forward's kernels may still run.
@@ -311,20 +308,15 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   index.assign(static_cast<size_t>(listed + my_tokens), 0);
   if (!by_pieces) {
     for (int c = 0; c < cp_size(); ++c) {
-      int64_t row = static_cast<int64_t>(holder[c]) * widest;
+      int64_t row = static_cast<int64_t>(cp_holders_[c]) * widest;
       for (const planner::ShardPiece& p : pieces[c]) {
         std::iota(index.data() + p.begin, index.data() + p.end, row);
         row += p.end - p.begin;
       }
     }
   }
-  {
-    int64_t* own = index.data() + listed;
-    for (const planner::ShardPiece& p : mine) {
-      std::iota(own, own + (p.end - p.begin), p.begin);
-      own += p.end - p.begin;
-    }
-  }
+  // The own tokens' places are the shard's packed offsets.
+  std::copy_n(work.packed_offsets.data_ptr<int64_t>(), my_tokens, index.data() + listed);
   at::Tensor padded;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("padding the shard",
@@ -379,7 +371,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                     full = at::empty(shape, side_by_side.options());
                     for (int c = 0; c < cp_size(); ++c) {
                       if (c == cp_rank_) continue;
-                      int64_t row = holder[c] * widest;
+                      int64_t row = cp_holders_[c] * widest;
                       for (const planner::ShardPiece& p : pieces[c]) {
                         full.narrow(0, p.begin, p.end - p.begin)
                             .copy_(side_by_side.narrow(0, row, p.end - p.begin));

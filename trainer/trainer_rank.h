@@ -307,12 +307,12 @@ class TrainerRank {
  private:
   friend class MicrobatchStream;
   TrainerRank(TrainerConfig config, Collaborators collaborators, ForwardAdapter forward,
-              int cp_rank, std::vector<int> member_cp_ranks)
+              int cp_rank, std::vector<int> cp_holders)
       : config_(config),
         collaborators_(std::move(collaborators)),
         forward_(std::move(forward)),
         cp_rank_(cp_rank),
-        member_cp_ranks_(std::move(member_cp_ranks)) {}
+        cp_holders_(std::move(cp_holders)) {}
 
   absl::StatusOr<planner::Plan> Plan(const TrainerInputs& inputs);
   // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs. With
@@ -338,8 +338,8 @@ class TrainerRank {
   Collaborators collaborators_;
   ForwardAdapter forward_;
   int cp_rank_;
-  // CP rank of each member of the TP x CP group, by group rank.
-  std::vector<int> member_cp_ranks_;
+  // By CP rank: the group rank of its first member, whose gathered shard the gather reads.
+  std::vector<int> cp_holders_;
   int64_t forward_index_ = 0;
   // The TP x CP group when it has other members; nullptr for a group of one, where every
   // agreement holds without a collective (measured: a plan agreement over a one-member Gloo

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <utility>
 

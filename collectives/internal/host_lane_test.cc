@@ -69,6 +69,7 @@ std::vector<absl::Status> RunMembers(const std::vector<absl::Duration>& timeouts
   // POSIX calls, not std::filesystem: its remove_all crashed this test's process on the GPU
   // machine's host (Ubuntu 24.04, the binary built here with GCC 12), every time, right after a
   // member had exited; the cause was not pinned down.
+  // mkdtemp replaces the template's trailing XXXXXX with a unique name.
   std::string dir = absl::StrCat(::testing::TempDir(), "/host_lane_test.XXXXXX");
   if (mkdtemp(dir.data()) == nullptr) {
     ADD_FAILURE() << "mkdtemp " << dir << ": " << std::strerror(errno);
