@@ -131,10 +131,6 @@ class Staging {
 }  // namespace
 
 struct NcclCommunicator::Group {
-  // The group's NCCL communicator, its fast lane and (with Transport::host_lane) its host lane.
-  static absl::StatusOr<std::unique_ptr<Group>> Create(const Transport& transport,
-                                                       const internal::GroupIdentity& identity,
-                                                       absl::Duration timeout);
   Group(CpuStaging mode, int device) : staging(mode, device) {}
   ~Group() {
     // Abort rather than destroy: destroy waits for outstanding work, which could be a hang.
@@ -446,22 +442,6 @@ absl::Status SetUpFastLane(Rendezvous& rendezvous, const internal::GroupIdentity
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator::Group>> NcclCommunicator::Group::Create(
-    const Transport& transport, const internal::GroupIdentity& identity, absl::Duration timeout) {
-  auto group = std::make_unique<Group>(transport.cpu_staging, transport.device);
-  LOCKSTEP_RETURN_IF_ERROR(
-      CreateComm(*transport.rendezvous, identity, transport.device, timeout, group->comm));
-  LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport.rendezvous, identity, transport.device, timeout,
-                                         group->fast, group->fast_stream));
-  if (transport.host_lane) {
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        group->host_lane,
-        internal::HostLane::Connect(*transport.rendezvous, identity.store_key, identity.rank,
-                                    static_cast<int>(identity.global_ranks.size()), timeout));
-  }
-  return group;
-}
-
 NcclCommunicator::NcclCommunicator(std::shared_ptr<internal::WorldState> world,
                                    internal::GroupIdentity identity,
                                    std::shared_ptr<Transport> transport,
@@ -496,16 +476,35 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   transport->device = device;
   transport->cpu_staging = options.cpu_staging;
   transport->host_lane = options.host_lane;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Group> group,
-                            Group::Create(*transport, world.identity, options.timeout));
+  auto group = std::make_unique<Group>(options.cpu_staging, device);
+  LOCKSTEP_RETURN_IF_ERROR(
+      CreateComm(*rendezvous, world.identity, device, options.timeout, group->comm));
+  LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*rendezvous, world.identity, device, options.timeout,
+                                         group->fast, group->fast_stream));
+  if (options.host_lane) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        group->host_lane,
+        internal::HostLane::Connect(*rendezvous, world.identity.store_key, world.identity.rank,
+                                    static_cast<int>(world.identity.global_ranks.size()),
+                                    options.timeout));
+  }
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
       std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Group> group,
-                            Group::Create(*transport_, identity, timeout()));
+  auto group = std::make_unique<Group>(transport_->cpu_staging, transport_->device);
+  LOCKSTEP_RETURN_IF_ERROR(
+      CreateComm(*transport_->rendezvous, identity, transport_->device, timeout(), group->comm));
+  LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport_->rendezvous, identity, transport_->device,
+                                         timeout(), group->fast, group->fast_stream));
+  if (transport_->host_lane) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        group->host_lane,
+        internal::HostLane::Connect(*transport_->rendezvous, identity.store_key, identity.rank,
+                                    static_cast<int>(identity.global_ranks.size()), timeout()));
+  }
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
 }
@@ -567,7 +566,7 @@ absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_str
 // Note [Host lane]
 // lockstep's CPU-tensor traffic is small host data (RNG states, digests, votes) exchanged by
 // processes that usually share a host. Through NCCL it crosses PCIe twice and waits for a kernel
-// and a stream (~24-30 us for a 2.5 KB RNG hand-back between two H200s, zero-copy or staged). When
+// and a stream (~30 us for a 5 KB RNG hand-back between two H200s, zero-copy or staged). When
 // every member of the group is on this host, CPU tensors of at most HostLane::kMaxBytes per
 // member go through a shared-memory segment instead (collectives/internal/host_lane.h): the same
 // bytes, the same collective order, the same timeout; a peer that exits is kUnavailable, members
@@ -577,18 +576,6 @@ absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_str
 bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
   return lane != nullptr && tensor.defined() && tensor.is_cpu() &&
          static_cast<int64_t>(tensor.nbytes()) <= internal::HostLane::kMaxBytes;
-}
-
-// An uninitialized [size, input.sizes()...] tensor like `input`: an all-gather's output.
-absl::StatusOr<at::Tensor> GatherOutput(const at::Tensor& input, int size,
-                                        const std::string& what) {
-  at::Tensor gathered;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
-    std::vector<int64_t> shape = {size};
-    for (int64_t d : input.sizes()) shape.push_back(d);
-    gathered = at::empty(shape, input.options());
-  }));
-  return gathered;
 }
 
 }  // namespace
@@ -626,7 +613,12 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
       // hold the same sum.
       LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device(), what));
       LOCKSTEP_RETURN_IF_ERROR(NcclType(tensor.scalar_type(), what).status());
-      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(tensor, size(), what));
+      at::Tensor gathered;
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating", [&] {
+        std::vector<int64_t> shape = {size()};
+        for (int64_t d : tensor.sizes()) shape.push_back(d);
+        gathered = at::empty(shape, tensor.options());
+      }));
       LOCKSTEP_RETURN_IF_ERROR(group_->host_lane->AllGather(
           tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), gathered.data_ptr(), what));
       return CallTorch(what + ": adding up", [&] {
@@ -653,7 +645,12 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
     LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type(), what));
     const int64_t bytes = static_cast<int64_t>(input.nbytes());
     if (TakesHostLane(group_->host_lane.get(), input)) {
-      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
+      at::Tensor gathered;
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
+        std::vector<int64_t> shape = {size()};
+        for (int64_t d : input.sizes()) shape.push_back(d);
+        gathered = at::empty(shape, input.options());
+      }));
       LOCKSTEP_RETURN_IF_ERROR(
           group_->host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
       return CallTorch(what + ": splitting the output", [&] {
@@ -666,7 +663,12 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
                                  input.is_cpu(), bytes * (size() + 1));
     ncclComm_t& comm = *lane.comm;
     cudaStream_t stream = lane.stream;
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
+    at::Tensor gathered;  // [size(), input.sizes()...] on the input's device
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
+      std::vector<int64_t> shape = {size()};
+      for (int64_t d : input.sizes()) shape.push_back(d);
+      gathered = at::empty(shape, input.options());
+    }));
     auto launch = [&](const void* in, void* out) {
       return Enqueue(comm, stream, timeout(), what, [&](ncclComm_t c, cudaStream_t s) {
         return ncclAllGather(in, out, count, type, c, s);
