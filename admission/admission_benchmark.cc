@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -73,6 +75,65 @@ BENCHMARK(BM_LedgerStep)
     ->Arg(1)
     ->Arg(2)
     ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// A trainer's forward call of one microbatch (TrainerConfig::ledger): the step begins, the
+// microbatch is started and completed, the step commits (fsync at commit, the default; arg
+// background 1: CommitSync::kInBackground, whose fsync the next iteration's BeginStep waits for,
+// having nothing else to do meanwhile). Counters give each part's mean in microseconds.
+void BM_LedgerCallOfOneMicrobatch(benchmark::State& state) {
+  const Ledger::CommitSync sync =
+      state.range(0) == 1 ? Ledger::CommitSync::kInBackground : Ledger::CommitSync::kBeforeReturn;
+  const std::string path = BenchmarkPath(absl::StrCat("call", state.range(0)));
+  auto ledger = Ledger::OpenWriter(path, LedgerOptions::Of(0));
+  if (!ledger.ok()) {
+    state.SkipWithError(std::string(ledger.status().message()).c_str());
+    return;
+  }
+  const std::vector<PlannedMicrobatch> work = {PlannedMicrobatch::Of("0", {{0, 0, 65536}})};
+  using Clock = std::chrono::steady_clock;
+  double begin_us = 0, started_us = 0, completed_us = 0, commit_us = 0;
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  int64_t step = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    bool ok = (*ledger)->BeginStep(step, work).ok();
+    const auto t1 = Clock::now();
+    ok = ok && (*ledger)
+                   ->Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, "0", work[0].ranges))
+                   .ok();
+    const auto t2 = Clock::now();
+    ok = ok && (*ledger)
+                   ->Record(LedgerEvent::Of(LedgerEventKind::kCompleted, step, "0", work[0].ranges))
+                   .ok();
+    const auto t3 = Clock::now();
+    ok = ok && (*ledger)->CommitStep(step, "", sync).ok();
+    const auto t4 = Clock::now();
+    if (!ok) {
+      state.SkipWithError("a ledger operation failed");
+      return;
+    }
+    begin_us += us(t0, t1);
+    started_us += us(t1, t2);
+    completed_us += us(t2, t3);
+    commit_us += us(t3, t4);
+    ++step;
+  }
+  const double n = static_cast<double>(std::max<int64_t>(step, 1));
+  state.counters["begin_us"] = begin_us / n;
+  state.counters["started_us"] = started_us / n;
+  state.counters["completed_us"] = completed_us / n;
+  state.counters["commit_us"] = commit_us / n;
+  ledger->reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+}
+BENCHMARK(BM_LedgerCallOfOneMicrobatch)
+    ->ArgName("background")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
 // AdmitWaves over a plan of 10,000 microbatches (one or two sequences each, CP 2).

@@ -457,8 +457,49 @@ Ledger::Ledger(std::string path, LedgerOptions options, int lock_fd,
       next_seq_(next_seq) {}
 
 Ledger::~Ledger() {
+  AwaitDurable().IgnoreError();  // a failed fsync was (or could have been) seen by the caller
+  if (sync_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(sync_mu_);
+      sync_stopping_ = true;
+    }
+    sync_cv_.notify_all();
+    sync_thread_.join();
+  }
   db_.reset();
   close(lock_fd_);
+}
+
+void Ledger::SyncLoop() {
+  const std::string wal = absl::StrCat(path_, "-wal");
+  const size_t slash = path_.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+  std::unique_lock<std::mutex> lock(sync_mu_);
+  while (true) {
+    sync_cv_.wait(lock, [&] { return sync_requested_ || sync_stopping_; });
+    if (!sync_requested_) return;  // stopping, nothing pending
+    lock.unlock();
+    // The WAL's data, and once its directory entry (as SQLite's own sync does for a new file).
+    absl::Status synced = Fsync(wal);
+    if (synced.ok() && !wal_dir_synced_) {
+      synced = Fsync(dir);
+      wal_dir_synced_ = synced.ok();
+    }
+    lock.lock();
+    if (!synced.ok() && sync_error_.ok()) {
+      sync_error_ = Annotate(synced, absl::StrCat("ledger ", path_,
+                                                  ": making a step's commit durable in the "
+                                                  "background"));
+    }
+    sync_requested_ = false;
+    sync_cv_.notify_all();
+  }
+}
+
+absl::Status Ledger::AwaitDurable() {
+  std::unique_lock<std::mutex> lock(sync_mu_);
+  sync_cv_.wait(lock, [&] { return !sync_requested_; });
+  return sync_error_;
 }
 
 absl::StatusOr<std::unique_ptr<Ledger>> Ledger::OpenWriter(const std::string& path,
@@ -594,6 +635,7 @@ absl::Status StepState(SqliteDb& db, int64_t step, int dp_rank, bool* begun, boo
 }  // namespace
 
 absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch>& microbatches) {
+  LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
   const std::string where = absl::StrCat("ledger ", path_, ", step ", step);
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
   if (microbatches.empty()) {
@@ -641,16 +683,18 @@ absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch
     return absl::FailedPreconditionError(
         absl::StrCat(where, committed ? ": already committed" : ": already begun (continue it)"));
   }
+  // The last step begun (the planned table's key starts with the step, so this walks the key
+  // backwards from its end instead of scanning every step's rows), then whether it committed.
   LOCKSTEP_ASSIGN_OR_RETURN(
-      SqliteStatement open_steps,
-      db_->Prepare("SELECT p.step, (SELECT COUNT(*) FROM commits m WHERE m.step = p.step AND "
-                   "m.dp_rank = p.dp_rank) FROM planned p WHERE p.dp_rank = ?1 GROUP BY p.step "
-                   "ORDER BY p.step DESC LIMIT 1"));
-  LOCKSTEP_RETURN_IF_ERROR(open_steps.BindInt(1, options_.dp_rank));
-  LOCKSTEP_ASSIGN_OR_RETURN(bool has_previous, open_steps.Step());
+      SqliteStatement last_step,
+      db_->Prepare("SELECT step FROM planned WHERE dp_rank = ?1 ORDER BY step DESC LIMIT 1"));
+  LOCKSTEP_RETURN_IF_ERROR(last_step.BindInt(1, options_.dp_rank));
+  LOCKSTEP_ASSIGN_OR_RETURN(bool has_previous, last_step.Step());
   if (has_previous) {
-    const int64_t last = open_steps.ColumnInt(0);
-    if (open_steps.ColumnInt(1) == 0) {
+    const int64_t last = last_step.ColumnInt(0);
+    bool last_begun = false, last_committed = false;
+    LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, last, options_.dp_rank, &last_begun, &last_committed));
+    if (!last_committed) {
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": step ", last, " began and has not committed"));
     }
@@ -689,6 +733,7 @@ absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch
 }
 
 absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
+  LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
   const std::string where = absl::StrCat("ledger ", path_, ", step ", event.step, ", ",
                                          LedgerEventKindName(event.kind), " ", event.microbatch);
   if (event.kind == LedgerEventKind::kPlanned || event.kind == LedgerEventKind::kStepCommitted) {
@@ -716,7 +761,8 @@ absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
   return seq;
 }
 
-absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail) {
+absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSync sync) {
+  LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
   const std::string where = absl::StrCat("ledger ", path_, ", committing step ", step);
   bool begun = false, committed = false;
   LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
@@ -759,7 +805,10 @@ absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail) {
                        RangeText(missing[0]), " (exactly-once: nothing may be lost)"));
     }
   }
-  const bool raise_sync = options_.fsync_at_commit && !options_.fsync_every_event;
+  // With fsync_every_event every transaction is fsynced already.
+  const bool fsync_needed = options_.fsync_at_commit && !options_.fsync_every_event;
+  const bool in_background = fsync_needed && sync == CommitSync::kInBackground;
+  const bool raise_sync = fsync_needed && !in_background;
   if (raise_sync) LOCKSTEP_RETURN_IF_ERROR(db_->Exec("PRAGMA synchronous=FULL"));
   const std::string saved_chain = chain_;
   const int64_t saved_seq = next_seq_;
@@ -778,6 +827,14 @@ absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail) {
     db_->Exec("PRAGMA synchronous=NORMAL").IgnoreError();
   }
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(status, where);
+  if (in_background) {
+    {
+      std::lock_guard<std::mutex> lock(sync_mu_);
+      sync_requested_ = true;
+    }
+    if (!sync_thread_.joinable()) sync_thread_ = std::thread([this] { SyncLoop(); });
+    sync_cv_.notify_all();
+  }
   return absl::OkStatus();
 }
 

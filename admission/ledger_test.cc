@@ -1,5 +1,6 @@
 #include "admission/ledger.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -44,14 +45,15 @@ LedgerEvent Completed(int64_t step, const PlannedMicrobatch& m) {
   return LedgerEvent::Of(LedgerEventKind::kCompleted, step, m.id, m.ranges, "ok");
 }
 
-absl::Status RunStep(Ledger& ledger, int64_t step) {
+absl::Status RunStep(Ledger& ledger, int64_t step,
+                     Ledger::CommitSync sync = Ledger::CommitSync::kBeforeReturn) {
   LOCKSTEP_RETURN_IF_ERROR(ledger.BeginStep(step, Work()));
   for (const PlannedMicrobatch& m : Work()) {
     LOCKSTEP_RETURN_IF_ERROR(
         ledger.Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges)).status());
     LOCKSTEP_RETURN_IF_ERROR(ledger.Record(Completed(step, m)).status());
   }
-  return ledger.CommitStep(step);
+  return ledger.CommitStep(step, "", sync);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -336,27 +338,67 @@ TEST(LedgerTest, EditsBehindTheTriggersAreDetected) {
   }
 }
 
+TEST(LedgerTest, ABackgroundCommitIsWrittenOnReturnAndAwaitedByTheNextCall) {
+  const std::string path = TempPath("background");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> ledger,
+                                Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  for (int64_t step = 0; step < 3; ++step) {
+    LOCKSTEP_ASSERT_OK(RunStep(*ledger, step, Ledger::CommitSync::kInBackground));
+    // Written before CommitStep returned: another connection sees the commit.
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
+    EXPECT_EQ(replay.LastCommittedStep(0), step);
+  }
+  LOCKSTEP_EXPECT_OK(ledger->AwaitDurable());
+  LOCKSTEP_EXPECT_OK(ledger->AwaitDurable());  // nothing pending: returns at once
+}
+
+TEST(LedgerTest, AFailedBackgroundFsyncIsEveryLaterCallsError) {
+  const std::string path = TempPath("background_fails");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> ledger,
+                                Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  LOCKSTEP_ASSERT_OK(RunStep(*ledger, 0, Ledger::CommitSync::kInBackground));
+  LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
+  // The WAL's name gone (SQLite keeps writing through its open descriptor): the background
+  // thread cannot open it to fsync it.
+  const std::string wal = absl::StrCat(path, "-wal");
+  ASSERT_EQ(unlink(wal.c_str()), 0) << strerror(errno);
+  // The commit itself is written.
+  LOCKSTEP_ASSERT_OK(RunStep(*ledger, 1, Ledger::CommitSync::kInBackground));
+  const absl::Status durable = ledger->AwaitDurable();
+  EXPECT_EQ(durable.code(), absl::StatusCode::kInternal) << durable;
+  EXPECT_THAT(durable.message(), HasSubstr(wal));
+  EXPECT_THAT(durable.message(), HasSubstr("in the background"));
+  EXPECT_EQ(ledger->BeginStep(2, Work()), durable) << "sticky: the next step may not begin";
+  EXPECT_EQ(ledger->AwaitDurable(), durable);
+}
+
 // The body of a writer killed at a random point: commits step after step at `path`,
 // acknowledging each commit on `channel` only after CommitStep returned. Returns only on an error
 // (3: open, 4: a step, 5: the acknowledgement).
-int CommitUntilKilled(const std::string& path, bool fsync_at_commit, int channel) {
+int CommitUntilKilled(const std::string& path, bool fsync_at_commit, Ledger::CommitSync sync,
+                      int channel) {
   LedgerOptions options = LedgerOptions::Of(0);
   options.fsync_at_commit = fsync_at_commit;
   auto ledger = Ledger::OpenWriter(path, options);
   if (!ledger.ok()) return 3;
   for (int64_t step = 0;; ++step) {
-    if (!RunStep(**ledger, step).ok()) return 4;
+    if (!RunStep(**ledger, step, sync).ok()) return 4;
     if (write(channel, &step, sizeof(step)) != sizeof(step)) return 5;
   }
 }
 
 TEST(LedgerTest, SigkillAtRandomPointsLosesNoCommittedStep) {
   std::mt19937_64 random(2026);
-  for (int round = 0; round < 20; ++round) {
+  for (int round = 0; round < 21; ++round) {
     const std::string path = TempPath(absl::StrCat("kill", round));
+    // In turn: fsync before CommitStep returns, no fsync, fsync in the background (a commit
+    // acknowledged before its fsync must survive the kill as well).
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(
         Child child, Child::Fork(ChildOptions::Reporting(), [&](int channel) {
-          return CommitUntilKilled(path, /*fsync_at_commit=*/round % 2 == 0, channel);
+          return CommitUntilKilled(path, /*fsync_at_commit=*/round % 3 != 1,
+                                   round % 3 == 2 ? Ledger::CommitSync::kInBackground
+                                                  : Ledger::CommitSync::kBeforeReturn,
+                                   channel);
         }));
     usleep(static_cast<useconds_t>(2000 + random() % 60000));
     child.Signal(SIGKILL);

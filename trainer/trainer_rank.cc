@@ -123,6 +123,50 @@ absl::StatusOr<std::vector<at::Tensor>> ShardWork::RunBlock(
   return checkpoint::Checkpoint(block, inputs, options);
 }
 
+template <typename First>
+at::Tensor ShardWork::PerToken(const First& first, bool counting) const {
+  at::Tensor values = at::empty({tokens_}, at::kLong);
+  int64_t* out = values.data_ptr<int64_t>();
+  for (const planner::ShardPiece& p : pieces_) {
+    const int64_t count = p.end - p.begin;
+    if (counting) {
+      std::iota(out, out + count, first(p));
+    } else {
+      std::fill(out, out + count, first(p));
+    }
+    out += count;
+  }
+  return values;
+}
+
+const at::Tensor& ShardWork::packed_offsets() const {
+  if (!packed_offsets_.defined()) {
+    packed_offsets_ = PerToken([](const planner::ShardPiece& p) { return p.begin; }, true);
+  }
+  return packed_offsets_;
+}
+
+const at::Tensor& ShardWork::sequence_ids() const {
+  if (!sequence_ids_.defined()) {
+    const planner::Microbatch& mb = plan->microbatches(microbatch);
+    sequence_ids_ =
+        PerToken([&](const planner::ShardPiece& p) { return mb.sequence_id(p.sequence); }, false);
+  }
+  return sequence_ids_;
+}
+
+const at::Tensor& ShardWork::positions() const {
+  if (!positions_.defined()) {
+    const planner::Microbatch& mb = plan->microbatches(microbatch);
+    positions_ = PerToken(
+        [&](const planner::ShardPiece& p) {
+          return planner::TokenBegin(mb, p.sequence) + (p.begin - mb.cu_seqlens(p.sequence));
+        },
+        true);
+  }
+  return positions_;
+}
+
 std::string TrainerRank::Where(absl::string_view operation) const {
   return absl::StrCat("trainer rank ", collaborators_.world_rank, ": ", operation);
 }
@@ -157,7 +201,8 @@ absl::StatusOr<planner::Plan> TrainerRank::Plan(const TrainerInputs& inputs) {
 }
 
 absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan& plan, int m,
-                                                            const TrainerInputs& inputs) {
+                                                            const TrainerInputs& inputs,
+                                                            const internal::LedgerCall& call) {
   const std::string where = Where(absl::StrCat("microbatch ", m));
   const planner::Microbatch& mb = plan.microbatches(m);
   // Everything per token is written range by range from the shard's pieces (a few per packed
@@ -191,54 +236,63 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   work.forward_index = forward_index_++;
   work.recompute_streams_ = recompute_streams_;
   work.widest_shard = *std::max_element(shard_tokens.begin(), shard_tokens.end());
+  work.pieces_ = mine;
+  work.tokens_ = my_tokens;
   MicrobatchOutput out;
   out.microbatch = m;
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      CallTorch("selecting the shard's inputs",
-                [&] {
-                  work.packed_offsets = at::empty({my_tokens}, at::kLong);
-                  work.sequence_ids = at::empty({my_tokens}, at::kLong);
-                  work.positions = at::empty({my_tokens}, at::kLong);
-                  int64_t* offsets = work.packed_offsets.data_ptr<int64_t>();
-                  int64_t* ids = work.sequence_ids.data_ptr<int64_t>();
-                  int64_t* positions = work.positions.data_ptr<int64_t>();
-                  // Whether the shard's rows lie one after another in the caller's inputs.
-                  bool consecutive = true;
-                  int64_t at = 0, next_row = 0;
-                  for (const planner::ShardPiece& p : mine) {
-                    const int64_t count = p.end - p.begin;
-                    const int64_t first_position =
-                        planner::TokenBegin(mb, p.sequence) + (p.begin - mb.cu_seqlens(p.sequence));
-                    std::iota(offsets + at, offsets + at + count, p.begin);
-                    std::fill(ids + at, ids + at + count, mb.sequence_id(p.sequence));
-                    std::iota(positions + at, positions + at + count, first_position);
-                    const int64_t first_row = row_of(p.sequence, p.begin);
-                    consecutive = consecutive && (at == 0 || first_row == next_row);
-                    next_row = first_row + count;
-                    at += count;
-                  }
-                  if (my_tokens == 0 || !consecutive) {
-                    // Rows that are not one run are gathered (a copy).
-                    std::vector<int64_t>& my_rows = scratch_.my_rows;
-                    my_rows.clear();
-                    for (const planner::ShardPiece& p : mine) {
-                      const int64_t first_row = row_of(p.sequence, p.begin);
-                      for (int64_t i = 0; i < p.end - p.begin; ++i)
-                        my_rows.push_back(first_row + i);
-                    }
-                    work.inputs =
-                        inputs.rows.index_select(0, Int64Tensor(my_rows).to(inputs.rows.device()));
-                  } else {
-                    // One run (a single sequence, or sequences packed in input order, without CP):
-                    // a view, not a copy.
-                    work.inputs = inputs.rows.narrow(
-                        0, row_of(mine.front().sequence, mine.front().begin), my_tokens);
-                  }
-                }),
-      where);
-  absl::StatusOr<at::Tensor> forwarded;
-  absl::Status thrown = CallTorch("the model's forward", [&] { forwarded = forward_(work); });
-  if (!thrown.ok()) forwarded = thrown;
+  const absl::Status selected = CallTorch("selecting the shard's inputs", [&] {
+    // The shard's rows as runs of consecutive caller rows (a piece, or pieces
+    // that follow one another in the caller's inputs).
+    std::vector<std::pair<int64_t, int64_t>>& runs = scratch_.row_runs;
+    runs.clear();
+    for (const planner::ShardPiece& p : mine) {
+      const int64_t count = p.end - p.begin;
+      const int64_t first_row = row_of(p.sequence, p.begin);
+      if (!runs.empty() && runs.back().first + runs.back().second == first_row) {
+        runs.back().second += count;
+      } else {
+        runs.emplace_back(first_row, count);
+      }
+    }
+    if (runs.size() <= 1) {
+      // One run (a single sequence, or sequences packed in input order, without
+      // CP), or none: a view, not a copy.
+      work.inputs = runs.empty() ? inputs.rows.narrow(0, 0, 0)
+                                 : inputs.rows.narrow(0, runs[0].first, my_tokens);
+    } else if (static_cast<int64_t>(runs.size()) <= kMaxPieceCopies) {
+      // A few runs (CP's chunks of long sequences): one concatenation of views,
+      // without listing every row or uploading an index.
+      std::vector<at::Tensor> views;
+      views.reserve(runs.size());
+      for (const auto& [first, count] : runs) {
+        views.push_back(inputs.rows.narrow(0, first, count));
+      }
+      work.inputs = at::cat(views, 0);
+    } else {
+      // Many runs (short sequences): one gather over the listed rows.
+      std::vector<int64_t>& my_rows = scratch_.my_rows;
+      my_rows.clear();
+      for (const auto& [first, count] : runs) {
+        for (int64_t i = 0; i < count; ++i) my_rows.push_back(first + i);
+      }
+      work.inputs = inputs.rows.index_select(0, Int64Tensor(my_rows).to(inputs.rows.device()));
+    }
+  });
+  // A failure to select the inputs (out of memory on the device) is this rank's outcome of the
+  // forward: the group agrees on it below like on a failed forward.
+  const char* const attempt =
+      selected.ok() ? "the model's forward" : "selecting the shard's inputs";
+  absl::StatusOr<at::Tensor> forwarded = absl::UnknownError("the forward was not called");
+  if (selected.ok()) {
+    absl::Status thrown = CallTorch("the model's forward", [&] { forwarded = forward_(work); });
+    if (!thrown.ok()) forwarded = thrown;
+  } else {
+    forwarded = selected;
+  }
+  // The attempt is recorded as started once the forward's kernels are queued, so the ledger's
+  // write overlaps them. Nothing of the microbatch has been handed back yet, so a crash before
+  // this record leaves the same account: it did not contribute.
+  LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kStarted, plan, m));
   // What is handed back per token, built while the forward's kernels run.
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> weights,
                             planner::TokenLossWeights(mb, inputs.sequences));
@@ -264,7 +318,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
     }
     if (agreed->failed > 0) {
       if (!forwarded.ok() && !oom) {
-        return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
+        return Annotate(forwarded.status(), absl::StrCat(where, ": ", attempt));
       }
       return absl::AbortedError(absl::StrCat(
           where, ": ", agreed->failed, " replica(s) of the TP x CP group failed the forward"));
@@ -276,9 +330,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                        oom ? absl::StrCat(" (here: ", forwarded.status().message(), ")") : ""));
     }
   }
-  if (!forwarded.ok()) {
-    return Annotate(forwarded.status(), absl::StrCat(where, ": the model's forward"));
-  }
+  if (!forwarded.ok()) return Annotate(forwarded.status(), absl::StrCat(where, ": ", attempt));
   at::Tensor local = *std::move(forwarded);
   if (!local.defined() || local.dim() < 1 || local.size(0) != my_tokens) {
     return absl::InvalidArgumentError(
@@ -293,20 +345,44 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   // Gather: every member sends its shard padded to the largest shard of the microbatch (an
   // empty shard sends padding), so all members run the same all-gather.
   const int64_t widest = work.widest_shard;
-  // Few pieces (long sequences): the full output is assembled by one copy per piece. Many
-  // (short sequences): by one index_select over a listed index, built here, before the
+  // Few pieces (long sequences): the full output is one concatenation of views in token order.
+  // Many (short sequences): one index_select over a listed index, built here, before the
   // all-gather waits, while the forward's kernels may still run.
   int64_t piece_count = 0;
   for (const auto& p : pieces) piece_count += static_cast<int64_t>(p.size());
   const bool by_pieces = piece_count <= kMaxPieceCopies;
-  // The index: (unless by pieces) every packed token's row in the gathered shards, then this
-  // rank's own tokens' places, always: they go back in with one index_copy, which keeps `local`
-  // in the autograd graph even for an empty shard, so that every rank's backward runs the same
-  // blocks (and their collectives).
-  const int64_t listed = by_pieces ? 0 : mb.num_tokens();
+  // The index (unless by pieces): every packed token's row in the gathered shards, then this
+  // rank's own tokens' places, the shard's packed offsets: they go back in with one index_copy,
+  // which keeps `local` in the autograd graph even for an empty shard, so that every rank's
+  // backward runs the same blocks (and their collectives).
   std::vector<int64_t>& index = scratch_.gather_index;
-  index.assign(static_cast<size_t>(listed + my_tokens), 0);
-  if (!by_pieces) {
+  if (by_pieces) {
+    // Where each packed token range comes from, in token order (the ranks' pieces partition the
+    // microbatch).
+    std::vector<PieceSource>& sources = scratch_.piece_sources;
+    sources.clear();
+    for (int c = 0; c < cp_size(); ++c) {
+      const int member = c == cp_rank_ ? PieceSource::kOwn : cp_holders_[c];
+      int64_t row = 0;
+      for (const planner::ShardPiece& p : pieces[c]) {
+        sources.push_back(PieceSource{p.begin, p.end - p.begin, member, row});
+        row += p.end - p.begin;
+      }
+    }
+    std::sort(sources.begin(), sources.end(),
+              [](const PieceSource& x, const PieceSource& y) { return x.begin < y.begin; });
+    int64_t covered = 0;
+    for (const PieceSource& piece : sources) {
+      if (piece.begin != covered) break;
+      covered += piece.count;
+    }
+    if (covered != mb.num_tokens()) {
+      return absl::InternalError(absl::StrCat(where, ": the CP shards' pieces cover ", covered,
+                                              " leading tokens of ", mb.num_tokens(),
+                                              " without gap or overlap"));
+    }
+  } else {
+    index.assign(static_cast<size_t>(mb.num_tokens() + my_tokens), 0);
     for (int c = 0; c < cp_size(); ++c) {
       int64_t row = static_cast<int64_t>(cp_holders_[c]) * widest;
       for (const planner::ShardPiece& p : pieces[c]) {
@@ -314,9 +390,12 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
         row += p.end - p.begin;
       }
     }
+    int64_t* own = index.data() + mb.num_tokens();
+    for (const planner::ShardPiece& p : mine) {
+      std::iota(own, own + (p.end - p.begin), p.begin);
+      own += p.end - p.begin;
+    }
   }
-  // The own tokens' places are the shard's packed offsets.
-  std::copy_n(work.packed_offsets.data_ptr<int64_t>(), my_tokens, index.data() + listed);
   at::Tensor padded;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("padding the shard",
@@ -341,6 +420,23 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch("assembling the full outputs",
                 [&] {
+                  if (by_pieces) {
+                    // Every piece in token order: this rank's are views of `local` (so they stay
+                    // differentiable; an empty shard is included as its zero rows, which keeps
+                    // it in the autograd graph), the others' views of their gathered shards.
+                    // One pass over the output, no index.
+                    const std::vector<PieceSource>& sources = scratch_.piece_sources;
+                    std::vector<at::Tensor> views;
+                    views.reserve(sources.size() + 1);
+                    if (my_tokens == 0) views.push_back(local);
+                    for (const PieceSource& piece : sources) {
+                      const at::Tensor& source =
+                          piece.member == PieceSource::kOwn ? local : gathered[piece.member];
+                      views.push_back(source.narrow(0, piece.row, piece.count));
+                    }
+                    out.outputs = at::cat(views, 0);
+                    return;
+                  }
                   // The shards side by side: a view when the communicator returned views of one
                   // buffer in member order (NCCL does), else a concatenation.
                   const at::Tensor& first = gathered.front();
@@ -363,25 +459,9 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                   const at::Tensor device_index =
                       at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
                           .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
-                  at::Tensor full;
-                  if (by_pieces) {
-                    // The other ranks' rows, one copy per piece (this rank's come from `local`
-                    // below).
-                    shape[0] = mb.num_tokens();
-                    full = at::empty(shape, side_by_side.options());
-                    for (int c = 0; c < cp_size(); ++c) {
-                      if (c == cp_rank_) continue;
-                      int64_t row = cp_holders_[c] * widest;
-                      for (const planner::ShardPiece& p : pieces[c]) {
-                        full.narrow(0, p.begin, p.end - p.begin)
-                            .copy_(side_by_side.narrow(0, row, p.end - p.begin));
-                        row += p.end - p.begin;
-                      }
-                    }
-                  } else {
-                    full = side_by_side.index_select(0, device_index.narrow(0, 0, listed));
-                  }
-                  full.index_copy_(0, device_index.narrow(0, listed, my_tokens), local);
+                  at::Tensor full =
+                      side_by_side.index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
+                  full.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
                   out.outputs = full;
                 }),
       where);
@@ -423,8 +503,11 @@ absl::Status TrainerRank::RecordLedger(const internal::LedgerCall& call,
 
 absl::Status TrainerRank::CommitLedgerStep(const internal::LedgerCall& call) {
   if (config_.ledger == nullptr || call.step < 0) return absl::OkStatus();
-  return Annotate(config_.ledger->CommitStep(call.step),
-                  Where(absl::StrCat("committing ledger step ", call.step)));
+  // The commit is written before the hand-back and fsynced while the caller works on
+  // (TrainerConfig::ledger).
+  return Annotate(
+      config_.ledger->CommitStep(call.step, "", admission::Ledger::CommitSync::kInBackground),
+      Where(absl::StrCat("committing ledger step ", call.step)));
 }
 
 absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& plan,
@@ -432,7 +515,6 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
                                                               internal::LedgerCall& call, int m,
                                                               const TrainerInputs& inputs) {
   while (true) {
-    LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kStarted, plan, m));
     // Where the model stream stands before the attempt (only needed to rewind after an agreed
     // out-of-memory outcome, so only with admission).
     std::optional<rng::RngSnapshot> before;
@@ -440,7 +522,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
       LOCKSTEP_ASSIGN_OR_RETURN(before,
                                 rng::RngSnapshot::Capture(collaborators_.streams->generators()));
     }
-    absl::StatusOr<MicrobatchOutput> out = RunMicrobatch(plan, m, inputs);
+    absl::StatusOr<MicrobatchOutput> out = RunMicrobatch(plan, m, inputs, call);
     if (out.ok() || config_.memory_model == nullptr || !absl::IsResourceExhausted(out.status())) {
       return out;
     }
@@ -637,6 +719,10 @@ absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::Name
   }
   if (Exists(dir)) {
     return absl::FailedPreconditionError(absl::StrCat(where, ": it exists; choose a new one"));
+  }
+  if (config_.ledger != nullptr) {
+    // A saved state never follows a step whose commit could still be lost.
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(config_.ledger->AwaitDurable(), where);
   }
   const std::string temp = absl::StrCat(dir, ".saving.", getpid());
   RemoveSavedState(temp);

@@ -54,6 +54,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
@@ -105,12 +106,9 @@ struct ShardWork {
   int cp_size = 1;
   // Forward calls of this TrainerRank so far (0 for the first microbatch it runs).
   int64_t forward_index = 0;
-  // The shard's tokens: packed-buffer offsets (int64 [n]), the caller's input rows ([n, ...]),
-  // the caller's sequence ids and positions in the sequence (int64 [n]). n may be 0.
-  at::Tensor packed_offsets;
+  // The caller's input rows of the shard's n tokens ([n, ...], n may be 0): a view of
+  // TrainerInputs::rows when they are one run of rows, else a copy.
   at::Tensor inputs;
-  at::Tensor sequence_ids;
-  at::Tensor positions;
   // The most tokens any CP rank holds in this microbatch, so that a model's collectives over the
   // CP group (an all-gather of keys and values) can pad every shard to one size.
   int64_t widest_shard = 0;
@@ -124,8 +122,28 @@ struct ShardWork {
   absl::StatusOr<std::vector<at::Tensor>> RunBlock(const Block& block,
                                                    const std::vector<at::Tensor>& inputs) const;
 
+  // The shard's tokens as ranges of the microbatch's packed buffer (a few per packed sequence, in
+  // packed order; ShardPieces of the plan). `inputs` holds their rows in this order.
+  const std::vector<planner::ShardPiece>& pieces() const { return pieces_; }
+  // Per token of the shard, in `inputs`' order (int64 [n], CPU): its offset in the packed buffer,
+  // the caller's id of its sequence, its position in that sequence. Each is built from the pieces
+  // on its first call and kept: a forward that does not read one does not wait for it (~70 us per
+  // 65,536 tokens on an H200 host, before the model could start). Throws c10::Error if the
+  // tensor cannot be allocated (the trainer reports it as the forward's status). Not thread-safe.
+  const at::Tensor& packed_offsets() const;
+  const at::Tensor& sequence_ids() const;
+  const at::Tensor& positions() const;
+
  private:
   friend class TrainerRank;
+  // One int64 per token: `first(piece)` for a piece's first token, then the same (counting
+  // false) or one more per token (counting true).
+  template <typename First>
+  at::Tensor PerToken(const First& first, bool counting) const;
+
+  std::vector<planner::ShardPiece> pieces_;
+  int64_t tokens_ = 0;
+  mutable at::Tensor packed_offsets_, sequence_ids_, positions_;
   // The recompute's stream saver; null when activation checkpointing is off.
   std::shared_ptr<const checkpoint::RngStateSaver> recompute_streams_;
 };
@@ -171,9 +189,13 @@ struct TrainerConfig {
   // The rank's recovery ledger (admission/ledger.h), optional; it must outlive the trainer, and
   // each process writes its own. Every ForwardMicroBatches/DpRankForward call is one ledger step
   // (numbered on from the last step the ledger holds): its plan is recorded, every attempt at a
-  // microbatch as started, an out-of-memory attempt as failed and then split (halves "m.0" and
+  // microbatch as started (once the model's forward is called, so the write overlaps its
+  // kernels), an out-of-memory attempt as failed and then split (halves "m.0" and
   // "m.1"), a microbatch as completed once its outputs are handed back, and the step committed
-  // when the call's last microbatch has been handed back. A call that ends early (an error, a
+  // when the call's last microbatch has been handed back: the commit is written before that
+  // hand-back (it survives the process being killed) and fsynced in the background
+  // (Ledger::CommitSync::kInBackground), durable before the next call's step begins and before
+  // SaveState writes anything. A call that ends early (an error, a
   // crash, a stream not read to its end) leaves its step open: Ledger::Replay then says which
   // microbatches of it the caller received, none twice, and the ledger refuses to begin another
   // step (kFailedPrecondition naming the open one) until the caller has decided what to do with
@@ -318,7 +340,8 @@ class TrainerRank {
   // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs. With
   // admission, an agreed out-of-memory outcome is kResourceExhausted on every replica.
   absl::StatusOr<MicrobatchOutput> RunMicrobatch(const planner::Plan& plan, int m,
-                                                 const TrainerInputs& inputs);
+                                                 const TrainerInputs& inputs,
+                                                 const internal::LedgerCall& call);
   // RunMicrobatch with the recovery loop: on an agreed out-of-memory outcome, rewinds the model
   // stream, splits microbatch `m` of `plan` (and `depth`) and retries its first half.
   absl::StatusOr<MicrobatchOutput> RunWithRecovery(planner::Plan& plan, std::vector<int>& depth,
@@ -353,10 +376,21 @@ class TrainerRank {
   // The recompute's stream saver (activation checkpointing); null when off.
   std::shared_ptr<const checkpoint::RngStateSaver> recompute_streams_;
   int64_t out_of_memory_ = 0;
+  // A packed token range of a microbatch and where its output rows come from: this rank's own
+  // forward output, or the gathered shard of group member `member`, from row `row`.
+  struct PieceSource {
+    static constexpr int kOwn = -1;
+    int64_t begin = 0;
+    int64_t count = 0;
+    int member = kOwn;
+    int64_t row = 0;
+  };
   // Per-token lists of RunMicrobatch, kept between microbatches so their memory is reused.
   struct Scratch {
     std::vector<int64_t> row_offset, my_rows;
+    std::vector<std::pair<int64_t, int64_t>> row_runs;  // (first caller row, count)
     std::vector<int64_t> gather_index;
+    std::vector<PieceSource> piece_sources;
   } scratch_;
 
  public:

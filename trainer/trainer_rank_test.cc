@@ -428,6 +428,40 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
   }
 }
 
+// Checks what the forward adapter sees of its shard against the plan, token by token: the packed
+// offsets are ShardTokenIndices; each token's sequence id, position and input row follow from the
+// packed sequence it falls in.
+absl::Status CheckShardTokens(const ShardWork& work, const std::vector<planner::Sequence>& batch,
+                              const at::Tensor& rows) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> offsets,
+                            planner::ShardTokenIndices(*work.plan, work.microbatch, work.cp_rank));
+  const planner::Microbatch& mb = work.plan->microbatches(work.microbatch);
+  std::vector<int64_t> ids, positions, input_rows;
+  for (int64_t t : offsets) {
+    int k = 0;
+    while (mb.cu_seqlens(k + 1) <= t) ++k;
+    const int64_t position = planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k));
+    int64_t first_row = 0;
+    for (int b = 0; b < mb.batch_index(k); ++b) first_row += batch[b].num_tokens;
+    ids.push_back(batch[mb.batch_index(k)].id);
+    positions.push_back(position);
+    input_rows.push_back(first_row + position);
+  }
+  const at::Tensor expected_rows = rows.index_select(0, at::tensor(input_rows, at::kLong));
+  int64_t piece_tokens = 0;
+  for (const planner::ShardPiece& p : work.pieces()) piece_tokens += p.end - p.begin;
+  if (piece_tokens != static_cast<int64_t>(offsets.size()) ||
+      !at::equal(work.packed_offsets(), at::tensor(offsets, at::kLong)) ||
+      !at::equal(work.sequence_ids(), at::tensor(ids, at::kLong)) ||
+      !at::equal(work.positions(), at::tensor(positions, at::kLong)) ||
+      !at::equal(work.inputs, expected_rows)) {
+    return absl::InternalError(
+        absl::StrCat("CP rank ", work.cp_rank, ", microbatch ", work.microbatch,
+                     ": the shard's per-token view disagrees with the plan"));
+  }
+  return absl::OkStatus();
+}
+
 // The thread fake (one process: the ranks share the default generators, so the RNG contract is
 // tested on processes in trainer_oracle_test; here the scope and synchronization are off and the
 // gather itself is under test): a CP group of `cp` ranks forwards `batch` (microbatches of at most
@@ -446,18 +480,19 @@ absl::Status GatherBody(collectives::Communicator& world, int cp,
   config.model_stream_scope = false;  // threads share one process's generators
   config.synchronize_caller = false;
   const at::Tensor w = at::full({1}, 2.0, at::kFloat).set_requires_grad(true);
+  int64_t tokens = 0;
+  for (const planner::Sequence& s : batch) tokens += s.num_tokens;
+  const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2});
   std::vector<at::Tensor> my_inputs;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
       TrainerRank::Create(
           config, TrainerRank::Collaborators::Of(topology, world.rank(), group.get(), streams),
           [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+            LOCKSTEP_RETURN_IF_ERROR(CheckShardTokens(work, batch, rows));
             my_inputs.push_back(work.inputs);
             return work.inputs * w;
           }));
-  int64_t tokens = 0;
-  for (const planner::Sequence& s : batch) tokens += s.num_tokens;
-  const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2});
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outputs,
                             trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
   if (static_cast<int>(outputs.size()) != expected_microbatches) {

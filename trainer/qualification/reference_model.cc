@@ -157,7 +157,7 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
   // microbatch: with CP gathered from the members, padding with id -1, which no query matches).
   at::Tensor query_meta, key_meta, x, padded;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward: the embedding", [&] {
-    query_meta = at::stack({work.sequence_ids, work.positions}, 1).to(device);
+    query_meta = at::stack({work.sequence_ids(), work.positions()}, 1).to(device);
     x = at::embedding(embedding, work.inputs.to(device));
     padded = at::full({work.widest_shard, 2}, -1, query_meta.options());
     padded.narrow(0, 0, query_meta.size(0)).copy_(query_meta);
@@ -170,7 +170,7 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
   }
   // The block runs again in backward under activation checkpointing, after `work` is gone: it
   // captures what it needs by value.
-  const at::Tensor ids = work.sequence_ids, positions = work.positions;
+  const at::Tensor ids = work.sequence_ids(), positions = work.positions();
   const int64_t widest = work.widest_shard;
   for (int b = 0; b < kBlocks; ++b) {
     ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions,
