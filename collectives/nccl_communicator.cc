@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -131,6 +132,10 @@ class Staging {
 }  // namespace
 
 struct NcclCommunicator::Group {
+  // The group's NCCL communicator, its fast lane and (with Transport::host_lane) its host lane.
+  static absl::StatusOr<std::unique_ptr<Group>> Create(const Transport& transport,
+                                                       const internal::GroupIdentity& identity,
+                                                       absl::Duration timeout);
   Group(CpuStaging mode, int device) : staging(mode, device) {}
   ~Group() {
     // Abort rather than destroy: destroy waits for outstanding work, which could be a hang.
@@ -172,6 +177,9 @@ absl::Status Abort(ncclComm_t& comm, absl::Status error) {
   return error;
 }
 
+// How long Await spins before it starts sleeping.
+constexpr absl::Duration kSpinBeforeSleeping = absl::Milliseconds(50);
+
 // Polls until `comm` leaves ncclInProgress (check_stream false: the operation is enqueued) or,
 // with check_stream, until the stream is idle. The stream is polled every round and NCCL's
 // asynchronous error state every 32nd (it takes a lock), so a completed collective is seen within
@@ -204,12 +212,18 @@ absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, abs
                                                                   absl::FormatDuration(timeout),
                                                                   "; a peer did not arrive")));
     }
-    // Spin first: small collectives finish in microseconds, and a sleep costs at least the
-    // kernel's timer slack (~50 us). Back off to sleeping once the wait is clearly long.
-    if (now - start < absl::Milliseconds(2)) {
+    // Spin (yielding the core), as a CUDA synchronize does by default: a sleep costs at least
+    // the kernel's timer slack (~50 us), and the wait usually ends when the GPU finishes work
+    // queued before the collective (a forward pass of milliseconds), so a sleep would add its
+    // slack to every such wait. Measured on an H200 host: sleeping in 50 us steps after the first
+    // 2 ms put ~0.1 ms on a 12 ms forward's output all-gather. A wait longer than
+    // kSpinBeforeSleeping is a late peer or a long kernel: it sleeps a thousandth of the time
+    // waited so far (at most 1 ms), so noticing the end costs at most ~0.1% of the wait.
+    const absl::Duration waited = now - start;
+    if (waited < kSpinBeforeSleeping) {
       std::this_thread::yield();
     } else {
-      absl::SleepFor(absl::Microseconds(50));
+      absl::SleepFor(std::min(waited / 1000, absl::Milliseconds(1)));
     }
   }
 }
@@ -442,6 +456,22 @@ absl::Status SetUpFastLane(Rendezvous& rendezvous, const internal::GroupIdentity
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<NcclCommunicator::Group>> NcclCommunicator::Group::Create(
+    const Transport& transport, const internal::GroupIdentity& identity, absl::Duration timeout) {
+  auto group = std::make_unique<Group>(transport.cpu_staging, transport.device);
+  LOCKSTEP_RETURN_IF_ERROR(
+      CreateComm(*transport.rendezvous, identity, transport.device, timeout, group->comm));
+  LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport.rendezvous, identity, transport.device, timeout,
+                                         group->fast, group->fast_stream));
+  if (transport.host_lane) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        group->host_lane,
+        internal::HostLane::Connect(*transport.rendezvous, identity.store_key, identity.rank,
+                                    static_cast<int>(identity.global_ranks.size()), timeout));
+  }
+  return group;
+}
+
 NcclCommunicator::NcclCommunicator(std::shared_ptr<internal::WorldState> world,
                                    internal::GroupIdentity identity,
                                    std::shared_ptr<Transport> transport,
@@ -476,35 +506,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   transport->device = device;
   transport->cpu_staging = options.cpu_staging;
   transport->host_lane = options.host_lane;
-  auto group = std::make_unique<Group>(options.cpu_staging, device);
-  LOCKSTEP_RETURN_IF_ERROR(
-      CreateComm(*rendezvous, world.identity, device, options.timeout, group->comm));
-  LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*rendezvous, world.identity, device, options.timeout,
-                                         group->fast, group->fast_stream));
-  if (options.host_lane) {
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        group->host_lane,
-        internal::HostLane::Connect(*rendezvous, world.identity.store_key, world.identity.rank,
-                                    static_cast<int>(world.identity.global_ranks.size()),
-                                    options.timeout));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Group> group,
+                            Group::Create(*transport, world.identity, options.timeout));
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
       std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
-  auto group = std::make_unique<Group>(transport_->cpu_staging, transport_->device);
-  LOCKSTEP_RETURN_IF_ERROR(
-      CreateComm(*transport_->rendezvous, identity, transport_->device, timeout(), group->comm));
-  LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport_->rendezvous, identity, transport_->device,
-                                         timeout(), group->fast, group->fast_stream));
-  if (transport_->host_lane) {
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        group->host_lane,
-        internal::HostLane::Connect(*transport_->rendezvous, identity.store_key, identity.rank,
-                                    static_cast<int>(identity.global_ranks.size()), timeout()));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Group> group,
+                            Group::Create(*transport_, identity, timeout()));
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
 }
@@ -566,7 +577,7 @@ absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_str
 // Note [Host lane]
 // lockstep's CPU-tensor traffic is small host data (RNG states, digests, votes) exchanged by
 // processes that usually share a host. Through NCCL it crosses PCIe twice and waits for a kernel
-// and a stream (~30 us for a 5 KB RNG hand-back between two H200s, zero-copy or staged). When
+// and a stream (~24-30 us for a 2.5 KB RNG hand-back between two H200s, zero-copy or staged). When
 // every member of the group is on this host, CPU tensors of at most HostLane::kMaxBytes per
 // member go through a shared-memory segment instead (collectives/internal/host_lane.h): the same
 // bytes, the same collective order, the same timeout; a peer that exits is kUnavailable, members
@@ -576,6 +587,18 @@ absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_str
 bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
   return lane != nullptr && tensor.defined() && tensor.is_cpu() &&
          static_cast<int64_t>(tensor.nbytes()) <= internal::HostLane::kMaxBytes;
+}
+
+// An uninitialized [size, input.sizes()...] tensor like `input`: an all-gather's output.
+absl::StatusOr<at::Tensor> GatherOutput(const at::Tensor& input, int size,
+                                        const std::string& what) {
+  at::Tensor gathered;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
+    std::vector<int64_t> shape = {size};
+    for (int64_t d : input.sizes()) shape.push_back(d);
+    gathered = at::empty(shape, input.options());
+  }));
+  return gathered;
 }
 
 }  // namespace
@@ -613,12 +636,7 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
       // hold the same sum.
       LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device(), what));
       LOCKSTEP_RETURN_IF_ERROR(NcclType(tensor.scalar_type(), what).status());
-      at::Tensor gathered;
-      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating", [&] {
-        std::vector<int64_t> shape = {size()};
-        for (int64_t d : tensor.sizes()) shape.push_back(d);
-        gathered = at::empty(shape, tensor.options());
-      }));
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(tensor, size(), what));
       LOCKSTEP_RETURN_IF_ERROR(group_->host_lane->AllGather(
           tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), gathered.data_ptr(), what));
       return CallTorch(what + ": adding up", [&] {
@@ -645,12 +663,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
     LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type(), what));
     const int64_t bytes = static_cast<int64_t>(input.nbytes());
     if (TakesHostLane(group_->host_lane.get(), input)) {
-      at::Tensor gathered;
-      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
-        std::vector<int64_t> shape = {size()};
-        for (int64_t d : input.sizes()) shape.push_back(d);
-        gathered = at::empty(shape, input.options());
-      }));
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
       LOCKSTEP_RETURN_IF_ERROR(
           group_->host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
       return CallTorch(what + ": splitting the output", [&] {
@@ -663,12 +676,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
                                  input.is_cpu(), bytes * (size() + 1));
     ncclComm_t& comm = *lane.comm;
     cudaStream_t stream = lane.stream;
-    at::Tensor gathered;  // [size(), input.sizes()...] on the input's device
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
-      std::vector<int64_t> shape = {size()};
-      for (int64_t d : input.sizes()) shape.push_back(d);
-      gathered = at::empty(shape, input.options());
-    }));
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
     auto launch = [&](const void* in, void* out) {
       return Enqueue(comm, stream, timeout(), what, [&](ncclComm_t c, cudaStream_t s) {
         return ncclAllGather(in, out, count, type, c, s);

@@ -65,8 +65,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-absl::Status Cuda(cudaError_t e, const std::string& what) { return CudaStatus(e, what); }
-
 absl::Status Nccl(ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": NCCL ", ncclGetErrorString(r)));
@@ -100,15 +98,16 @@ absl::Status SetUpPlain(NcclCommunicator& world, int rank, size_t bytes, PlainNc
       !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          Cuda(cudaStreamCreateWithFlags(&plain.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&plain.stream, cudaStreamNonBlocking),
+                                  "cudaStreamCreate");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Cuda(cudaMallocHost(&plain.pinned, bytes), "cudaMallocHost"); !s.ok()) {
+  if (absl::Status s = CudaStatus(cudaMallocHost(&plain.pinned, bytes), "cudaMallocHost");
+      !s.ok()) {
     return s;
   }
-  return Cuda(cudaMalloc(&plain.device, bytes), "cudaMalloc");
+  return CudaStatus(cudaMalloc(&plain.device, bytes), "cudaMalloc");
 }
 
 // A second lockstep world over the same processes with other options; its store is named by
@@ -182,14 +181,14 @@ absl::Status RunRank(int rank, NcclCommunicator& lane) {
              !s.ok()) {
            return s;
          }
-         return Cuda(cudaStreamSynchronize(plain.stream), "cudaStreamSynchronize");
+         return CudaStatus(cudaStreamSynchronize(plain.stream), "cudaStreamSynchronize");
        }},
       {"floor_staged",
        [&]() -> absl::Status {
          if (rank == 0) std::memcpy(plain.pinned, source.data(), bytes);
-         if (absl::Status s = Cuda(cudaMemcpyAsync(plain.device, plain.pinned, bytes,
-                                                   cudaMemcpyHostToDevice, plain.stream),
-                                   "upload");
+         if (absl::Status s = CudaStatus(cudaMemcpyAsync(plain.device, plain.pinned, bytes,
+                                                         cudaMemcpyHostToDevice, plain.stream),
+                                         "upload");
              !s.ok()) {
            return s;
          }
@@ -199,13 +198,14 @@ absl::Status RunRank(int rank, NcclCommunicator& lane) {
              !s.ok()) {
            return s;
          }
-         if (absl::Status s = Cuda(cudaMemcpyAsync(plain.pinned, plain.device, bytes,
-                                                   cudaMemcpyDeviceToHost, plain.stream),
-                                   "download");
+         if (absl::Status s = CudaStatus(cudaMemcpyAsync(plain.pinned, plain.device, bytes,
+                                                         cudaMemcpyDeviceToHost, plain.stream),
+                                         "download");
              !s.ok()) {
            return s;
          }
-         if (absl::Status s = Cuda(cudaStreamSynchronize(plain.stream), "sync"); !s.ok()) return s;
+         if (absl::Status s = CudaStatus(cudaStreamSynchronize(plain.stream), "sync"); !s.ok())
+           return s;
          if (std::memcmp(plain.pinned, source.data(), bytes) != 0) {
            return absl::DataLossError("plain NCCL delivered other bytes than the root's");
          }
