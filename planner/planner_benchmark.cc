@@ -96,6 +96,28 @@ BENCHMARK(BM_PlanLongTailReusingPlan)
     ->MinTime(2.0)
     ->UseRealTime();
 
+// A trainer's forward call of one 65,536-token sequence over CP 2 (trainer_benchmark's): planned,
+// then digested for the plan agreement, as before every such call. Microseconds.
+void BM_PlanAndDigestOneSequence(benchmark::State& state) {
+  const std::vector<Sequence> batch = {Sequence::Of(kBudget, 1)};
+  const PlanOptions options = PlanOptions::Of(kBudget, 2);
+  for (auto _ : state) {
+    absl::StatusOr<Plan> plan = PlanMicrobatches(batch, options);
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      return;
+    }
+    if (state.range(0) == 1) benchmark::DoNotOptimize(PlanDigest(*plan));
+    benchmark::DoNotOptimize(plan);
+  }
+}
+BENCHMARK(BM_PlanAndDigestOneSequence)
+    ->ArgName("digest")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 void BM_PlanDigest(benchmark::State& state) {
   const absl::StatusOr<Plan> planned = PlanMicrobatches(
       LongTail(state.range(0)), PlanOptions::Of(kBudget, static_cast<int>(state.range(1))));

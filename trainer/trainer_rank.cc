@@ -21,6 +21,10 @@
 #include "base/file_io.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "c10/core/Event.h"
+#include "c10/core/Stream.h"
+#include "c10/core/StreamGuard.h"
+#include "c10/core/impl/VirtualGuardImpl.h"
 #include "collectives/agreement.h"
 #include "numerics/safetensors.h"
 #include "planner/plan_agreement.h"
@@ -28,6 +32,7 @@
 #include "rng/resume_state.h"
 #include "rng/snapshot.h"
 #include "rng/synchronize.h"
+#include "torch/csrc/autograd/custom_function.h"
 #include "torch/optim/optimizer.h"
 #include "torch/serialize.h"
 
@@ -53,6 +58,47 @@ at::Tensor Int64Tensor(const std::vector<int64_t>& values) { return at::tensor(v
 // assembled by one copy per piece; beyond it, by one index_select (a kernel launch per piece
 // would cost more than listing every token).
 constexpr int64_t kMaxPieceCopies = 64;
+
+// An output tensor already filled (outside autograd); not an input of the graph.
+struct Filled {
+  at::Tensor full;
+};
+
+// The full outputs of a microbatch as a differentiable function of this rank's forward output
+// `local`: forward hands back `filled.full` (every rank's rows, already in place), backward gives
+// `local` the gradient of its own rows, which lie in `full` as the runs `own_runs` ((first row,
+// rows) pairs, in `local`'s order). One node whatever the number of runs, and always in the
+// graph, even for an empty shard (a zero-row gradient): every rank's backward then runs the same
+// blocks, and their collectives.
+class AssembledOutputs : public torch::autograd::Function<AssembledOutputs> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local,
+                            Filled filled, const std::vector<int64_t>& own_runs) {
+    ctx->saved_data["own_runs"] = c10::IValue(own_runs);
+    ctx->saved_data["local_shape"] = c10::IValue(local.sizes().vec());
+    return filled.full;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor& grad = grads[0];
+    if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const std::vector<int64_t> runs = ctx->saved_data["own_runs"].toIntVector();
+    std::vector<at::Tensor> pieces;
+    for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+      pieces.push_back(grad.narrow(0, runs[i], runs[i + 1]));
+    }
+    at::Tensor local_grad;
+    if (pieces.empty()) {
+      local_grad = at::zeros(ctx->saved_data["local_shape"].toIntVector(), grad.options());
+    } else if (pieces.size() == 1) {
+      local_grad = pieces[0];
+    } else {
+      local_grad = at::cat(pieces, 0);
+    }
+    return {local_grad, at::Tensor(), at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -200,9 +246,9 @@ absl::StatusOr<planner::Plan> TrainerRank::Plan(const TrainerInputs& inputs) {
   return plan;
 }
 
-absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan& plan, int m,
-                                                            const TrainerInputs& inputs,
-                                                            const internal::LedgerCall& call) {
+absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
+    const planner::Plan& plan, int m, const TrainerInputs& inputs, const internal::LedgerCall& call,
+    const std::function<absl::Status()>& before_gather) {
   const std::string where = Where(absl::StrCat("microbatch ", m));
   const planner::Microbatch& mb = plan.microbatches(m);
   // Everything per token is written range by range from the shard's pieces (a few per packed
@@ -338,6 +384,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                      local.defined() ? absl::StrCat(local.dim() >= 1 ? local.size(0) : -1) : "no",
                      " rows for ", my_tokens, " tokens"));
   }
+  if (before_gather) LOCKSTEP_RETURN_IF_ERROR(before_gather());
   if (collaborators_.tp_cp_group == nullptr || cp_size() == 1) {
     out.outputs = local;
     return out;
@@ -345,8 +392,8 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   // Gather: every member sends its shard padded to the largest shard of the microbatch (an
   // empty shard sends padding), so all members run the same all-gather.
   const int64_t widest = work.widest_shard;
-  // Few pieces (long sequences): the full output is one concatenation of views in token order.
-  // Many (short sequences): one index_select over a listed index, built here, before the
+  // Few pieces (long sequences): the full output is filled by one copy per run of pieces. Many
+  // (short sequences): by one index_select over a listed index, built here, before the
   // all-gather waits, while the forward's kernels may still run.
   int64_t piece_count = 0;
   for (const auto& p : pieces) piece_count += static_cast<int64_t>(p.size());
@@ -376,6 +423,18 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
       if (piece.begin != covered) break;
       covered += piece.count;
     }
+    // Pieces that continue one another in both the output and their source are one copy.
+    size_t runs = 0;
+    for (const PieceSource& piece : sources) {
+      PieceSource* last = runs > 0 ? &sources[runs - 1] : nullptr;
+      if (last != nullptr && last->member == piece.member &&
+          last->begin + last->count == piece.begin && last->row + last->count == piece.row) {
+        last->count += piece.count;
+      } else {
+        sources[runs++] = piece;
+      }
+    }
+    sources.resize(runs);
     if (covered != mb.num_tokens()) {
       return absl::InternalError(absl::StrCat(where, ": the CP shards' pieces cover ", covered,
                                               " leading tokens of ", mb.num_tokens(),
@@ -411,6 +470,67 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
                   padded.slice(0, local.size(0)).zero_();
                 }),
       where);
+  // By pieces, the output is filled run by run: this rank's own runs now, from `local`, while the
+  // all-gather runs (on a GPU, on a side stream that waits for the forward), the others' after
+  // it. The copies go through `full`, outside autograd; the output handed back is made now, by
+  // AssembledOutputs (above), which puts `local` into the graph, so that after the gather only
+  // the others' copies remain to be queued.
+  at::Tensor full;
+  std::optional<c10::Event> own_copied;
+  if (by_pieces) {
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        CallTorch(
+            "placing the own rows",
+            [&] {
+              std::vector<int64_t> shape = local.sizes().vec();
+              shape[0] = mb.num_tokens();
+              full = at::empty(shape, local.options().requires_grad(false));
+              const at::Tensor source = local.detach();
+              auto copy_own = [&] {
+                for (const PieceSource& run : scratch_.piece_sources) {
+                  if (run.member != PieceSource::kOwn) continue;
+                  full.narrow(0, run.begin, run.count).copy_(source.narrow(0, run.row, run.count));
+                }
+              };
+              if (!local.is_cuda()) {
+                copy_own();
+                return;
+              }
+              const c10::impl::VirtualGuardImpl device(local.device().type());
+              const c10::Stream current = device.getStream(local.device());
+              const c10::Stream side = device.getStreamFromGlobalPool(local.device());
+              c10::Event forward_done(local.device().type());
+              forward_done.record(current);
+              forward_done.block(side);
+              {
+                const c10::StreamGuard on_side(side);
+                copy_own();
+              }
+              // Neither block is reused before the side stream is done with it (even if
+              // the all-gather fails and both are dropped).
+              device.recordDataPtrOnStream(source.storage().data_ptr(), side);
+              device.recordDataPtrOnStream(full.storage().data_ptr(), side);
+              own_copied.emplace(local.device().type());
+              own_copied->record(side);
+            }),
+        where);
+    std::vector<int64_t> own_runs;  // (row of `full`, rows), in `local`'s order
+    for (const PieceSource& run : scratch_.piece_sources) {
+      if (run.member != PieceSource::kOwn) continue;
+      own_runs.push_back(run.begin);
+      own_runs.push_back(run.count);
+    }
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(CallTorch("assembling the full outputs",
+                                                    [&] {
+                                                      // `full` stays a plain tensor for the copies
+                                                      // to come; the output shares it.
+                                                      const at::Tensor output = full;
+                                                      full = full.detach();
+                                                      out.outputs = AssembledOutputs::apply(
+                                                          local, Filled{output}, own_runs);
+                                                    }),
+                                          where);
+  }
   absl::StatusOr<std::vector<at::Tensor>> all = collaborators_.tp_cp_group->AllGather(padded);
   if (!all.ok()) return Annotate(all.status(), absl::StrCat(where, ": gathering the outputs"));
   const std::vector<at::Tensor>& gathered = *all;
@@ -418,52 +538,48 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(const planner::Plan&
   // constants. The output is [tokens, ...] of the full width, so every pass avoided here is a
   // pass over all of it.
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      CallTorch("assembling the full outputs",
-                [&] {
-                  if (by_pieces) {
-                    // Every piece in token order: this rank's are views of `local` (so they stay
-                    // differentiable; an empty shard is included as its zero rows, which keeps
-                    // it in the autograd graph), the others' views of their gathered shards.
-                    // One pass over the output, no index.
-                    const std::vector<PieceSource>& sources = scratch_.piece_sources;
-                    std::vector<at::Tensor> views;
-                    views.reserve(sources.size() + 1);
-                    if (my_tokens == 0) views.push_back(local);
-                    for (const PieceSource& piece : sources) {
-                      const at::Tensor& source =
-                          piece.member == PieceSource::kOwn ? local : gathered[piece.member];
-                      views.push_back(source.narrow(0, piece.row, piece.count));
-                    }
-                    out.outputs = at::cat(views, 0);
-                    return;
-                  }
-                  // The shards side by side: a view when the communicator returned views of one
-                  // buffer in member order (NCCL does), else a concatenation.
-                  const at::Tensor& first = gathered.front();
-                  bool one_buffer = first.is_contiguous();
-                  for (size_t g = 0; g < gathered.size() && one_buffer; ++g) {
-                    one_buffer =
-                        gathered[g].is_contiguous() && gathered[g].sizes() == first.sizes() &&
-                        gathered[g].storage().is_alias_of(first.storage()) &&
-                        gathered[g].storage_offset() ==
-                            first.storage_offset() + static_cast<int64_t>(g) * first.numel();
-                  }
-                  std::vector<int64_t> shape = first.sizes().vec();
-                  shape[0] *= static_cast<int64_t>(gathered.size());
-                  const at::Tensor side_by_side =
-                      one_buffer ? first.as_strided(shape, c10::contiguous_strides(shape),
-                                                    first.storage_offset())
-                                 : at::cat(gathered, 0);
-                  // A copy even on the CPU: autograd keeps the index for backward, and the
-                  // scratch list is reused by the next microbatch.
-                  const at::Tensor device_index =
-                      at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
-                          .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
-                  at::Tensor full =
-                      side_by_side.index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
-                  full.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
-                  out.outputs = full;
-                }),
+      CallTorch(
+          "assembling the full outputs",
+          [&] {
+            if (by_pieces) {
+              // The others' runs, after the own ones (which ran beside the all-gather).
+              if (own_copied.has_value()) {
+                own_copied->block(
+                    c10::impl::VirtualGuardImpl(local.device().type()).getStream(local.device()));
+              }
+              for (const PieceSource& run : scratch_.piece_sources) {
+                if (run.member == PieceSource::kOwn) continue;
+                full.narrow(0, run.begin, run.count)
+                    .copy_(gathered[run.member].narrow(0, run.row, run.count));
+              }
+              return;
+            }
+            // The shards side by side: a view when the communicator returned views of one
+            // buffer in member order (NCCL does), else a concatenation.
+            const at::Tensor& first = gathered.front();
+            bool one_buffer = first.is_contiguous();
+            for (size_t g = 0; g < gathered.size() && one_buffer; ++g) {
+              one_buffer = gathered[g].is_contiguous() && gathered[g].sizes() == first.sizes() &&
+                           gathered[g].storage().is_alias_of(first.storage()) &&
+                           gathered[g].storage_offset() ==
+                               first.storage_offset() + static_cast<int64_t>(g) * first.numel();
+            }
+            std::vector<int64_t> shape = first.sizes().vec();
+            shape[0] *= static_cast<int64_t>(gathered.size());
+            const at::Tensor side_by_side =
+                one_buffer ? first.as_strided(shape, c10::contiguous_strides(shape),
+                                              first.storage_offset())
+                           : at::cat(gathered, 0);
+            // A copy even on the CPU: autograd keeps the index for backward, and the
+            // scratch list is reused by the next microbatch.
+            const at::Tensor device_index =
+                at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
+                    .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
+            at::Tensor full =
+                side_by_side.index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
+            full.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
+            out.outputs = full;
+          }),
       where);
   return out;
 }
@@ -510,10 +626,9 @@ absl::Status TrainerRank::CommitLedgerStep(const internal::LedgerCall& call) {
       Where(absl::StrCat("committing ledger step ", call.step)));
 }
 
-absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& plan,
-                                                              std::vector<int>& depth,
-                                                              internal::LedgerCall& call, int m,
-                                                              const TrainerInputs& inputs) {
+absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(
+    planner::Plan& plan, std::vector<int>& depth, internal::LedgerCall& call, int m,
+    const TrainerInputs& inputs, const std::function<absl::Status()>& before_gather) {
   while (true) {
     // Where the model stream stands before the attempt (only needed to rewind after an agreed
     // out-of-memory outcome, so only with admission).
@@ -522,7 +637,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(planner::Plan& pla
       LOCKSTEP_ASSIGN_OR_RETURN(before,
                                 rng::RngSnapshot::Capture(collaborators_.streams->generators()));
     }
-    absl::StatusOr<MicrobatchOutput> out = RunMicrobatch(plan, m, inputs, call);
+    absl::StatusOr<MicrobatchOutput> out = RunMicrobatch(plan, m, inputs, call, before_gather);
     if (out.ok() || config_.memory_model == nullptr || !absl::IsResourceExhausted(out.status())) {
       return out;
     }
@@ -598,13 +713,24 @@ absl::StatusOr<std::optional<MicrobatchOutput>> MicrobatchStream::Next() {
     }
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope,
                               EnterModelStream(streams, trainer_->config_.model_stream_scope));
+    // The scope ends, and the caller's state is synchronized across the group (the hand-back
+    // point's contract), once the model's forward is queued and its outcome agreed: the gather
+    // and the assembly of the outputs draw no random numbers, so both run while the forward's
+    // kernels do instead of after the gather.
+    bool synchronized = false;
+    auto hand_back_rng = [&]() -> absl::Status {
+      LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+          trainer_->SynchronizeCaller(),
+          trainer_->Where(absl::StrCat("synchronizing after microbatch ", next_)));
+      synchronized = true;
+      return absl::OkStatus();
+    };
     absl::StatusOr<MicrobatchOutput> run =
-        trainer_->RunWithRecovery(plan_, split_depth_, ledger_, next_, inputs_);
-    LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));
+        trainer_->RunWithRecovery(plan_, split_depth_, ledger_, next_, inputs_, hand_back_rng);
+    LOCKSTEP_RETURN_IF_ERROR(ExitModelStream(scope));  // a no-op once ended
     if (!run.ok()) return run.status();
-    // The hand-back point: the caller's state agrees across the group before the caller draws.
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(trainer_->SynchronizeCaller(),
-                                          trainer_->Where("synchronizing after a microbatch"));
+    if (!synchronized) LOCKSTEP_RETURN_IF_ERROR(hand_back_rng());
     // Handed back: the microbatch completed; the call's last one commits the step.
     LOCKSTEP_RETURN_IF_ERROR(
         trainer_->RecordLedger(ledger_, admission::LedgerEventKind::kCompleted, plan_, next_));
@@ -640,7 +766,7 @@ absl::StatusOr<std::vector<MicrobatchOutput>> TrainerRank::DpRankForward(Trainer
       std::vector<int> depth(plan.microbatches_size(), 0);
       for (int m = 0; m < plan.microbatches_size(); ++m) {
         LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchOutput out,
-                                  RunWithRecovery(plan, depth, call, m, inputs));
+                                  RunWithRecovery(plan, depth, call, m, inputs, nullptr));
         outputs.push_back(std::move(out));
       }
       return absl::OkStatus();

@@ -12,10 +12,14 @@
 // - The caller's inputs are materialised under the caller's RNG before they are given here; no
 //   library work happens before.
 // - Planning and the model's forward run inside the model-stream scope (rng/model_stream.h);
-//   the scope never spans a hand-back to the caller.
+//   the scope never spans a hand-back to the caller. For a MicrobatchStream it ends once the
+//   microbatch's forward is queued and the group agreed on its outcome: the gather and the
+//   assembly of the outputs that follow draw no random numbers.
 // - After each hand-back point — each microbatch a MicrobatchStream yields, each DpRankForward
 //   return — the caller's RNG state is synchronized across the TP x CP group (its leader's state
 //   wins), so the caller's draws (token masks, a custom head's dropout) agree on every replica.
+//   A MicrobatchStream synchronizes as soon as its scope has ended (before the gather, while the
+//   forward's kernels run); nothing draws from the caller's state between then and the hand-back.
 // - Create synchronizes first, so the model stream, derived from the caller's state at the first
 //   scope, agrees across the replicas too (ART derives it from each replica's unsynchronized
 //   state).
@@ -244,8 +248,9 @@ struct LedgerCall {
 // Pull-based microbatch stream of one ForwardMicroBatches call.
 class MicrobatchStream {
  public:
-  // The next microbatch's full outputs (then the caller's RNG is synchronized), or nullopt when
-  // the plan is done. Collective over the TP x CP group. After an error the stream is finished.
+  // The next microbatch's full outputs (the caller's RNG synchronized across the group), or
+  // nullopt when the plan is done. Collective over the TP x CP group. After an error the stream is
+  // finished.
   absl::StatusOr<std::optional<MicrobatchOutput>> Next();
 
   const planner::Plan& plan() const { return plan_; }
@@ -339,14 +344,17 @@ class TrainerRank {
   absl::StatusOr<planner::Plan> Plan(const TrainerInputs& inputs);
   // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs. With
   // admission, an agreed out-of-memory outcome is kResourceExhausted on every replica.
-  absl::StatusOr<MicrobatchOutput> RunMicrobatch(const planner::Plan& plan, int m,
-                                                 const TrainerInputs& inputs,
-                                                 const internal::LedgerCall& call);
+  // `before_gather`, when set, runs once the forward is queued, its outcome agreed and its
+  // output checked, before the gather (the stream ends the scope and synchronizes the caller
+  // there).
+  absl::StatusOr<MicrobatchOutput> RunMicrobatch(
+      const planner::Plan& plan, int m, const TrainerInputs& inputs,
+      const internal::LedgerCall& call, const std::function<absl::Status()>& before_gather);
   // RunMicrobatch with the recovery loop: on an agreed out-of-memory outcome, rewinds the model
   // stream, splits microbatch `m` of `plan` (and `depth`) and retries its first half.
-  absl::StatusOr<MicrobatchOutput> RunWithRecovery(planner::Plan& plan, std::vector<int>& depth,
-                                                   internal::LedgerCall& call, int m,
-                                                   const TrainerInputs& inputs);
+  absl::StatusOr<MicrobatchOutput> RunWithRecovery(
+      planner::Plan& plan, std::vector<int>& depth, internal::LedgerCall& call, int m,
+      const TrainerInputs& inputs, const std::function<absl::Status()>& before_gather);
   // The ledger's part of a forward call (no-ops without a ledger): the step begins with the
   // plan; events of microbatch m; the step commits.
   absl::Status BeginLedgerStep(const planner::Plan& plan, internal::LedgerCall& call);
