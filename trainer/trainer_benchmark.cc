@@ -201,41 +201,40 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   // The group's slowest rank sets the pace; report rank 0's view of the maxima.
   at::Tensor medians = at::tensor(std::vector<double>{bare_median, trainer_median}, at::kDouble);
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(medians));
-  for (const std::string& l : Probe().order)
-    if (rank == 0) {
-      double worst = 0;
-      for (const at::Tensor& m : all) {
-        worst = std::max(worst, m[1].item<double>() / m[0].item<double>());
-      }
-      std::printf(
-          "device %s, CP %d, %lld tokens per microbatch (%zu on this rank), width %lld, "
-          "hidden %lld, %d paired iterations%s\n",
-          device_name.c_str(), world.size(), static_cast<long long>(tokens), mine.size(),
-          static_cast<long long>(width), static_cast<long long>(hidden), iterations,
-          ledger != nullptr ? ", with a recovery ledger" : "");
-      std::printf("bare forward median %.3f ms; trainer microbatch median %.3f ms (rank 0)\n",
-                  1e3 * bare_median, 1e3 * trainer_median);
-      bare_phases[0].assign(bare_phases[1].size(), 0.0);
-      bare_phases[4].assign(bare_phases[1].size(), 0.0);
-      for (const auto& [side, phases] :
-           {std::make_pair("bare", &bare_phases), std::make_pair("trainer", &trainer_phases)}) {
-        std::printf(
-            "%s phases (medians, ms, rank 0): before the model %.3f, model call %.3f, to the "
-            "output in hand %.3f, waiting for the result %.3f, after %.3f\n",
-            side, 1e3 * Median((*phases)[0]), 1e3 * Median((*phases)[1]),
-            1e3 * Median((*phases)[2]), 1e3 * Median((*phases)[3]), 1e3 * Median((*phases)[4]));
-      }
-      std::printf("minor page faults per iteration (medians, rank 0): bare %.0f, trainer %.0f\n",
-                  Median(bare_faults), Median(trainer_faults));
-      std::printf(
-          "ratio trainer microbatch / bare forward (worst rank, paired medians): %.4f "
-          "(target <= %.2f for forwards of >= 5 ms: %s)\n",
-          worst, target,
-          bare_median < 0.005 ? "forward under 5 ms, target not applicable"
-          : worst <= target   ? "met"
-                              : "NOT met");
-      std::fflush(stdout);  // the rank's process ends without flushing stdio
+  if (rank == 0) {
+    double worst = 0;
+    for (const at::Tensor& m : all) {
+      worst = std::max(worst, m[1].item<double>() / m[0].item<double>());
     }
+    std::printf(
+        "device %s, CP %d, %lld tokens per microbatch (%zu on this rank), width %lld, "
+        "hidden %lld, %d paired iterations%s\n",
+        device_name.c_str(), world.size(), static_cast<long long>(tokens), mine.size(),
+        static_cast<long long>(width), static_cast<long long>(hidden), iterations,
+        ledger != nullptr ? ", with a recovery ledger" : "");
+    std::printf("bare forward median %.3f ms; trainer microbatch median %.3f ms (rank 0)\n",
+                1e3 * bare_median, 1e3 * trainer_median);
+    bare_phases[0].assign(bare_phases[1].size(), 0.0);
+    bare_phases[4].assign(bare_phases[1].size(), 0.0);
+    for (const auto& [side, phases] :
+         {std::make_pair("bare", &bare_phases), std::make_pair("trainer", &trainer_phases)}) {
+      std::printf(
+          "%s phases (medians, ms, rank 0): before the model %.3f, model call %.3f, to the "
+          "output in hand %.3f, waiting for the result %.3f, after %.3f\n",
+          side, 1e3 * Median((*phases)[0]), 1e3 * Median((*phases)[1]), 1e3 * Median((*phases)[2]),
+          1e3 * Median((*phases)[3]), 1e3 * Median((*phases)[4]));
+    }
+    std::printf("minor page faults per iteration (medians, rank 0): bare %.0f, trainer %.0f\n",
+                Median(bare_faults), Median(trainer_faults));
+    std::printf(
+        "ratio trainer microbatch / bare forward (worst rank, paired medians): %.4f "
+        "(target <= %.2f for forwards of >= 5 ms: %s)\n",
+        worst, target,
+        bare_median < 0.005 ? "forward under 5 ms, target not applicable"
+        : worst <= target   ? "met"
+                            : "NOT met");
+    std::fflush(stdout);  // the rank's process ends without flushing stdio
+  }
   return absl::OkStatus();
 }
 
