@@ -100,6 +100,56 @@ class AssembledOutputs : public torch::autograd::Function<AssembledOutputs> {
   }
 };
 
+using RowRuns = std::vector<std::pair<int64_t, int64_t>>;  // (first caller row, rows)
+
+// The caller's rows of the shard `mine` of microbatch `mb` as runs of consecutive rows (a piece,
+// or pieces that follow one another in the caller's inputs). `row_offset[b]`: the first row of
+// sequence b of the batch.
+void ShardRowRuns(const planner::Microbatch& mb, const std::vector<planner::ShardPiece>& mine,
+                  const std::vector<int64_t>& row_offset, RowRuns& runs) {
+  runs.clear();
+  for (const planner::ShardPiece& p : mine) {
+    const int64_t count = p.end - p.begin;
+    const int64_t first_row = row_offset[mb.batch_index(p.sequence)] +
+                              planner::TokenBegin(mb, p.sequence) +
+                              (p.begin - mb.cu_seqlens(p.sequence));
+    if (!runs.empty() && runs.back().first + runs.back().second == first_row) {
+      runs.back().second += count;
+    } else {
+      runs.emplace_back(first_row, count);
+    }
+  }
+}
+
+// The rows `runs` of `rows`, in order. Throws c10::Error.
+at::Tensor SelectRows(const at::Tensor& rows, const RowRuns& runs, std::vector<int64_t>& scratch) {
+  if (runs.size() <= 1) {
+    // One run (a single sequence, or sequences packed in input order, without CP), or none: a
+    // view, not a copy.
+    return runs.empty() ? rows.narrow(0, 0, 0) : rows.narrow(0, runs[0].first, runs[0].second);
+  }
+  if (static_cast<int64_t>(runs.size()) <= kMaxPieceCopies) {
+    // A few runs (CP's chunks of long sequences): one concatenation of views, without listing
+    // every row or uploading an index.
+    std::vector<at::Tensor> views;
+    views.reserve(runs.size());
+    for (const auto& [first, count] : runs) views.push_back(rows.narrow(0, first, count));
+    return at::cat(views, 0);
+  }
+  // Many runs (short sequences): one gather over the listed rows.
+  scratch.clear();
+  for (const auto& [first, count] : runs) {
+    for (int64_t i = 0; i < count; ++i) scratch.push_back(first + i);
+  }
+  return rows.index_select(0, Int64Tensor(scratch).to(rows.device()));
+}
+
+// The first row of each sequence of `batch` (and the total at the end).
+void RowOffsets(const std::vector<planner::Sequence>& batch, std::vector<int64_t>& offsets) {
+  offsets.assign(batch.size() + 1, 0);
+  for (size_t b = 0; b < batch.size(); ++b) offsets[b + 1] = offsets[b] + batch[b].num_tokens;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerConfig& config,
@@ -239,11 +289,35 @@ absl::StatusOr<planner::Plan> TrainerRank::Plan(const TrainerInputs& inputs) {
   options.loss_normalization = config_.loss_normalization;
   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan,
                             planner::PlanMicrobatches(inputs.sequences, options));
+  PrefetchFirstShard(plan, inputs);
   if (Replicas() != nullptr) {
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(planner::CheckPlanAgreement(*Replicas(), plan),
                                           Where("plan agreement"));
   }
   return plan;
+}
+
+void TrainerRank::PrefetchFirstShard(const planner::Plan& plan, const TrainerInputs& inputs) {
+  prefetched_.reset();
+  if (plan.microbatches_size() == 0 || !inputs.rows.is_cuda()) return;
+  absl::StatusOr<std::vector<planner::ShardPiece>> mine = planner::ShardPieces(plan, 0, cp_rank_);
+  if (!mine.ok()) return;  // RunMicrobatch reports it
+  PrefetchedInputs prefetch;
+  prefetch.rows = inputs.rows.unsafeGetTensorImpl();
+  prefetch.version = inputs.rows._version();
+  prefetch.stream =
+      c10::impl::VirtualGuardImpl(inputs.rows.device().type()).getStream(inputs.rows.device());
+  std::vector<int64_t> row_offset;
+  RowOffsets(inputs.sequences, row_offset);
+  ShardRowRuns(plan.microbatches(0), *mine, row_offset, prefetch.runs);
+  if (prefetch.runs.size() <= 1) return;  // a view: nothing to copy ahead
+  // Best effort: a failure (out of memory) is left to the microbatch's own attempt, whose
+  // outcome the group agrees on.
+  if (CallTorch("prefetching the shard's inputs", [&] {
+        prefetch.inputs = SelectRows(inputs.rows, prefetch.runs, scratch_.my_rows);
+      }).ok()) {
+    prefetched_ = std::move(prefetch);
+  }
 }
 
 absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
@@ -257,10 +331,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
   // kernels do. Measured on an H200 host: per-token lists built before the forward cost ~1.1 ms
   // of a 6.3 ms microbatch of 65,536 tokens.
   std::vector<int64_t>& row_offset = scratch_.row_offset;
-  row_offset.assign(inputs.sequences.size() + 1, 0);
-  for (size_t b = 0; b < inputs.sequences.size(); ++b) {
-    row_offset[b + 1] = row_offset[b] + inputs.sequences[b].num_tokens;
-  }
+  RowOffsets(inputs.sequences, row_offset);
   // The caller's row of packed token `t` of packed sequence `k` (t in its range).
   auto row_of = [&](int k, int64_t t) {
     return row_offset[mb.batch_index(k)] + planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k));
@@ -287,42 +358,19 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
   MicrobatchOutput out;
   out.microbatch = m;
   const absl::Status selected = CallTorch("selecting the shard's inputs", [&] {
-    // The shard's rows as runs of consecutive caller rows (a piece, or pieces
-    // that follow one another in the caller's inputs).
-    std::vector<std::pair<int64_t, int64_t>>& runs = scratch_.row_runs;
-    runs.clear();
-    for (const planner::ShardPiece& p : mine) {
-      const int64_t count = p.end - p.begin;
-      const int64_t first_row = row_of(p.sequence, p.begin);
-      if (!runs.empty() && runs.back().first + runs.back().second == first_row) {
-        runs.back().second += count;
-      } else {
-        runs.emplace_back(first_row, count);
-      }
-    }
-    if (runs.size() <= 1) {
-      // One run (a single sequence, or sequences packed in input order, without
-      // CP), or none: a view, not a copy.
-      work.inputs = runs.empty() ? inputs.rows.narrow(0, 0, 0)
-                                 : inputs.rows.narrow(0, runs[0].first, my_tokens);
-    } else if (static_cast<int64_t>(runs.size()) <= kMaxPieceCopies) {
-      // A few runs (CP's chunks of long sequences): one concatenation of views,
-      // without listing every row or uploading an index.
-      std::vector<at::Tensor> views;
-      views.reserve(runs.size());
-      for (const auto& [first, count] : runs) {
-        views.push_back(inputs.rows.narrow(0, first, count));
-      }
-      work.inputs = at::cat(views, 0);
+    RowRuns& runs = scratch_.row_runs;
+    ShardRowRuns(mb, mine, row_offset, runs);
+    // Taken only for the same rows, unchanged since (their version), and the same stream, which
+    // the copy was queued on.
+    if (prefetched_.has_value() && prefetched_->rows == inputs.rows.unsafeGetTensorImpl() &&
+        prefetched_->version == inputs.rows._version() && prefetched_->runs == runs &&
+        prefetched_->stream == c10::impl::VirtualGuardImpl(inputs.rows.device().type())
+                                   .getStream(inputs.rows.device())) {
+      work.inputs = std::move(prefetched_->inputs);
     } else {
-      // Many runs (short sequences): one gather over the listed rows.
-      std::vector<int64_t>& my_rows = scratch_.my_rows;
-      my_rows.clear();
-      for (const auto& [first, count] : runs) {
-        for (int64_t i = 0; i < count; ++i) my_rows.push_back(first + i);
-      }
-      work.inputs = inputs.rows.index_select(0, Int64Tensor(my_rows).to(inputs.rows.device()));
+      work.inputs = SelectRows(inputs.rows, runs, scratch_.my_rows);
     }
+    prefetched_.reset();
   });
   // A failure to select the inputs (out of memory on the device) is this rank's outcome of the
   // forward: the group agrees on it below like on a failed forward.

@@ -67,6 +67,7 @@
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "admission/memory_probe.h"
+#include "c10/core/Stream.h"
 #include "checkpoint/checkpoint.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
@@ -342,6 +343,11 @@ class TrainerRank {
         cp_holders_(std::move(cp_holders)) {}
 
   absl::StatusOr<planner::Plan> Plan(const TrainerInputs& inputs);
+  // On a GPU, queues the copy of the first microbatch's shard inputs (when they are not one run
+  // of rows) right after planning, so that it runs while the plan agreement and the rest of the
+  // host work before the forward do; RunMicrobatch takes it if the microbatch's rows are the
+  // same. Best effort: on any failure nothing is kept.
+  void PrefetchFirstShard(const planner::Plan& plan, const TrainerInputs& inputs);
   // Runs microbatch `m` (inside the model-stream scope) and gathers its full outputs. With
   // admission, an agreed out-of-memory outcome is kResourceExhausted on every replica.
   // `before_gather`, when set, runs once the forward is queued, its outcome agreed and its
@@ -393,6 +399,16 @@ class TrainerRank {
     int member = kOwn;
     int64_t row = 0;
   };
+  // The first microbatch's shard inputs, selected ahead (PrefetchFirstShard): the rows tensor
+  // and the runs of its rows they were selected from.
+  struct PrefetchedInputs {
+    const c10::TensorImpl* rows = nullptr;
+    int64_t version = 0;                // the rows' version counter then
+    std::optional<c10::Stream> stream;  // the stream the copy was queued on
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    at::Tensor inputs;
+  };
+  std::optional<PrefetchedInputs> prefetched_;
   // Per-token lists of RunMicrobatch, kept between microbatches so their memory is reused.
   struct Scratch {
     std::vector<int64_t> row_offset, my_rows;
