@@ -623,10 +623,10 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
             const at::Tensor device_index =
                 at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
                     .to(padded.device(), at::kLong, /*non_blocking=*/false, /*copy=*/true);
-            at::Tensor full =
+            at::Tensor assembled =
                 side_by_side.index_select(0, device_index.narrow(0, 0, mb.num_tokens()));
-            full.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
-            out.outputs = full;
+            assembled.index_copy_(0, device_index.narrow(0, mb.num_tokens(), my_tokens), local);
+            out.outputs = assembled;
           }),
       where);
   return out;

@@ -35,6 +35,9 @@ absl::StatusCode CodeOf(int rc) {
   }
 }
 
+// A statement's text as errors show it.
+absl::string_view Shown(const std::string& sql) { return absl::string_view(sql).substr(0, 60); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path, bool create) {
@@ -56,7 +59,16 @@ absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path
   return std::unique_ptr<SqliteDb>(new SqliteDb(db, path));
 }
 
-SqliteDb::~SqliteDb() { sqlite3_close(db_); }
+SqliteDb::~SqliteDb() {
+  for (auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
+  sqlite3_close(db_);
+}
+
+void SqliteDb::Release(std::string sql, sqlite3_stmt* stmt) {
+  sqlite3_reset(stmt);  // also ends a read it left open, so checkpoints are not held back
+  sqlite3_clear_bindings(stmt);
+  if (!idle_.emplace(std::move(sql), stmt).second) sqlite3_finalize(stmt);
+}
 
 absl::Status SqliteDb::Error(int rc, absl::string_view what) const {
   return absl::Status(CodeOf(rc),
@@ -71,10 +83,17 @@ absl::Status SqliteDb::Exec(absl::string_view sql) {
 }
 
 absl::StatusOr<SqliteStatement> SqliteDb::Prepare(absl::string_view sql) {
+  std::string text(sql);
+  if (auto kept = idle_.find(text); kept != idle_.end()) {
+    sqlite3_stmt* stmt = kept->second;
+    idle_.erase(kept);
+    return SqliteStatement(this, stmt, std::move(text));
+  }
   sqlite3_stmt* stmt = nullptr;
-  const int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  const int rc = sqlite3_prepare_v3(db_, text.data(), static_cast<int>(text.size()),
+                                    SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
   if (rc != SQLITE_OK) return Error(rc, absl::StrCat("preparing '", sql.substr(0, 60), "'"));
-  return SqliteStatement(this, stmt, std::string(sql.substr(0, 60)));
+  return SqliteStatement(this, stmt, std::move(text));
 }
 
 absl::StatusOr<int64_t> SqliteDb::QueryInt(absl::string_view sql) {
@@ -93,30 +112,32 @@ SqliteStatement::SqliteStatement(SqliteStatement&& other) noexcept
   other.stmt_ = nullptr;
 }
 
-SqliteStatement::~SqliteStatement() { sqlite3_finalize(stmt_); }
+SqliteStatement::~SqliteStatement() {
+  if (stmt_ != nullptr) db_->Release(std::move(sql_), stmt_);
+}
 
 absl::Status SqliteStatement::BindInt(int index, int64_t value) {
   const int rc = sqlite3_bind_int64(stmt_, index, value);
-  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", Shown(sql_), "'"));
   return absl::OkStatus();
 }
 
 absl::Status SqliteStatement::BindText(int index, absl::string_view value) {
   const int rc =
       sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
-  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", Shown(sql_), "'"));
   return absl::OkStatus();
 }
 
 absl::Status SqliteStatement::BindBlob(int index, absl::string_view value) {
   const int rc = sqlite3_bind_blob64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT);
-  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", Shown(sql_), "'"));
   return absl::OkStatus();
 }
 
 absl::Status SqliteStatement::BindNull(int index) {
   const int rc = sqlite3_bind_null(stmt_, index);
-  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", sql_, "'"));
+  if (rc != SQLITE_OK) return db_->Error(rc, absl::StrCat("binding '", Shown(sql_), "'"));
   return absl::OkStatus();
 }
 
@@ -124,7 +145,7 @@ absl::StatusOr<bool> SqliteStatement::Step() {
   const int rc = sqlite3_step(stmt_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
-  absl::Status status = db_->Error(rc, absl::StrCat("running '", sql_, "'"));
+  absl::Status status = db_->Error(rc, absl::StrCat("running '", Shown(sql_), "'"));
   sqlite3_reset(stmt_);
   return status;
 }
@@ -132,7 +153,7 @@ absl::StatusOr<bool> SqliteStatement::Step() {
 absl::Status SqliteStatement::Run() {
   absl::StatusOr<bool> row = Step();
   if (!row.ok()) return row.status();
-  if (*row) return absl::InternalError(absl::StrCat("'", sql_, "' returned a row"));
+  if (*row) return absl::InternalError(absl::StrCat("'", Shown(sql_), "' returned a row"));
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -42,7 +43,9 @@ class SqliteDb {
   // Runs one or more statements without results.
   absl::Status Exec(absl::string_view sql);
 
-  // Prepares one statement.
+  // Prepares one statement. A statement of the same text prepared before and released is reused
+  // (reset, bindings cleared) instead of compiled again: the ledger runs the same few statements
+  // for every event. Every statement must be released before its SqliteDb is destroyed.
   absl::StatusOr<SqliteStatement> Prepare(absl::string_view sql);
 
   // The single integer a query such as "PRAGMA user_version" returns.
@@ -56,9 +59,14 @@ class SqliteDb {
  private:
   SqliteDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   friend class SqliteStatement;
+  // Takes back a released statement of text `sql` for reuse (or finalizes it if one of that
+  // text is already kept).
+  void Release(std::string sql, sqlite3_stmt* stmt);
 
   sqlite3* db_;
   std::string path_;
+  // Released statements by their text, reset and ready for reuse.
+  std::unordered_map<std::string, sqlite3_stmt*> idle_;
 };
 
 // One prepared statement; Bind* by 1-based index, Step, column readers, Reset for reuse.
@@ -88,12 +96,12 @@ class SqliteStatement {
 
  private:
   friend class SqliteDb;
-  SqliteStatement(const SqliteDb* db, sqlite3_stmt* stmt, std::string sql)
+  SqliteStatement(SqliteDb* db, sqlite3_stmt* stmt, std::string sql)
       : db_(db), stmt_(stmt), sql_(std::move(sql)) {}
 
-  const SqliteDb* db_;
+  SqliteDb* db_;
   sqlite3_stmt* stmt_;
-  std::string sql_;
+  std::string sql_;  // the whole text (the key it is kept under for reuse)
 };
 
 }  // namespace internal
