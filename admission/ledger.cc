@@ -365,6 +365,12 @@ absl::Status Fsync(const std::string& path) {
   return absl::OkStatus();
 }
 
+// The directory holding `path` (its entry is what a new file's directory fsync makes durable).
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash + 1);
+}
+
 // Creates an empty ledger at `path` atomically: the schema is built in a temporary file beside
 // it, which is closed (so nothing remains in its WAL) and renamed into place, so a crash leaves
 // either no ledger or a complete empty one.
@@ -394,8 +400,7 @@ absl::Status CreateLedgerFile(const std::string& path) {
       }
       return absl::InternalError(absl::StrCat("creating ledger ", path, ": ", strerror(errno)));
     }
-    const size_t slash = path.find_last_of('/');
-    return Fsync(slash == std::string::npos ? "." : path.substr(0, slash + 1));
+    return Fsync(DirectoryOf(path));
   }();
   unlink(temp.c_str());
   unlink(absl::StrCat(temp, "-wal").c_str());
@@ -472,8 +477,7 @@ Ledger::~Ledger() {
 
 void Ledger::SyncLoop() {
   const std::string wal = absl::StrCat(path_, "-wal");
-  const size_t slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+  const std::string dir = DirectoryOf(path_);
   std::unique_lock<std::mutex> lock(sync_mu_);
   while (true) {
     sync_cv_.wait(lock, [&] { return sync_requested_ || sync_stopping_; });

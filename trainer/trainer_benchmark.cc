@@ -147,12 +147,12 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     at::Tensor out = model(shard_rows);
     const auto returned = Clock::now();
     const at::Tensor last = LastValue(out);
-    const auto summed = Clock::now();
+    const auto in_hand = Clock::now();
     (void)last.item<float>();
     const auto waited = Clock::now();
     bare_phases[1].push_back(SecondsBetween(start, returned));
-    bare_phases[2].push_back(SecondsBetween(returned, summed));
-    bare_phases[3].push_back(SecondsBetween(summed, waited));
+    bare_phases[2].push_back(SecondsBetween(returned, in_hand));
+    bare_phases[3].push_back(SecondsBetween(in_hand, waited));
     return SecondsBetween(start, Clock::now());
   };
   auto through_trainer = [&]() -> absl::StatusOr<double> {
@@ -162,15 +162,15 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
     if (!out.has_value()) return absl::InternalError("no microbatch");
     const at::Tensor last = LastValue(out->outputs);
-    const auto summed = Clock::now();
+    const auto in_hand = Clock::now();
     (void)last.item<float>();
     const auto waited = Clock::now();
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> end, stream.Next());
     if (end.has_value()) return absl::InternalError("more than one microbatch");
     trainer_phases[0].push_back(SecondsBetween(start, model_called));
     trainer_phases[1].push_back(SecondsBetween(model_called, model_returned));
-    trainer_phases[2].push_back(SecondsBetween(model_returned, summed));
-    trainer_phases[3].push_back(SecondsBetween(summed, waited));
+    trainer_phases[2].push_back(SecondsBetween(model_returned, in_hand));
+    trainer_phases[3].push_back(SecondsBetween(in_hand, waited));
     trainer_phases[4].push_back(SecondsBetween(waited, Clock::now()));
     return SecondsBetween(start, Clock::now());
   };

@@ -102,6 +102,18 @@ class AssembledOutputs : public torch::autograd::Function<AssembledOutputs> {
 
 using RowRuns = std::vector<std::pair<int64_t, int64_t>>;  // (first caller row, rows)
 
+// The position in its sequence of packed token `t` of packed sequence `k` of `mb`.
+int64_t SequencePosition(const planner::Microbatch& mb, int k, int64_t t) {
+  return planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k));
+}
+
+// The caller's row of packed token `t` of packed sequence `k` of `mb`; `row_offset[b]`: the first
+// row of sequence b of the batch.
+int64_t CallerRow(const planner::Microbatch& mb, const std::vector<int64_t>& row_offset, int k,
+                  int64_t t) {
+  return row_offset[mb.batch_index(k)] + SequencePosition(mb, k, t);
+}
+
 // The caller's rows of the shard `mine` of microbatch `mb` as runs of consecutive rows (a piece,
 // or pieces that follow one another in the caller's inputs). `row_offset[b]`: the first row of
 // sequence b of the batch.
@@ -110,9 +122,7 @@ void ShardRowRuns(const planner::Microbatch& mb, const std::vector<planner::Shar
   runs.clear();
   for (const planner::ShardPiece& p : mine) {
     const int64_t count = p.end - p.begin;
-    const int64_t first_row = row_offset[mb.batch_index(p.sequence)] +
-                              planner::TokenBegin(mb, p.sequence) +
-                              (p.begin - mb.cu_seqlens(p.sequence));
+    const int64_t first_row = CallerRow(mb, row_offset, p.sequence, p.begin);
     if (!runs.empty() && runs.back().first + runs.back().second == first_row) {
       runs.back().second += count;
     } else {
@@ -221,7 +231,9 @@ absl::StatusOr<std::vector<at::Tensor>> ShardWork::RunBlock(
 
 template <typename First>
 at::Tensor ShardWork::PerToken(const First& first, bool counting) const {
-  at::Tensor values = at::empty({tokens_}, at::kLong);
+  int64_t tokens = 0;
+  for (const planner::ShardPiece& p : pieces_) tokens += p.end - p.begin;
+  at::Tensor values = at::empty({tokens}, at::kLong);
   int64_t* out = values.data_ptr<int64_t>();
   for (const planner::ShardPiece& p : pieces_) {
     const int64_t count = p.end - p.begin;
@@ -255,9 +267,7 @@ const at::Tensor& ShardWork::positions() const {
   if (!positions_.defined()) {
     const planner::Microbatch& mb = plan->microbatches(microbatch);
     positions_ = PerToken(
-        [&](const planner::ShardPiece& p) {
-          return planner::TokenBegin(mb, p.sequence) + (p.begin - mb.cu_seqlens(p.sequence));
-        },
+        [&](const planner::ShardPiece& p) { return SequencePosition(mb, p.sequence, p.begin); },
         true);
   }
   return positions_;
@@ -303,13 +313,12 @@ void TrainerRank::PrefetchFirstShard(const planner::Plan& plan, const TrainerInp
   absl::StatusOr<std::vector<planner::ShardPiece>> mine = planner::ShardPieces(plan, 0, cp_rank_);
   if (!mine.ok()) return;  // RunMicrobatch reports it
   PrefetchedInputs prefetch;
-  prefetch.rows = inputs.rows.unsafeGetTensorImpl();
+  prefetch.rows = inputs.rows;
   prefetch.version = inputs.rows._version();
   prefetch.stream =
       c10::impl::VirtualGuardImpl(inputs.rows.device().type()).getStream(inputs.rows.device());
-  std::vector<int64_t> row_offset;
-  RowOffsets(inputs.sequences, row_offset);
-  ShardRowRuns(plan.microbatches(0), *mine, row_offset, prefetch.runs);
+  RowOffsets(inputs.sequences, scratch_.row_offset);
+  ShardRowRuns(plan.microbatches(0), *mine, scratch_.row_offset, prefetch.runs);
   if (prefetch.runs.size() <= 1) return;  // a view: nothing to copy ahead
   // Best effort: a failure (out of memory) is left to the microbatch's own attempt, whose
   // outcome the group agrees on.
@@ -332,10 +341,6 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
   // of a 6.3 ms microbatch of 65,536 tokens.
   std::vector<int64_t>& row_offset = scratch_.row_offset;
   RowOffsets(inputs.sequences, row_offset);
-  // The caller's row of packed token `t` of packed sequence `k` (t in its range).
-  auto row_of = [&](int k, int64_t t) {
-    return row_offset[mb.batch_index(k)] + planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k));
-  };
   std::vector<std::vector<planner::ShardPiece>> pieces(cp_size());
   std::vector<int64_t> shard_tokens(cp_size(), 0);
   for (int c = 0; c < cp_size(); ++c) {
@@ -354,7 +359,6 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
   work.recompute_streams_ = recompute_streams_;
   work.widest_shard = *std::max_element(shard_tokens.begin(), shard_tokens.end());
   work.pieces_ = mine;
-  work.tokens_ = my_tokens;
   MicrobatchOutput out;
   out.microbatch = m;
   const absl::Status selected = CallTorch("selecting the shard's inputs", [&] {
@@ -362,7 +366,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
     ShardRowRuns(mb, mine, row_offset, runs);
     // Taken only for the same rows, unchanged since (their version), and the same stream, which
     // the copy was queued on.
-    if (prefetched_.has_value() && prefetched_->rows == inputs.rows.unsafeGetTensorImpl() &&
+    if (prefetched_.has_value() && prefetched_->rows.is_same(inputs.rows) &&
         prefetched_->version == inputs.rows._version() && prefetched_->runs == runs &&
         prefetched_->stream == c10::impl::VirtualGuardImpl(inputs.rows.device().type())
                                    .getStream(inputs.rows.device())) {
@@ -397,7 +401,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
                   int64_t* rows = out.input_rows.data_ptr<int64_t>();
                   for (int k = 0; k < mb.batch_index_size(); ++k) {
                     std::iota(rows + mb.cu_seqlens(k), rows + mb.cu_seqlens(k + 1),
-                              row_of(k, mb.cu_seqlens(k)));
+                              CallerRow(mb, row_offset, k, mb.cu_seqlens(k)));
                   }
                   out.loss_weights = at::tensor(weights, at::kDouble);
                 }),

@@ -147,7 +147,6 @@ struct ShardWork {
   at::Tensor PerToken(const First& first, bool counting) const;
 
   std::vector<planner::ShardPiece> pieces_;
-  int64_t tokens_ = 0;
   mutable at::Tensor packed_offsets_, sequence_ids_, positions_;
   // The recompute's stream saver; null when activation checkpointing is off.
   std::shared_ptr<const checkpoint::RngStateSaver> recompute_streams_;
@@ -402,7 +401,7 @@ class TrainerRank {
   // The first microbatch's shard inputs, selected ahead (PrefetchFirstShard): the rows tensor
   // and the runs of its rows they were selected from.
   struct PrefetchedInputs {
-    const c10::TensorImpl* rows = nullptr;
+    at::Tensor rows;
     int64_t version = 0;                // the rows' version counter then
     std::optional<c10::Stream> stream;  // the stream the copy was queued on
     std::vector<std::pair<int64_t, int64_t>> runs;

@@ -1,8 +1,6 @@
 #include "collectives/internal/host_lane.h"
 
 #include <dirent.h>
-#include <execinfo.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,35 +27,6 @@ namespace internal {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A crash of this test prints which process it hit and the frames as module + offset (for
-// addr2line), from an alternate stack so that a stack overflow still reports (a crash was seen
-// on the GPU machine's host only).
-pid_t test_process = 0;
-void ReportCrash(int signal) {
-  char line[128];
-  const int n = snprintf(line, sizeof(line), "*** signal %d in pid %d (%s) ***\n", signal, getpid(),
-                         getpid() == test_process ? "the test process" : "a member process");
-  (void)!write(STDERR_FILENO, line, n);
-  void* frames[64];
-  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
-  ::signal(signal, SIG_DFL);
-  raise(signal);
-}
-const bool kCrashesReport = [] {
-  test_process = getpid();
-  static char alternate[1 << 16];
-  stack_t stack = {};
-  stack.ss_sp = alternate;
-  stack.ss_size = sizeof(alternate);
-  sigaltstack(&stack, nullptr);
-  struct sigaction action = {};
-  action.sa_handler = ReportCrash;
-  action.sa_flags = SA_ONSTACK;
-  sigaction(SIGSEGV, &action, nullptr);
-  sigaction(SIGBUS, &action, nullptr);
-  return true;
-}();
 
 using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
 
