@@ -462,48 +462,66 @@ Ledger::Ledger(std::string path, LedgerOptions options, int lock_fd,
       next_seq_(next_seq) {}
 
 Ledger::~Ledger() {
-  AwaitDurable().IgnoreError();  // a failed fsync was (or could have been) seen by the caller
-  if (sync_thread_.joinable()) {
+  AwaitDurable().IgnoreError();  // a failed write was (or could have been) seen by the caller
+  if (writer_thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(sync_mu_);
-      sync_stopping_ = true;
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stopping_ = true;
     }
-    sync_cv_.notify_all();
-    sync_thread_.join();
+    queue_cv_.notify_all();
+    writer_thread_.join();
   }
   db_.reset();
   close(lock_fd_);
 }
 
-void Ledger::SyncLoop() {
-  const std::string wal = absl::StrCat(path_, "-wal");
-  const std::string dir = DirectoryOf(path_);
-  std::unique_lock<std::mutex> lock(sync_mu_);
+void Ledger::WriterLoop() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
   while (true) {
-    sync_cv_.wait(lock, [&] { return sync_requested_ || sync_stopping_; });
-    if (!sync_requested_) return;  // stopping, nothing pending
+    queue_cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+    if (queue_.empty()) return;  // stopping, nothing pending
+    std::function<absl::Status()> write = std::move(queue_.front());
+    queue_.pop_front();
+    if (!queue_error_.ok()) continue;  // nothing after a failed write is written
+    writing_ = true;
     lock.unlock();
-    // The WAL's data, and once its directory entry (as SQLite's own sync does for a new file).
-    absl::Status synced = Fsync(wal);
-    if (synced.ok() && !wal_dir_synced_) {
-      synced = Fsync(dir);
-      wal_dir_synced_ = synced.ok();
-    }
+    absl::Status written = write();
     lock.lock();
-    if (!synced.ok() && sync_error_.ok()) {
-      sync_error_ = Annotate(synced, absl::StrCat("ledger ", path_,
-                                                  ": making a step's commit durable in the "
-                                                  "background"));
-    }
-    sync_requested_ = false;
-    sync_cv_.notify_all();
+    writing_ = false;
+    if (!written.ok()) queue_error_ = written;
+    queue_cv_.notify_all();
   }
 }
 
+absl::Status Ledger::Enqueue(std::function<absl::Status()> write) {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  queue_cv_.wait(lock, [&] {
+    return static_cast<int>(queue_.size()) < kMaxQueuedWrites || !queue_error_.ok();
+  });
+  if (!queue_error_.ok()) return queue_error_;
+  queue_.push_back(std::move(write));
+  if (!writer_thread_.joinable()) writer_thread_ = std::thread([this] { WriterLoop(); });
+  lock.unlock();
+  queue_cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::SyncWal() {
+  // The WAL's data, and once its directory entry (as SQLite's own sync does for a new file).
+  LOCKSTEP_RETURN_IF_ERROR(Fsync(absl::StrCat(path_, "-wal")));
+  if (!wal_dir_synced_) {
+    LOCKSTEP_RETURN_IF_ERROR(Fsync(DirectoryOf(path_)));
+    wal_dir_synced_ = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Ledger::AwaitDurable() {
-  std::unique_lock<std::mutex> lock(sync_mu_);
-  sync_cv_.wait(lock, [&] { return !sync_requested_; });
-  return sync_error_;
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  queue_cv_.wait(lock, [&] { return (queue_.empty() && !writing_) || !queue_error_.ok(); });
+  // After a failure the writer may still be dropping the writes queued after it; they are never
+  // written, so the ledger is settled.
+  return queue_error_;
 }
 
 absl::StatusOr<std::unique_ptr<Ledger>> Ledger::OpenWriter(const std::string& path,
@@ -546,8 +564,15 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::OpenWriter(const std::string& pa
     close(fd);
     return mode;
   }
-  return std::unique_ptr<Ledger>(new Ledger(path, options, fd, std::move(*db),
+  std::unique_ptr<Ledger> ledger(new Ledger(path, options, fd, std::move(*db),
                                             std::move(verified->chain), verified->next_seq));
+  for (const StepReplay& step : verified->replay.steps) {
+    if (step.dp_rank == options.dp_rank && step.step >= ledger->last_begun_step_) {
+      ledger->last_begun_step_ = step.step;
+      ledger->last_begun_committed_ = step.committed;
+    }
+  }
+  return ledger;
 }
 
 absl::StatusOr<LedgerReplay> Ledger::Replay(const std::string& path) {
@@ -638,8 +663,8 @@ absl::Status StepState(SqliteDb& db, int64_t step, int dp_rank, bool* begun, boo
 
 }  // namespace
 
-absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch>& microbatches) {
-  LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
+absl::StatusOr<std::map<int32_t, int64_t>> Ledger::CheckPlan(
+    int64_t step, const std::vector<PlannedMicrobatch>& microbatches) const {
   const std::string where = absl::StrCat("ledger ", path_, ", step ", step);
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
   if (microbatches.empty()) {
@@ -680,34 +705,31 @@ absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch
     }
     tokens[index] = at;
   }
+  return tokens;
+}
 
-  bool begun = false, committed = false;
-  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
-  if (begun) {
+absl::Status Ledger::CheckMayBegin(int64_t step) const {
+  // Steps begin in increasing order, each after the previous one committed, so the last begun
+  // step says everything: every earlier one committed.
+  if (last_begun_step_ < 0) return absl::OkStatus();
+  const std::string where = absl::StrCat("ledger ", path_, ", step ", step);
+  if (step == last_begun_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, last_begun_committed_ ? ": already committed" : ": already begun (continue it)"));
+  }
+  if (!last_begun_committed_) {
     return absl::FailedPreconditionError(
-        absl::StrCat(where, committed ? ": already committed" : ": already begun (continue it)"));
+        absl::StrCat(where, ": step ", last_begun_step_, " began and has not committed"));
   }
-  // The last step begun (the planned table's key starts with the step, so this walks the key
-  // backwards from its end instead of scanning every step's rows), then whether it committed.
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      SqliteStatement last_step,
-      db_->Prepare("SELECT step FROM planned WHERE dp_rank = ?1 ORDER BY step DESC LIMIT 1"));
-  LOCKSTEP_RETURN_IF_ERROR(last_step.BindInt(1, options_.dp_rank));
-  LOCKSTEP_ASSIGN_OR_RETURN(bool has_previous, last_step.Step());
-  if (has_previous) {
-    const int64_t last = last_step.ColumnInt(0);
-    bool last_begun = false, last_committed = false;
-    LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, last, options_.dp_rank, &last_begun, &last_committed));
-    if (!last_committed) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, ": step ", last, " began and has not committed"));
-    }
-    if (step <= last) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, ": not after the last committed step ", last));
-    }
+  if (step < last_begun_step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": not after the last committed step ", last_begun_step_));
   }
+  return absl::OkStatus();
+}
 
+absl::Status Ledger::WriteBegin(int64_t step, const std::map<int32_t, int64_t>& tokens,
+                                const std::vector<PlannedMicrobatch>& microbatches) {
   const std::string saved_chain = chain_;
   const int64_t saved_seq = next_seq_;
   absl::Status status = InTransaction(*db_, [&]() -> absl::Status {
@@ -732,24 +754,34 @@ absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch
   if (!status.ok()) {
     chain_ = saved_chain;
     next_seq_ = saved_seq;
+    return Annotate(status, absl::StrCat("ledger ", path_, ", beginning step ", step));
   }
-  return status;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
+absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch>& microbatches) {
   LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
-  const std::string where = absl::StrCat("ledger ", path_, ", step ", event.step, ", ",
-                                         LedgerEventKindName(event.kind), " ", event.microbatch);
-  if (event.kind == LedgerEventKind::kPlanned || event.kind == LedgerEventKind::kStepCommitted) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": recorded by BeginStep and CommitStep, not Record"));
-  }
-  bool begun = false, committed = false;
-  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, event.step, options_.dp_rank, &begun, &committed));
-  if (!begun || committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, begun ? ": the step already committed" : ": the step never began"));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const auto tokens, CheckPlan(step, microbatches));
+  LOCKSTEP_RETURN_IF_ERROR(CheckMayBegin(step));
+  LOCKSTEP_RETURN_IF_ERROR(WriteBegin(step, tokens, microbatches));
+  last_begun_step_ = step;
+  last_begun_committed_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::QueueBeginStep(int64_t step, std::vector<PlannedMicrobatch> microbatches) {
+  LOCKSTEP_ASSIGN_OR_RETURN(auto tokens, CheckPlan(step, microbatches));
+  LOCKSTEP_RETURN_IF_ERROR(CheckMayBegin(step));
+  LOCKSTEP_RETURN_IF_ERROR(
+      Enqueue([this, step, tokens = std::move(tokens), microbatches = std::move(microbatches)] {
+        return WriteBegin(step, tokens, microbatches);
+      }));
+  last_begun_step_ = step;
+  last_begun_committed_ = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Ledger::WriteRecord(const LedgerEvent& event, const std::string& where) {
   const std::string saved_chain = chain_;
   const int64_t saved_seq = next_seq_;
   int64_t seq = 0;
@@ -765,15 +797,53 @@ absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
   return seq;
 }
 
-absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSync sync) {
+namespace {
+std::string WhereOf(const std::string& path, const LedgerEvent& event) {
+  return absl::StrCat("ledger ", path, ", step ", event.step, ", ", LedgerEventKindName(event.kind),
+                      " ", event.microbatch);
+}
+absl::Status CheckRecordedKind(const LedgerEvent& event, const std::string& where) {
+  if (event.kind == LedgerEventKind::kPlanned || event.kind == LedgerEventKind::kStepCommitted) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": recorded by BeginStep and CommitStep, not Record"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
   LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
-  const std::string where = absl::StrCat("ledger ", path_, ", committing step ", step);
+  const std::string where = WhereOf(path_, event);
+  LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, where));
   bool begun = false, committed = false;
-  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
+  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, event.step, options_.dp_rank, &begun, &committed));
   if (!begun || committed) {
     return absl::FailedPreconditionError(
-        absl::StrCat(where, begun ? ": already committed" : ": the step never began"));
+        absl::StrCat(where, begun ? ": the step already committed" : ": the step never began"));
   }
+  return WriteRecord(event, where);
+}
+
+absl::Status Ledger::QueueRecord(LedgerEvent event) {
+  std::string where = WhereOf(path_, event);
+  LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, where));
+  // Only the last begun step can be open (CheckMayBegin).
+  if (event.step != last_begun_step_ || last_begun_committed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, event.step == last_begun_step_
+                   ? std::string(": the step already committed")
+                   : absl::StrCat(": the step is not the open one (",
+                                  last_begun_committed_ ? std::string("none is open")
+                                                        : absl::StrCat("step ", last_begun_step_),
+                                  ")")));
+  }
+  return Enqueue([this, event = std::move(event), where = std::move(where)] {
+    return WriteRecord(event, where).status();
+  });
+}
+
+absl::Status Ledger::WriteCommit(int64_t step, absl::string_view detail, bool fsync_now) {
+  const std::string where = absl::StrCat("ledger ", path_, ", committing step ", step);
   {
     std::map<int32_t, int64_t> planned;
     std::vector<TokenRange> completed;
@@ -809,11 +879,7 @@ absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSy
                        RangeText(missing[0]), " (exactly-once: nothing may be lost)"));
     }
   }
-  // With fsync_every_event every transaction is fsynced already.
-  const bool fsync_needed = options_.fsync_at_commit && !options_.fsync_every_event;
-  const bool in_background = fsync_needed && sync == CommitSync::kInBackground;
-  const bool raise_sync = fsync_needed && !in_background;
-  if (raise_sync) LOCKSTEP_RETURN_IF_ERROR(db_->Exec("PRAGMA synchronous=FULL"));
+  if (fsync_now) LOCKSTEP_RETURN_IF_ERROR(db_->Exec("PRAGMA synchronous=FULL"));
   const std::string saved_chain = chain_;
   const int64_t saved_seq = next_seq_;
   absl::Status status = InTransaction(*db_, [&]() -> absl::Status {
@@ -825,20 +891,48 @@ absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSy
     chain_ = saved_chain;
     next_seq_ = saved_seq;
   }
-  if (raise_sync) {
+  if (fsync_now) {
     // synchronous is a connection setting: restore it even after a failed commit. Should that
     // fail, later events stay fsynced (slower, never less durable) and the commit stands.
     db_->Exec("PRAGMA synchronous=NORMAL").IgnoreError();
   }
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(status, where);
-  if (in_background) {
-    {
-      std::lock_guard<std::mutex> lock(sync_mu_);
-      sync_requested_ = true;
-    }
-    if (!sync_thread_.joinable()) sync_thread_ = std::thread([this] { SyncLoop(); });
-    sync_cv_.notify_all();
+  return Annotate(status, where);
+}
+
+absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSync sync) {
+  LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
+  const std::string where = absl::StrCat("ledger ", path_, ", committing step ", step);
+  bool begun = false, committed = false;
+  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
+  if (!begun || committed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, begun ? ": already committed" : ": the step never began"));
   }
+  // With fsync_every_event every transaction is fsynced already.
+  const bool fsync_needed = options_.fsync_at_commit && !options_.fsync_every_event;
+  const bool in_background = fsync_needed && sync == CommitSync::kInBackground;
+  LOCKSTEP_RETURN_IF_ERROR(WriteCommit(step, detail, fsync_needed && !in_background));
+  if (step == last_begun_step_) last_begun_committed_ = true;
+  if (in_background) {
+    return Enqueue([this, step] {
+      return Annotate(SyncWal(), absl::StrCat("ledger ", path_, ": making step ", step,
+                                              "'s commit durable in the background"));
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::QueueCommitStep(int64_t step, std::string detail) {
+  if (step != last_begun_step_ || last_begun_committed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, ", committing step ", step,
+        step == last_begun_step_ ? ": already committed" : ": the step is not the open one"));
+  }
+  const bool fsync_now = options_.fsync_at_commit && !options_.fsync_every_event;
+  LOCKSTEP_RETURN_IF_ERROR(Enqueue([this, step, detail = std::move(detail), fsync_now] {
+    return WriteCommit(step, detail, fsync_now);
+  }));
+  last_begun_committed_ = true;
   return absl::OkStatus();
 }
 

@@ -21,6 +21,11 @@
 //   it returns once the commit is written (it then survives the process being killed) and a
 //   background thread fsyncs the WAL, which every later call and the destructor wait for.
 //   `fsync_every_event` fsyncs every transaction.
+// - Queued writes (QueueBeginStep, QueueRecord, QueueCommitStep) return once checked and queued;
+//   the ledger's writer thread writes them one at a time in call order, each exactly as its
+//   direct form would. The file is always an intact prefix of the calls made: a crash loses the
+//   queued writes not yet written, never part of one, and nothing after a failed queued write is
+//   written (its error is then every later call's).
 // - Integrity: every event row carries a SHA-256 chain over its fields and the previous row's
 //   chain. Opening (writer or replay) checks the file is a lockstep ledger of this schema version
 //   (PRAGMA application_id, user_version), runs PRAGMA integrity_check, verifies the chain and
@@ -46,7 +51,7 @@
 //   commits(step, dp_rank, event_seq)                          -- committed steps
 //   e.g. `SELECT kind, microbatch, ranges, detail FROM events WHERE step = 7;`
 //
-// Thread-safety: a Ledger is used by one thread at a time.
+// Thread-safety: a Ledger is used by one thread at a time (its own writer thread aside).
 //
 // Example:
 //   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Ledger> ledger,
@@ -66,6 +71,9 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -242,11 +250,32 @@ class Ledger {
   absl::Status CommitStep(int64_t step, absl::string_view detail = "",
                           CommitSync sync = CommitSync::kBeforeReturn);
 
-  // Waits for a background fsync of CommitSync::kInBackground, if one is pending: OK once every
-  // committed step is durable. A failed fsync is kInternal naming the WAL and the error, and
-  // stays this ledger's error for every later call (Linux does not promise that a retried fsync
-  // covers the data of the failed one).
+  // Queued forms of BeginStep, Record and CommitStep, for callers that must not wait for the
+  // file (a training step's critical path). Each first checks what needs no file: the plan (as
+  // BeginStep), the kind (as Record), and from the ledger's own account of the calls made so far
+  // (queued ones included) that the step may begin, or is begun and not committed; such a
+  // refusal is returned at once and queues nothing. Otherwise the call is queued and returns.
+  // The writer thread then writes it as the direct form would (QueueCommitStep fsyncs before the
+  // next queued write begins, per LedgerOptions). A queued write refused when written (an
+  // exactly-once trigger: a range counted twice or outside the plan, a commit whose planned tokens
+  // did not all complete) or failing (I/O) writes nothing, no queued write after it is written,
+  // and its error becomes this ledger's error: every later call, AwaitDurable included, returns
+  // it. Replay sees a queued write once AwaitDurable has returned. At most kMaxQueuedWrites wait
+  // to be written; a call beyond that waits for the writer first.
+  static constexpr int kMaxQueuedWrites = 1024;
+  absl::Status QueueBeginStep(int64_t step, std::vector<PlannedMicrobatch> microbatches);
+  absl::Status QueueRecord(LedgerEvent event);
+  absl::Status QueueCommitStep(int64_t step, std::string detail = "");
+
+  // Waits until every queued write is written and a background fsync of CommitSync::kInBackground
+  // or QueueCommitStep is done: OK once every committed step is durable. A failed fsync is
+  // kInternal naming the WAL and the error; it, like a failed queued write, stays this ledger's
+  // error for every later call (Linux does not promise that a retried fsync covers the data of
+  // the failed one).
   absl::Status AwaitDurable();
+
+  // The last step this ledger's rank began (-1 if none), counting queued BeginSteps.
+  int64_t last_begun_step() const { return last_begun_step_; }
 
   const std::string& path() const { return path_; }
   const LedgerOptions& options() const { return options_; }
@@ -255,25 +284,44 @@ class Ledger {
   Ledger(std::string path, LedgerOptions options, int lock_fd,
          std::unique_ptr<internal::SqliteDb> db, std::string chain, int64_t next_seq);
   absl::StatusOr<int64_t> Append(const LedgerEvent& event);
-  // The background fsync thread's loop (CommitSync::kInBackground).
-  void SyncLoop();
+  // The file-free checks of BeginStep: the planned tokens per sequence, or the refusal.
+  absl::StatusOr<std::map<int32_t, int64_t>> CheckPlan(
+      int64_t step, const std::vector<PlannedMicrobatch>& microbatches) const;
+  // Whether step `step` may begin, after the calls made so far (last_begun_step_).
+  absl::Status CheckMayBegin(int64_t step) const;
+  // The writes themselves, on whichever thread runs them; failure atomic.
+  absl::Status WriteBegin(int64_t step, const std::map<int32_t, int64_t>& tokens,
+                          const std::vector<PlannedMicrobatch>& microbatches);
+  absl::StatusOr<int64_t> WriteRecord(const LedgerEvent& event, const std::string& where);
+  absl::Status WriteCommit(int64_t step, absl::string_view detail, bool fsync_now);
+  // Fsyncs the WAL (and once its directory).
+  absl::Status SyncWal();
+  // Queues `write` for the writer thread (started on first use); the sticky error if there is one.
+  absl::Status Enqueue(std::function<absl::Status()> write);
+  // The writer thread's loop.
+  void WriterLoop();
 
   std::string path_;
   LedgerOptions options_;
   int lock_fd_;
   std::unique_ptr<internal::SqliteDb> db_;
-  // Chain value of the last event, and the seq the next event gets.
+  // Chain value of the last event, and the seq the next event gets (the writing thread's).
   std::string chain_;
   int64_t next_seq_;
-  // The background fsync: requested by CommitStep, awaited by every other call. The thread starts
-  // with the first background commit.
-  std::mutex sync_mu_;
-  std::condition_variable sync_cv_;
-  bool sync_requested_ = false;  // guarded by sync_mu_
-  bool sync_stopping_ = false;   // guarded by sync_mu_
-  bool wal_dir_synced_ = false;  // the WAL's directory entry made durable (by the thread)
-  absl::Status sync_error_;      // guarded by sync_mu_; sticky
-  std::thread sync_thread_;
+  // The caller's account of its calls (queued ones included): the last step begun by this rank
+  // and whether it committed.
+  int64_t last_begun_step_ = -1;
+  bool last_begun_committed_ = true;
+  // The writer thread: queued writes and background fsyncs, in order. A failed one's error is
+  // sticky and drops every write after it.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<absl::Status()>> queue_;  // guarded by queue_mu_
+  bool writing_ = false;                             // guarded by queue_mu_
+  bool stopping_ = false;                            // guarded by queue_mu_
+  absl::Status queue_error_;                         // guarded by queue_mu_; sticky
+  bool wal_dir_synced_ = false;  // the WAL's directory entry made durable (by SyncWal)
+  std::thread writer_thread_;
 };
 
 }  // namespace admission

@@ -372,33 +372,170 @@ TEST(LedgerTest, AFailedBackgroundFsyncIsEveryLaterCallsError) {
   EXPECT_EQ(ledger->AwaitDurable(), durable);
 }
 
+absl::Status QueueStep(Ledger& ledger, int64_t step) {
+  LOCKSTEP_RETURN_IF_ERROR(ledger.QueueBeginStep(step, Work()));
+  for (const PlannedMicrobatch& m : Work()) {
+    LOCKSTEP_RETURN_IF_ERROR(
+        ledger.QueueRecord(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges)));
+    LOCKSTEP_RETURN_IF_ERROR(ledger.QueueRecord(Completed(step, m)));
+  }
+  return ledger.QueueCommitStep(step, "queued");
+}
+
+TEST(LedgerTest, QueuedWritesAreWrittenInCallOrderAsTheirDirectForms) {
+  const std::string path = TempPath("queued");
+  const std::string direct_path = TempPath("queued_direct");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> ledger,
+                                Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  for (int64_t step = 0; step < 3; ++step) LOCKSTEP_ASSERT_OK(QueueStep(*ledger, step));
+  EXPECT_EQ(ledger->last_begun_step(), 2);
+  LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay queued, Ledger::Replay(path));
+  // The same calls made directly write the same events.
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> direct,
+                                  Ledger::OpenWriter(direct_path, LedgerOptions::Of(0)));
+    for (int64_t step = 0; step < 3; ++step) {
+      LOCKSTEP_ASSERT_OK(direct->BeginStep(step, Work()));
+      for (const PlannedMicrobatch& m : Work()) {
+        LOCKSTEP_ASSERT_OK(
+            direct->Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges))
+                .status());
+        LOCKSTEP_ASSERT_OK(direct->Record(Completed(step, m)).status());
+      }
+      LOCKSTEP_ASSERT_OK(direct->CommitStep(step, "queued"));
+    }
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay direct, Ledger::Replay(direct_path));
+  ASSERT_EQ(queued.events.size(), direct.events.size());
+  ASSERT_EQ(queued.events.size(), 3u * (3 + 6 + 1));
+  for (size_t i = 0; i < queued.events.size(); ++i) {
+    const LedgerEvent& q = queued.events[i];
+    const LedgerEvent& d = direct.events[i];
+    EXPECT_EQ(q.seq, d.seq);
+    EXPECT_EQ(q.kind, d.kind) << "event " << i;
+    EXPECT_EQ(q.step, d.step) << "event " << i;
+    EXPECT_EQ(q.microbatch, d.microbatch) << "event " << i;
+    EXPECT_EQ(q.ranges, d.ranges) << "event " << i;
+    EXPECT_EQ(q.detail, d.detail) << "event " << i;
+  }
+  EXPECT_EQ(queued.LastCommittedStep(0), 2);
+  // A direct call after queued ones waits for them: the next step begins after step 2.
+  LOCKSTEP_EXPECT_OK(RunStep(*ledger, 3));
+  // And the ledger's account survives reopening.
+  ledger.reset();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  EXPECT_EQ(ledger->last_begun_step(), 3);
+}
+
+TEST(LedgerTest, QueuedCallsAreRefusedAtOnceWhenTheirStepCannotTakeThem) {
+  const std::string path = TempPath("queued_refusals");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> ledger,
+                                Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  LOCKSTEP_ASSERT_OK(QueueStep(*ledger, 0));
+  LOCKSTEP_ASSERT_OK(ledger->QueueBeginStep(1, Work()));
+  const absl::Status open = ledger->QueueBeginStep(2, Work());
+  EXPECT_EQ(open.code(), absl::StatusCode::kFailedPrecondition) << open;
+  EXPECT_THAT(open.message(), HasSubstr("step 1 began and has not committed"));
+  const absl::Status again = ledger->QueueBeginStep(1, Work());
+  EXPECT_THAT(again.message(), HasSubstr("already begun"));
+  const absl::Status old = ledger->QueueRecord(Completed(0, Work()[0]));
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition) << old;
+  EXPECT_THAT(old.message(), HasSubstr("not the open one (step 1)"));
+  const absl::Status kind =
+      ledger->QueueRecord(LedgerEvent::Of(LedgerEventKind::kPlanned, 1, "0", {{0, 0, 50}}));
+  EXPECT_EQ(kind.code(), absl::StatusCode::kInvalidArgument) << kind;
+  const absl::Status early = ledger->QueueCommitStep(0);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
+  // None of the refused calls was written; the open step stays open.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
+  ASSERT_EQ(replay.steps.size(), 2u);
+  EXPECT_TRUE(replay.steps[0].committed);
+  EXPECT_FALSE(replay.steps[1].committed);
+  EXPECT_EQ(replay.steps[1].completed_tokens, 0);
+  EXPECT_EQ(replay.events.size(), 10u + 3u);
+  // A malformed plan is refused as BeginStep refuses it.
+  LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(1, Work()[0])));
+  LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(1, Work()[1])));
+  LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(1, Work()[2])));
+  LOCKSTEP_ASSERT_OK(ledger->QueueCommitStep(1));
+  const absl::Status gap = ledger->QueueBeginStep(2, {PlannedMicrobatch::Of("0", {{0, 10, 50}})});
+  EXPECT_EQ(gap.code(), absl::StatusCode::kInvalidArgument) << gap;
+  EXPECT_THAT(gap.message(), HasSubstr("gap at token 0"));
+  LOCKSTEP_EXPECT_OK(ledger->AwaitDurable());
+}
+
+TEST(LedgerTest, AQueuedWriteRefusedWhenWrittenStopsEveryLaterWrite) {
+  const std::string path = TempPath("queued_fails");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> ledger,
+                                Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  LOCKSTEP_ASSERT_OK(ledger->QueueBeginStep(0, Work()));
+  LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(0, Work()[0])));
+  // Counted twice: only the trigger, when it is written, can tell.
+  LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(0, Work()[0])));
+  // Queued behind the refused write (or refused at once if the writer already failed): never
+  // written either way.
+  ledger->QueueRecord(Completed(0, Work()[1])).IgnoreError();
+  const absl::Status failed = ledger->AwaitDurable();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("counted twice"));
+  EXPECT_THAT(failed.message(), HasSubstr("completed 0"));
+  // Sticky: every later call, queued or direct, returns it.
+  EXPECT_EQ(ledger->QueueRecord(Completed(0, Work()[2])), failed);
+  EXPECT_EQ(ledger->Record(Completed(0, Work()[2])).status(), failed);
+  EXPECT_EQ(ledger->CommitStep(0), failed);
+  ledger.reset();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
+  ASSERT_EQ(replay.steps.size(), 1u);
+  EXPECT_EQ(replay.steps[0].completed_microbatches, std::vector<std::string>{"0"});
+  EXPECT_EQ(replay.events.size(), 3u + 1u);
+}
+
+TEST(LedgerTest, DestroyingTheLedgerWritesWhatWasQueued) {
+  const std::string path = TempPath("queued_destroyed");
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> ledger,
+                                  Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+    for (int64_t step = 0; step < 2; ++step) LOCKSTEP_ASSERT_OK(QueueStep(*ledger, step));
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay replay, Ledger::Replay(path));
+  EXPECT_EQ(replay.LastCommittedStep(0), 1);
+  EXPECT_EQ(replay.events.size(), 20u);
+}
+
 // The body of a writer killed at a random point: commits step after step at `path`,
 // acknowledging each commit on `channel` only after CommitStep returned. Returns only on an error
 // (3: open, 4: a step, 5: the acknowledgement).
+// With `queued`, the steps' writes are queued and a step is acknowledged once AwaitDurable
+// returned.
 int CommitUntilKilled(const std::string& path, bool fsync_at_commit, Ledger::CommitSync sync,
-                      int channel) {
+                      bool queued, int channel) {
   LedgerOptions options = LedgerOptions::Of(0);
   options.fsync_at_commit = fsync_at_commit;
   auto ledger = Ledger::OpenWriter(path, options);
   if (!ledger.ok()) return 3;
   for (int64_t step = 0;; ++step) {
-    if (!RunStep(**ledger, step, sync).ok()) return 4;
+    absl::Status ran = queued ? QueueStep(**ledger, step) : RunStep(**ledger, step, sync);
+    if (queued && ran.ok()) ran = (*ledger)->AwaitDurable();
+    if (!ran.ok()) return 4;
     if (write(channel, &step, sizeof(step)) != sizeof(step)) return 5;
   }
 }
 
 TEST(LedgerTest, SigkillAtRandomPointsLosesNoCommittedStep) {
   std::mt19937_64 random(2026);
-  for (int round = 0; round < 21; ++round) {
+  for (int round = 0; round < 24; ++round) {
     const std::string path = TempPath(absl::StrCat("kill", round));
     // In turn: fsync before CommitStep returns, no fsync, fsync in the background (a commit
-    // acknowledged before its fsync must survive the kill as well).
+    // acknowledged before its fsync must survive the kill as well), every write queued (killed
+    // with writes queued, the file must hold an intact prefix of them).
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(
         Child child, Child::Fork(ChildOptions::Reporting(), [&](int channel) {
-          return CommitUntilKilled(path, /*fsync_at_commit=*/round % 3 != 1,
-                                   round % 3 == 2 ? Ledger::CommitSync::kInBackground
+          return CommitUntilKilled(path, /*fsync_at_commit=*/round % 4 != 1,
+                                   round % 4 == 2 ? Ledger::CommitSync::kInBackground
                                                   : Ledger::CommitSync::kBeforeReturn,
-                                   channel);
+                                   /*queued=*/round % 4 == 3, channel);
         }));
     usleep(static_cast<useconds_t>(2000 + random() % 60000));
     child.Signal(SIGKILL);
