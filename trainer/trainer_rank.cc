@@ -198,14 +198,7 @@ absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(const TrainerCo
   if (config.ledger != nullptr) {
     // Step numbers go on from the last step this rank's ledger began (committed or not: an
     // interrupted call keeps its record).
-    absl::StatusOr<admission::LedgerReplay> replay =
-        admission::Ledger::Replay(config.ledger->path());
-    if (!replay.ok()) return Annotate(replay.status(), "trainer: reading the ledger to resume");
-    for (const admission::StepReplay& step : replay->steps) {
-      if (step.dp_rank == config.ledger->options().dp_rank) {
-        trainer->next_ledger_step_ = std::max(trainer->next_ledger_step_, step.step + 1);
-      }
-    }
+    trainer->next_ledger_step_ = config.ledger->last_begun_step() + 1;
   }
   if (config.activation_checkpointing) {
     trainer->recompute_streams_ = checkpoint::StreamSnapshots::Of(trainer->collaborators_.streams);
@@ -387,9 +380,8 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
   } else {
     forwarded = selected;
   }
-  // The attempt is recorded as started once the forward's kernels are queued, so the ledger's
-  // write overlaps them. Nothing of the microbatch has been handed back yet, so a crash before
-  // this record leaves the same account: it did not contribute.
+  // The attempt is recorded as started once the forward's kernels are queued (the record is
+  // queued too: TrainerConfig::ledger).
   LOCKSTEP_RETURN_IF_ERROR(RecordLedger(call, admission::LedgerEventKind::kStarted, plan, m));
   // What is handed back per token, built while the forward's kernels run.
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> weights,
@@ -650,7 +642,7 @@ absl::Status TrainerRank::BeginLedgerStep(const planner::Plan& plan, internal::L
   call.ids.clear();
   for (int m = 0; m < plan.microbatches_size(); ++m) call.ids.push_back(absl::StrCat(m));
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      config_.ledger->BeginStep(call.step, admission::PlannedWorkOf(plan)),
+      config_.ledger->QueueBeginStep(call.step, admission::PlannedWorkOf(plan)),
       Where(absl::StrCat("beginning ledger step ", call.step)));
   ++next_ledger_step_;
   return absl::OkStatus();
@@ -661,21 +653,15 @@ absl::Status TrainerRank::RecordLedger(const internal::LedgerCall& call,
                                        int m, std::string detail) {
   if (config_.ledger == nullptr || call.step < 0) return absl::OkStatus();
   const std::string id = call.ids.at(m);
-  return Annotate(
-      config_.ledger
-          ->Record(admission::LedgerEvent::Of(kind, call.step, id,
-                                              admission::TokenRangesOf(plan, m), std::move(detail)))
-          .status(),
-      Where(absl::StrCat("recording microbatch ", id, " of ledger step ", call.step)));
+  return Annotate(config_.ledger->QueueRecord(admission::LedgerEvent::Of(
+                      kind, call.step, id, admission::TokenRangesOf(plan, m), std::move(detail))),
+                  Where(absl::StrCat("recording microbatch ", id, " of ledger step ", call.step)));
 }
 
 absl::Status TrainerRank::CommitLedgerStep(const internal::LedgerCall& call) {
   if (config_.ledger == nullptr || call.step < 0) return absl::OkStatus();
-  // The commit is written before the hand-back and fsynced while the caller works on
-  // (TrainerConfig::ledger).
-  return Annotate(
-      config_.ledger->CommitStep(call.step, "", admission::Ledger::CommitSync::kInBackground),
-      Where(absl::StrCat("committing ledger step ", call.step)));
+  return Annotate(config_.ledger->QueueCommitStep(call.step),
+                  Where(absl::StrCat("committing ledger step ", call.step)));
 }
 
 absl::StatusOr<MicrobatchOutput> TrainerRank::RunWithRecovery(
@@ -899,7 +885,7 @@ absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::Name
     return absl::FailedPreconditionError(absl::StrCat(where, ": it exists; choose a new one"));
   }
   if (config_.ledger != nullptr) {
-    // A saved state never follows a step whose commit could still be lost.
+    // A saved state never follows a step whose record (queued) or commit could still be lost.
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(config_.ledger->AwaitDurable(), where);
   }
   const std::string temp = absl::StrCat(dir, ".saving.", getpid());

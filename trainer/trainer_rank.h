@@ -192,18 +192,24 @@ struct TrainerConfig {
   int max_split_depth = 4;
   // The rank's recovery ledger (admission/ledger.h), optional; it must outlive the trainer, and
   // each process writes its own. Every ForwardMicroBatches/DpRankForward call is one ledger step
-  // (numbered on from the last step the ledger holds): its plan is recorded, every attempt at a
-  // microbatch as started (once the model's forward is called, so the write overlaps its
-  // kernels), an out-of-memory attempt as failed and then split (halves "m.0" and
-  // "m.1"), a microbatch as completed once its outputs are handed back, and the step committed
-  // when the call's last microbatch has been handed back: the commit is written before that
-  // hand-back (it survives the process being killed) and fsynced in the background
-  // (Ledger::CommitSync::kInBackground), durable before the next call's step begins and before
-  // SaveState writes anything. A call that ends early (an error, a
-  // crash, a stream not read to its end) leaves its step open: Ledger::Replay then says which
-  // microbatches of it the caller received, none twice, and the ledger refuses to begin another
-  // step (kFailedPrecondition naming the open one) until the caller has decided what to do with
-  // the interrupted work and continues on a new ledger file.
+  // (numbered on from the last step the ledger began): its plan is recorded, every attempt at a
+  // microbatch as started (once the model's forward is called), an out-of-memory attempt as
+  // failed and then split (halves "m.0" and "m.1"), a microbatch as completed once its outputs
+  // are handed back, and the step committed (fsynced, per LedgerOptions) when the call's last
+  // microbatch has been handed back.
+  // The trainer queues these writes (Ledger::QueueBeginStep, QueueRecord, QueueCommitStep) and
+  // never waits for the file: the ledger's writer thread writes them in order, so the file lags
+  // the hand-backs by the writes still queued and a crash loses those (never part of one; the
+  // file stays an intact prefix, every token completed at most once). SaveState waits until
+  // every write is written and durable; a caller that persists its own state (its accumulated
+  // gradients, say) calls ledger->AwaitDurable() first, so that the ledger is never behind what
+  // it saved. A queued write that fails (I/O; the exactly-once triggers, which the trainer's own
+  // plans never trip) is the error of every later call using the ledger, and nothing after it is
+  // written. A call that ends early (an error, a crash, a stream not read to its end) leaves its
+  // step open: Ledger::Replay then says which microbatches of it the caller received, none twice,
+  // and the trainer refuses to begin another step (kFailedPrecondition naming the open one) until
+  // the caller has decided what to do with the interrupted work and continues on a new ledger
+  // file.
   admission::Ledger* ledger = nullptr;
   // Activation checkpointing of the blocks a model runs through ShardWork::RunBlock: their
   // activations are recomputed in backward, with the forward's randomness replayed. Default: off.

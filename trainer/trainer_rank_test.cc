@@ -240,6 +240,7 @@ TEST(TrainerRankLedgerTest, EveryForwardCallIsALedgerStep) {
                                   again.trainer->ForwardMicroBatches(LedgerBatch()));
     LOCKSTEP_ASSERT_OK(stream.Next().status());
   }
+  LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());  // the trainer's writes are queued
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(admission::LedgerReplay replay,
                                 admission::Ledger::Replay(ledger->path()));
   ASSERT_EQ(replay.steps.size(), 4u) << replay.Summary();
@@ -261,6 +262,7 @@ TEST(TrainerRankLedgerTest, EveryForwardCallIsALedgerStep) {
   const absl::Status refused = again.trainer->DpRankForward(LedgerBatch()).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("step 3 began and has not committed"));
+  LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(replay, admission::Ledger::Replay(ledger->path()));
   EXPECT_EQ(replay.steps.size(), 4u);
 }
@@ -275,6 +277,7 @@ TEST(TrainerRankLedgerTest, RecoveryIsRecordedAndEveryTokenCompletesOnce) {
                                 rig.trainer->DpRankForward(LedgerBatch()));
   EXPECT_EQ(outs.size(), 4u);
   EXPECT_EQ(rig.trainer->out_of_memory_recovered(), 1);
+  LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(admission::LedgerReplay replay,
                                 admission::Ledger::Replay(ledger->path()));
   ASSERT_EQ(replay.steps.size(), 1u);
