@@ -541,6 +541,21 @@ TEST(TrainerRankFakeWorldTest, ManyShortSequencesGatherThroughTheListedIndex) {
   }
 }
 
+TEST(TrainerRankFakeWorldTest, OneLongSequenceSelectsEachRanksChunks) {
+  // One sequence per microbatch: each CP rank's two chunks, of one length (64 tokens: one strided
+  // copy) or not (67 tokens over CP4: chunks of 9 and 8 tokens on some ranks, a concatenation).
+  for (const int64_t length : {64, 67}) {
+    for (const int cp : {2, 4}) {
+      collectives::FakeWorld world(cp);
+      for (const absl::Status& s : world.Run([&](collectives::Communicator& w) {
+             return GatherBody(w, cp, {planner::Sequence::Of(length, 7)}, length, 1);
+           })) {
+        EXPECT_TRUE(s.ok()) << "length " << length << ", CP " << cp << ": " << s;
+      }
+    }
+  }
+}
+
 TEST(TrainerRankFakeWorldTest, EveryRankGetsFullOutputsIncludingEmptyShards) {
   collectives::FakeWorld world(4);
   for (const absl::Status& s : world.Run(FewPiecesGatherBody)) EXPECT_TRUE(s.ok()) << s;
