@@ -21,6 +21,17 @@ absl::StatusOr<int> Communicator::GlobalRank(int group_rank) const {
   return global_ranks()[group_rank];
 }
 
+absl::StatusOr<std::vector<at::Tensor>> Communicator::AllGatherThen(
+    const at::Tensor& input,
+    const std::function<absl::Status(const std::vector<at::Tensor>&)>& then) {
+  absl::StatusOr<std::vector<at::Tensor>> gathered = AllGather(input);
+  if (!gathered.ok()) return gathered;
+  if (then) {
+    if (absl::Status s = then(*gathered); !s.ok()) return s;
+  }
+  return gathered;
+}
+
 absl::Status BroadcastBytes(Communicator& comm, std::string* bytes, int root) {
   if (root < 0 || root >= comm.size()) {
     return absl::InvalidArgumentError(

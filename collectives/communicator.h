@@ -30,6 +30,7 @@
 #ifndef LOCKSTEP_COLLECTIVES_COMMUNICATOR_H_
 #define LOCKSTEP_COLLECTIVES_COMMUNICATOR_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,17 @@ class Communicator {
   // Returns every member's `input`, indexed by group rank.
   // Precondition: every member's input has the same dtype and shape.
   virtual absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) = 0;
+
+  // AllGather, calling `then` on the gathered tensors as soon as they are defined: where the
+  // collective is ordered on a device stream (NCCL, CUDA tensors), that is before this member
+  // waits for it, so device work `then` queues on the current stream runs right after the gather
+  // with no round trip through the host; elsewhere (Gloo, the fake, CPU tensors) after the
+  // collective completed. `then` must only queue work or read metadata: on a stream the tensors'
+  // contents are not there yet. The collective's error wins over `then`'s (whose queued work is
+  // then meaningless); `then`'s error is returned once the collective completed.
+  virtual absl::StatusOr<std::vector<at::Tensor>> AllGatherThen(
+      const at::Tensor& input,
+      const std::function<absl::Status(const std::vector<at::Tensor>&)>& then);
 
   // Replaces every member's `tensor` with the element-wise sum over members, in place.
   virtual absl::Status AllReduceSum(at::Tensor& tensor) = 0;

@@ -154,6 +154,21 @@ TEST(NcclMultiGpuTest, CudaTensorCollectivesAndGroups) {
           LOCKSTEP_RETURN_IF_ERROR(
               Expect((*gathered)[m].item<int64_t>() == m, absl::StrCat("CUDA all-gather ", m)));
         }
+        // AllGatherThen: copies `then` queues on the current stream follow the gather (64 MB
+        // per GPU, so that a copy racing it would read stale rows).
+        const int64_t rows = int64_t{1} << 24;
+        std::vector<at::Tensor> copies;
+        auto big = world.AllGatherThen(at::full({rows}, 1.0 + rank, cuda),
+                                       [&](const std::vector<at::Tensor>& all) {
+                                         for (const at::Tensor& t : all)
+                                           copies.push_back(t.clone());
+                                         return absl::OkStatus();
+                                       });
+        if (!big.ok()) return big.status();
+        for (int m = 0; m < n; ++m) {
+          LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(copies[m], at::full({rows}, 1.0 + m, cuda)),
+                                          absl::StrCat("AllGatherThen's copy of member ", m)));
+        }
         // A group of the first two GPUs, in reverse order: its leader is GPU 1.
         if (rank < 2) {
           auto group = world.NewGroup({1, 0});

@@ -54,6 +54,32 @@ TEST_P(FakeWorldSizes, AllGatherReturnsEveryMembersInputInRankOrder) {
   }));
 }
 
+// Where the gather completes before returning, `then` sees the gathered tensors, and its error
+// is the call's.
+TEST_P(FakeWorldSizes, AllGatherThenHandsTheGatheredTensorsOnAndReturnsItsError) {
+  FakeWorld world(GetParam());
+  ExpectAllOk(world.Run([](collectives::Communicator& comm) -> absl::Status {
+    at::Tensor mine = at::full({3}, comm.rank() + 1.0, at::kFloat);
+    at::Tensor sum = at::zeros({3}, at::kFloat);
+    auto gathered = comm.AllGatherThen(mine, [&](const std::vector<at::Tensor>& all) {
+      for (const at::Tensor& t : all) sum.add_(t);
+      return absl::OkStatus();
+    });
+    if (!gathered.ok()) return gathered.status();
+    const int n = comm.size();
+    if (!at::equal(sum, at::full({3}, n * (n + 1) / 2.0, at::kFloat))) {
+      return absl::InternalError("then did not see every member's input");
+    }
+    auto refused = comm.AllGatherThen(
+        mine, [](const std::vector<at::Tensor>&) { return absl::DataLossError("then failed"); });
+    if (refused.status() != absl::DataLossError("then failed")) {
+      return absl::InternalError(
+          absl::StrCat("then's error was not returned: ", refused.status().ToString()));
+    }
+    return absl::OkStatus();
+  }));
+}
+
 TEST_P(FakeWorldSizes, AllReduceSumsInPlace) {
   const int n = GetParam();
   FakeWorld world(n);

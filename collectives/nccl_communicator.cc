@@ -656,8 +656,23 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
 }
 
 absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Tensor& input) {
+  return AllGatherThen(input, nullptr);
+}
+
+absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGatherThen(
+    const at::Tensor& input,
+    const std::function<absl::Status(const std::vector<at::Tensor>&)>& then) {
   const std::string what = What("all-gather");
   std::vector<at::Tensor> outputs;
+  absl::Status then_status;
+  // The members' views of the output, and `then` on them.
+  auto split = [&](const at::Tensor& gathered) -> absl::Status {
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": splitting the output", [&] {
+      for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);
+    }));
+    if (then) then_status = then(outputs);
+    return absl::OkStatus();
+  };
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, device(), what));
     LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type(), what));
@@ -666,9 +681,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
       LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
       LOCKSTEP_RETURN_IF_ERROR(
           group_->host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
-      return CallTorch(what + ": splitting the output", [&] {
-        for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);
-      });
+      return split(gathered);
     }
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device()));
     const size_t count = static_cast<size_t>(input.numel());
@@ -683,9 +696,13 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
       });
     };
     if (input.is_cuda()) {
+      // Ordered on the current stream (ChooseLane): what `then` queues there follows the
+      // gather, and the wait covers it too.
       LOCKSTEP_RETURN_IF_ERROR(launch(input.data_ptr(), gathered.data_ptr()));
-      LOCKSTEP_RETURN_IF_ERROR(Await(comm, stream, true, timeout(), what));
-    } else if (bytes > 0) {
+      LOCKSTEP_RETURN_IF_ERROR(split(gathered));
+      return Await(comm, stream, true, timeout(), what);
+    }
+    if (bytes > 0) {
       // Staged (Note [CPU staging]): [input | size() outputs] in the group's buffers.
       Staging& staging = group_->staging;
       const int64_t total = bytes * (size() + 1);
@@ -697,11 +714,10 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGather(const at::Te
       LOCKSTEP_RETURN_IF_ERROR(Await(comm, stream, true, timeout(), what));
       std::memcpy(gathered.data_ptr(), staging.host() + bytes, total - bytes);
     }
-    return CallTorch(what + ": splitting the output", [&] {
-      for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);
-    });
+    return split(gathered);
   });
   if (!status.ok()) return status;
+  if (!then_status.ok()) return then_status;
   return outputs;
 }
 

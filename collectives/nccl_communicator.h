@@ -41,6 +41,7 @@
 #ifndef LOCKSTEP_COLLECTIVES_NCCL_COMMUNICATOR_H_
 #define LOCKSTEP_COLLECTIVES_NCCL_COMMUNICATOR_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,11 @@ class NcclCommunicator : public internal::CommunicatorBase {
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;
+  // CUDA tensors: `then` runs once the all-gather is queued on the current stream, before the
+  // wait.
+  absl::StatusOr<std::vector<at::Tensor>> AllGatherThen(
+      const at::Tensor& input,
+      const std::function<absl::Status(const std::vector<at::Tensor>&)>& then) override;
   absl::Status AllReduceSum(at::Tensor& tensor) override;
   absl::Status Barrier() override;
 

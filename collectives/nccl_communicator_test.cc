@@ -55,6 +55,21 @@ TEST(NcclCommunicatorTest, WorldOfOneMovesCudaAndStagedCpuTensors) {
   EXPECT_TRUE((*gathered)[0].is_cuda());
   EXPECT_TRUE(at::equal((*gathered)[0].cpu(), at::arange(3, at::kLong)));
 
+  // AllGatherThen hands the gathered views on before the wait; its error is the call's.
+  std::vector<at::Tensor> copies;
+  auto then = world.AllGatherThen(at::arange(5, cuda.dtype(at::kFloat)),
+                                  [&](const std::vector<at::Tensor>& all) {
+                                    for (const at::Tensor& t : all) copies.push_back(t.clone());
+                                    return absl::OkStatus();
+                                  });
+  ASSERT_TRUE(then.ok()) << then.status();
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_TRUE(at::equal(copies[0].cpu(), at::arange(5, at::kFloat)));
+  auto refused = world.AllGatherThen(
+      at::arange(5, cuda.dtype(at::kFloat)),
+      [](const std::vector<at::Tensor>&) { return absl::DataLossError("then failed"); });
+  EXPECT_EQ(refused.status(), absl::DataLossError("then failed"));
+
   // CPU tensors are staged through the device and copied back.
   at::Tensor cpu = at::full({3}, 7, at::kInt);
   ASSERT_TRUE(world.AllReduceSum(cpu).ok());

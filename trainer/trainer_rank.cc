@@ -598,29 +598,36 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
                                                     }),
                                           where);
   }
-  absl::StatusOr<std::vector<at::Tensor>> all = collaborators_.tp_cp_group->AllGather(padded);
+  // By pieces, the others' runs are queued as soon as the all-gather is (AllGatherThen): on a
+  // GPU they follow it on the stream instead of waiting for the host to see it complete. The
+  // rank's own rows come from `local`, so they stay differentiable while the others are
+  // constants.
+  auto copy_others = [&](const std::vector<at::Tensor>& gathered) -> absl::Status {
+    if (!by_pieces) return absl::OkStatus();
+    return CallTorch("assembling the full outputs", [&] {
+      // After the own runs (which run beside the all-gather).
+      if (own_copied.has_value()) {
+        own_copied->block(
+            c10::impl::VirtualGuardImpl(local.device().type()).getStream(local.device()));
+      }
+      for (const PieceSource& run : scratch_.piece_sources) {
+        if (run.member == PieceSource::kOwn) continue;
+        full.narrow(0, run.begin, run.count)
+            .copy_(gathered[run.member].narrow(0, run.row, run.count));
+      }
+    });
+  };
+  absl::StatusOr<std::vector<at::Tensor>> all =
+      collaborators_.tp_cp_group->AllGatherThen(padded, copy_others);
   if (!all.ok()) return Annotate(all.status(), absl::StrCat(where, ": gathering the outputs"));
+  if (by_pieces) return out;
   const std::vector<at::Tensor>& gathered = *all;
-  // The rank's own rows come from `local`, so they stay differentiable while the others are
-  // constants. The output is [tokens, ...] of the full width, so every pass avoided here is a
-  // pass over all of it.
+  // The output is [tokens, ...] of the full width, so every pass avoided here is a pass over all
+  // of it.
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
       CallTorch(
           "assembling the full outputs",
           [&] {
-            if (by_pieces) {
-              // The others' runs, after the own ones (which ran beside the all-gather).
-              if (own_copied.has_value()) {
-                own_copied->block(
-                    c10::impl::VirtualGuardImpl(local.device().type()).getStream(local.device()));
-              }
-              for (const PieceSource& run : scratch_.piece_sources) {
-                if (run.member == PieceSource::kOwn) continue;
-                full.narrow(0, run.begin, run.count)
-                    .copy_(gathered[run.member].narrow(0, run.row, run.count));
-              }
-              return;
-            }
             // The shards side by side: a view when the communicator returned views of one
             // buffer in member order (NCCL does), else a concatenation.
             const at::Tensor& first = gathered.front();
