@@ -63,6 +63,13 @@ absl::Status CheckTensor(const at::Tensor& tensor, const std::string& what) {
   return absl::OkStatus();
 }
 
+// Gloo refuses dtypes it cannot reduce (bfloat16, in LibTorch 2.11's Gloo) even where it only
+// moves bytes; a broadcast or an all-gather of such a tensor moves its bytes instead.
+bool MovesAsBytes(const at::Tensor& tensor) { return tensor.scalar_type() == at::kBFloat16; }
+
+// A contiguous tensor's bytes, sharing its storage.
+at::Tensor BytesOf(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
+
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<internal::WorldState> world,
@@ -113,7 +120,7 @@ absl::Status GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, what));
     c10::intrusive_ptr<c10d::Work> work;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
-      std::vector<at::Tensor> tensors = {tensor};
+      std::vector<at::Tensor> tensors = {MovesAsBytes(tensor) ? BytesOf(tensor) : tensor};
       c10d::BroadcastOptions options;
       options.rootRank = root;
       options.rootTensor = 0;
@@ -129,12 +136,19 @@ absl::StatusOr<std::vector<at::Tensor>> GlooCommunicator::AllGather(const at::Te
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, what));
     c10::intrusive_ptr<c10d::Work> work;
+    const bool as_bytes = MovesAsBytes(input);
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
-      for (int m = 0; m < size(); ++m) outputs[0].push_back(at::empty_like(input));
-      std::vector<at::Tensor> inputs = {input};
+      std::vector<at::Tensor> inputs = {as_bytes ? BytesOf(input) : input};
+      for (int m = 0; m < size(); ++m) outputs[0].push_back(at::empty_like(inputs[0]));
       work = group_->process_group->allgather(outputs, inputs);
     }));
-    return Wait(work, timeout(), what);
+    LOCKSTEP_RETURN_IF_ERROR(Wait(work, timeout(), what));
+    if (!as_bytes) return absl::OkStatus();
+    return CallTorch(what, [&] {
+      for (at::Tensor& output : outputs[0]) {
+        output = output.view(input.scalar_type()).reshape(input.sizes());
+      }
+    });
   });
   if (!status.ok()) return status;
   return std::move(outputs[0]);

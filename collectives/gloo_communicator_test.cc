@@ -67,6 +67,18 @@ TEST_P(GlooWorldSizes, EveryCollectiveMovesTheRightValues) {
               Expect(at::equal((*gathered)[m], at::arange(3, at::kLong) + 10 * m),
                      absl::StrCat("all-gather member ", m)));
         }
+        // bfloat16, which Gloo itself refuses: broadcast and all-gathered as bytes.
+        at::Tensor h = at::full({2, 3}, rank + 0.5, at::kBFloat16);
+        LOCKSTEP_RETURN_IF_ERROR(world.Broadcast(h, n - 1));
+        LOCKSTEP_RETURN_IF_ERROR(
+            Expect(at::equal(h, at::full({2, 3}, n - 0.5, at::kBFloat16)), "bfloat16 broadcast"));
+        auto halves = world.AllGather(at::full({2, 3}, rank + 0.25, at::kBFloat16));
+        if (!halves.ok()) return halves.status();
+        for (int m = 0; m < n; ++m) {
+          LOCKSTEP_RETURN_IF_ERROR(
+              Expect(at::equal((*halves)[m], at::full({2, 3}, m + 0.25, at::kBFloat16)),
+                     absl::StrCat("bfloat16 all-gather member ", m)));
+        }
         // All-reduce.
         at::Tensor s = at::full({2, 2}, rank + 1.0, at::kDouble);
         LOCKSTEP_RETURN_IF_ERROR(world.AllReduceSum(s));

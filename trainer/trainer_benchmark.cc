@@ -47,6 +47,8 @@ ABSL_FLAG(std::string, transport, "gloo", "gloo, or nccl (--device=cuda, one pro
 ABSL_FLAG(int64_t, tokens, 1024, "tokens per microbatch (split over the CP ranks)");
 ABSL_FLAG(int64_t, width, 512, "model width");
 ABSL_FLAG(int64_t, hidden, 2048, "hidden units of the two-layer MLP");
+ABSL_FLAG(std::string, dtype, "float32",
+          "the model's weights, inputs and outputs: float32 or bfloat16");
 ABSL_FLAG(int, iterations, 30, "paired iterations after the warm-up");
 ABSL_FLAG(double, target, 1.05, "the ratio's target");
 ABSL_FLAG(bool, ledger, false,
@@ -96,7 +98,9 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto streams, rng::RankStreams::Create(cuda ? rng::DefaultGenerators::WithCudaDevice(0)
                                                   : rng::DefaultGenerators::CpuOnly()));
-  const auto options = at::TensorOptions().device(device).dtype(at::kFloat);
+  const at::ScalarType dtype =
+      absl::GetFlag(FLAGS_dtype) == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const auto options = at::TensorOptions().device(device).dtype(dtype);
   at::Tensor w1 = (at::randn({hidden, width}, options) * 0.02).set_requires_grad(true);
   at::Tensor w2 = (at::randn({width, hidden}, options) * 0.02).set_requires_grad(true);
   auto model = [&](const at::Tensor& x) {
@@ -208,9 +212,10 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     }
     std::printf(
         "device %s, CP %d, %lld tokens per microbatch (%zu on this rank), width %lld, "
-        "hidden %lld, %d paired iterations%s\n",
+        "hidden %lld, %s, %d paired iterations%s\n",
         device_name.c_str(), world.size(), static_cast<long long>(tokens), mine.size(),
-        static_cast<long long>(width), static_cast<long long>(hidden), iterations,
+        static_cast<long long>(width), static_cast<long long>(hidden),
+        absl::GetFlag(FLAGS_dtype).c_str(), iterations,
         ledger != nullptr ? ", with a recovery ledger" : "");
     std::printf("bare forward median %.3f ms; trainer microbatch median %.3f ms (rank 0)\n",
                 1e3 * bare_median, 1e3 * trainer_median);
@@ -246,7 +251,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "trainer_benchmark [--device=cpu|cuda] [--transport=gloo|nccl] [--procs=N] [--tokens=N] "
-      "[--width=N] [--hidden=N] [--iterations=N] [--target=R]");
+      "[--width=N] [--hidden=N] [--dtype=float32|bfloat16] [--iterations=N] [--target=R]");
   if (absl::Status s = lockstep::NoPositionalArguments(args); !s.ok()) {
     std::fprintf(stderr, "trainer_benchmark: %s\n", std::string(s.message()).c_str());
     return lockstep::kBadInputExitCode;
@@ -256,6 +261,11 @@ int main(int argc, char** argv) {
                  "trainer_benchmark: --iterations=%d is under 10, the fewest a median is "
                  "reported from\n",
                  absl::GetFlag(FLAGS_iterations));
+    return lockstep::kBadInputExitCode;
+  }
+  if (absl::GetFlag(FLAGS_dtype) != "float32" && absl::GetFlag(FLAGS_dtype) != "bfloat16") {
+    std::fprintf(stderr, "trainer_benchmark: --dtype must be float32 or bfloat16, not '%s'\n",
+                 absl::GetFlag(FLAGS_dtype).c_str());
     return lockstep::kBadInputExitCode;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
