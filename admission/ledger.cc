@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <system_error>
 #include <tuple>
 
 #include "absl/strings/numbers.h"
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "admission/internal/sqlite.h"
+#include "base/logging.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 
@@ -462,7 +464,10 @@ Ledger::Ledger(std::string path, LedgerOptions options, int lock_fd,
       next_seq_(next_seq) {}
 
 Ledger::~Ledger() {
-  AwaitDurable().IgnoreError();  // a failed write was (or could have been) seen by the caller
+  // Callers that must know wait with AwaitDurable first; a failure only seen here is logged.
+  if (absl::Status durable = AwaitDurable(); !durable.ok()) {
+    LOCKSTEP_LOG(ERROR) << "ledger " << path_ << ": closed after a failed write: " << durable;
+  }
   if (writer_thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
@@ -485,7 +490,13 @@ void Ledger::WriterLoop() {
     if (!queue_error_.ok()) continue;  // nothing after a failed write is written
     writing_ = true;
     lock.unlock();
-    absl::Status written = write();
+    absl::Status written;
+    try {
+      written = write();
+    } catch (const std::exception& e) {
+      written =
+          absl::InternalError(absl::StrCat("ledger ", path_, ": a queued write threw: ", e.what()));
+    }
     lock.lock();
     writing_ = false;
     if (!written.ok()) queue_error_ = written;
@@ -499,8 +510,15 @@ absl::Status Ledger::Enqueue(std::function<absl::Status()> write) {
     return static_cast<int>(queue_.size()) < kMaxQueuedWrites || !queue_error_.ok();
   });
   if (!queue_error_.ok()) return queue_error_;
+  if (!writer_thread_.joinable()) {
+    try {
+      writer_thread_ = std::thread([this] { WriterLoop(); });
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("ledger ", path_, ": starting its writer thread: ", e.what()));
+    }
+  }
   queue_.push_back(std::move(write));
-  if (!writer_thread_.joinable()) writer_thread_ = std::thread([this] { WriterLoop(); });
   lock.unlock();
   queue_cv_.notify_all();
   return absl::OkStatus();
@@ -514,6 +532,11 @@ absl::Status Ledger::SyncWal() {
     wal_dir_synced_ = true;
   }
   return absl::OkStatus();
+}
+
+absl::Status Ledger::QueuedError() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  return queue_error_;
 }
 
 absl::Status Ledger::AwaitDurable() {
@@ -770,6 +793,7 @@ absl::Status Ledger::BeginStep(int64_t step, const std::vector<PlannedMicrobatch
 }
 
 absl::Status Ledger::QueueBeginStep(int64_t step, std::vector<PlannedMicrobatch> microbatches) {
+  LOCKSTEP_RETURN_IF_ERROR(QueuedError());  // before refusals that trust the account
   LOCKSTEP_ASSIGN_OR_RETURN(auto tokens, CheckPlan(step, microbatches));
   LOCKSTEP_RETURN_IF_ERROR(CheckMayBegin(step));
   LOCKSTEP_RETURN_IF_ERROR(
@@ -825,6 +849,7 @@ absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
 }
 
 absl::Status Ledger::QueueRecord(LedgerEvent event) {
+  LOCKSTEP_RETURN_IF_ERROR(QueuedError());
   std::string where = WhereOf(path_, event);
   LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, where));
   // Only the last begun step can be open (CheckMayBegin).
@@ -923,6 +948,7 @@ absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSy
 }
 
 absl::Status Ledger::QueueCommitStep(int64_t step, std::string detail) {
+  LOCKSTEP_RETURN_IF_ERROR(QueuedError());
   if (step != last_begun_step_ || last_begun_committed_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ledger ", path_, ", committing step ", step,

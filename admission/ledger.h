@@ -19,13 +19,15 @@
 //   transaction and, with `fsync_at_commit` (default on), fsyncs the WAL before returning, so a
 //   committed step and every event before it survive power loss; with CommitSync::kInBackground
 //   it returns once the commit is written (it then survives the process being killed) and a
-//   background thread fsyncs the WAL, which every later call and the destructor wait for.
+//   background thread fsyncs the WAL, which every later direct call and the destructor wait for
+//   (queued calls are written after it).
 //   `fsync_every_event` fsyncs every transaction.
 // - Queued writes (QueueBeginStep, QueueRecord, QueueCommitStep) return once checked and queued;
 //   the ledger's writer thread writes them one at a time in call order, each exactly as its
 //   direct form would. The file is always an intact prefix of the calls made: a crash loses the
 //   queued writes not yet written, never part of one, and nothing after a failed queued write is
-//   written (its error is then every later call's).
+//   written (its error is then every later call's). Destroying the ledger writes what is queued;
+//   a failure only seen then is logged, so callers that must know call AwaitDurable first.
 // - Integrity: every event row carries a SHA-256 chain over its fields and the previous row's
 //   chain. Opening (writer or replay) checks the file is a lockstep ledger of this schema version
 //   (PRAGMA application_id, user_version), runs PRAGMA integrity_check, verifies the chain and
@@ -296,6 +298,8 @@ class Ledger {
   absl::Status WriteCommit(int64_t step, absl::string_view detail, bool fsync_now);
   // Fsyncs the WAL (and once its directory).
   absl::Status SyncWal();
+  // The sticky error of a failed queued write or background fsync (OK if none), without waiting.
+  absl::Status QueuedError();
   // Queues `write` for the writer thread (started on first use); the sticky error if there is one.
   absl::Status Enqueue(std::function<absl::Status()> write);
   // The writer thread's loop.

@@ -474,15 +474,22 @@ TEST(LedgerTest, AQueuedWriteRefusedWhenWrittenStopsEveryLaterWrite) {
   LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(0, Work()[0])));
   // Counted twice: only the trigger, when it is written, can tell.
   LOCKSTEP_ASSERT_OK(ledger->QueueRecord(Completed(0, Work()[0])));
-  // Queued behind the refused write (or refused at once if the writer already failed): never
-  // written either way.
+  // Queued behind the refused write (or refused at once once the writer has failed): never
+  // written either way. Several, so that some are queued before the writer reaches the refusal.
+  for (int i = 0; i < 50; ++i) {
+    ledger->QueueRecord(LedgerEvent::Of(LedgerEventKind::kStarted, 0, "1", Work()[1].ranges))
+        .IgnoreError();
+  }
   ledger->QueueRecord(Completed(0, Work()[1])).IgnoreError();
   const absl::Status failed = ledger->AwaitDurable();
   EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << failed;
   EXPECT_THAT(failed.message(), HasSubstr("counted twice"));
   EXPECT_THAT(failed.message(), HasSubstr("completed 0"));
-  // Sticky: every later call, queued or direct, returns it.
+  // Sticky: every later call, queued or direct, returns it, also one the ledger's account would
+  // refuse for another reason (step 0 is still open there).
   EXPECT_EQ(ledger->QueueRecord(Completed(0, Work()[2])), failed);
+  EXPECT_EQ(ledger->QueueBeginStep(1, Work()), failed);
+  EXPECT_EQ(ledger->QueueCommitStep(0), failed);
   EXPECT_EQ(ledger->Record(Completed(0, Work()[2])).status(), failed);
   EXPECT_EQ(ledger->CommitStep(0), failed);
   ledger.reset();

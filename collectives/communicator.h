@@ -77,7 +77,8 @@ class Communicator {
   // with no round trip through the host; elsewhere (Gloo, the fake, CPU tensors) after the
   // collective completed. `then` must only queue work or read metadata: on a stream the tensors'
   // contents are not there yet. The collective's error wins over `then`'s (whose queued work is
-  // then meaningless); `then`'s error is returned once the collective completed.
+  // then meaningless); `then`'s error is returned once the collective completed. On a stream the
+  // wait covers what `then` queued, so that work counts against timeout() too.
   virtual absl::StatusOr<std::vector<at::Tensor>> AllGatherThen(
       const at::Tensor& input,
       const std::function<absl::Status(const std::vector<at::Tensor>&)>& then);

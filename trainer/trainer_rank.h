@@ -206,7 +206,8 @@ struct TrainerConfig {
   // it saved. A queued write that fails (I/O; the exactly-once triggers, which the trainer's own
   // plans never trip) is the error of every later call using the ledger, and nothing after it is
   // written. A call that ends early (an error, a crash, a stream not read to its end) leaves its
-  // step open: Ledger::Replay then says which microbatches of it the caller received, none twice,
+  // step open: Ledger::Replay then names microbatches of it the caller received, none twice (all
+  // of them once AwaitDurable has returned; after a crash, those whose records were written),
   // and the trainer refuses to begin another step (kFailedPrecondition naming the open one) until
   // the caller has decided what to do with the interrupted work and continues on a new ledger
   // file.
