@@ -25,7 +25,7 @@ std::string BenchmarkPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path =
       absl::StrCat(dir != nullptr ? dir : "/tmp", "/ledger_bench_", name, "_", getpid());
-  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  RemoveLedgerFiles(path);
   return path;
 }
 
@@ -67,7 +67,7 @@ void BM_LedgerStep(benchmark::State& state) {
   state.counters["events_per_second"] =
       benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
   ledger->reset();
-  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  RemoveLedgerFiles(path);
 }
 BENCHMARK(BM_LedgerStep)
     ->ArgName("fsync")  // 0: never, 1: at step commit (default), 2: every event
@@ -83,8 +83,9 @@ BENCHMARK(BM_LedgerStep)
 // having nothing else to do meanwhile). Counters give each part's mean in microseconds.
 void BM_LedgerCallOfOneMicrobatch(benchmark::State& state) {
   // 0: direct calls, the commit fsynced before it returns; 1: the commit's fsync in the
-  // background; 2: every write queued (what TrainerRank does), the caller's side timed, the
-  // writer awaited untimed after each step (a trainer's forward runs meanwhile).
+  // background; 2: every write queued (what TrainerRank does): the counters time the caller's
+  // side only; the writer is awaited after each step (a trainer's forward runs meanwhile), which
+  // the iteration's own time includes.
   const bool queued = state.range(0) == 2;
   const Ledger::CommitSync sync =
       state.range(0) == 1 ? Ledger::CommitSync::kInBackground : Ledger::CommitSync::kBeforeReturn;
@@ -145,7 +146,7 @@ void BM_LedgerCallOfOneMicrobatch(benchmark::State& state) {
   state.counters["completed_us"] = completed_us / n;
   state.counters["commit_us"] = commit_us / n;
   ledger->reset();
-  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  RemoveLedgerFiles(path);
 }
 BENCHMARK(BM_LedgerCallOfOneMicrobatch)
     ->ArgName("mode")

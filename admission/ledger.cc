@@ -412,6 +412,10 @@ absl::Status CreateLedgerFile(const std::string& path) {
 
 }  // namespace
 
+void RemoveLedgerFiles(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+}
+
 absl::string_view LedgerEventKindName(LedgerEventKind kind) {
   return kKindNames[static_cast<int>(kind)];
 }

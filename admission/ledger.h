@@ -204,6 +204,10 @@ struct LedgerReplay {
   std::string Summary() const;
 };
 
+// Removes the ledger at `path` and its WAL and shared-memory files, where they exist (best
+// effort: a ledger that must not be left behind is checked with Replay's kNotFound).
+void RemoveLedgerFiles(const std::string& path);
+
 class Ledger {
  public:
   // Opens (creating if absent or empty) the ledger at `path` as its one writer, after the

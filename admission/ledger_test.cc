@@ -31,7 +31,7 @@ using ::testing::HasSubstr;
 
 std::string TempPath(const std::string& name) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/ledger_", name, "_", getpid());
-  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  RemoveLedgerFiles(path);
   return path;
 }
 

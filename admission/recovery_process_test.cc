@@ -81,7 +81,7 @@ absl::Status OomOnOneReplicaBody(int rank, collectives::Communicator& world) {
       GroupRun reference,
       RunGroupStep(world, cp_rank, nullptr, [](const WaveWork&) { return absl::OkStatus(); }));
   const std::string path = LedgerPath(absl::StrCat("oom", world.size()), rank);
-  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  RemoveLedgerFiles(path);
   LOCKSTEP_ASSIGN_OR_RETURN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
   // Only the last rank runs out of memory, at the first attempt of microbatch 1 and of its first
   // half: two split levels, decided by one replica.

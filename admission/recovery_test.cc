@@ -47,7 +47,7 @@ absl::StatusOr<planner::Plan> TestPlan(int cp_size = 1) {
 
 std::string LedgerPath(const std::string& name) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/recovery_", name, "_", getpid());
-  for (const char* suffix : {"", "-wal", "-shm"}) unlink(absl::StrCat(path, suffix).c_str());
+  RemoveLedgerFiles(path);
   return path;
 }
 

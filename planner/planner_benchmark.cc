@@ -12,6 +12,8 @@
 //   - packing efficiency, tokens / (microbatches x budget), of the default policy against naive
 //     in-order filling on the same batches (uniform, long-tail, all-equal lengths; 100k
 //     sequences, 3 seeds each); targets: default never below in-order, long-tail >= 95%.
+//   - a trainer call's planning of one 65,536-token sequence over CP 2, with and without its
+//     plan digest (no target).
 
 #include <sys/resource.h>
 

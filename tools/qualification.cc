@@ -411,7 +411,7 @@ absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup) {
     path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/lockstep_qualify_", getpid(),
                         "_ledger.rank", world_rank, ".db");
   }
-  for (const char* suffix : {"", "-wal", "-shm"}) std::remove(absl::StrCat(path, suffix).c_str());
+  admission::RemoveLedgerFiles(path);
   absl::StatusOr<ToyStep> injected;
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates coordinates,
                             setup.topology.CoordinatesOf(world_rank));
@@ -423,7 +423,7 @@ absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup) {
   if (!injected.ok()) return injected.status();
   LOCKSTEP_ASSIGN_OR_RETURN(admission::LedgerReplay replay, admission::Ledger::Replay(path));
   if (setup.ledger_dir.empty()) {
-    for (const char* suffix : {"", "-wal", "-shm"}) std::remove(absl::StrCat(path, suffix).c_str());
+    admission::RemoveLedgerFiles(path);
   }
   double difference = 0;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("comparing gradients", [&] {
@@ -633,9 +633,7 @@ namespace {
 void RemoveDirectory(const std::string& dir, int world) {
   for (int r = 0; r < world; ++r) {
     std::remove(absl::StrCat(dir, "/rank", r, ".json").c_str());
-    for (const char* suffix : {"", "-wal", "-shm"}) {
-      std::remove(absl::StrCat(dir, "/ledger.rank", r, ".db", suffix).c_str());
-    }
+    admission::RemoveLedgerFiles(absl::StrCat(dir, "/ledger.rank", r, ".db"));
   }
   std::remove(absl::StrCat(dir, "/workers.log").c_str());
   rmdir(dir.c_str());

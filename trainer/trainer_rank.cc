@@ -100,6 +100,11 @@ class AssembledOutputs : public torch::autograd::Function<AssembledOutputs> {
   }
 };
 
+// The current stream of `tensor`'s device (the one its work is queued on).
+c10::Stream CurrentStreamOf(const at::Tensor& tensor) {
+  return c10::impl::VirtualGuardImpl(tensor.device().type()).getStream(tensor.device());
+}
+
 using RowRuns = std::vector<std::pair<int64_t, int64_t>>;  // (first caller row, rows)
 
 // The position in its sequence of packed token `t` of packed sequence `k` of `mb`.
@@ -331,8 +336,7 @@ void TrainerRank::PrefetchFirstShard(const planner::Plan& plan, const TrainerInp
   PrefetchedInputs prefetch;
   prefetch.rows = inputs.rows;
   prefetch.version = inputs.rows._version();
-  prefetch.stream =
-      c10::impl::VirtualGuardImpl(inputs.rows.device().type()).getStream(inputs.rows.device());
+  prefetch.stream = CurrentStreamOf(inputs.rows);
   RowOffsets(inputs.sequences, scratch_.row_offset);
   ShardRowRuns(plan.microbatches(0), *mine, scratch_.row_offset, prefetch.runs);
   if (prefetch.runs.size() <= 1) return;  // a view: nothing to copy ahead
@@ -384,8 +388,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
     // the copy was queued on.
     if (prefetched_.has_value() && prefetched_->rows.is_same(inputs.rows) &&
         prefetched_->version == inputs.rows._version() && prefetched_->runs == runs &&
-        prefetched_->stream == c10::impl::VirtualGuardImpl(inputs.rows.device().type())
-                                   .getStream(inputs.rows.device())) {
+        prefetched_->stream == CurrentStreamOf(inputs.rows)) {
       work.inputs = std::move(prefetched_->inputs);
     } else {
       work.inputs = SelectRows(inputs.rows, runs, scratch_.my_rows);
@@ -564,10 +567,9 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
                 return;
               }
               const c10::impl::VirtualGuardImpl device(local.device().type());
-              const c10::Stream current = device.getStream(local.device());
               const c10::Stream side = device.getStreamFromGlobalPool(local.device());
               c10::Event forward_done(local.device().type());
-              forward_done.record(current);
+              forward_done.record(CurrentStreamOf(local));
               forward_done.block(side);
               {
                 const c10::StreamGuard on_side(side);
@@ -607,8 +609,7 @@ absl::StatusOr<MicrobatchOutput> TrainerRank::RunMicrobatch(
     return CallTorch("assembling the full outputs", [&] {
       // After the own runs (which run beside the all-gather).
       if (own_copied.has_value()) {
-        own_copied->block(
-            c10::impl::VirtualGuardImpl(local.device().type()).getStream(local.device()));
+        own_copied->block(CurrentStreamOf(local));
       }
       for (const PieceSource& run : scratch_.piece_sources) {
         if (run.member == PieceSource::kOwn) continue;

@@ -161,7 +161,7 @@ TEST(TrainerRankTest, RunBlockReportsAThrowingBlockAsAStatus) {
 // A fresh ledger file for one test.
 absl::StatusOr<std::unique_ptr<admission::Ledger>> FreshLedger(const std::string& name) {
   const std::string path = ::testing::TempDir() + "/" + name + ".db";
-  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  admission::RemoveLedgerFiles(path);
   return admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0));
 }
 

@@ -36,7 +36,7 @@ absl::StatusCode CodeOf(int rc) {
 }
 
 // A statement's text as errors show it.
-absl::string_view Shown(const std::string& sql) { return absl::string_view(sql).substr(0, 60); }
+absl::string_view Shown(absl::string_view sql) { return sql.substr(0, 60); }
 
 }  // namespace
 
@@ -65,8 +65,6 @@ SqliteDb::~SqliteDb() {
 }
 
 void SqliteDb::Release(std::string sql, sqlite3_stmt* stmt) {
-  sqlite3_reset(stmt);  // also ends a read it left open, so checkpoints are not held back
-  sqlite3_clear_bindings(stmt);
   if (!idle_.emplace(std::move(sql), stmt).second) sqlite3_finalize(stmt);
 }
 
@@ -78,7 +76,7 @@ absl::Status SqliteDb::Error(int rc, absl::string_view what) const {
 absl::Status SqliteDb::Exec(absl::string_view sql) {
   const std::string text(sql);
   const int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, nullptr);
-  if (rc != SQLITE_OK) return Error(rc, absl::StrCat("running '", sql.substr(0, 60), "'"));
+  if (rc != SQLITE_OK) return Error(rc, absl::StrCat("running '", Shown(sql), "'"));
   return absl::OkStatus();
 }
 
@@ -92,7 +90,7 @@ absl::StatusOr<SqliteStatement> SqliteDb::Prepare(absl::string_view sql) {
   sqlite3_stmt* stmt = nullptr;
   const int rc = sqlite3_prepare_v3(db_, text.data(), static_cast<int>(text.size()),
                                     SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
-  if (rc != SQLITE_OK) return Error(rc, absl::StrCat("preparing '", sql.substr(0, 60), "'"));
+  if (rc != SQLITE_OK) return Error(rc, absl::StrCat("preparing '", Shown(sql), "'"));
   return SqliteStatement(this, stmt, std::move(text));
 }
 
@@ -113,7 +111,9 @@ SqliteStatement::SqliteStatement(SqliteStatement&& other) noexcept
 }
 
 SqliteStatement::~SqliteStatement() {
-  if (stmt_ != nullptr) db_->Release(std::move(sql_), stmt_);
+  if (stmt_ == nullptr) return;
+  Reset();  // also ends a read it left open, so checkpoints are not held back
+  db_->Release(std::move(sql_), stmt_);
 }
 
 absl::Status SqliteStatement::BindInt(int index, int64_t value) {

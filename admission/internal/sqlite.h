@@ -59,8 +59,8 @@ class SqliteDb {
  private:
   SqliteDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   friend class SqliteStatement;
-  // Takes back a released statement of text `sql` for reuse (or finalizes it if one of that
-  // text is already kept).
+  // Takes back a released statement (reset and unbound) of text `sql` for reuse, or finalizes it
+  // if one of that text is already kept.
   void Release(std::string sql, sqlite3_stmt* stmt);
 
   sqlite3* db_;
