@@ -22,18 +22,43 @@ void Check(bool condition, const char* what) {
   std::abort();
 }
 
+// A context initialized for SHA-256 once, which every message starts from as a copy. Given
+// EVP_sha256(), each EVP_DigestInit_ex fetches the algorithm again (a locked method-store query)
+// and asks the ENGINE table for an implementation. Measured per digest of a few bytes with the
+// data cache flushed before each: 8.3 us that way, 2.1 us fetched once, 1.7 us copied (0.5, 0.12,
+// 0.12 us warm); in trainer_benchmark's planning on this VM, 37 us before and 12-21 us after.
+const EVP_MD_CTX* Sha256Start() {
+  static const EVP_MD_CTX* const start = [] {
+    EVP_MD* algorithm = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    Check(algorithm != nullptr, "EVP_MD_fetch(SHA256)");
+    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+    Check(ctx != nullptr, "EVP_MD_CTX_new");
+    Check(EVP_DigestInit_ex(ctx, algorithm, nullptr) == 1, "EVP_DigestInit_ex");
+    EVP_MD_free(algorithm);  // the context holds its own reference
+    return ctx;
+  }();
+  return start;
+}
+
 }  // namespace
 
 Sha256Hasher::Sha256Hasher() {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   Check(ctx != nullptr, "EVP_MD_CTX_new");
-  Check(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1, "EVP_DigestInit_ex");
   ctx_ = ctx;
+  Start();
+}
+
+void Sha256Hasher::Start() {
+  Check(EVP_MD_CTX_copy_ex(static_cast<EVP_MD_CTX*>(ctx_), Sha256Start()) == 1,
+        "EVP_MD_CTX_copy_ex");
+  started_ = true;
 }
 
 Sha256Hasher::~Sha256Hasher() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
 
 void Sha256Hasher::Append(absl::string_view bytes) {
+  if (!started_) Start();
   Check(EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), bytes.data(), bytes.size()) == 1,
         "EVP_DigestUpdate");
 }
@@ -45,13 +70,13 @@ void Sha256Hasher::AppendLength(uint64_t length) {
 }
 
 Sha256Digest Sha256Hasher::Finish() {
+  if (!started_) Start();
   Sha256Digest digest;
   unsigned int length = 0;
   Check(EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), digest.data(), &length) == 1,
         "EVP_DigestFinal_ex");
   Check(length == digest.size(), "digest length");
-  Check(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1,
-        "EVP_DigestInit_ex");
+  started_ = false;  // the next Append or Finish starts over (a one-shot hasher never does)
   return digest;
 }
 

@@ -48,7 +48,10 @@ class Sha256Hasher {
   Sha256Digest Finish();
 
  private:
-  void* ctx_;  // EVP_MD_CTX, kept out of this header
+  void Start();
+
+  void* ctx_;             // EVP_MD_CTX, kept out of this header
+  bool started_ = false;  // whether ctx_ is initialized for a new message
 };
 
 // Lowercase hex of the first `bytes` bytes of a digest.

@@ -3,6 +3,8 @@
 #include "base/sha256.h"
 
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -50,6 +52,29 @@ TEST(Sha256Test, FinishStartsOver) {
   // Appending after Finish starts a new message.
   hasher.AppendFramed("second");
   EXPECT_EQ(hasher.Finish(), Sha256Framed({"second"}));
+}
+
+TEST(Sha256Test, ThreadsHashAtOnce) {
+  // Every hasher starts from one shared, initialized context (copied, never written): threads
+  // hashing at once each get the digests a lone thread gets.
+  std::vector<Sha256Digest> expected;
+  for (int i = 0; i < 200; ++i) expected.push_back(Sha256Framed({"part", std::to_string(i)}));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (int i = 0; i < 200; ++i) {
+          Sha256Hasher hasher;
+          hasher.AppendFramed("part");
+          hasher.AppendFramed(std::to_string(i));
+          if (hasher.Finish() != expected[i]) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 }  // namespace

@@ -545,6 +545,13 @@ TEST(DeterminismTest, LossWeightsDigestFraming) {
   std::vector<Sequence> zero = ones;
   zero[0].loss_weights[1] = 0.0f;
   EXPECT_EQ(LossWeightsDigest(none), LossWeightsDigest(Lengths({7, 9})));
+  // Without weights, the digest is of the framed tag alone (computed once, not per plan): the
+  // same bytes as the general form, pinned (Python: sha256(pack('<Q', 32) + tag)).
+  EXPECT_EQ(DigestHex(LossWeightsDigest(none)),
+            "602fd00a1dab7822386f31d26e288858f9b27e2a846e35faa8534d6235f5930d");
+  Sha256Hasher general;
+  general.AppendFramed(kLossWeightsDigestTag);
+  EXPECT_EQ(LossWeightsDigest(none), general.Finish());
   EXPECT_NE(LossWeightsDigest(none), LossWeightsDigest(ones));
   EXPECT_NE(LossWeightsDigest(ones), LossWeightsDigest(moved));
   EXPECT_NE(LossWeightsDigest(zero), LossWeightsDigest(negative_zero));
