@@ -469,7 +469,9 @@ absl::Status CheckShardTokens(const ShardWork& work, const std::vector<planner::
 // tested on processes in trainer_oracle_test; here the scope and synchronization are off and the
 // gather itself is under test): a CP group of `cp` ranks forwards `batch` (microbatches of at most
 // `max_tokens`) through a model that scales its rows by a parameter w; every rank must receive
-// the full outputs in packed order, differentiable into w through its own rows only.
+// the full outputs in packed order, differentiable into w and into the input rows through its own
+// rows only (the rows' selection, by a view, a strided copy, a concatenation or an index, keeps
+// them in the graph).
 absl::Status GatherBody(collectives::Communicator& world, int cp,
                         const std::vector<planner::Sequence>& batch, int64_t max_tokens,
                         int expected_microbatches) {
@@ -485,7 +487,8 @@ absl::Status GatherBody(collectives::Communicator& world, int cp,
   const at::Tensor w = at::full({1}, 2.0, at::kFloat).set_requires_grad(true);
   int64_t tokens = 0;
   for (const planner::Sequence& s : batch) tokens += s.num_tokens;
-  const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2});
+  // Row r holds (2r, 2r + 1): a row's first value names it.
+  const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2}).requires_grad_();
   std::vector<at::Tensor> my_inputs;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
@@ -518,6 +521,18 @@ absl::Status GatherBody(collectives::Communicator& world, int cp,
     return absl::InternalError(absl::StrCat("rank ", world.rank(), ": gradient ",
                                             w.grad().defined() ? w.grad().item<float>() : -1.0f,
                                             " instead of the own rows' sum ", own.item<float>()));
+  }
+  // d(sum of outputs)/d(rows): w (2) on each row this rank's shards hold, 0 on the others' rows.
+  at::Tensor expected = at::zeros({tokens, 2}, at::kFloat);
+  for (const at::Tensor& in : my_inputs) {
+    if (in.size(0) == 0) continue;
+    expected.index_fill_(0, (in.detach().select(1, 0) / 2).to(at::kLong), 2.0);
+  }
+  if (!rows.grad().defined() || !at::equal(rows.grad(), expected)) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", world.rank(), ": the input rows' gradient sums to ",
+        rows.grad().defined() ? rows.grad().sum().item<float>() : -1.0f, " instead of ",
+        expected.sum().item<float>(), " (2 on each of this rank's rows)"));
   }
   return absl::OkStatus();
 }
