@@ -57,6 +57,7 @@ targets=(
   //trainer:trainer_oracle_cuda_test
   //trainer:trainer_oracle_test
   //trainer:trainer_rank_test
+  //trainer:trainer_rank_cuda_test
   //trainer:differentiable_collectives_test
   //trainer:trainer_benchmark
   //tools:qualify
