@@ -13,42 +13,16 @@
 #include "collectives/fake_communicator.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
-#include "rng/rank_streams.h"
+#include "trainer/testing/fake_cp_rank.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {
 namespace trainer {
 namespace {
 
-// The caller's rows of the shard `work` holds (what the plan assigns), in the shard's order.
-absl::StatusOr<std::vector<int64_t>> ShardCallerRows(const ShardWork& work,
-                                                     const std::vector<planner::Sequence>& batch) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> offsets,
-                            planner::ShardTokenIndices(*work.plan, work.microbatch, work.cp_rank));
-  const planner::Microbatch& mb = work.plan->microbatches(work.microbatch);
-  std::vector<int64_t> rows;
-  for (int64_t t : offsets) {
-    int k = 0;
-    while (mb.cu_seqlens(k + 1) <= t) ++k;
-    int64_t first_row = 0;
-    for (int b = 0; b < mb.batch_index(k); ++b) first_row += batch[b].num_tokens;
-    rows.push_back(first_row + planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k)));
-  }
-  return rows;
-}
-
-absl::Status SelectionBody(collectives::Communicator& world, int cp,
+absl::Status SelectionBody(collectives::Communicator& world,
                            const std::vector<planner::Sequence>& batch, int64_t max_tokens,
                            bool rows_require_grad) {
-  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
-                            collectives::Topology::CreateExact(cp, 1, 1, cp));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(world.rank())));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
-                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
-  TrainerConfig config = TrainerConfig::Of(max_tokens);
-  config.packing = planner::PACKING_IN_ORDER;
-  config.model_stream_scope = false;  // threads share one process's generators
-  config.synchronize_caller = false;
   int64_t tokens = 0;
   for (const planner::Sequence& s : batch) tokens += s.num_tokens;
   // Row r holds (3r, 3r + 1, 3r + 2).
@@ -58,22 +32,21 @@ absl::Status SelectionBody(collectives::Communicator& world, int cp,
   const at::Tensor w = at::full({1}, 2.0, at::TensorOptions().device(at::kCUDA));
   std::vector<int64_t> own_rows;
   LOCKSTEP_ASSIGN_OR_RETURN(
-      auto trainer,
-      TrainerRank::Create(
-          config, TrainerRank::Collaborators::Of(topology, world.rank(), group.get(), streams),
-          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-            LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> mine, ShardCallerRows(work, batch));
-            const at::Tensor expected = rows_on_host.index_select(0, at::tensor(mine, at::kLong));
-            if (!work.inputs.is_cuda() || !at::equal(work.inputs.detach().cpu(), expected)) {
-              return absl::InternalError(
-                  absl::StrCat("CP rank ", work.cp_rank, ", microbatch ", work.microbatch,
-                               ": the shard's inputs are not the rows the plan assigns it"));
-            }
-            own_rows.insert(own_rows.end(), mine.begin(), mine.end());
-            return work.inputs * w;
-          }));
+      FakeCpRank rank,
+      CreateFakeCpRank(world, max_tokens, [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+        LOCKSTEP_ASSIGN_OR_RETURN(PlannedShardTokens planned, PlannedTokensOf(work, batch));
+        const at::Tensor expected =
+            rows_on_host.index_select(0, at::tensor(planned.input_rows, at::kLong));
+        if (!work.inputs.is_cuda() || !at::equal(work.inputs.detach().cpu(), expected)) {
+          return absl::InternalError(
+              absl::StrCat("CP rank ", work.cp_rank, ", microbatch ", work.microbatch,
+                           ": the shard's inputs are not the rows the plan assigns it"));
+        }
+        own_rows.insert(own_rows.end(), planned.input_rows.begin(), planned.input_rows.end());
+        return work.inputs * w;
+      }));
   LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
-                            trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
+                            rank.trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
   at::Tensor total = at::zeros({}, at::TensorOptions().device(at::kCUDA));
   while (true) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
@@ -125,7 +98,7 @@ TEST(TrainerRankCudaTest, ShardsOfCudaRowsAreTheAssignedRows) {
     for (const bool grad : {false, true}) {
       collectives::FakeWorld world(c.cp);
       for (const absl::Status& s : world.Run([&](collectives::Communicator& w) {
-             return SelectionBody(w, c.cp, c.batch, c.max_tokens, grad);
+             return SelectionBody(w, c.batch, c.max_tokens, grad);
            })) {
         EXPECT_TRUE(s.ok()) << c.name << (grad ? ", rows with gradients" : "") << ": " << s;
       }

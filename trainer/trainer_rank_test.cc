@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "rng/model_stream.h"
 #include "torch/optim/adam.h"
+#include "trainer/testing/fake_cp_rank.h"
 
 namespace lockstep {
 namespace trainer {
@@ -436,27 +437,14 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
 // packed sequence it falls in.
 absl::Status CheckShardTokens(const ShardWork& work, const std::vector<planner::Sequence>& batch,
                               const at::Tensor& rows) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> offsets,
-                            planner::ShardTokenIndices(*work.plan, work.microbatch, work.cp_rank));
-  const planner::Microbatch& mb = work.plan->microbatches(work.microbatch);
-  std::vector<int64_t> ids, positions, input_rows;
-  for (int64_t t : offsets) {
-    int k = 0;
-    while (mb.cu_seqlens(k + 1) <= t) ++k;
-    const int64_t position = planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k));
-    int64_t first_row = 0;
-    for (int b = 0; b < mb.batch_index(k); ++b) first_row += batch[b].num_tokens;
-    ids.push_back(batch[mb.batch_index(k)].id);
-    positions.push_back(position);
-    input_rows.push_back(first_row + position);
-  }
-  const at::Tensor expected_rows = rows.index_select(0, at::tensor(input_rows, at::kLong));
+  LOCKSTEP_ASSIGN_OR_RETURN(PlannedShardTokens planned, PlannedTokensOf(work, batch));
+  const at::Tensor expected_rows = rows.index_select(0, at::tensor(planned.input_rows, at::kLong));
   int64_t piece_tokens = 0;
   for (const planner::ShardPiece& p : work.pieces()) piece_tokens += p.end - p.begin;
-  if (piece_tokens != static_cast<int64_t>(offsets.size()) ||
-      !at::equal(work.packed_offsets(), at::tensor(offsets, at::kLong)) ||
-      !at::equal(work.sequence_ids(), at::tensor(ids, at::kLong)) ||
-      !at::equal(work.positions(), at::tensor(positions, at::kLong)) ||
+  if (piece_tokens != static_cast<int64_t>(planned.offsets.size()) ||
+      !at::equal(work.packed_offsets(), at::tensor(planned.offsets, at::kLong)) ||
+      !at::equal(work.sequence_ids(), at::tensor(planned.ids, at::kLong)) ||
+      !at::equal(work.positions(), at::tensor(planned.positions, at::kLong)) ||
       !at::equal(work.inputs, expected_rows)) {
     return absl::InternalError(
         absl::StrCat("CP rank ", work.cp_rank, ", microbatch ", work.microbatch,
@@ -472,18 +460,9 @@ absl::Status CheckShardTokens(const ShardWork& work, const std::vector<planner::
 // the full outputs in packed order, differentiable into w and into the input rows through its own
 // rows only (the rows' selection, by a view, a strided copy, a concatenation or an index, keeps
 // them in the graph).
-absl::Status GatherBody(collectives::Communicator& world, int cp,
+absl::Status GatherBody(collectives::Communicator& world,
                         const std::vector<planner::Sequence>& batch, int64_t max_tokens,
                         int expected_microbatches) {
-  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
-                            collectives::Topology::CreateExact(cp, 1, 1, cp));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(world.rank())));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
-                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
-  TrainerConfig config = TrainerConfig::Of(max_tokens);
-  config.packing = planner::PACKING_IN_ORDER;
-  config.model_stream_scope = false;  // threads share one process's generators
-  config.synchronize_caller = false;
   const at::Tensor w = at::full({1}, 2.0, at::kFloat).set_requires_grad(true);
   int64_t tokens = 0;
   for (const planner::Sequence& s : batch) tokens += s.num_tokens;
@@ -491,16 +470,14 @@ absl::Status GatherBody(collectives::Communicator& world, int cp,
   const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2}).requires_grad_();
   std::vector<at::Tensor> my_inputs;
   LOCKSTEP_ASSIGN_OR_RETURN(
-      auto trainer,
-      TrainerRank::Create(
-          config, TrainerRank::Collaborators::Of(topology, world.rank(), group.get(), streams),
-          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-            LOCKSTEP_RETURN_IF_ERROR(CheckShardTokens(work, batch, rows));
-            my_inputs.push_back(work.inputs);
-            return work.inputs * w;
-          }));
+      FakeCpRank rank,
+      CreateFakeCpRank(world, max_tokens, [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+        LOCKSTEP_RETURN_IF_ERROR(CheckShardTokens(work, batch, rows));
+        my_inputs.push_back(work.inputs);
+        return work.inputs * w;
+      }));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outputs,
-                            trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
+                            rank.trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
   if (static_cast<int>(outputs.size()) != expected_microbatches) {
     return absl::InternalError(
         absl::StrCat("expected ", expected_microbatches, " microbatches, got ", outputs.size()));
@@ -540,7 +517,7 @@ absl::Status GatherBody(collectives::Communicator& world, int cp,
 // CP4, a microbatch of one token leaves three ranks empty (few pieces: one copy each).
 absl::Status FewPiecesGatherBody(collectives::Communicator& world) {
   return GatherBody(
-      world, 4,
+      world,
       {planner::Sequence::Of(9, 1), planner::Sequence::Of(2, 2), planner::Sequence::Of(1, 3)}, 11,
       2);
 }
@@ -551,7 +528,7 @@ TEST(TrainerRankFakeWorldTest, ManyShortSequencesGatherThroughTheListedIndex) {
   for (int i = 0; i < 40; ++i) batch.push_back(planner::Sequence::Of(4, i + 1));
   collectives::FakeWorld world(2);
   for (const absl::Status& s :
-       world.Run([&](collectives::Communicator& w) { return GatherBody(w, 2, batch, 160, 1); })) {
+       world.Run([&](collectives::Communicator& w) { return GatherBody(w, batch, 160, 1); })) {
     EXPECT_TRUE(s.ok()) << s;
   }
 }
@@ -563,7 +540,7 @@ TEST(TrainerRankFakeWorldTest, OneLongSequenceSelectsEachRanksChunks) {
     for (const int cp : {2, 4}) {
       collectives::FakeWorld world(cp);
       for (const absl::Status& s : world.Run([&](collectives::Communicator& w) {
-             return GatherBody(w, cp, {planner::Sequence::Of(length, 7)}, length, 1);
+             return GatherBody(w, {planner::Sequence::Of(length, 7)}, length, 1);
            })) {
         EXPECT_TRUE(s.ok()) << "length " << length << ", CP " << cp << ": " << s;
       }

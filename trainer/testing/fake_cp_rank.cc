@@ -1,0 +1,52 @@
+#include "trainer/testing/fake_cp_rank.h"
+
+#include <utility>
+
+#include "base/status_macros.h"
+#include "collectives/topology.h"
+
+namespace lockstep {
+namespace trainer {
+
+absl::StatusOr<FakeCpRank> CreateFakeCpRank(collectives::Communicator& world, int64_t max_tokens,
+                                            ForwardAdapter forward) {
+  const int cp = world.size();
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(cp, 1, 1, cp));
+  FakeCpRank rank;
+  LOCKSTEP_ASSIGN_OR_RETURN(rank.group, world.NewGroup(topology.TpCpGroup(world.rank())));
+  LOCKSTEP_ASSIGN_OR_RETURN(rank.streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  TrainerConfig config = TrainerConfig::Of(max_tokens);
+  config.packing = planner::PACKING_IN_ORDER;
+  config.model_stream_scope = false;
+  config.synchronize_caller = false;
+  LOCKSTEP_ASSIGN_OR_RETURN(rank.trainer, TrainerRank::Create(config,
+                                                              TrainerRank::Collaborators::Of(
+                                                                  std::move(topology), world.rank(),
+                                                                  rank.group.get(), rank.streams),
+                                                              std::move(forward)));
+  return rank;
+}
+
+absl::StatusOr<PlannedShardTokens> PlannedTokensOf(const ShardWork& work,
+                                                   const std::vector<planner::Sequence>& batch) {
+  PlannedShardTokens tokens;
+  LOCKSTEP_ASSIGN_OR_RETURN(tokens.offsets,
+                            planner::ShardTokenIndices(*work.plan, work.microbatch, work.cp_rank));
+  const planner::Microbatch& mb = work.plan->microbatches(work.microbatch);
+  for (int64_t t : tokens.offsets) {
+    int k = 0;
+    while (mb.cu_seqlens(k + 1) <= t) ++k;
+    const int64_t position = planner::TokenBegin(mb, k) + (t - mb.cu_seqlens(k));
+    int64_t first_row = 0;
+    for (int b = 0; b < mb.batch_index(k); ++b) first_row += batch[b].num_tokens;
+    tokens.input_rows.push_back(first_row + position);
+    tokens.ids.push_back(batch[mb.batch_index(k)].id);
+    tokens.positions.push_back(position);
+  }
+  return tokens;
+}
+
+}  // namespace trainer
+}  // namespace lockstep
