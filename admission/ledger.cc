@@ -404,9 +404,7 @@ absl::Status CreateLedgerFile(const std::string& path) {
     }
     return Fsync(DirectoryOf(path));
   }();
-  unlink(temp.c_str());
-  unlink(absl::StrCat(temp, "-wal").c_str());
-  unlink(absl::StrCat(temp, "-shm").c_str());
+  RemoveLedgerFiles(temp);
   return status;
 }
 
@@ -692,25 +690,25 @@ absl::Status StepState(SqliteDb& db, int64_t step, int dp_rank, bool* begun, boo
 
 absl::StatusOr<std::map<int32_t, int64_t>> Ledger::CheckPlan(
     int64_t step, const std::vector<PlannedMicrobatch>& microbatches) const {
-  const std::string where = absl::StrCat("ledger ", path_, ", step ", step);
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
+  const auto where = [&] { return StepWhere(step); };
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat(where(), ": negative step"));
   if (microbatches.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": no microbatches"));
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": no microbatches"));
   }
   std::set<std::string> ids;
   std::map<int32_t, std::vector<TokenRange>> by_sequence;
   for (const PlannedMicrobatch& m : microbatches) {
     if (m.id.empty() || !ids.insert(m.id).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": microbatch id '", m.id, "' is empty or repeated"));
+          absl::StrCat(where(), ": microbatch id '", m.id, "' is empty or repeated"));
     }
     if (m.ranges.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": microbatch ", m.id, " holds no tokens"));
+          absl::StrCat(where(), ": microbatch ", m.id, " holds no tokens"));
     }
     for (const TokenRange& r : m.ranges) {
       if (r.batch_index < 0 || r.begin < 0 || r.end <= r.begin) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": microbatch ", m.id, " has ",
+        return absl::InvalidArgumentError(absl::StrCat(where(), ": microbatch ", m.id, " has ",
                                                        RangeText(r), ", which is not a range"));
       }
       by_sequence[r.batch_index].push_back(r);
@@ -725,7 +723,7 @@ absl::StatusOr<std::map<int32_t, int64_t>> Ledger::CheckPlan(
     for (const TokenRange& r : sorted) {
       if (r.begin != at) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ": the microbatches do not tile sequence ", index, ": ",
+            absl::StrCat(where(), ": the microbatches do not tile sequence ", index, ": ",
                          r.begin > at ? "gap" : "overlap", " at token ", std::min(at, r.begin)));
       }
       at = r.end;
@@ -739,27 +737,40 @@ absl::Status Ledger::CheckMayBegin(int64_t step) const {
   // Steps begin in increasing order, each after the previous one committed, so the last begun
   // step says everything: every earlier one committed.
   if (last_begun_step_ < 0) return absl::OkStatus();
-  const std::string where = absl::StrCat("ledger ", path_, ", step ", step);
   if (step == last_begun_step_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, last_begun_committed_ ? ": already committed" : ": already begun (continue it)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(StepWhere(step), last_begun_committed_ ? ": already committed"
+                                                            : ": already begun (continue it)"));
   }
   if (!last_begun_committed_) {
     return absl::FailedPreconditionError(
-        absl::StrCat(where, ": step ", last_begun_step_, " began and has not committed"));
+        absl::StrCat(StepWhere(step), ": step ", last_begun_step_, " began and has not committed"));
   }
   if (step < last_begun_step_) {
     return absl::FailedPreconditionError(
-        absl::StrCat(where, ": not after the last committed step ", last_begun_step_));
+        absl::StrCat(StepWhere(step), ": not after the last committed step ", last_begun_step_));
   }
   return absl::OkStatus();
 }
 
-absl::Status Ledger::WriteBegin(int64_t step, const std::map<int32_t, int64_t>& tokens,
-                                const std::vector<PlannedMicrobatch>& microbatches) {
+absl::Status Ledger::InChainTransaction(const std::function<absl::Status()>& body) {
   const std::string saved_chain = chain_;
   const int64_t saved_seq = next_seq_;
-  absl::Status status = InTransaction(*db_, [&]() -> absl::Status {
+  absl::Status status = InTransaction(*db_, body);
+  if (!status.ok()) {
+    chain_ = saved_chain;
+    next_seq_ = saved_seq;
+  }
+  return status;
+}
+
+std::string Ledger::StepWhere(int64_t step) const {
+  return absl::StrCat("ledger ", path_, ", step ", step);
+}
+
+absl::Status Ledger::WriteBegin(int64_t step, const std::map<int32_t, int64_t>& tokens,
+                                const std::vector<PlannedMicrobatch>& microbatches) {
+  absl::Status status = InChainTransaction([&]() -> absl::Status {
     LOCKSTEP_ASSIGN_OR_RETURN(
         SqliteStatement insert,
         db_->Prepare("INSERT INTO planned(step, dp_rank, batch_index, num_tokens) VALUES (?1, "
@@ -779,8 +790,6 @@ absl::Status Ledger::WriteBegin(int64_t step, const std::map<int32_t, int64_t>& 
     return absl::OkStatus();
   });
   if (!status.ok()) {
-    chain_ = saved_chain;
-    next_seq_ = saved_seq;
     return Annotate(status, absl::StrCat("ledger ", path_, ", beginning step ", step));
   }
   return absl::OkStatus();
@@ -809,66 +818,63 @@ absl::Status Ledger::QueueBeginStep(int64_t step, std::vector<PlannedMicrobatch>
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Ledger::WriteRecord(const LedgerEvent& event, const std::string& where) {
-  const std::string saved_chain = chain_;
-  const int64_t saved_seq = next_seq_;
-  int64_t seq = 0;
-  absl::Status status = InTransaction(*db_, [&]() -> absl::Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(seq, Append(event));
-    return absl::OkStatus();
-  });
-  if (!status.ok()) {
-    chain_ = saved_chain;
-    next_seq_ = saved_seq;
-    return Annotate(status, where);
-  }
-  return seq;
-}
-
 namespace {
+// Where a call recording `event` failed or was refused (built only then).
 std::string WhereOf(const std::string& path, const LedgerEvent& event) {
   return absl::StrCat("ledger ", path, ", step ", event.step, ", ", LedgerEventKindName(event.kind),
                       " ", event.microbatch);
 }
-absl::Status CheckRecordedKind(const LedgerEvent& event, const std::string& where) {
+absl::Status CheckRecordedKind(const LedgerEvent& event, const std::string& path) {
   if (event.kind == LedgerEventKind::kPlanned || event.kind == LedgerEventKind::kStepCommitted) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": recorded by BeginStep and CommitStep, not Record"));
+        absl::StrCat(WhereOf(path, event), ": recorded by BeginStep and CommitStep, not Record"));
   }
   return absl::OkStatus();
 }
 }  // namespace
 
+absl::StatusOr<int64_t> Ledger::WriteRecord(const LedgerEvent& event) {
+  int64_t seq = 0;
+  absl::Status status = InChainTransaction([&]() -> absl::Status {
+    LOCKSTEP_ASSIGN_OR_RETURN(seq, Append(event));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return Annotate(status, WhereOf(path_, event));
+  return seq;
+}
+
 absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
   LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
-  const std::string where = WhereOf(path_, event);
-  LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, where));
-  bool begun = false, committed = false;
-  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, event.step, options_.dp_rank, &begun, &committed));
-  if (!begun || committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, begun ? ": the step already committed" : ": the step never began"));
+  LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, path_));
+  // Once every queued write is written, the account of the calls matches the file: only a step
+  // it does not hold open is looked up, to word the refusal.
+  if (!IsOpen(event.step)) {
+    bool begun = false, committed = false;
+    LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, event.step, options_.dp_rank, &begun, &committed));
+    if (!begun || committed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(WhereOf(path_, event),
+                       begun ? ": the step already committed" : ": the step never began"));
+    }
   }
-  return WriteRecord(event, where);
+  return WriteRecord(event);
 }
 
 absl::Status Ledger::QueueRecord(LedgerEvent event) {
   LOCKSTEP_RETURN_IF_ERROR(QueuedError());
-  std::string where = WhereOf(path_, event);
-  LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, where));
+  LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, path_));
   // Only the last begun step can be open (CheckMayBegin).
-  if (event.step != last_begun_step_ || last_begun_committed_) {
+  if (!IsOpen(event.step)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        where, event.step == last_begun_step_
-                   ? std::string(": the step already committed")
-                   : absl::StrCat(": the step is not the open one (",
-                                  last_begun_committed_ ? std::string("none is open")
-                                                        : absl::StrCat("step ", last_begun_step_),
-                                  ")")));
+        WhereOf(path_, event),
+        event.step == last_begun_step_
+            ? std::string(": the step already committed")
+            : absl::StrCat(": the step is not the open one (",
+                           last_begun_committed_ ? std::string("none is open")
+                                                 : absl::StrCat("step ", last_begun_step_),
+                           ")")));
   }
-  return Enqueue([this, event = std::move(event), where = std::move(where)] {
-    return WriteRecord(event, where).status();
-  });
+  return Enqueue([this, event = std::move(event)] { return WriteRecord(event).status(); });
 }
 
 absl::Status Ledger::WriteCommit(int64_t step, absl::string_view detail, bool fsync_now) {
@@ -909,17 +915,11 @@ absl::Status Ledger::WriteCommit(int64_t step, absl::string_view detail, bool fs
     }
   }
   if (fsync_now) LOCKSTEP_RETURN_IF_ERROR(db_->Exec("PRAGMA synchronous=FULL"));
-  const std::string saved_chain = chain_;
-  const int64_t saved_seq = next_seq_;
-  absl::Status status = InTransaction(*db_, [&]() -> absl::Status {
+  absl::Status status = InChainTransaction([&]() -> absl::Status {
     return Append(
                LedgerEvent::Of(LedgerEventKind::kStepCommitted, step, "", {}, std::string(detail)))
         .status();
   });
-  if (!status.ok()) {
-    chain_ = saved_chain;
-    next_seq_ = saved_seq;
-  }
   if (fsync_now) {
     // synchronous is a connection setting: restore it even after a failed commit. Should that
     // fail, later events stay fsynced (slower, never less durable) and the commit stands.
@@ -930,22 +930,26 @@ absl::Status Ledger::WriteCommit(int64_t step, absl::string_view detail, bool fs
 
 absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSync sync) {
   LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
-  const std::string where = absl::StrCat("ledger ", path_, ", committing step ", step);
-  bool begun = false, committed = false;
-  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
-  if (!begun || committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, begun ? ": already committed" : ": the step never began"));
+  if (!IsOpen(step)) {  // as in Record: the file is looked up only to word a refusal
+    bool begun = false, committed = false;
+    LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
+    if (!begun || committed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ledger ", path_, ", committing step ", step,
+                       begun ? ": already committed" : ": the step never began"));
+    }
   }
   // With fsync_every_event every transaction is fsynced already.
-  const bool fsync_needed = options_.fsync_at_commit && !options_.fsync_every_event;
+  const bool fsync_needed = FsyncsAtCommit();
   const bool in_background = fsync_needed && sync == CommitSync::kInBackground;
   LOCKSTEP_RETURN_IF_ERROR(WriteCommit(step, detail, fsync_needed && !in_background));
   if (step == last_begun_step_) last_begun_committed_ = true;
   if (in_background) {
     return Enqueue([this, step] {
-      return Annotate(SyncWal(), absl::StrCat("ledger ", path_, ": making step ", step,
-                                              "'s commit durable in the background"));
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(SyncWal(),
+                                            absl::StrCat("ledger ", path_, ": making step ", step,
+                                                         "'s commit durable in the background"));
+      return absl::OkStatus();
     });
   }
   return absl::OkStatus();
@@ -953,12 +957,12 @@ absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSy
 
 absl::Status Ledger::QueueCommitStep(int64_t step, std::string detail) {
   LOCKSTEP_RETURN_IF_ERROR(QueuedError());
-  if (step != last_begun_step_ || last_begun_committed_) {
+  if (!IsOpen(step)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ledger ", path_, ", committing step ", step,
         step == last_begun_step_ ? ": already committed" : ": the step is not the open one"));
   }
-  const bool fsync_now = options_.fsync_at_commit && !options_.fsync_every_event;
+  const bool fsync_now = FsyncsAtCommit();
   LOCKSTEP_RETURN_IF_ERROR(Enqueue([this, step, detail = std::move(detail), fsync_now] {
     return WriteCommit(step, detail, fsync_now);
   }));

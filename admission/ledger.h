@@ -298,8 +298,17 @@ class Ledger {
   // The writes themselves, on whichever thread runs them; failure atomic.
   absl::Status WriteBegin(int64_t step, const std::map<int32_t, int64_t>& tokens,
                           const std::vector<PlannedMicrobatch>& microbatches);
-  absl::StatusOr<int64_t> WriteRecord(const LedgerEvent& event, const std::string& where);
+  absl::StatusOr<int64_t> WriteRecord(const LedgerEvent& event);
   absl::Status WriteCommit(int64_t step, absl::string_view detail, bool fsync_now);
+  // Runs `body` in one transaction; on failure the chain and the next seq go back to what they
+  // were (nothing of it was written).
+  absl::Status InChainTransaction(const std::function<absl::Status()>& body);
+  // "ledger <path>, step <step>": where a refusal of a call on `step` happened.
+  std::string StepWhere(int64_t step) const;
+  // Whether `step` is the open one, by the account of the calls made so far.
+  bool IsOpen(int64_t step) const { return step == last_begun_step_ && !last_begun_committed_; }
+  // Whether a commit is fsynced on its own (not when every event already is).
+  bool FsyncsAtCommit() const { return options_.fsync_at_commit && !options_.fsync_every_event; }
   // Fsyncs the WAL (and once its directory).
   absl::Status SyncWal();
   // The sticky error of a failed queued write or background fsync (OK if none), without waiting.

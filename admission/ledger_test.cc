@@ -46,14 +46,15 @@ LedgerEvent Completed(int64_t step, const PlannedMicrobatch& m) {
 }
 
 absl::Status RunStep(Ledger& ledger, int64_t step,
-                     Ledger::CommitSync sync = Ledger::CommitSync::kBeforeReturn) {
+                     Ledger::CommitSync sync = Ledger::CommitSync::kBeforeReturn,
+                     absl::string_view commit_detail = "") {
   LOCKSTEP_RETURN_IF_ERROR(ledger.BeginStep(step, Work()));
   for (const PlannedMicrobatch& m : Work()) {
     LOCKSTEP_RETURN_IF_ERROR(
         ledger.Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges)).status());
     LOCKSTEP_RETURN_IF_ERROR(ledger.Record(Completed(step, m)).status());
   }
-  return ledger.CommitStep(step, "", sync);
+  return ledger.CommitStep(step, commit_detail, sync);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -396,14 +397,7 @@ TEST(LedgerTest, QueuedWritesAreWrittenInCallOrderAsTheirDirectForms) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Ledger> direct,
                                   Ledger::OpenWriter(direct_path, LedgerOptions::Of(0)));
     for (int64_t step = 0; step < 3; ++step) {
-      LOCKSTEP_ASSERT_OK(direct->BeginStep(step, Work()));
-      for (const PlannedMicrobatch& m : Work()) {
-        LOCKSTEP_ASSERT_OK(
-            direct->Record(LedgerEvent::Of(LedgerEventKind::kStarted, step, m.id, m.ranges))
-                .status());
-        LOCKSTEP_ASSERT_OK(direct->Record(Completed(step, m)).status());
-      }
-      LOCKSTEP_ASSERT_OK(direct->CommitStep(step, "queued"));
+      LOCKSTEP_ASSERT_OK(RunStep(*direct, step, Ledger::CommitSync::kBeforeReturn, "queued"));
     }
   }
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LedgerReplay direct, Ledger::Replay(direct_path));

@@ -45,8 +45,7 @@ const EVP_MD_CTX* Sha256Start() {
 Sha256Hasher::Sha256Hasher() {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   Check(ctx != nullptr, "EVP_MD_CTX_new");
-  ctx_ = ctx;
-  Start();
+  ctx_ = ctx;  // started by the first Append or Finish
 }
 
 void Sha256Hasher::Start() {

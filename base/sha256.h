@@ -51,7 +51,7 @@ class Sha256Hasher {
   void Start();
 
   void* ctx_;             // EVP_MD_CTX, kept out of this header
-  bool started_ = false;  // whether ctx_ is initialized for a new message
+  bool started_ = false;  // whether ctx_ holds a message begun (Append) and not finished
 };
 
 // Lowercase hex of the first `bytes` bytes of a digest.

@@ -93,7 +93,7 @@ std::vector<Case> Cases() {
 }
 
 TEST(TrainerRankCudaTest, ShardsOfCudaRowsAreTheAssignedRows) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(at::hasCUDA()) << "a gpu test: it needs a CUDA device";
   for (const Case& c : Cases()) {
     for (const bool grad : {false, true}) {
       collectives::FakeWorld world(c.cp);

@@ -434,9 +434,10 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
 
 // Checks what the forward adapter sees of its shard against the plan, token by token: the packed
 // offsets are ShardTokenIndices; each token's sequence id, position and input row follow from the
-// packed sequence it falls in.
-absl::Status CheckShardTokens(const ShardWork& work, const std::vector<planner::Sequence>& batch,
-                              const at::Tensor& rows) {
+// packed sequence it falls in. Returns what the plan assigns.
+absl::StatusOr<PlannedShardTokens> CheckShardTokens(const ShardWork& work,
+                                                    const std::vector<planner::Sequence>& batch,
+                                                    const at::Tensor& rows) {
   LOCKSTEP_ASSIGN_OR_RETURN(PlannedShardTokens planned, PlannedTokensOf(work, batch));
   const at::Tensor expected_rows = rows.index_select(0, at::tensor(planned.input_rows, at::kLong));
   int64_t piece_tokens = 0;
@@ -450,29 +451,30 @@ absl::Status CheckShardTokens(const ShardWork& work, const std::vector<planner::
         absl::StrCat("CP rank ", work.cp_rank, ", microbatch ", work.microbatch,
                      ": the shard's per-token view disagrees with the plan"));
   }
-  return absl::OkStatus();
+  return planned;
 }
 
 // The thread fake (one process: the ranks share the default generators, so the RNG contract is
 // tested on processes in trainer_oracle_test; here the scope and synchronization are off and the
-// gather itself is under test): a CP group of `cp` ranks forwards `batch` (microbatches of at most
-// `max_tokens`) through a model that scales its rows by a parameter w; every rank must receive
-// the full outputs in packed order, differentiable into w and into the input rows through its own
-// rows only (the rows' selection, by a view, a strided copy, a concatenation or an index, keeps
-// them in the graph).
+// gather itself is under test): a CP group of all the world's ranks forwards `batch` (microbatches
+// of at most `max_tokens`) through a model that scales its rows by a parameter w; every rank must
+// receive the full outputs in packed order, differentiable into w and into the input rows through
+// its own rows only (the rows' selection, by a view, a strided copy, a concatenation or an index,
+// keeps them in the graph).
 absl::Status GatherBody(collectives::Communicator& world,
                         const std::vector<planner::Sequence>& batch, int64_t max_tokens,
                         int expected_microbatches) {
   const at::Tensor w = at::full({1}, 2.0, at::kFloat).set_requires_grad(true);
   int64_t tokens = 0;
   for (const planner::Sequence& s : batch) tokens += s.num_tokens;
-  // Row r holds (2r, 2r + 1): a row's first value names it.
   const at::Tensor rows = at::arange(2 * tokens, at::kFloat).reshape({tokens, 2}).requires_grad_();
   std::vector<at::Tensor> my_inputs;
+  std::vector<int64_t> own_rows;
   LOCKSTEP_ASSIGN_OR_RETURN(
       FakeCpRank rank,
       CreateFakeCpRank(world, max_tokens, [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-        LOCKSTEP_RETURN_IF_ERROR(CheckShardTokens(work, batch, rows));
+        LOCKSTEP_ASSIGN_OR_RETURN(PlannedShardTokens planned, CheckShardTokens(work, batch, rows));
+        own_rows.insert(own_rows.end(), planned.input_rows.begin(), planned.input_rows.end());
         my_inputs.push_back(work.inputs);
         return work.inputs * w;
       }));
@@ -501,10 +503,7 @@ absl::Status GatherBody(collectives::Communicator& world,
   }
   // d(sum of outputs)/d(rows): w (2) on each row this rank's shards hold, 0 on the others' rows.
   at::Tensor expected = at::zeros({tokens, 2}, at::kFloat);
-  for (const at::Tensor& in : my_inputs) {
-    if (in.size(0) == 0) continue;
-    expected.index_fill_(0, (in.detach().select(1, 0) / 2).to(at::kLong), 2.0);
-  }
+  if (!own_rows.empty()) expected.index_fill_(0, at::tensor(own_rows, at::kLong), 2.0);
   if (!rows.grad().defined() || !at::equal(rows.grad(), expected)) {
     return absl::InternalError(absl::StrCat(
         "rank ", world.rank(), ": the input rows' gradient sums to ",
