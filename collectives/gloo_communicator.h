@@ -10,6 +10,11 @@
 // Either way the message names the operation and the group, and the communicator is unusable
 // afterwards (see communicator.h).
 //
+// Signals: Gloo writes to its sockets without suppressing SIGPIPE, whose default action would
+// kill a survivor writing to a peer that just died. Create therefore sets SIGPIPE to ignored,
+// process-wide, when it is at its default disposition (as gRPC does); a handler the program
+// installed, or an existing ignore, is left as it is.
+//
 // Thread-safety: as Communicator (one thread per communicator at a time).
 //
 // Example:

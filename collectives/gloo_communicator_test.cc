@@ -1,5 +1,6 @@
 #include "collectives/gloo_communicator.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -183,6 +184,47 @@ TEST(GlooCommunicatorTest, EverySurvivorNamesTheRankThatDied) {
     EXPECT_THAT(results[r].message(), HasSubstr("global rank(s) [2] gone"))
         << "rank " << r << ": " << results[r];
   }
+}
+
+// SIGPIPE's handler and disposition as sigaction reports them.
+void (*SigpipeHandler())(int) {
+  struct sigaction current;
+  sigaction(SIGPIPE, nullptr, &current);
+  return current.sa_handler;
+}
+
+void SetSigpipeHandler(void (*handler)(int)) {
+  struct sigaction action = {};
+  action.sa_handler = handler;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGPIPE, &action, nullptr);
+}
+
+volatile sig_atomic_t sigpipes_handled = 0;
+void CountSigpipe(int) { sigpipes_handled = sigpipes_handled + 1; }
+
+// A survivor writing to a peer that died must get an error, not be killed by SIGPIPE (the world
+// of 4 above lost a survivor that way): Create ignores SIGPIPE where it was at its default, and
+// leaves a program's own handler in place. The world's processes inherit the disposition set
+// here before they are forked and check it after their Create.
+TEST(GlooCommunicatorTest, CreateIgnoresSigpipeAtItsDefaultAndKeepsTheProgramsHandler) {
+  struct sigaction saved;
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &saved), 0);
+
+  SetSigpipeHandler(SIG_DFL);
+  ExpectAllOk(collectives::RunProcessWorld(World(2), [](int, Communicator&) {
+    return Expect(SigpipeHandler() == SIG_IGN, "SIGPIPE is not ignored after Create");
+  }));
+
+  SetSigpipeHandler(CountSigpipe);
+  ExpectAllOk(collectives::RunProcessWorld(World(2), [](int, Communicator&) -> absl::Status {
+    LOCKSTEP_RETURN_IF_ERROR(
+        Expect(SigpipeHandler() == CountSigpipe, "Create replaced the program's SIGPIPE handler"));
+    raise(SIGPIPE);
+    return Expect(sigpipes_handled == 1, "the program's SIGPIPE handler did not run");
+  }));
+
+  ASSERT_EQ(sigaction(SIGPIPE, &saved, nullptr), 0);
 }
 
 // A CPU allocator that throws c10::OutOfMemoryError for allocations of `threshold` bytes or
