@@ -690,26 +690,26 @@ absl::Status StepState(SqliteDb& db, int64_t step, int dp_rank, bool* begun, boo
 
 absl::StatusOr<std::map<int32_t, int64_t>> Ledger::CheckPlan(
     int64_t step, const std::vector<PlannedMicrobatch>& microbatches) const {
-  const auto where = [&] { return StepWhere(step); };
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat(where(), ": negative step"));
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat(StepWhere(step), ": negative step"));
   if (microbatches.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where(), ": no microbatches"));
+    return absl::InvalidArgumentError(absl::StrCat(StepWhere(step), ": no microbatches"));
   }
   std::set<std::string> ids;
   std::map<int32_t, std::vector<TokenRange>> by_sequence;
   for (const PlannedMicrobatch& m : microbatches) {
     if (m.id.empty() || !ids.insert(m.id).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where(), ": microbatch id '", m.id, "' is empty or repeated"));
+          absl::StrCat(StepWhere(step), ": microbatch id '", m.id, "' is empty or repeated"));
     }
     if (m.ranges.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where(), ": microbatch ", m.id, " holds no tokens"));
+          absl::StrCat(StepWhere(step), ": microbatch ", m.id, " holds no tokens"));
     }
     for (const TokenRange& r : m.ranges) {
       if (r.batch_index < 0 || r.begin < 0 || r.end <= r.begin) {
-        return absl::InvalidArgumentError(absl::StrCat(where(), ": microbatch ", m.id, " has ",
-                                                       RangeText(r), ", which is not a range"));
+        return absl::InvalidArgumentError(absl::StrCat(StepWhere(step), ": microbatch ", m.id,
+                                                       " has ", RangeText(r),
+                                                       ", which is not a range"));
       }
       by_sequence[r.batch_index].push_back(r);
     }
@@ -723,7 +723,7 @@ absl::StatusOr<std::map<int32_t, int64_t>> Ledger::CheckPlan(
     for (const TokenRange& r : sorted) {
       if (r.begin != at) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where(), ": the microbatches do not tile sequence ", index, ": ",
+            absl::StrCat(StepWhere(step), ": the microbatches do not tile sequence ", index, ": ",
                          r.begin > at ? "gap" : "overlap", " at token ", std::min(at, r.begin)));
       }
       at = r.end;
@@ -762,6 +762,17 @@ absl::Status Ledger::InChainTransaction(const std::function<absl::Status()>& bod
     next_seq_ = saved_seq;
   }
   return status;
+}
+
+absl::Status Ledger::ClosedStepRefusal(int64_t step, absl::string_view where,
+                                       absl::string_view committed_text) const {
+  // Once every queued write is written (the direct calls await that), the account matches the
+  // file, where at most the last begun step is open: a step the account does not hold open
+  // either never began or committed, and only the file still tells which.
+  bool begun = false, committed = false;
+  LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
+  return absl::FailedPreconditionError(
+      absl::StrCat(where, begun ? committed_text : ": the step never began"));
 }
 
 std::string Ledger::StepWhere(int64_t step) const {
@@ -846,16 +857,8 @@ absl::StatusOr<int64_t> Ledger::WriteRecord(const LedgerEvent& event) {
 absl::StatusOr<int64_t> Ledger::Record(const LedgerEvent& event) {
   LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
   LOCKSTEP_RETURN_IF_ERROR(CheckRecordedKind(event, path_));
-  // Once every queued write is written, the account of the calls matches the file: only a step
-  // it does not hold open is looked up, to word the refusal.
   if (!IsOpen(event.step)) {
-    bool begun = false, committed = false;
-    LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, event.step, options_.dp_rank, &begun, &committed));
-    if (!begun || committed) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(WhereOf(path_, event),
-                       begun ? ": the step already committed" : ": the step never began"));
-    }
+    return ClosedStepRefusal(event.step, WhereOf(path_, event), ": the step already committed");
   }
   return WriteRecord(event);
 }
@@ -930,14 +933,9 @@ absl::Status Ledger::WriteCommit(int64_t step, absl::string_view detail, bool fs
 
 absl::Status Ledger::CommitStep(int64_t step, absl::string_view detail, CommitSync sync) {
   LOCKSTEP_RETURN_IF_ERROR(AwaitDurable());
-  if (!IsOpen(step)) {  // as in Record: the file is looked up only to word a refusal
-    bool begun = false, committed = false;
-    LOCKSTEP_RETURN_IF_ERROR(StepState(*db_, step, options_.dp_rank, &begun, &committed));
-    if (!begun || committed) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("ledger ", path_, ", committing step ", step,
-                       begun ? ": already committed" : ": the step never began"));
-    }
+  if (!IsOpen(step)) {
+    return ClosedStepRefusal(step, absl::StrCat("ledger ", path_, ", committing step ", step),
+                             ": already committed");
   }
   // With fsync_every_event every transaction is fsynced already.
   const bool fsync_needed = FsyncsAtCommit();

@@ -307,6 +307,10 @@ class Ledger {
   std::string StepWhere(int64_t step) const;
   // Whether `step` is the open one, by the account of the calls made so far.
   bool IsOpen(int64_t step) const { return step == last_begun_step_ && !last_begun_committed_; }
+  // The refusal of a direct call on `step`, which is not the open one: `where`, then
+  // `committed_text` if the file holds the step committed, or that it never began.
+  absl::Status ClosedStepRefusal(int64_t step, absl::string_view where,
+                                 absl::string_view committed_text) const;
   // Whether a commit is fsynced on its own (not when every event already is).
   bool FsyncsAtCommit() const { return options_.fsync_at_commit && !options_.fsync_every_event; }
   // Fsyncs the WAL (and once its directory).
