@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,19 +34,50 @@ absl::Status OsError(int error, absl::string_view what, const std::string& path)
   }
 }
 
-std::string Directory(const std::string& path) {
+// Creates a new file beside `path` for writing, with mode 0666 (the umask applies, as to any
+// create), under a name no other writer uses: O_EXCL, with a per-process counter and a random
+// part, retried on a collision.
+absl::StatusOr<std::pair<int, std::string>> CreateTemporaryBeside(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device random;
+  for (int tries = 0; tries < 100; ++tries) {
+    const std::string temporary =
+        absl::StrCat(path, ".tmp.", getpid(), ".", counter.fetch_add(1), ".", random() % 1000000);
+    const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) return std::make_pair(fd, temporary);
+    if (errno != EEXIST) return OsError(errno, "cannot create a temporary file beside", path);
+  }
+  return absl::InternalError(
+      absl::StrCat("cannot create a temporary file beside '", path, "': every name was taken"));
+}
+
+}  // namespace
+
+std::string ParentDirectory(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-}  // namespace
+absl::Status SyncPath(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return OsError(errno, "cannot open", path);
+  const int rc = fsync(fd);
+  const int error = errno;
+  close(fd);
+  if (rc != 0) return OsError(error, "cannot fsync", path);
+  return absl::OkStatus();
+}
+
+absl::Status SyncParentDirectory(const std::string& path) {
+  return SyncPath(ParentDirectory(path));
+}
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
   if (path.empty()) return absl::InvalidArgumentError("the output path is empty");
-  std::string temporary = absl::StrCat(path, ".tmp.XXXXXX");
-  const int fd = mkstemp(temporary.data());
-  if (fd < 0) return OsError(errno, "cannot create a temporary file beside", path);
+  absl::StatusOr<std::pair<int, std::string>> created = CreateTemporaryBeside(path);
+  if (!created.ok()) return created.status();
+  const auto [fd, temporary] = *created;
   const bool written = WriteAll(fd, bytes);
   const int write_error = errno;
   if (!written || fsync(fd) != 0) {
@@ -53,22 +86,13 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
     unlink(temporary.c_str());
     return OsError(error, "cannot write", temporary);
   }
-  // mkstemp makes the file 0600; give it what a plain create would.
-  const mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
   if (close(fd) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;
     unlink(temporary.c_str());
     return OsError(error, "cannot replace", path);
   }
   // Make the rename itself durable.
-  const int dir = open(Directory(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    fsync(dir);
-    close(dir);
-  }
-  return absl::OkStatus();
+  return SyncParentDirectory(path);
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {

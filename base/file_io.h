@@ -28,8 +28,23 @@
 namespace lockstep {
 
 // Replaces `path` with `bytes` atomically. kNotFound/kPermissionDenied/kInternal with the OS
-// reason; on failure `path` is as it was and no temporary file is left.
+// reason; on failure `path` is as it was and no temporary file is left. The new file gets the
+// mode a plain create would give it (0666 less the process's umask, which is never changed: a
+// umask toggle is process-wide and races with every other thread creating files). OK means the
+// contents and the rename are durable: the file and its directory were fsynced, and a failed
+// directory fsync is an error.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+
+// fsyncs the file or directory at `path` (its contents, or for a directory its entries).
+// kNotFound/kPermissionDenied/kInternal naming the path and the OS reason.
+absl::Status SyncPath(const std::string& path);
+
+// fsyncs the directory that holds `path` ("." for a bare name), so that a file created, renamed
+// or removed there survives power loss.
+absl::Status SyncParentDirectory(const std::string& path);
+
+// The directory part of `path`: "a/b" for "a/b/c", "/" for "/c", "." for "c".
+std::string ParentDirectory(const std::string& path);
 
 // A read-only mapping of a whole file (an empty file maps to an empty view).
 class MappedFile {
