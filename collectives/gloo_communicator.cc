@@ -97,6 +97,36 @@ bool MovesAsBytes(const at::Tensor& tensor) { return tensor.scalar_type() == at:
 // A contiguous tensor's bytes, sharing its storage.
 at::Tensor BytesOf(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
 
+enum CallKind : int64_t { kBroadcast = 1, kAllGather = 2, kAllReduce = 3, kBarrier = 4 };
+
+// The in-step exchange's record of one member's call: its fields and the call's sequence number.
+constexpr int64_t kCallFields = 5;
+
+std::string DescribeCall(const int64_t* fields) {
+  std::string kind;
+  switch (fields[0]) {
+    case kBroadcast:
+      kind = absl::StrCat("broadcast from group rank ", fields[1]);
+      break;
+    case kAllGather:
+      kind = "all-gather";
+      break;
+    case kAllReduce:
+      kind = "all-reduce (sum)";
+      break;
+    case kBarrier:
+      return absl::StrCat("barrier (collective #", fields[4], ")");
+    default:
+      kind = absl::StrCat("an unknown collective (", fields[0], ")");
+  }
+  const std::string dtype =
+      fields[2] >= 0 && fields[2] < static_cast<int64_t>(c10::ScalarType::NumOptions)
+          ? std::string(c10::toString(static_cast<c10::ScalarType>(fields[2])))
+          : absl::StrCat("dtype ", fields[2]);
+  return absl::StrCat(kind, " of ", fields[3], " bytes of ", dtype, " (collective #", fields[4],
+                      ")");
+}
+
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<internal::WorldState> world,
@@ -138,6 +168,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(
       new GlooCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
 }
 
+absl::Status GlooCommunicator::CheckInStep(const Call& call, const std::string& what) {
+  const int64_t sequence = calls_++;
+  at::Tensor mine;
+  std::vector<std::vector<at::Tensor>> everyone(1);
+  c10::intrusive_ptr<c10d::Work> work;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
+    mine = at::tensor(std::vector<int64_t>{call.kind, call.root, call.dtype, call.bytes, sequence},
+                      at::kLong);
+    for (int m = 0; m < size(); ++m) everyone[0].push_back(at::empty_like(mine));
+    std::vector<at::Tensor> inputs = {mine};
+    work = group_->process_group->allgather(everyone, inputs);
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(Wait(work, timeout(), what));
+  bool in_step = true;
+  for (const at::Tensor& theirs : everyone[0]) in_step = in_step && at::equal(theirs, mine);
+  if (in_step) return absl::OkStatus();
+  std::string calls;
+  for (int m = 0; m < size(); ++m) {
+    const at::Tensor fields = everyone[0][m].contiguous();
+    absl::StrAppend(&calls, m == 0 ? "" : "; ", "group rank ", m, " (global rank ",
+                    global_ranks()[m], ") called ", DescribeCall(fields.data_ptr<int64_t>()));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": the members are out of step (", calls,
+                   "); no data moved, and the communicator is unusable"));
+}
+
 absl::Status GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
   const std::string op = absl::StrCat("broadcast from group rank ", root);
   const std::string what = What(op);
@@ -146,6 +203,10 @@ absl::Status GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
     }
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, what));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckInStep(Call{kBroadcast, root, static_cast<int64_t>(tensor.scalar_type()),
+                         static_cast<int64_t>(tensor.nbytes())},
+                    what));
     c10::intrusive_ptr<c10d::Work> work;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
       std::vector<at::Tensor> tensors = {MovesAsBytes(tensor) ? BytesOf(tensor) : tensor};
@@ -163,6 +224,10 @@ absl::StatusOr<std::vector<at::Tensor>> GlooCommunicator::AllGather(const at::Te
   std::vector<std::vector<at::Tensor>> outputs(1);
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, what));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckInStep(Call{kAllGather, -1, static_cast<int64_t>(input.scalar_type()),
+                         static_cast<int64_t>(input.nbytes())},
+                    what));
     c10::intrusive_ptr<c10d::Work> work;
     const bool as_bytes = MovesAsBytes(input);
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
@@ -186,6 +251,10 @@ absl::Status GlooCommunicator::AllReduceSum(at::Tensor& tensor) {
   const std::string what = What("all-reduce (sum)");
   return Collective("all-reduce (sum)", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, what));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckInStep(Call{kAllReduce, -1, static_cast<int64_t>(tensor.scalar_type()),
+                         static_cast<int64_t>(tensor.nbytes())},
+                    what));
     c10::intrusive_ptr<c10d::Work> work;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
       std::vector<at::Tensor> tensors = {tensor};
@@ -200,6 +269,7 @@ absl::Status GlooCommunicator::AllReduceSum(at::Tensor& tensor) {
 absl::Status GlooCommunicator::Barrier() {
   const std::string what = What("barrier");
   return Collective("barrier", [&]() -> absl::Status {
+    LOCKSTEP_RETURN_IF_ERROR(CheckInStep(Call{kBarrier, -1, -1, 0}, what));
     c10::intrusive_ptr<c10d::Work> work;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] { work = group_->process_group->barrier(); }));
     return Wait(work, timeout(), what);

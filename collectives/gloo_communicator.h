@@ -10,6 +10,14 @@
 // Either way the message names the operation and the group, and the communicator is unusable
 // afterwards (see communicator.h).
 //
+// Out-of-step calls: Gloo itself checks a message's size on its transport thread and aborts the
+// whole process when it differs, so members that call different collectives (another kind, root,
+// dtype or size, or one member a collective behind) would take the job down. Every collective
+// therefore starts with one fixed-size exchange of what each member is calling (kind, root,
+// dtype, bytes and the collective's sequence number on this communicator); when the members
+// differ, every member gets the same kFailedPrecondition naming each member's call, and no
+// payload moves.
+//
 // Signals: Gloo writes to its sockets without suppressing SIGPIPE, whose default action would
 // kill a survivor writing to a peer that just died. Create therefore sets SIGPIPE to ignored,
 // process-wide, when it is at its default disposition (as gRPC does); a handler the program
@@ -69,8 +77,20 @@ class GlooCommunicator : public internal::CommunicatorBase {
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
       internal::GroupIdentity identity) override;
 
+  // What a member is calling, as the in-step check compares it (see the top of this file).
+  struct Call {
+    int64_t kind = 0;
+    int64_t root = -1;
+    int64_t dtype = -1;
+    int64_t bytes = 0;
+  };
+  // OK when every member is making `call` as this one's next collective; kFailedPrecondition
+  // naming each member's call otherwise. Runs inside the collective's body.
+  absl::Status CheckInStep(const Call& call, const std::string& what);
+
   std::shared_ptr<Transport> transport_;
   std::unique_ptr<Group> group_;
+  int64_t calls_ = 0;  // collectives started on this communicator
 };
 
 }  // namespace collectives

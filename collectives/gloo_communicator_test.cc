@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -129,6 +130,59 @@ TEST(GlooCommunicatorTest, AgreementCheckNamesTheDisagreeingRank) {
   for (const absl::Status& s : results) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(s.message(), AllOf(HasSubstr("[0, 1, 2] hold"), HasSubstr("[3] hold")));
+  }
+}
+
+// Members calling different collectives — another size, another kind, another root — get the same
+// kFailedPrecondition naming every member's call, promptly, instead of Gloo's size check aborting
+// the process (SIGABRT, reported by the process world as a rank killed by signal 6).
+TEST(GlooCommunicatorTest, OutOfStepCollectivesAreAnErrorOnEveryMemberNeverAnAbort) {
+  struct Case {
+    const char* name;
+    std::function<absl::Status(int rank, Communicator& world)> call;
+    const char* rank1_called;
+  };
+  const std::vector<Case> cases = {
+      {"all-gathers of other sizes",
+       [](int rank, Communicator& world) {
+         return world.AllGather(at::zeros({rank == 0 ? 4 : 6})).status();
+       },
+       "all-gather of 24 bytes of Float"},
+      {"a broadcast against an all-gather",
+       [](int rank, Communicator& world) {
+         at::Tensor t = at::zeros({4});
+         return rank == 0 ? world.Broadcast(t, 0) : world.AllGather(t).status();
+       },
+       "all-gather of 16 bytes of Float"},
+      {"broadcasts from other roots",
+       [](int rank, Communicator& world) {
+         at::Tensor t = at::zeros({4});
+         return world.Broadcast(t, rank == 0 ? 0 : 1);
+       },
+       "broadcast from group rank 1 of 16 bytes"},
+      {"an all-reduce against a barrier",
+       [](int rank, Communicator& world) {
+         at::Tensor t = at::zeros({2}, at::kLong);
+         return rank == 0 ? world.AllReduceSum(t) : world.Barrier();
+       },
+       "barrier (collective #"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const absl::Time start = absl::Now();
+    std::vector<absl::Status> results =
+        collectives::RunProcessWorld(World(2), [&](int rank, Communicator& world) -> absl::Status {
+          LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
+          return c.call(rank, world);
+        });
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "out of step must not wait for a timeout";
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+      EXPECT_THAT(
+          std::string(results[r].message()),
+          AllOf(HasSubstr("out of step"), HasSubstr("group rank 0 (global rank 0) called"),
+                HasSubstr(absl::StrCat("group rank 1 (global rank 1) called ", c.rank1_called))));
+    }
   }
 }
 
