@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,28 +60,42 @@ absl::StatusOr<Admission> AdmitWaves(const planner::Plan& plan, const MemoryMode
   const double cap = static_cast<double>(cap_bytes);
   Admission admission;
   admission.cap_bytes = cap_bytes;
+  // Bytes the waves closed so far keep held (only when they are held until the end).
+  double held = 0;
   Wave current;
   auto close = [&] {
-    current.predicted_bytes = model.Predict(current.shape);
+    current.held_bytes = held;
+    current.predicted_bytes = held + model.Predict(current.shape);
     current.headroom_bytes = cap - current.predicted_bytes;
+    if (options.held_until_the_end) held += model.PredictRetained(current.shape);
     admission.waves.push_back(std::move(current));
     current = Wave();
   };
   for (int m = 0; m < plan.microbatches_size(); ++m) {
     const WorkShape shape = ShapeOfMicrobatch(plan, m);
     const double alone = model.Predict(shape);
+    const planner::Microbatch& mb = plan.microbatches(m);
+    const std::string which =
+        absl::StrCat("microbatch ", m, " (sequences ", absl::StrJoin(mb.sequence_id(), ", "), "; ",
+                     mb.num_tokens(), " tokens, ", shape.tokens, " on the busiest CP rank)");
     if (alone > cap) {
-      const planner::Microbatch& mb = plan.microbatches(m);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "admission: microbatch ", m, " (sequences ", absl::StrJoin(mb.sequence_id(), ", "), "; ",
-          mb.num_tokens(), " tokens, ", shape.tokens, " on the busiest CP rank) is predicted at ",
-          FormatBytes(alone), " alone, above the cap of ", FormatBytes(cap),
-          "; it cannot be admitted (lower the token budget or raise the cap)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("admission: ", which, " is predicted at ", FormatBytes(alone),
+                       " alone, above the cap of ", FormatBytes(cap),
+                       "; it cannot be admitted (lower the token budget or raise the cap)"));
     }
     if (!current.microbatches.empty() &&
         (static_cast<int>(current.microbatches.size()) >= options.max_microbatches_per_wave ||
-         model.Predict(current.shape + shape) > cap)) {
+         held + model.Predict(current.shape + shape) > cap)) {
       close();
+    }
+    if (held + alone > cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "admission: ", which, " is predicted at ", FormatBytes(alone), " on top of ",
+          FormatBytes(held), " that the microbatches before it keep held until the hand-back, ",
+          FormatBytes(held + alone), " in all, above the cap of ", FormatBytes(cap),
+          "; each fits alone but not all together: hand them back one at a time (the "
+          "microbatch stream) or raise the cap"));
     }
     current.microbatches.push_back(m);
     current.shape = current.shape + shape;

@@ -56,13 +56,22 @@ struct AdmissionOptions {
   static AdmissionOptions Defaults() { return AdmissionOptions(); }
   // Most microbatches in one wave (>= 1). Default: no limit.
   int max_microbatches_per_wave = 1 << 30;
+  // Whether each wave's retained bytes (MemoryModel::PredictRetained: its outputs and what their
+  // graph keeps) stay held while the later waves run, as when every microbatch's outputs are
+  // handed back at once at the end. A wave's prediction then adds what the waves before it hold,
+  // and work whose microbatches fit one by one but not together is refused. Default: off (each
+  // wave's outputs are handed back, and released by the caller, before the next runs).
+  bool held_until_the_end = false;
 };
 
 struct Wave {
   // Plan indices of the wave's microbatches, consecutive and ascending.
   std::vector<int> microbatches;
   WorkShape shape;
+  // The model's peak for the wave, plus `held_bytes`.
   double predicted_bytes = 0;
+  // What the waves before it keep held (AdmissionOptions::held_until_the_end; else 0).
+  double held_bytes = 0;
   // cap - predicted_bytes (>= 0).
   double headroom_bytes = 0;
 };
@@ -78,7 +87,8 @@ struct Admission {
 // Groups `plan`'s microbatches into waves under `cap_bytes`. kInvalidArgument for a plan with no
 // microbatches, a non-positive cap or a bad option; kResourceExhausted for a microbatch whose
 // prediction alone exceeds the cap ("microbatch 7 (sequences 3, 9; 12000 tokens) is predicted at
-// 9.1 GiB alone, above the cap of 8.0 GiB").
+// 9.1 GiB alone, above the cap of 8.0 GiB"), or, with held_until_the_end, with what the earlier
+// waves hold (naming both amounts).
 absl::StatusOr<Admission> AdmitWaves(const planner::Plan& plan, const MemoryModel& model,
                                      int64_t cap_bytes, const AdmissionOptions& options);
 

@@ -78,6 +78,34 @@ TEST(MemoryModelTest, CalibrationRecoversTheTermsFromProbeReadings) {
   EXPECT_GT(linear.worst_relative_error, fit.worst_relative_error);
 }
 
+// What a microbatch leaves held after its forward (outputs, saved activations) is fitted from
+// readings of the bytes still allocated, through the origin, when every sample has one.
+TEST(MemoryModelTest, CalibrationFitsTheRetainedBytesWhenMeasured) {
+  const double fixed = 1e9, per_token = 3e5, retained_per_token = 1.2e5;
+  FakeMemoryProbe probe(80LL << 30);
+  std::vector<PeakSample> samples;
+  for (int64_t tokens : {512, 1024, 4096, 16384}) {
+    LOCKSTEP_ASSERT_OK(probe.ResetPeak());
+    probe.Touch(static_cast<int64_t>(fixed + per_token * tokens));
+    probe.Hold(static_cast<int64_t>(retained_per_token * tokens));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryReading reading, probe.Read());
+    PeakSample sample =
+        PeakSample::Of(WorkShape::Of(tokens), static_cast<double>(reading.peak_allocated_bytes));
+    sample.retained_bytes = static_cast<double>(reading.allocated_bytes);
+    samples.push_back(sample);
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Calibration fit, MemoryModel::Calibrate(samples, {}));
+  EXPECT_NEAR(fit.model.retained_bytes_per_token(), retained_per_token, 1e-6 * retained_per_token);
+  EXPECT_NEAR(fit.model.PredictRetained(WorkShape::Of(2000)), 2000 * retained_per_token, 1.0);
+  EXPECT_LT(fit.worst_retained_relative_error, 1e-6);
+  // One sample without the reading: no retained term.
+  samples[1].retained_bytes = -1;
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Calibration unmeasured, MemoryModel::Calibrate(samples, {}));
+  EXPECT_EQ(unmeasured.model.retained_bytes_per_token(), 0);
+  EXPECT_EQ(MemoryModel::Of(1, 1)->WithRetained(-2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(MemoryModelTest, CalibrationRefusesWhatCannotBeFitted) {
   EXPECT_THAT(
       MemoryModel::Calibrate({PeakSample::Of(WorkShape::Of(10), 100)}, {}).status().message(),
@@ -162,6 +190,35 @@ TEST(AdmissionTest, WorkThatCannotFitAloneIsRefusedNamingIt) {
   none.max_microbatches_per_wave = 0;
   EXPECT_EQ(AdmitWaves(plan, model, 1 << 20, none).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Held until the end (every microbatch's outputs handed back at once): each wave adds what the
+// waves before it keep held, and microbatches that fit one by one but not together are refused,
+// naming the microbatch and both amounts. Without the option the same plan is admitted.
+TEST(AdmissionTest, WorkHeldUntilTheEndAddsUpAndIsRefusedWhenItDoesNotFitTogether) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const planner::Plan plan, PlanOf({100, 100, 100, 100}, 100));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel peak_only, MemoryModel::Of(1000, 10));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(MemoryModel model, peak_only.WithRetained(5));
+  AdmissionOptions one_by_one;
+  one_by_one.max_microbatches_per_wave = 1;
+  AdmissionOptions held = one_by_one;
+  held.held_until_the_end = true;
+  // Each microbatch alone: 2000; each keeps 500 held. Under 3600 the fourth (2000 + 1500) fits.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Admission fits, AdmitWaves(plan, model, 3600, held));
+  ASSERT_EQ(fits.waves.size(), 4u);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_DOUBLE_EQ(fits.waves[w].held_bytes, 500.0 * w);
+    EXPECT_DOUBLE_EQ(fits.waves[w].predicted_bytes, 2000 + 500.0 * w);
+  }
+  // Under 3400 it does not, though every microbatch fits alone.
+  LOCKSTEP_ASSERT_OK(AdmitWaves(plan, model, 3400, one_by_one).status());
+  absl::StatusOr<Admission> refused = AdmitWaves(plan, model, 3400, held);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::AllOf(HasSubstr("microbatch 3 (sequences 103;"),
+                               HasSubstr("1.95 KiB on top of 1.46 KiB that the microbatches before "
+                                         "it keep held"),
+                               HasSubstr("above the cap of 3.32 KiB")));
 }
 
 TEST(AdmissionTest, CapsResolveAgainstTheDevice) {

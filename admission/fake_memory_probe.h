@@ -1,8 +1,9 @@
 // admission/fake_memory_probe.h
 //
 // FakeMemoryProbe (testonly): a MemoryProbe whose readings the test drives. Work "touches" a
-// byte count (the peak it would reach); Read reports the largest touch since ResetPeak; releases
-// are counted; the device total is set by the test. Failures can be scripted per method.
+// byte count (the peak it would reach) and may hold bytes (what stays allocated); Read reports the
+// largest touch since ResetPeak and what is held; releases are counted; the device total is set by
+// the test. Failures can be scripted per method.
 //
 // Thread-safety: all methods are safe concurrently (a mutex), so thread worlds may share one.
 
@@ -26,6 +27,12 @@ class FakeMemoryProbe : public MemoryProbe {
   // Work reached `bytes` at its peak.
   void Touch(int64_t bytes) {
     absl::MutexLock lock(&mu_);
+    peak_ = std::max(peak_, bytes);
+  }
+  // Work left `bytes` held (what tensors hold now; Read's allocated_bytes).
+  void Hold(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    held_ = bytes;
     peak_ = std::max(peak_, bytes);
   }
   int releases() const {
@@ -53,6 +60,7 @@ class FakeMemoryProbe : public MemoryProbe {
     MemoryReading reading;
     reading.peak_allocated_bytes = peak_;
     reading.peak_reserved_bytes = peak_;
+    reading.allocated_bytes = held_;
     return reading;
   }
   absl::Status ReleaseCachedMemory() override {
@@ -70,6 +78,7 @@ class FakeMemoryProbe : public MemoryProbe {
   mutable absl::Mutex mu_;
   int64_t total_;
   int64_t peak_ = 0;
+  int64_t held_ = 0;
   int releases_ = 0;
   absl::Status read_failure_;
 };

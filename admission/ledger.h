@@ -22,7 +22,8 @@
 //   background thread fsyncs the WAL, which every later direct call and the destructor wait for
 //   (queued calls are written after it).
 //   `fsync_every_event` fsyncs every transaction.
-// - Queued writes (QueueBeginStep, QueueRecord, QueueCommitStep) return once checked and queued;
+// - Note [Queued ledger writes]: queued writes (QueueBeginStep, QueueRecord, QueueCommitStep)
+//   return once checked and queued;
 //   the ledger's writer thread writes them one at a time in call order, each exactly as its
 //   direct form would. The file is always an intact prefix of the calls made: a crash loses the
 //   queued writes not yet written, never part of one, and nothing after a failed queued write is

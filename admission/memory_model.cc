@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
@@ -60,41 +62,25 @@ absl::StatusOr<MemoryModel> MemoryModel::Of(double fixed_bytes, double bytes_per
   return MemoryModel(fixed_bytes, bytes_per_token, bytes_per_attention_pair);
 }
 
-absl::StatusOr<Calibration> MemoryModel::Calibrate(const std::vector<PeakSample>& samples,
-                                                   const CalibrationOptions& options) {
-  const int terms = options.attention_term ? 3 : 2;
-  if (static_cast<int>(samples.size()) < terms) {
-    return absl::InvalidArgumentError(absl::StrCat("memory model calibration: ", samples.size(),
-                                                   " samples for ", terms,
-                                                   " terms; need at least as many samples"));
-  }
-  for (size_t i = 0; i < samples.size(); ++i) {
-    const PeakSample& s = samples[i];
-    if (!std::isfinite(s.peak_bytes) || s.peak_bytes <= 0 || s.shape.tokens < 0 ||
-        !std::isfinite(s.shape.attention_pairs) || s.shape.attention_pairs < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "memory model calibration: sample ", i, " (tokens ", s.shape.tokens, ", pairs ",
-          s.shape.attention_pairs, ", peak ", s.peak_bytes, " bytes) is not a valid reading"));
-    }
-  }
-  // Columns scaled to a maximum of 1, so that bytes, tokens and pairs of very different
-  // magnitudes are fitted as well-conditioned as the data allow.
-  const int64_t n = static_cast<int64_t>(samples.size());
-  std::vector<double> design(n * terms), target(n), scale(terms, 0.0);
+namespace {
+
+// Least squares of `target` on the columns of `design` (row-major, `terms` columns), each column
+// scaled to a maximum of 1 first, so that bytes, tokens and pairs of very different magnitudes
+// are fitted as well-conditioned as the data allow. `names` name the columns in errors.
+absl::StatusOr<std::vector<double>> FitColumns(std::vector<double> design,
+                                               std::vector<double> target, int terms,
+                                               const std::vector<std::string>& names,
+                                               absl::string_view what, bool attention_term) {
+  const int64_t n = static_cast<int64_t>(target.size());
+  std::vector<double> scale(terms, 0.0);
   for (int64_t i = 0; i < n; ++i) {
-    const double row[3] = {1.0, static_cast<double>(samples[i].shape.tokens),
-                           samples[i].shape.attention_pairs};
-    for (int j = 0; j < terms; ++j) {
-      design[i * terms + j] = row[j];
-      scale[j] = std::max(scale[j], std::abs(row[j]));
-    }
-    target[i] = samples[i].peak_bytes;
+    for (int j = 0; j < terms; ++j) scale[j] = std::max(scale[j], std::abs(design[i * terms + j]));
   }
   for (int j = 0; j < terms; ++j) {
     if (scale[j] == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("memory model calibration: every sample has 0 ",
-                       j == 1 ? "tokens" : "attention pairs", "; the term cannot be fitted"));
+          absl::StrCat("memory model calibration: every sample has 0 ", names[j],
+                       "; the term cannot be fitted"));
     }
     for (int64_t i = 0; i < n; ++i) design[i * terms + j] /= scale[j];
   }
@@ -110,31 +96,120 @@ absl::StatusOr<Calibration> MemoryModel::Calibrate(const std::vector<PeakSample>
     for (int j = 0; j < terms; ++j) solution[j] = x[j][0].item<double>() / scale[j];
   }));
   if (rank < terms) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory model calibration: the samples determine only ", rank, " of ", terms,
-                     " terms (shapes too alike); measure at more distinct token counts",
-                     options.attention_term ? " and sequence lengths" : ""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory model calibration: the samples determine only ", rank, " of ", terms, " terms of ",
+        what, " (shapes too alike); measure at more distinct token counts",
+        attention_term ? " and sequence lengths" : ""));
   }
+  return solution;
+}
+
+}  // namespace
+
+absl::StatusOr<Calibration> MemoryModel::Calibrate(const std::vector<PeakSample>& samples,
+                                                   const CalibrationOptions& options) {
+  const int terms = options.attention_term ? 3 : 2;
+  if (static_cast<int>(samples.size()) < terms) {
+    return absl::InvalidArgumentError(absl::StrCat("memory model calibration: ", samples.size(),
+                                                   " samples for ", terms,
+                                                   " terms; need at least as many samples"));
+  }
+  bool retained_measured = true;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const PeakSample& s = samples[i];
+    if (!std::isfinite(s.peak_bytes) || s.peak_bytes <= 0 || s.shape.tokens < 0 ||
+        !std::isfinite(s.shape.attention_pairs) || s.shape.attention_pairs < 0 ||
+        !std::isfinite(s.retained_bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("memory model calibration: sample ", i, " (tokens ", s.shape.tokens,
+                       ", pairs ", s.shape.attention_pairs, ", peak ", s.peak_bytes,
+                       " bytes, retained ", s.retained_bytes, " bytes) is not a valid reading"));
+    }
+    retained_measured = retained_measured && s.retained_bytes >= 0;
+  }
+  const int64_t n = static_cast<int64_t>(samples.size());
+  // The peak: fixed + per token (+ per pair).
+  std::vector<double> design(n * terms), target(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double row[3] = {1.0, static_cast<double>(samples[i].shape.tokens),
+                           samples[i].shape.attention_pairs};
+    for (int j = 0; j < terms; ++j) design[i * terms + j] = row[j];
+    target[i] = samples[i].peak_bytes;
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<double> peak,
+      FitColumns(design, target, terms, {"fixed", "tokens", "attention pairs"}, "the peak",
+                 options.attention_term));
   const char* names[3] = {"fixed bytes", "bytes per token", "bytes per attention pair"};
   for (int j = 1; j < terms; ++j) {
-    if (solution[j] < 0) {
+    if (peak[j] < 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("memory model calibration: the fit gives ", names[j], " = ", solution[j],
+          absl::StrCat("memory model calibration: the fit gives ", names[j], " = ", peak[j],
                        " < 0: the readings do not grow with the work; measure over a wider range"));
     }
   }
-  absl::StatusOr<MemoryModel> model =
-      MemoryModel::Of(std::max(0.0, solution[0]), solution[1], terms == 3 ? solution[2] : 0.0);
-  if (!model.ok()) return model.status();
-  Calibration calibration{*model, 0, 0};
+  LOCKSTEP_ASSIGN_OR_RETURN(MemoryModel model, MemoryModel::Of(std::max(0.0, peak[0]), peak[1],
+                                                               terms == 3 ? peak[2] : 0.0));
+  // What stays held until the hand-back: per token (+ per pair), through the origin (no work
+  // retains nothing).
+  if (retained_measured) {
+    const int retained_terms = terms - 1;
+    std::vector<double> retained_design(n * retained_terms), retained_target(n);
+    for (int64_t i = 0; i < n; ++i) {
+      retained_design[i * retained_terms] = static_cast<double>(samples[i].shape.tokens);
+      if (retained_terms == 2) retained_design[i * 2 + 1] = samples[i].shape.attention_pairs;
+      retained_target[i] = samples[i].retained_bytes;
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        std::vector<double> retained,
+        FitColumns(retained_design, retained_target, retained_terms, {"tokens", "attention pairs"},
+                   "the retained bytes", options.attention_term));
+    for (int j = 0; j < retained_terms; ++j) {
+      if (retained[j] < 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "memory model calibration: the fit gives retained ", names[j + 1], " = ", retained[j],
+            " < 0: the retained readings do not grow with the work; measure over a wider range"));
+      }
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        model, model.WithRetained(retained[0], retained_terms == 2 ? retained[1] : 0));
+  }
+  Calibration calibration(model);
   double squares = 0;
   for (const PeakSample& s : samples) {
-    const double relative = std::abs(model->Predict(s.shape) - s.peak_bytes) / s.peak_bytes;
+    const double relative = std::abs(model.Predict(s.shape) - s.peak_bytes) / s.peak_bytes;
     calibration.worst_relative_error = std::max(calibration.worst_relative_error, relative);
     squares += relative * relative;
+    if (retained_measured && s.retained_bytes > 0) {
+      calibration.worst_retained_relative_error =
+          std::max(calibration.worst_retained_relative_error,
+                   std::abs(model.PredictRetained(s.shape) - s.retained_bytes) / s.retained_bytes);
+    }
   }
   calibration.rms_relative_error = std::sqrt(squares / static_cast<double>(n));
   return calibration;
+}
+
+absl::StatusOr<MemoryModel> MemoryModel::WithRetained(double bytes_per_token,
+                                                      double bytes_per_attention_pair) const {
+  for (const auto& term :
+       {std::make_pair("retained bytes_per_token", bytes_per_token),
+        std::make_pair("retained bytes_per_attention_pair", bytes_per_attention_pair)}) {
+    if (!std::isfinite(term.second) || term.second < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory model: ", term.first, " = ", term.second, " must be finite and non-negative"));
+    }
+  }
+  MemoryModel model = *this;
+  model.retained_per_token_ = bytes_per_token;
+  model.retained_per_pair_ = bytes_per_attention_pair;
+  return model;
+}
+
+double MemoryModel::PredictRetained(const WorkShape& shape) const {
+  return (retained_per_token_ * static_cast<double>(shape.tokens) +
+          retained_per_pair_ * shape.attention_pairs) *
+         safety_;
 }
 
 double MemoryModel::Predict(const WorkShape& shape) const {
@@ -150,8 +225,9 @@ double MemoryModel::CorrectAfterOom(const WorkShape& shape, int64_t cap_bytes) {
 }
 
 std::string MemoryModel::Serialize() const {
-  return absl::StrFormat("fixed=%a per_token=%a per_pair=%a factor=%a", fixed_, per_token_,
-                         per_pair_, safety_);
+  return absl::StrFormat(
+      "fixed=%a per_token=%a per_pair=%a retained_per_token=%a retained_per_pair=%a factor=%a",
+      fixed_, per_token_, per_pair_, retained_per_token_, retained_per_pair_, safety_);
 }
 
 }  // namespace admission

@@ -6,6 +6,11 @@
 // calibrated by least squares from measured peaks (MemoryProbe readings), and corrected after an
 // out-of-memory failure so that the work that failed is never predicted to fit again.
 //
+// It also predicts what a microbatch leaves held once its forward returned (its outputs and the
+// activations their autograd graph keeps for backward), per token (and per attention pair): the
+// retained term. Work that hands back several microbatches at once keeps each one's retained
+// bytes alive while the next runs, so its admission adds them up (admission.h, AdmitAllAtOnce).
+//
 // Contract:
 // - Predict is deterministic and costs O(1): fixed + per_token * tokens + per_attention_pair *
 //   attention_pairs, times the safety factor (>= 1, raised only by CorrectAfterOom).
@@ -14,7 +19,8 @@
 //   MemoryModel::Serialize gives the bytes to agree on.
 // - Calibrate refuses, naming the value, too few samples for the terms, a degenerate design
 //   (every sample with the same shape), non-finite readings, and a fit with a negative slope
-//   (readings that do not grow with the work); it reports the fit's worst relative error.
+//   (readings that do not grow with the work); it reports the fit's worst relative error. With
+//   retained readings in every sample it fits the retained term the same way.
 //
 // Thread-safety: const methods are safe concurrently; CorrectAfterOom is not.
 //
@@ -67,6 +73,10 @@ struct PeakSample {
   }
   WorkShape shape;
   double peak_bytes = 0;
+  // Bytes still held once the work returned (allocated after it minus before: outputs and the
+  // activations their graph keeps); -1 when not measured. Calibrate fits the retained term only
+  // when every sample has it.
+  double retained_bytes = -1;
 };
 
 class MemoryModel;
@@ -94,6 +104,14 @@ class MemoryModel {
   // Predicted peak bytes of `shape`.
   double Predict(const WorkShape& shape) const;
 
+  // This model with the retained term (bytes per token, bytes per attention pair, each finite and
+  // non-negative; both 0 by default).
+  absl::StatusOr<MemoryModel> WithRetained(double bytes_per_token,
+                                           double bytes_per_attention_pair = 0) const;
+
+  // Predicted bytes that work of `shape` leaves held once it returned, times the safety factor.
+  double PredictRetained(const WorkShape& shape) const;
+
   // After work of `shape` ran out of memory under `cap_bytes`: raises the safety factor so that
   // this shape is predicted at 5% above the cap (never lowers it). Returns the new factor.
   double CorrectAfterOom(const WorkShape& shape, int64_t cap_bytes);
@@ -101,6 +119,8 @@ class MemoryModel {
   double fixed_bytes() const { return fixed_; }
   double bytes_per_token() const { return per_token_; }
   double bytes_per_attention_pair() const { return per_pair_; }
+  double retained_bytes_per_token() const { return retained_per_token_; }
+  double retained_bytes_per_attention_pair() const { return retained_per_pair_; }
   double safety_factor() const { return safety_; }
 
   // The model's terms and factor as text that replicas can compare ("fixed=... factor=...",
@@ -113,14 +133,19 @@ class MemoryModel {
   double fixed_;
   double per_token_;
   double per_pair_;
+  double retained_per_token_ = 0;
+  double retained_per_pair_ = 0;
   double safety_ = 1.0;
 };
 
 struct Calibration {
+  explicit Calibration(MemoryModel fitted) : model(fitted) {}
   MemoryModel model;
   // max over samples of |predicted - measured| / measured, and the root mean square of it.
   double worst_relative_error = 0;
   double rms_relative_error = 0;
+  // The same maximum for the retained bytes (0 when they were not measured).
+  double worst_retained_relative_error = 0;
 };
 
 }  // namespace admission

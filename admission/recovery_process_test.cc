@@ -25,6 +25,7 @@ namespace lockstep {
 namespace admission {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kCp = 2;
@@ -50,7 +51,8 @@ struct GroupRun {
 
 // One step of the toy objective on this rank's CP shard; `fail` decides the callback's outcome
 // after its backward.
-absl::StatusOr<GroupRun> RunGroupStep(collectives::Communicator& group, int cp_rank, Ledger* ledger,
+absl::StatusOr<GroupRun> RunGroupStep(collectives::Communicator& group, int cp_rank,
+                                      std::shared_ptr<Ledger> ledger,
                                       const std::function<absl::Status(const WaveWork&)>& fail) {
   LOCKSTEP_ASSIGN_OR_RETURN(const planner::Plan plan, TestPlan());
   LOCKSTEP_ASSIGN_OR_RETURN(ToyObjective objective, ToyObjective::Create(5, 1));
@@ -82,12 +84,13 @@ absl::Status OomOnOneReplicaBody(int rank, collectives::Communicator& world) {
       RunGroupStep(world, cp_rank, nullptr, [](const WaveWork&) { return absl::OkStatus(); }));
   const std::string path = LedgerPath(absl::StrCat("oom", world.size()), rank);
   RemoveLedgerFiles(path);
-  LOCKSTEP_ASSIGN_OR_RETURN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<Ledger> ledger,
+                            Ledger::OpenWriter(path, LedgerOptions::Of(0)));
   // Only the last rank runs out of memory, at the first attempt of microbatch 1 and of its first
   // half: two split levels, decided by one replica.
   const bool victim = rank == world.size() - 1;
   LOCKSTEP_ASSIGN_OR_RETURN(
-      GroupRun run, RunGroupStep(world, cp_rank, ledger.get(), [&](const WaveWork& work) {
+      GroupRun run, RunGroupStep(world, cp_rank, ledger, [&](const WaveWork& work) {
         if (victim && work.attempt == 1 && (work.ids[0] == "1" || work.ids[0] == "1.0") &&
             work.ids.size() == 1) {
           static std::vector<std::string> failed;
@@ -151,7 +154,10 @@ TEST(RecoveryProcessTest, AReplicaFailingOtherwiseStopsEveryReplica) {
   EXPECT_EQ(results[1].code(), absl::StatusCode::kInternal);
   EXPECT_THAT(results[1].message(), HasSubstr("broken kernel"));
   EXPECT_EQ(results[0].code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(results[0].message(), HasSubstr("step 1, wave 2, attempt 1: 1 replica(s)"));
+  // The peer learns which rank failed and why.
+  EXPECT_THAT(std::string(results[0].message()),
+              AllOf(HasSubstr("step 1, microbatch 2, attempt 1: global rank 1 of the group failed"),
+                    HasSubstr("INTERNAL: broken kernel")));
 }
 
 TEST(RecoveryProcessTest, AReplicaThatDiesIsAnErrorWithinTheTimeoutNotAHang) {
@@ -172,7 +178,7 @@ TEST(RecoveryProcessTest, AReplicaThatDiesIsAnErrorWithinTheTimeoutNotAHang) {
   EXPECT_FALSE(results[1].ok());
   EXPECT_TRUE(absl::IsUnavailable(results[0]) || absl::IsDeadlineExceeded(results[0]))
       << results[0];
-  EXPECT_THAT(results[0].message(), HasSubstr("step 1, wave 2"));
+  EXPECT_THAT(results[0].message(), HasSubstr("step 1, microbatch 2"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(40));
 }
 

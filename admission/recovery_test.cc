@@ -61,7 +61,8 @@ struct RunResult {
   int releases = 0;
 };
 
-absl::StatusOr<RunResult> RunToyStep(const planner::Plan& plan, const OomRule& oom, Ledger* ledger,
+absl::StatusOr<RunResult> RunToyStep(const planner::Plan& plan, const OomRule& oom,
+                                     std::shared_ptr<Ledger> ledger,
                                      ContributionStaging* staging_override,
                                      int max_wave = 1 << 30) {
   LOCKSTEP_ASSIGN_OR_RETURN(ToyObjective objective, ToyObjective::Create(6, 3));
@@ -125,9 +126,10 @@ TEST(RecoveryTest, InjectedOutOfMemoryAtFirstMiddleAndLastMicrobatchKeepsTheGrad
   for (const std::string& victim : {std::string("0"), absl::StrCat(last / 2), absl::StrCat(last)}) {
     SCOPED_TRACE("out of memory at microbatch " + victim);
     const std::string path = LedgerPath("single_" + victim);
-    LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
-    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-        RunResult run, RunToyStep(plan, FirstAttemptOf({victim}), ledger.get(), nullptr, 1));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Ledger> ledger,
+                                  Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunResult run,
+                                  RunToyStep(plan, FirstAttemptOf({victim}), ledger, nullptr, 1));
     EXPECT_EQ(run.report.out_of_memory, 1);
     EXPECT_EQ(run.report.microbatch_splits, 1);
     EXPECT_EQ(run.releases, 1);
@@ -144,9 +146,10 @@ TEST(RecoveryTest, RepeatedOutOfMemoryForcesTwoSplitLevels) {
       RunResult reference, RunToyStep(
                                plan, [](const WaveWork&) { return false; }, nullptr, nullptr, 1));
   const std::string path = LedgerPath("two_levels");
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto ledger, Ledger::OpenWriter(path, LedgerOptions::Of(0)));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      RunResult run, RunToyStep(plan, FirstAttemptOf({"1", "1.0"}), ledger.get(), nullptr, 1));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Ledger> ledger,
+                                Ledger::OpenWriter(path, LedgerOptions::Of(0)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunResult run,
+                                RunToyStep(plan, FirstAttemptOf({"1", "1.0"}), ledger, nullptr, 1));
   EXPECT_EQ(run.report.out_of_memory, 2);
   EXPECT_EQ(run.report.microbatch_splits, 2);
   EXPECT_THAT(run.report.completed, ::testing::Contains("1.0.0"));
@@ -268,7 +271,7 @@ TEST_F(RecoveryRigTest, OtherFailuresStopTheStepWithContextAndDropTheContributio
       });
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(report.status().message(), HasSubstr("bad input tensor"));
-  EXPECT_THAT(report.status().message(), HasSubstr("step 3, wave 0"));
+  EXPECT_THAT(report.status().message(), HasSubstr("step 3, microbatch 0"));
   EXPECT_FALSE(objective_->weight().grad().defined()) << "a failed attempt's gradient must go";
 
   EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&*model_, nullptr), 1,

@@ -11,9 +11,11 @@
 namespace lockstep {
 namespace planner {
 
-absl::Status CheckPlanAgreement(collectives::Communicator& group, const Plan& plan) {
+absl::Status CheckPlanAgreement(collectives::Communicator& group, const Plan& plan,
+                                absl::string_view execution) {
   const Sha256Digest digest = PlanDigest(plan);
-  const std::string metadata(reinterpret_cast<const char*>(digest.data()), digest.size());
+  std::string metadata(reinterpret_cast<const char*>(digest.data()), digest.size());
+  metadata.append(execution.data(), execution.size());
   return Annotate(collectives::CheckAgreement(group, kPlanAgreementOperation, metadata),
                   absl::StrCat("while checking a plan of ", plan.microbatches_size(),
                                " microbatches (digest ", DigestHex(digest, 8), ")"));

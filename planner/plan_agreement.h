@@ -21,6 +21,7 @@
 #define LOCKSTEP_PLANNER_PLAN_AGREEMENT_H_
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "collectives/communicator.h"
 #include "planner/plan.pb.h"
 
@@ -30,11 +31,14 @@ namespace planner {
 // The operation name under which plan digests are compared (it appears in mismatch errors).
 inline constexpr char kPlanAgreementOperation[] = "planner/plan";
 
-// OK when every member of `group` holds a plan with the same digest. Otherwise
-// kFailedPrecondition on every member, naming the global ranks of each group of agreeing
-// members and their digest prefixes; errors of the collective itself (a dead or late peer) are
-// returned with context. Collective: every member must call it.
-absl::Status CheckPlanAgreement(collectives::Communicator& group, const Plan& plan);
+// OK when every member of `group` holds a plan with the same digest (and the same `execution`:
+// how the caller will run the plan, such as its admission into waves, which must agree too for
+// the members' collectives to match). Otherwise kFailedPrecondition on every member, naming the
+// global ranks of each group of agreeing members and their digest prefixes; errors of the
+// collective itself (a dead or late peer) are returned with context. Collective: every member
+// must call it.
+absl::Status CheckPlanAgreement(collectives::Communicator& group, const Plan& plan,
+                                absl::string_view execution = "");
 
 }  // namespace planner
 }  // namespace lockstep

@@ -189,6 +189,12 @@ Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch);
 // of packed sequences.
 int64_t TokenBegin(const Microbatch& microbatch, int k);
 
+// The position in its input sequence of packed token `t` (an offset into the microbatch's packed
+// buffer) of packed sequence k of `microbatch`. Precondition: cu_seqlens[k] <= t < cu_seqlens[k+1].
+inline int64_t PositionInSequence(const Microbatch& microbatch, int k, int64_t t) {
+  return TokenBegin(microbatch, k) + (t - microbatch.cu_seqlens(k));
+}
+
 // The loss scale of packed sequence k of `microbatch`: loss_scale[k], or the single shared
 // loss_scale[0] (see plan.proto). Precondition: 0 <= k < number of packed sequences, and
 // loss_scale has 1 or that many entries (VerifyPlan checks both).

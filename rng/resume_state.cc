@@ -162,7 +162,8 @@ absl::StatusOr<RngResumeStateProto> CaptureResumeState(const RankStreams& stream
   return proto;
 }
 
-absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& streams) {
+absl::StatusOr<CheckedResumeState> CheckedResumeState::Check(const RngResumeStateProto& saved,
+                                                             RankStreams& streams) {
   LOCKSTEP_RETURN_IF_ERROR(CheckStructure(saved));
   LOCKSTEP_RETURN_IF_ERROR(streams.CheckGenerators(
       DefaultGenerators::WithCudaDevice(saved.cuda_device()),  // -1 (CPU only) compares as such
@@ -171,7 +172,6 @@ absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& s
     return absl::FailedPreconditionError(
         "cannot restore the RNG resume state inside a model-stream scope or named-stream fork");
   }
-  // Validate everything first; change nothing until all of it parses.
   LOCKSTEP_ASSIGN_OR_RETURN(RngSnapshot caller, FromProto(saved.caller(), streams, "caller state"));
   std::optional<RngSnapshot> model_state;
   if (saved.has_model()) {
@@ -194,13 +194,27 @@ absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& s
                                                      stream.seed()));
     }
   }
+  return CheckedResumeState(streams.shared_from_this(), std::move(caller), std::move(model_state),
+                            std::move(named));
+}
+
+absl::Status CheckedResumeState::Install() && {
+  if (!streams_->caller_state_live()) {
+    return absl::FailedPreconditionError(
+        "cannot restore the RNG resume state inside a model-stream scope or named-stream fork");
+  }
   // The live generators first: the only step that can still fail (it writes both generators or
-  // neither). The model stream and named streams, validated above, then cannot fail.
-  LOCKSTEP_RETURN_IF_ERROR(caller.Restore());
-  LOCKSTEP_RETURN_IF_ERROR(streams.model().Restore(std::move(model_state)));
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(streams.named().Restore(std::move(named)),
+  // neither). The model stream and named streams, validated by Check, then cannot fail.
+  LOCKSTEP_RETURN_IF_ERROR(caller_.Restore());
+  LOCKSTEP_RETURN_IF_ERROR(streams_->model().Restore(std::move(model_)));
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(streams_->named().Restore(std::move(named_)),
                                         "while restoring named streams");
   return absl::OkStatus();
+}
+
+absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& streams) {
+  LOCKSTEP_ASSIGN_OR_RETURN(CheckedResumeState checked, CheckedResumeState::Check(saved, streams));
+  return std::move(checked).Install();
 }
 
 }  // namespace rng

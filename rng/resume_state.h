@@ -34,7 +34,11 @@
 #ifndef LOCKSTEP_RNG_RESUME_STATE_H_
 #define LOCKSTEP_RNG_RESUME_STATE_H_
 
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,6 +65,34 @@ absl::StatusOr<RngResumeStateProto> CaptureResumeState(const RankStreams& stream
 // states, more than kMaxNamedStreams streams, or empty, over-long or duplicate names or seeds;
 // kFailedPrecondition inside a scope or fork.
 absl::Status RestoreResumeState(const RngResumeStateProto& saved, RankStreams& streams);
+
+// A resume state checked against a rank's streams: everything RestoreResumeState refuses,
+// Check refuses, and Install then changes the streams. For callers that change several things
+// together (TrainerRank::LoadState: weights, optimizer, RNG streams) and must check all of them
+// before changing any.
+class CheckedResumeState {
+ public:
+  // The checks of RestoreResumeState, changing nothing.
+  static absl::StatusOr<CheckedResumeState> Check(const RngResumeStateProto& saved,
+                                                  RankStreams& streams);
+  // Installs the state. Fails only if the live generators refuse it (then nothing changed) or a
+  // scope or fork was entered since Check (kFailedPrecondition).
+  absl::Status Install() &&;
+
+ private:
+  CheckedResumeState(std::shared_ptr<RankStreams> streams, RngSnapshot caller,
+                     std::optional<RngSnapshot> model,
+                     std::map<std::string, NamedStreamTracker::Stream> named)
+      : streams_(std::move(streams)),
+        caller_(std::move(caller)),
+        model_(std::move(model)),
+        named_(std::move(named)) {}
+
+  std::shared_ptr<RankStreams> streams_;
+  RngSnapshot caller_;
+  std::optional<RngSnapshot> model_;
+  std::map<std::string, NamedStreamTracker::Stream> named_;
+};
 
 // The sealed bytes of `saved`: an RngResumeStateEnvelope. kInvalidArgument for a message
 // ParseResumeState would refuse on structure (unknown version, more than kMaxNamedStreams named

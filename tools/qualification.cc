@@ -351,7 +351,7 @@ struct ToyStep {
 // One step of the toy objective over `plan` on this rank's CP shard, through the recovering
 // runner; the victim replica fails its first `failures` attempts after their backward.
 absl::StatusOr<ToyStep> RunToyStep(RankSetup& setup, const planner::Plan& plan, int failures,
-                                   admission::Ledger* ledger) {
+                                   std::shared_ptr<admission::Ledger> ledger) {
   Communicator& group = *setup.tp_cp_group;
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates coordinates,
                             setup.topology.CoordinatesOf(setup.world->rank()));
@@ -416,9 +416,10 @@ absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup) {
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates coordinates,
                             setup.topology.CoordinatesOf(world_rank));
   {
-    LOCKSTEP_ASSIGN_OR_RETURN(auto ledger, admission::Ledger::OpenWriter(
-                                               path, admission::LedgerOptions::Of(coordinates.dp)));
-    injected = RunToyStep(setup, plan, setup.inject_oom, ledger.get());
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        std::shared_ptr<admission::Ledger> ledger,
+        admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(coordinates.dp)));
+    injected = RunToyStep(setup, plan, setup.inject_oom, ledger);
   }
   if (!injected.ok()) return injected.status();
   LOCKSTEP_ASSIGN_OR_RETURN(admission::LedgerReplay replay, admission::Ledger::Replay(path));

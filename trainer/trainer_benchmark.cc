@@ -94,7 +94,8 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   const c10::Device device = cuda ? c10::Device(at::kCUDA, device_index) : c10::Device(at::kCPU);
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                             collectives::Topology::CreateExact(world.size(), 1, 1, world.size()));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto group, world.NewGroup(topology.TpCpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<collectives::Communicator> group,
+                            world.NewGroup(topology.TpCpGroup(rank)));
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto streams, rng::RankStreams::Create(cuda ? rng::DefaultGenerators::WithCudaDevice(0)
                                                   : rng::DefaultGenerators::CpuOnly()));
@@ -108,24 +109,23 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   };
   LOCKSTEP_ASSIGN_OR_RETURN(admission::MemoryModel memory, admission::MemoryModel::Of(1e6, 1e4));
   TrainerConfig config = TrainerConfig::Of(tokens);
-  config.memory_model = &memory;
+  config.memory_model = memory;
   config.memory_cap_bytes = int64_t{1} << 40;
-  std::unique_ptr<admission::Ledger> ledger;
+  std::shared_ptr<admission::Ledger> ledger;
   if (absl::GetFlag(FLAGS_ledger)) {
     const char* tmp = std::getenv("TMPDIR");
     const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/trainer_benchmark_",
                                           getpid(), "_rank", rank, ".db");
     LOCKSTEP_ASSIGN_OR_RETURN(ledger,
                               admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0)));
-    config.ledger = ledger.get();
+    config.ledger = ledger;
   }
   // When the trainer calls the model: the time before it is the trainer's own work ahead of the
   // forward (the GPU idles through it), the rest overlaps the forward's kernels or follows them.
   Clock::time_point model_called, model_returned;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
-      TrainerRank::Create(config,
-                          TrainerRank::Collaborators::Of(topology, rank, group.get(), streams),
+      TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, rank, group, streams),
                           [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
                             model_called = Clock::now();
                             at::Tensor out = model(work.inputs);
@@ -162,7 +162,7 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   auto through_trainer = [&]() -> absl::StatusOr<double> {
     const auto start = Clock::now();
     LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
-                              trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
+                              trainer->ForwardMicrobatches(TrainerInputs::Of(batch, rows)));
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
     if (!out.has_value()) return absl::InternalError("no microbatch");
     const at::Tensor last = LastValue(out->outputs);

@@ -46,7 +46,7 @@ absl::Status SelectionBody(collectives::Communicator& world,
         return work.inputs * w;
       }));
   LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
-                            rank.trainer->ForwardMicroBatches(TrainerInputs::Of(batch, rows)));
+                            rank.trainer->ForwardMicrobatches(TrainerInputs::Of(batch, rows)));
   at::Tensor total = at::zeros({}, at::TensorOptions().device(at::kCUDA));
   while (true) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());

@@ -73,7 +73,7 @@ absl::Status Step(Solo& solo) {
   solo.adam->zero_grad();
   std::vector<planner::Sequence> batch = {planner::Sequence::Of(9, 1), planner::Sequence::Of(5, 2)};
   TrainerInputs inputs = TrainerInputs::Of(batch, at::randn({14, 4}));
-  LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream, solo.trainer->ForwardMicroBatches(inputs));
+  LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream, solo.trainer->ForwardMicrobatches(inputs));
   while (true) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
     if (!out) break;
@@ -121,8 +121,8 @@ absl::StatusOr<BlockRun> RunBlocks(bool on) {
                             return x;
                           }));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outs,
-                            trainer->DpRankForward(TrainerInputs::Of({planner::Sequence::Of(12, 1)},
-                                                                     at::randn({12, 4}))));
+                            trainer->ForwardAllMicrobatches(TrainerInputs::Of(
+                                {planner::Sequence::Of(12, 1)}, at::randn({12, 4}))));
   BlockRun run;
   run.nodes_after_forward = checkpoint::RetainedState().nodes;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("backward", [&] {
@@ -160,7 +160,7 @@ TEST(TrainerRankTest, RunBlockReportsAThrowingBlockAsAStatus) {
 }
 
 // A fresh ledger file for one test.
-absl::StatusOr<std::unique_ptr<admission::Ledger>> FreshLedger(const std::string& name) {
+absl::StatusOr<std::shared_ptr<admission::Ledger>> FreshLedger(const std::string& name) {
   const std::string path = ::testing::TempDir() + "/" + name + ".db";
   admission::RemoveLedgerFiles(path);
   return admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0));
@@ -171,13 +171,12 @@ absl::StatusOr<std::unique_ptr<admission::Ledger>> FreshLedger(const std::string
 struct LedgerRig {
   std::shared_ptr<rng::RankStreams> streams;
   at::Tensor w = at::linspace(0.5, 1.5, 4).set_requires_grad(true);
-  std::optional<admission::MemoryModel> memory;
   int oom_left = 0;
   int64_t oom_above = 0;
   std::unique_ptr<TrainerRank> trainer;
 };
 
-absl::Status MakeLedgerRig(LedgerRig& rig, admission::Ledger* ledger, int ooms = 0,
+absl::Status MakeLedgerRig(LedgerRig& rig, std::shared_ptr<admission::Ledger> ledger, int ooms = 0,
                            int64_t oom_above = 0) {
   LOCKSTEP_ASSIGN_OR_RETURN(rig.streams,
                             rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
@@ -189,8 +188,7 @@ absl::Status MakeLedgerRig(LedgerRig& rig, admission::Ledger* ledger, int ooms =
   config.packing = planner::PACKING_IN_ORDER;
   config.ledger = ledger;
   if (ooms > 0) {
-    LOCKSTEP_ASSIGN_OR_RETURN(rig.memory, admission::MemoryModel::Of(1e3, 1e2));
-    config.memory_model = &*rig.memory;
+    LOCKSTEP_ASSIGN_OR_RETURN(config.memory_model, admission::MemoryModel::Of(1e3, 1e2));
     config.memory_cap_bytes = int64_t{1} << 40;
   }
   LOCKSTEP_ASSIGN_OR_RETURN(
@@ -218,27 +216,27 @@ TrainerInputs LedgerBatch() {
 // stream left unfinished leaves its step open with the tokens the caller never received named,
 // and no later call begins over it.
 TEST(TrainerRankLedgerTest, EveryForwardCallIsALedgerStep) {
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<admission::Ledger> ledger,
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<admission::Ledger> ledger,
                                 FreshLedger("trainer_calls"));
   LedgerRig rig;
-  LOCKSTEP_ASSERT_OK(MakeLedgerRig(rig, ledger.get()));
+  LOCKSTEP_ASSERT_OK(MakeLedgerRig(rig, ledger));
   {  // step 0: the stream, to its end
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(MicrobatchStream stream,
-                                  rig.trainer->ForwardMicroBatches(LedgerBatch()));
+                                  rig.trainer->ForwardMicrobatches(LedgerBatch()));
     for (;;) {
       LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<MicrobatchOutput> out, stream.Next());
       if (!out.has_value()) break;
     }
   }
   // step 1: DpRankForward
-  LOCKSTEP_ASSERT_OK(rig.trainer->DpRankForward(LedgerBatch()).status());
+  LOCKSTEP_ASSERT_OK(rig.trainer->ForwardAllMicrobatches(LedgerBatch()).status());
   // A new trainer over the same ledger (as after a restart) goes on with step 2.
   LedgerRig again;
-  LOCKSTEP_ASSERT_OK(MakeLedgerRig(again, ledger.get()));
-  LOCKSTEP_ASSERT_OK(again.trainer->DpRankForward(LedgerBatch()).status());
+  LOCKSTEP_ASSERT_OK(MakeLedgerRig(again, ledger));
+  LOCKSTEP_ASSERT_OK(again.trainer->ForwardAllMicrobatches(LedgerBatch()).status());
   {  // step 3: abandoned after its first microbatch
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(MicrobatchStream stream,
-                                  again.trainer->ForwardMicroBatches(LedgerBatch()));
+                                  again.trainer->ForwardMicrobatches(LedgerBatch()));
     LOCKSTEP_ASSERT_OK(stream.Next().status());
   }
   LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());  // the trainer's writes are queued
@@ -260,7 +258,7 @@ TEST(TrainerRankLedgerTest, EveryForwardCallIsALedgerStep) {
   EXPECT_FALSE(open.missing.empty());
 
   // The open step is not overwritten: the next call is refused, naming it, and writes nothing.
-  const absl::Status refused = again.trainer->DpRankForward(LedgerBatch()).status();
+  const absl::Status refused = again.trainer->ForwardAllMicrobatches(LedgerBatch()).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("step 3 began and has not committed"));
   LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
@@ -270,12 +268,12 @@ TEST(TrainerRankLedgerTest, EveryForwardCallIsALedgerStep) {
 
 // An out-of-memory attempt is recorded as failed and split; the halves complete, every token once.
 TEST(TrainerRankLedgerTest, RecoveryIsRecordedAndEveryTokenCompletesOnce) {
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<admission::Ledger> ledger,
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<admission::Ledger> ledger,
                                 FreshLedger("trainer_recovery"));
   LedgerRig rig;
-  LOCKSTEP_ASSERT_OK(MakeLedgerRig(rig, ledger.get(), /*ooms=*/1, /*oom_above=*/5));
+  LOCKSTEP_ASSERT_OK(MakeLedgerRig(rig, ledger, /*ooms=*/1, /*oom_above=*/5));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<MicrobatchOutput> outs,
-                                rig.trainer->DpRankForward(LedgerBatch()));
+                                rig.trainer->ForwardAllMicrobatches(LedgerBatch()));
   EXPECT_EQ(outs.size(), 4u);
   EXPECT_EQ(rig.trainer->out_of_memory_recovered(), 1);
   LOCKSTEP_ASSERT_OK(ledger->AwaitDurable());
@@ -410,11 +408,11 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
                           }));
   std::vector<planner::Sequence> batch = {planner::Sequence::Of(3, 1)};
   EXPECT_THAT(
-      trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::zeros({4, 2}))).status().message(),
+      trainer->ForwardMicrobatches(TrainerInputs::Of(batch, at::zeros({4, 2}))).status().message(),
       HasSubstr("one row per token of the sequences (3)"));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       MicrobatchStream stream,
-      trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::zeros({3, 2}))));
+      trainer->ForwardMicrobatches(TrainerInputs::Of(batch, at::zeros({3, 2}))));
   absl::StatusOr<std::optional<MicrobatchOutput>> next = stream.Next();
   EXPECT_THAT(next.status().message(),
               HasSubstr("microbatch 0: the forward adapter returned 1 rows for 3 tokens"));
@@ -425,9 +423,11 @@ TEST(TrainerRankTest, BadCollaboratorsAndInputsAreNamed) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(rng::ModelStreamScope scope,
                                   rng::ModelStreamScope::Enter(*streams));
     EXPECT_EQ(
-        trainer->ForwardMicroBatches(TrainerInputs::Of(batch, at::zeros({3, 2}))).status().code(),
+        trainer->ForwardMicrobatches(TrainerInputs::Of(batch, at::zeros({3, 2}))).status().code(),
         absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(trainer->DpRankForward(TrainerInputs::Of(batch, at::zeros({3, 2}))).status().code(),
+    EXPECT_EQ(trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, at::zeros({3, 2})))
+                  .status()
+                  .code(),
               absl::StatusCode::kFailedPrecondition);
   }
 }
@@ -479,7 +479,7 @@ absl::Status GatherBody(collectives::Communicator& world,
         return work.inputs * w;
       }));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outputs,
-                            rank.trainer->DpRankForward(TrainerInputs::Of(batch, rows)));
+                            rank.trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, rows)));
   if (static_cast<int>(outputs.size()) != expected_microbatches) {
     return absl::InternalError(
         absl::StrCat("expected ", expected_microbatches, " microbatches, got ", outputs.size()));

@@ -20,6 +20,7 @@
 #include "rng/model_stream.h"
 #include "rng/snapshot.h"
 #include "torch/optim/adam.h"
+#include "trainer/internal/contract_seams.h"
 #include "trainer/qualification/reference_model.h"
 #include "trainer/trainer_rank.h"
 
@@ -41,7 +42,7 @@ struct RunSetup {
   int dp_index = 0;
   int64_t seed = 0;
   int tp_rank = 0, tp_size = 1;
-  Communicator* tp_cp = nullptr;
+  std::shared_ptr<Communicator> tp_cp;
   Communicator* tp = nullptr;
   Communicator* cp = nullptr;
   Communicator* dp = nullptr;
@@ -98,28 +99,32 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   record.tp_size = setup.tp_size;
   TrainerConfig config = TrainerConfig::Of(kBudget);
   config.packing = planner::PACKING_IN_ORDER;
-  config.synchronize_caller = setup.control != OracleControl::kNoSync;
-  config.model_stream_scope = setup.control != OracleControl::kUnscopedModelWork;
   config.activation_checkpointing = setup.checkpoint_blocks;
+  internal::ContractSeams seams;
+  seams.synchronize_at_create = setup.control != OracleControl::kNoSync;
+  seams.synchronize_at_registration = setup.control != OracleControl::kNoSync;
+  seams.synchronize_after_each_microbatch = setup.control != OracleControl::kNoSync;
+  seams.synchronize_after_all_microbatches = setup.control != OracleControl::kNoSync;
+  seams.model_stream_scope = setup.control != OracleControl::kUnscopedModelWork;
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::unique_ptr<TrainerRank> trainer,
-      TrainerRank::Create(
+      internal::CreateWithSeams(
           config,
           TrainerRank::Collaborators::Of(*setup.topology, setup.world_rank, setup.tp_cp, streams),
-          [&model](const ShardWork& work) { return model.Forward(work); }));
+          [&model](const ShardWork& work) { return model.Forward(work); }, seams));
   LOCKSTEP_ASSIGN_OR_RETURN(
-      std::vector<at::Tensor> head,
+      numerics::NamedTensors head,
       trainer->RegisterCustomObject(
           "loss_head", "linear 8 -> 1, no bias",
-          [&f32]() -> absl::StatusOr<std::vector<at::Tensor>> {
+          [&f32]() -> absl::StatusOr<numerics::NamedTensors> {
             at::Tensor w;
             LOCKSTEP_RETURN_IF_ERROR(CallTorch("head", [&] {
               w = (0.2 * at::randn({1, ReferenceModel::kWidth}, f32)).set_requires_grad(true);
             }));
-            return std::vector<at::Tensor>{w};
+            return numerics::NamedTensors{{"w", w}};
           }));
   numerics::NamedTensors named = model.parameters();
-  named.emplace_back("head", head[0]);
+  named.emplace_back("head", head[0].second);
   std::vector<at::Tensor> parameters;
   for (const auto& [name, tensor] : named) {
     record.names.push_back(name);
@@ -136,7 +141,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   auto backward = [&](const MicrobatchOutput& out) -> absl::Status {
     return CallTorch("caller loss and backward", [&] {
       at::Tensor mask = at::bernoulli(at::full({out.outputs.size(0)}, 0.8, f32));
-      at::Tensor z = at::mm(out.outputs, head[0].t()).squeeze(1);
+      at::Tensor z = at::mm(out.outputs, head[0].second.t()).squeeze(1);
       at::Tensor loss = (out.loss_weights.to(f32) * mask * z * z).sum();
       loss.backward();
       record.outputs.push_back(out.outputs.detach().clone());
@@ -184,7 +189,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
       const std::string where = absl::StrCat("step ", step, " forward ", forward);
       if (forward == 0) {
         LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
-                                  trainer->ForwardMicroBatches(std::move(inputs)));
+                                  trainer->ForwardMicrobatches(std::move(inputs)));
         for (const planner::Microbatch& mb : stream.plan().microbatches()) {
           if (mb.num_tokens() < setup.topology->cp_size()) record.empty_shard = true;
         }
@@ -201,7 +206,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
         LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot before, caller_state());
         const std::optional<rng::RngSnapshot> model_before = streams->model().state();
         LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outs,
-                                  trainer->DpRankForward(std::move(inputs)));
+                                  trainer->ForwardAllMicrobatches(std::move(inputs)));
         LOCKSTEP_RETURN_IF_ERROR(check_hand_back(before, model_before, where));
         for (const MicrobatchOutput& out : outs) LOCKSTEP_RETURN_IF_ERROR(backward(out));
       }
@@ -328,7 +333,8 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                                                           c10::Device device) {
   const int rank = world.rank();
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates me, topology.CoordinatesOf(rank));
-  std::unique_ptr<Communicator> tp_cp, tp, cp, dp;
+  std::shared_ptr<Communicator> tp_cp;
+  std::unique_ptr<Communicator> tp, cp, dp;
   LOCKSTEP_ASSIGN_OR_RETURN(tp_cp, world.NewGroup(topology.TpCpGroup(rank)));
   LOCKSTEP_ASSIGN_OR_RETURN(tp, world.NewGroup(topology.TpGroup(rank)));
   LOCKSTEP_ASSIGN_OR_RETURN(cp, world.NewGroup(topology.CpGroup(rank)));
@@ -342,7 +348,7 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   split.seed = 1000 + rank;  // every rank differently seeded, as after independent data loading
   split.tp_rank = me.tp;
   split.tp_size = topology.tp_size();
-  split.tp_cp = tp_cp.get();
+  split.tp_cp = tp_cp;
   split.tp = topology.tp_size() > 1 ? tp.get() : nullptr;
   split.cp = topology.cp_size() > 1 ? cp.get() : nullptr;
   split.dp = topology.dp_size() > 1 ? dp.get() : nullptr;

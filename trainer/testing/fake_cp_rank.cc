@@ -4,6 +4,7 @@
 
 #include "base/status_macros.h"
 #include "collectives/topology.h"
+#include "trainer/internal/contract_seams.h"
 
 namespace lockstep {
 namespace trainer {
@@ -19,13 +20,19 @@ absl::StatusOr<FakeCpRank> CreateFakeCpRank(collectives::Communicator& world, in
                             rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
   TrainerConfig config = TrainerConfig::Of(max_tokens);
   config.packing = planner::PACKING_IN_ORDER;
-  config.model_stream_scope = false;
-  config.synchronize_caller = false;
-  LOCKSTEP_ASSIGN_OR_RETURN(rank.trainer, TrainerRank::Create(config,
-                                                              TrainerRank::Collaborators::Of(
-                                                                  std::move(topology), world.rank(),
-                                                                  rank.group.get(), rank.streams),
-                                                              std::move(forward)));
+  // The threads share one process's default generators: no scope, no synchronization.
+  internal::ContractSeams seams;
+  seams.model_stream_scope = false;
+  seams.synchronize_at_create = false;
+  seams.synchronize_at_registration = false;
+  seams.synchronize_after_each_microbatch = false;
+  seams.synchronize_after_all_microbatches = false;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      rank.trainer,
+      internal::CreateWithSeams(config,
+                                TrainerRank::Collaborators::Of(std::move(topology), world.rank(),
+                                                               rank.group, rank.streams),
+                                std::move(forward), seams));
   return rank;
 }
 

@@ -27,7 +27,7 @@ namespace trainer {
 // A TrainerRank of `world`'s rank in a CP group of all `world`'s ranks (no DP, no TP), with the
 // group and streams it uses (declared first: destroyed after it).
 struct FakeCpRank {
-  std::unique_ptr<collectives::Communicator> group;
+  std::shared_ptr<collectives::Communicator> group;
   std::shared_ptr<rng::RankStreams> streams;
   std::unique_ptr<TrainerRank> trainer;
 };
