@@ -45,9 +45,8 @@ absl::Status LedgerStep::Record(LedgerEventKind kind, const std::string& id,
                                 std::vector<TokenRange> ranges, std::string detail) {
   if (ledger_ == nullptr) return absl::OkStatus();
   LedgerEvent event = LedgerEvent::Of(kind, step_, id, std::move(ranges), std::move(detail));
-  const absl::Status status = writes_ == Writes::kQueued
-                                  ? ledger_->QueueRecord(std::move(event))
-                                  : ledger_->Record(event).status();
+  const absl::Status status = writes_ == Writes::kQueued ? ledger_->QueueRecord(std::move(event))
+                                                         : ledger_->Record(event).status();
   return Annotate(status, absl::StrCat("recording ", LedgerEventKindName(kind), " of microbatch ",
                                        id, " of ledger step ", step_));
 }

@@ -45,7 +45,8 @@ absl::StatusOr<RecoveryLoop> RecoveryLoop::Begin(const RecoveryCollaborators& co
         absl::StrCat("recovery: max_split_depth ", options.max_split_depth, " is negative"));
   }
   if (plan.microbatches_size() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("recovery: step ", step, " has no microbatches"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("recovery: step ", step, " has no microbatches"));
   }
   // The waves follow from the model and the cap, which must agree for the waves' collectives to:
   // they are part of what the group agrees on, and so is a refusal, so that a member that
@@ -149,10 +150,10 @@ absl::StatusOr<WaveWork> RecoveryLoop::RunNext(const AttemptHooks& hooks) {
         return work;
       }
       if (hooks.on_failure) hooks.on_failure(work);
-      const std::string failure =
-          !local.ok() ? std::string(local.message())
-                      : absl::StrCat("global rank ", agreed->first_failed_global, ": ",
-                                     agreed->first_failure.message());
+      const std::string failure = !local.ok()
+                                      ? std::string(local.message())
+                                      : absl::StrCat("global rank ", agreed->first_failed_global,
+                                                     ": ", agreed->first_failure.message());
       if (!agreed->only_out_of_memory() || c_.model == nullptr) {
         // A failure no split can cure: every member stops, naming the first failing member.
         ledger_.Record(LedgerEventKind::kFailed, id, work.ranges, failure).IgnoreError();
@@ -184,10 +185,10 @@ absl::Status RecoveryLoop::Split(const WaveWork& work, const std::string& name) 
     const size_t half = work.ids.size() / 2;
     PendingWave first{std::vector<std::string>(work.ids.begin(), work.ids.begin() + half), true};
     PendingWave second{std::vector<std::string>(work.ids.begin() + half, work.ids.end()), true};
-    LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(
-        LedgerEventKind::kSplit, id, work.ranges,
-        absl::StrCat("wave into ", absl::StrJoin(first.ids, "+"), " and ",
-                     absl::StrJoin(second.ids, "+"))));
+    LOCKSTEP_RETURN_IF_ERROR(
+        ledger_.Record(LedgerEventKind::kSplit, id, work.ranges,
+                       absl::StrCat("wave into ", absl::StrJoin(first.ids, "+"), " and ",
+                                    absl::StrJoin(second.ids, "+"))));
     pending_.push_front(std::move(second));
     pending_.push_front(std::move(first));
     return absl::OkStatus();
@@ -217,9 +218,9 @@ absl::Status RecoveryLoop::Split(const WaveWork& work, const std::string& name) 
                    " tokens)")));
   if (collectives::Communicator* group = Others(c_.group)) {
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        collectives::CheckAgreement(*group, "admission/split",
-                                    absl::StrCat(DigestHex(planner::PlanDigest(plan_)), "/",
-                                                 absl::StrJoin(ids_, ","))),
+        collectives::CheckAgreement(
+            *group, "admission/split",
+            absl::StrCat(DigestHex(planner::PlanDigest(plan_)), "/", absl::StrJoin(ids_, ","))),
         absl::StrCat(name, ": agreeing on the split"));
   }
   pending_.push_front(PendingWave{{ids_[at + 1]}, true});

@@ -38,15 +38,15 @@ TEST(AgreeOnOutcomeTest, EveryMemberNamesTheFirstFailingRankAndItsError) {
     absl::StatusOr<GroupOutcome> outcome = AgreeOnOutcome(&comm, local);
     if (!outcome.ok()) return outcome.status();
     if (outcome->first_failed != 2 || outcome->first_failed_global != 2 ||
-        outcome->out_of_memory() != 1 || outcome->failed() != 1 ||
-        outcome->only_out_of_memory() ||
+        outcome->out_of_memory() != 1 || outcome->failed() != 1 || outcome->only_out_of_memory() ||
         outcome->first_failure.code() != absl::StatusCode::kInvalidArgument) {
       return absl::InternalError(absl::StrCat("wrong outcome on rank ", comm.rank()));
     }
     return outcome->ForMember(local, "microbatch 0");
   });
   EXPECT_EQ(results[2].code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(results[2].message(), AllOf(HasSubstr("bad shard on rank 2"), HasSubstr("microbatch 0")));
+  EXPECT_THAT(results[2].message(),
+              AllOf(HasSubstr("bad shard on rank 2"), HasSubstr("microbatch 0")));
   EXPECT_EQ(results[3].code(), absl::StatusCode::kResourceExhausted);
   for (int r : {0, 1}) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kAborted) << results[r];

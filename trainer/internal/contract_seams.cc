@@ -13,9 +13,9 @@ absl::StatusOr<std::unique_ptr<TrainerRank>> CreateWithSeams(
     const ContractSeams& seams) {
   Collaborators checked{std::move(collaborators.topology), collaborators.world_rank,
                         std::move(collaborators.tp_cp_group), std::move(collaborators.streams)};
-  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<TrainerCore> core,
-                            TrainerCore::Create(std::move(config), std::move(checked),
-                                                std::move(forward), seams));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::shared_ptr<TrainerCore> core,
+      TrainerCore::Create(std::move(config), std::move(checked), std::move(forward), seams));
   return std::make_unique<TrainerRank>(std::move(core));
 }
 

@@ -97,9 +97,9 @@ absl::StatusOr<numerics::NamedTensors> CustomObjectRegistry::Register(
   // Every replica holds the same registrations (each was agreed), so each decides alike.
   if (auto it = objects_.find(name); it != objects_.end()) {
     if (it->second.metadata != metadata) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(where, ": registered already with metadata '", it->second.metadata,
-                       "'; refusing another kind ('", metadata, "')"));
+      return absl::AlreadyExistsError(absl::StrCat(where, ": registered already with metadata '",
+                                                   it->second.metadata,
+                                                   "'; refusing another kind ('", metadata, "')"));
     }
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(synchronize(), where);
     return it->second.tensors;
@@ -110,8 +110,9 @@ absl::StatusOr<numerics::NamedTensors> CustomObjectRegistry::Register(
                             rng::RngSnapshot::Capture(streams.generators()));
   auto undo = [&](absl::Status status) {
     absl::Status restored = before.Restore();
-    if (!restored.ok()) return Annotate(status, absl::StrCat("(restoring the caller's RNG: ",
-                                                             restored.message(), ")"));
+    if (!restored.ok())
+      return Annotate(status,
+                      absl::StrCat("(restoring the caller's RNG: ", restored.message(), ")"));
     return status;
   };
   numerics::NamedTensors tensors;
@@ -122,7 +123,8 @@ absl::StatusOr<numerics::NamedTensors> CustomObjectRegistry::Register(
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::GroupOutcome outcome,
                             collectives::AgreeOnOutcome(group, local));
   if (!outcome.ok()) {
-    return undo(outcome.ForMember(local, absl::StrCat(where, ": the factory (nothing registered)")));
+    return undo(
+        outcome.ForMember(local, absl::StrCat(where, ": the factory (nothing registered)")));
   }
   if (group != nullptr && group->size() > 1) {
     const std::string description = DescribeStructure(tensors);

@@ -41,10 +41,12 @@ class CustomObjectRegistry {
  public:
   // Registers `name` as above. `group`: the TP x CP group (nullptr for a world of one);
   // `synchronize`: step 2 (the trainer's hand-back synchronization); `where`: error context.
-  absl::StatusOr<numerics::NamedTensors> Register(
-      collectives::Communicator* group, rng::RankStreams& streams,
-      const std::function<absl::Status()>& synchronize, const std::string& where,
-      const std::string& name, const std::string& metadata, const CustomObjectFactory& factory);
+  absl::StatusOr<numerics::NamedTensors> Register(collectives::Communicator* group,
+                                                  rng::RankStreams& streams,
+                                                  const std::function<absl::Status()>& synchronize,
+                                                  const std::string& where, const std::string& name,
+                                                  const std::string& metadata,
+                                                  const CustomObjectFactory& factory);
 
  private:
   struct Entry {

@@ -127,8 +127,7 @@ absl::Status OutputAssembly::ListRuns(const ShardLayout& layout, const std::stri
   sources.resize(runs);
   if (covered != layout.microbatch->num_tokens()) {
     return absl::InternalError(absl::StrCat(where, ": the CP shards' pieces cover ", covered,
-                                            " leading tokens of ",
-                                            layout.microbatch->num_tokens(),
+                                            " leading tokens of ", layout.microbatch->num_tokens(),
                                             " without gap or overlap"));
   }
   return absl::OkStatus();
@@ -146,39 +145,39 @@ absl::StatusOr<at::Tensor> OutputAssembly::GatherByPieces(collectives::Communica
   at::Tensor full, output;
   std::optional<c10::Event> own_copied;
   LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      CallTorch("placing the own rows",
-                [&] {
-                  std::vector<int64_t> shape = local.sizes().vec();
-                  shape[0] = layout.microbatch->num_tokens();
-                  full = at::empty(shape, local.options().requires_grad(false));
-                  const at::Tensor source = local.detach();
-                  auto copy_own = [&] {
-                    for (const PieceSource& run : piece_sources_) {
-                      if (run.member != PieceSource::kOwn) continue;
-                      full.narrow(0, run.begin, run.count)
-                          .copy_(source.narrow(0, run.row, run.count));
-                    }
-                  };
-                  if (!local.is_cuda()) {
-                    copy_own();
-                    return;
-                  }
-                  const c10::impl::VirtualGuardImpl device(local.device().type());
-                  const c10::Stream side = device.getStreamFromGlobalPool(local.device());
-                  c10::Event forward_done(local.device().type());
-                  forward_done.record(CurrentStreamOf(local));
-                  forward_done.block(side);
-                  {
-                    const c10::StreamGuard on_side(side);
-                    copy_own();
-                  }
-                  // Neither block is reused before the side stream is done with it (even if the
-                  // all-gather fails and both are dropped).
-                  device.recordDataPtrOnStream(source.storage().data_ptr(), side);
-                  device.recordDataPtrOnStream(full.storage().data_ptr(), side);
-                  own_copied.emplace(local.device().type());
-                  own_copied->record(side);
-                }),
+      CallTorch(
+          "placing the own rows",
+          [&] {
+            std::vector<int64_t> shape = local.sizes().vec();
+            shape[0] = layout.microbatch->num_tokens();
+            full = at::empty(shape, local.options().requires_grad(false));
+            const at::Tensor source = local.detach();
+            auto copy_own = [&] {
+              for (const PieceSource& run : piece_sources_) {
+                if (run.member != PieceSource::kOwn) continue;
+                full.narrow(0, run.begin, run.count).copy_(source.narrow(0, run.row, run.count));
+              }
+            };
+            if (!local.is_cuda()) {
+              copy_own();
+              return;
+            }
+            const c10::impl::VirtualGuardImpl device(local.device().type());
+            const c10::Stream side = device.getStreamFromGlobalPool(local.device());
+            c10::Event forward_done(local.device().type());
+            forward_done.record(CurrentStreamOf(local));
+            forward_done.block(side);
+            {
+              const c10::StreamGuard on_side(side);
+              copy_own();
+            }
+            // Neither block is reused before the side stream is done with it (even if the
+            // all-gather fails and both are dropped).
+            device.recordDataPtrOnStream(source.storage().data_ptr(), side);
+            device.recordDataPtrOnStream(full.storage().data_ptr(), side);
+            own_copied.emplace(local.device().type());
+            own_copied->record(side);
+          }),
       where);
   std::vector<int64_t> own_runs;  // (row of `full`, rows), in `local`'s order
   for (const PieceSource& run : piece_sources_) {
@@ -186,15 +185,16 @@ absl::StatusOr<at::Tensor> OutputAssembly::GatherByPieces(collectives::Communica
     own_runs.push_back(run.begin);
     own_runs.push_back(run.count);
   }
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      CallTorch("assembling the full outputs",
-                [&] {
-                  // `full` stays a plain tensor for the copies to come; the output shares it.
-                  const at::Tensor shared = full;
-                  full = full.detach();
-                  output = AssembledOutputs::apply(local, Filled{shared}, own_runs);
-                }),
-      where);
+  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(CallTorch("assembling the full outputs",
+                                                  [&] {
+                                                    // `full` stays a plain tensor for the copies to
+                                                    // come; the output shares it.
+                                                    const at::Tensor shared = full;
+                                                    full = full.detach();
+                                                    output = AssembledOutputs::apply(
+                                                        local, Filled{shared}, own_runs);
+                                                  }),
+                                        where);
   // The others' runs are queued as soon as the all-gather is: on a GPU they follow it on the
   // stream instead of waiting for the host to see it complete.
   auto copy_others = [&](const std::vector<at::Tensor>& gathered) -> absl::Status {

@@ -86,8 +86,8 @@ c10::Stream CurrentStreamOf(const at::Tensor& tensor) {
 }
 
 void PrefetchedShard::Prefetch(const planner::Plan& plan,
-                               const std::vector<planner::Sequence>& batch,
-                               const at::Tensor& rows, int cp_rank) {
+                               const std::vector<planner::Sequence>& batch, const at::Tensor& rows,
+                               int cp_rank) {
   prefetched_.reset();
   if (plan.microbatches_size() == 0 || !rows.is_cuda()) return;
   absl::StatusOr<std::vector<planner::ShardPiece>> mine = planner::ShardPieces(plan, 0, cp_rank);

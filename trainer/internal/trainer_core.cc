@@ -23,8 +23,8 @@ namespace {
 // The bytes a model stream's state is compared on across the replicas.
 std::string StateBytes(const rng::RngSnapshot& state) {
   std::string bytes = state.cpu_state();
-  if (state.cuda().has_value()) absl::StrAppend(&bytes, "/", state.cuda()->seed, "/",
-                                                state.cuda()->offset);
+  if (state.cuda().has_value())
+    absl::StrAppend(&bytes, "/", state.cuda()->seed, "/", state.cuda()->offset);
   return bytes;
 }
 
@@ -111,10 +111,10 @@ absl::Status TrainerCore::AgreeOnModelStream() {
   }
   if (Replicas() == nullptr) return absl::OkStatus();
   // Set before Create (an earlier trainer, a restored resume state): it must agree already.
-  return Annotate(collectives::CheckAgreement(*Replicas(), "trainer/model_stream",
-                                              StateBytes(*model.state())),
-                  "the model stream was set before Create (by an earlier scope or a restored "
-                  "resume state) and differs across the TP x CP group");
+  return Annotate(
+      collectives::CheckAgreement(*Replicas(), "trainer/model_stream", StateBytes(*model.state())),
+      "the model stream was set before Create (by an earlier scope or a restored "
+      "resume state) and differs across the TP x CP group");
 }
 
 std::string TrainerCore::Where(absl::string_view operation) const {
@@ -122,9 +122,8 @@ std::string TrainerCore::Where(absl::string_view operation) const {
 }
 
 absl::Status TrainerCore::HandBack(HandBackPoint point, absl::string_view where) {
-  const bool kept = point == HandBackPoint::kCreate ? seams_.synchronize_at_create
-                    : point == HandBackPoint::kMicrobatch
-                        ? seams_.synchronize_after_each_microbatch
+  const bool kept = point == HandBackPoint::kCreate       ? seams_.synchronize_at_create
+                    : point == HandBackPoint::kMicrobatch ? seams_.synchronize_after_each_microbatch
                     : point == HandBackPoint::kAllMicrobatches
                         ? seams_.synchronize_after_all_microbatches
                     : point == HandBackPoint::kCustomObject ? seams_.synchronize_at_registration
@@ -141,7 +140,7 @@ absl::StatusOr<std::optional<rng::ModelStreamScope>> TrainerCore::EnterModelStre
 }
 
 absl::StatusOr<admission::RecoveryLoop> TrainerCore::BeginStep(const TrainerInputs& inputs,
-                                                              bool held_until_the_end) {
+                                                               bool held_until_the_end) {
   int64_t tokens = 0;
   for (const planner::Sequence& s : inputs.sequences) tokens += s.num_tokens;
   if (!inputs.rows.defined() || inputs.rows.dim() < 1 || inputs.rows.size(0) != tokens) {
@@ -212,9 +211,9 @@ absl::Status TrainerCore::RunAttempt(const admission::WaveWork& wave, const Trai
                 [&] {
                   ShardRowRuns(mb, work.pieces_, row_offset_, row_runs_);
                   std::optional<at::Tensor> ahead = prefetched_.Take(inputs.rows, row_runs_);
-                  work.inputs = ahead.has_value() ? *std::move(ahead)
-                                                  : SelectRows(inputs.rows, row_runs_,
-                                                               scratch_rows_);
+                  work.inputs = ahead.has_value()
+                                    ? *std::move(ahead)
+                                    : SelectRows(inputs.rows, row_runs_, scratch_rows_);
                 }),
       where);
   absl::StatusOr<at::Tensor> forwarded = absl::UnknownError("the forward was not called");
@@ -226,10 +225,10 @@ absl::Status TrainerCore::RunAttempt(const admission::WaveWork& wave, const Trai
   attempt.local = *std::move(forwarded);
   const at::Tensor& local = attempt.local;
   if (!local.defined() || local.dim() < 1 || local.size(0) != attempt.my_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the forward adapter returned ",
-        local.defined() ? absl::StrCat(local.dim() >= 1 ? local.size(0) : -1) : "no", " rows for ",
-        attempt.my_tokens, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the forward adapter returned ",
+                     local.defined() ? absl::StrCat(local.dim() >= 1 ? local.size(0) : -1) : "no",
+                     " rows for ", attempt.my_tokens, " tokens"));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> weights,
                             planner::TokenLossWeights(mb, inputs.sequences));
