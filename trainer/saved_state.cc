@@ -64,6 +64,19 @@ absl::Status LoadOptimizer(const std::string& bytes, torch::optim::Optimizer& op
   });
 }
 
+// The weights file's tensors. A file that is there but does not parse was damaged: kDataLoss.
+absl::StatusOr<numerics::NamedTensors> ReadWeights(const std::string& path) {
+  absl::StatusOr<numerics::NamedTensors> tensors = [&]() -> absl::StatusOr<numerics::NamedTensors> {
+    LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile file,
+                              numerics::SafetensorsFile::Open(path));
+    return file.Tensors();
+  }();
+  if (absl::IsInvalidArgument(tensors.status())) {
+    return absl::DataLossError(absl::StrCat("damaged: ", tensors.status().message()));
+  }
+  return tensors;
+}
+
 // The saved weights matched to `weights` by name (kInvalidArgument naming a weight that is
 // missing, extra or saved with another shape or dtype).
 absl::StatusOr<std::vector<at::Tensor>> MatchWeights(const numerics::NamedTensors& saved,
@@ -159,9 +172,8 @@ absl::StatusOr<LoadedState> LoadTrainingState(const std::string& dir, rng::RankS
   }
   LoadedState loaded;
   // 1. Read and check everything; nothing changes yet.
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile file,
-                            numerics::SafetensorsFile::Open(absl::StrCat(dir, "/", kWeightsFile)));
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors saved, file.Tensors());
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors saved,
+                            ReadWeights(absl::StrCat(dir, "/", kWeightsFile)));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> sources, MatchWeights(saved, weights, dir));
   std::optional<rng::CheckedResumeState> rng_state;
   const std::string rng_path = absl::StrCat(dir, "/", kRngFile);

@@ -128,7 +128,8 @@ absl::StatusOr<bool> CallerStatesAgree(collectives::Communicator& group,
 
 // The next `n` model-stream draws (without changing the caller's state), gathered from every
 // member of `group`.
-absl::StatusOr<bool> ModelStreamsAgree(collectives::Communicator& group, rng::RankStreams& streams) {
+absl::StatusOr<bool> ModelStreamsAgree(collectives::Communicator& group,
+                                       rng::RankStreams& streams) {
   at::Tensor draws;
   {
     LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(streams));
@@ -196,11 +197,11 @@ absl::Status FailureBody(int rank, collectives::Communicator& world, bool admiss
     LOCKSTEP_RETURN_IF_ERROR(Expect(first.code() == absl::StatusCode::kInternal,
                                     absl::StrCat("rank 1 got ", first.ToString())));
   } else {
-    LOCKSTEP_RETURN_IF_ERROR(Expect(
-        first.code() == absl::StatusCode::kAborted &&
-            absl::StrContains(first.message(), "global rank 1 of the group failed it") &&
-            absl::StrContains(first.message(), "injected: the kernel failed"),
-        absl::StrCat("rank 0 got ", first.ToString())));
+    LOCKSTEP_RETURN_IF_ERROR(
+        Expect(first.code() == absl::StatusCode::kAborted &&
+                   absl::StrContains(first.message(), "global rank 1 of the group failed it") &&
+                   absl::StrContains(first.message(), "injected: the kernel failed"),
+               absl::StrCat("rank 0 got ", first.ToString())));
   }
   LOCKSTEP_RETURN_IF_ERROR(
       Expect(absl::StrContains(first.message(), "microbatch 1"), first.ToString()));
@@ -224,8 +225,8 @@ TEST(TrainerContractTest, AForwardFailingOnOneReplicaFailsEveryReplicaAtOnceAndT
                                   throws ? ", an exception" : ", an error status"));
         collectives::ProcessWorldOptions options = collectives::ProcessWorldOptions::Of(2);
         options.collective_timeout = absl::Seconds(30);
-        const std::vector<absl::Status> results = collectives::RunProcessWorld(
-            options, [&](int rank, collectives::Communicator& world) {
+        const std::vector<absl::Status> results =
+            collectives::RunProcessWorld(options, [&](int rank, collectives::Communicator& world) {
               return FailureBody(rank, world, admission, use_stream, throws);
             });
         for (int r = 0; r < 2; ++r) {
@@ -245,7 +246,8 @@ TEST(TrainerContractTest, AForwardFailingOnOneReplicaFailsEveryReplicaAtOnceAndT
   }
 }
 
-// --- Contract 3 and the hand-back rule ------------------------------------------------------------
+// --- Contract 3 and the hand-back rule
+// ------------------------------------------------------------
 
 // A caller draw on the leader only, between Create and the first forward (a leader-only log or
 // sample): the model streams must still agree, so the replicas' forwards draw the same masks.
@@ -257,8 +259,9 @@ absl::Status LeaderDrawsAfterCreateBody(int rank, collectives::Communicator& wor
   LOCKSTEP_ASSIGN_OR_RETURN(bool agree, ModelStreamsAgree(*rig->group, *rig->streams));
   LOCKSTEP_RETURN_IF_ERROR(Expect(agree, "the model streams differ after a leader-only draw"));
   // And through a forward: the full outputs (gathered) agree across the replicas.
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outs,
-                            rig->trainer->ForwardAllMicrobatches(TrainerInputs::Of(Batch(), Rows())));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<MicrobatchOutput> outs,
+      rig->trainer->ForwardAllMicrobatches(TrainerInputs::Of(Batch(), Rows())));
   for (const MicrobatchOutput& out : outs) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all,
                               rig->group->AllGather(out.outputs.detach().contiguous()));
@@ -294,8 +297,8 @@ absl::Status DivergingDrawsBody(int rank, collectives::Communicator& world, bool
   auto after = [&]() -> absl::Status {
     ++hand_backs;
     LOCKSTEP_ASSIGN_OR_RETURN(bool replicas_agree, CallerStatesAgree(*rig->group, *rig->streams));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(
-        replicas_agree, absl::StrCat("caller states differ after hand-back ", hand_backs)));
+    LOCKSTEP_RETURN_IF_ERROR(
+        Expect(replicas_agree, absl::StrCat("caller states differ after hand-back ", hand_backs)));
     LOCKSTEP_ASSIGN_OR_RETURN(bool dp_agree, CallerStatesAgree(*dp_group, *rig->streams));
     LOCKSTEP_RETURN_IF_ERROR(Expect(!dp_agree, "DP workers' caller states became equal"));
     // Diverge again before the next hand-back: the leader draws once more.
@@ -306,11 +309,12 @@ absl::Status DivergingDrawsBody(int rank, collectives::Communicator& world, bool
   return Expect(hand_backs == (use_stream ? 4 : 2), absl::StrCat(hand_backs, " hand-backs"));
 }
 
-TEST(TrainerContractTest, EveryHandBackRepairsDivergedCallerStatesOnBothPathsAndDpWorkersStayDistinct) {
+TEST(TrainerContractTest,
+     EveryHandBackRepairsDivergedCallerStatesOnBothPathsAndDpWorkersStayDistinct) {
   for (bool use_stream : {true, false}) {
     SCOPED_TRACE(use_stream ? "the stream" : "all at once");
     for (const absl::Status& s : collectives::RunProcessWorld(
-             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator& w) {
+             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator&w) {
                return DivergingDrawsBody(rank, w, use_stream, false);
              })) {
       EXPECT_TRUE(s.ok()) << s;
@@ -318,7 +322,7 @@ TEST(TrainerContractTest, EveryHandBackRepairsDivergedCallerStatesOnBothPathsAnd
     // Negative control: that path's synchronization off; the divergence must show.
     int detected = 0;
     for (const absl::Status& s : collectives::RunProcessWorld(
-             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator& w) {
+             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator&w) {
                return DivergingDrawsBody(rank, w, use_stream, true);
              })) {
       detected += absl::StrContains(s.message(), "caller states differ after hand-back");
@@ -359,34 +363,37 @@ absl::Status CustomObjectsBody(int rank, collectives::Communicator& world) {
   TrainerRank& trainer = *rig->trainer;
   const bool other = rig->group->rank() == 1;
   // Another shape on one replica: refused on both, naming rank 1 and the shape; nothing registered.
-  absl::Status shape = trainer
-                           .RegisterCustomObject("head", "linear",
-                                                 [&]() -> absl::StatusOr<numerics::NamedTensors> {
-                                                   return numerics::NamedTensors{
-                                                       {"w", at::randn(other ? at::IntArrayRef{4, 3}
-                                                                             : at::IntArrayRef{3, 4})}};
-                                                 })
-                           .status();
-  LOCKSTEP_RETURN_IF_ERROR(Expect(
-      shape.code() == absl::StatusCode::kFailedPrecondition &&
-          absl::StrContains(shape.message(), "global rank 1's factory returned tensor 0 ('w') "
-                                             "with shape [4, 3], the leader's (global rank 0) "
-                                             "[3, 4]") &&
-          absl::StrContains(shape.message(), "nothing registered"),
-      absl::StrCat("shape: ", shape.ToString())));
+  absl::Status shape =
+      trainer
+          .RegisterCustomObject(
+              "head", "linear",
+              [&]() -> absl::StatusOr<numerics::NamedTensors> {
+                return numerics::NamedTensors{
+                    {"w", at::randn(other ? at::IntArrayRef{4, 3} : at::IntArrayRef{3, 4})}};
+              })
+          .status();
+  LOCKSTEP_RETURN_IF_ERROR(
+      Expect(shape.code() == absl::StatusCode::kFailedPrecondition &&
+                 absl::StrContains(shape.message(),
+                                   "global rank 1's factory returned tensor 0 ('w') "
+                                   "with shape [4, 3], the leader's (global rank 0) "
+                                   "[3, 4]") &&
+                 absl::StrContains(shape.message(), "nothing registered"),
+             absl::StrCat("shape: ", shape.ToString())));
   // Another dtype: the same, naming the dtype.
-  absl::Status dtype = trainer
-                           .RegisterCustomObject("head", "linear",
-                                                 [&]() -> absl::StatusOr<numerics::NamedTensors> {
-                                                   return numerics::NamedTensors{
-                                                       {"w", at::randn({3, 4}, other ? at::kDouble
-                                                                                     : at::kFloat)}};
-                                                 })
-                           .status();
+  absl::Status dtype =
+      trainer
+          .RegisterCustomObject("head", "linear",
+                                [&]() -> absl::StatusOr<numerics::NamedTensors> {
+                                  return numerics::NamedTensors{
+                                      {"w", at::randn({3, 4}, other ? at::kDouble : at::kFloat)}};
+                                })
+          .status();
   LOCKSTEP_RETURN_IF_ERROR(
       Expect(dtype.code() == absl::StatusCode::kFailedPrecondition &&
-                 absl::StrContains(dtype.message(), "with dtype Double, the leader's (global rank "
-                                                    "0) Float"),
+                 absl::StrContains(dtype.message(),
+                                   "with dtype Double, the leader's (global rank "
+                                   "0) Float"),
              absl::StrCat("dtype: ", dtype.ToString())));
   // A factory failing on one replica: refused on both; the caller's draws undone.
   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor before, CallerDigest(*rig->streams));
@@ -399,11 +406,10 @@ absl::Status CustomObjectsBody(int rank, collectives::Communicator& world) {
                                                    })
                              .status();
   LOCKSTEP_RETURN_IF_ERROR(Expect(!failing.ok(), "a failing factory registered"));
-  LOCKSTEP_RETURN_IF_ERROR(
-      Expect(other ? failing.code() == absl::StatusCode::kInternal
-                   : failing.code() == absl::StatusCode::kAborted &&
-                         absl::StrContains(failing.message(), "global rank 1"),
-             absl::StrCat("failing factory: ", failing.ToString())));
+  LOCKSTEP_RETURN_IF_ERROR(Expect(other ? failing.code() == absl::StatusCode::kInternal
+                                        : failing.code() == absl::StatusCode::kAborted &&
+                                              absl::StrContains(failing.message(), "global rank 1"),
+                                  absl::StrCat("failing factory: ", failing.ToString())));
   // The registration synchronized the callers to the leader's state, and the factory's draw was
   // undone: every replica now holds the leader's state from before the registration.
   LOCKSTEP_RETURN_IF_ERROR(rig->group->Broadcast(before, 0));
@@ -413,13 +419,13 @@ absl::Status CustomObjectsBody(int rank, collectives::Communicator& world) {
   // Now a good registration, its values the leader's; then the same again returns the first
   // object without running the factory; another kind under the name is refused.
   int factory_runs = 0;
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors head,
-                            trainer.RegisterCustomObject(
-                                "head", "linear", [&]() -> absl::StatusOr<numerics::NamedTensors> {
-                                  ++factory_runs;
-                                  return numerics::NamedTensors{
-                                      {"w", at::full({3, 4}, other ? 2.0 : 1.0)}};
-                                }));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      numerics::NamedTensors head,
+      trainer.RegisterCustomObject(
+          "head", "linear", [&]() -> absl::StatusOr<numerics::NamedTensors> {
+            ++factory_runs;
+            return numerics::NamedTensors{{"w", at::full({3, 4}, other ? 2.0 : 1.0)}};
+          }));
   LOCKSTEP_RETURN_IF_ERROR(
       Expect(at::equal(head[0].second, at::ones({3, 4})), "the leader's values did not win"));
   LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors again,
@@ -442,8 +448,8 @@ absl::Status CustomObjectsBody(int rank, collectives::Communicator& world) {
 }
 
 TEST(TrainerContractTest, CustomObjectsAreComparedStructurallyAndRegisteredAllOrNothing) {
-  for (const absl::Status& s : collectives::RunProcessWorld(collectives::ProcessWorldOptions::Of(2),
-                                                            CustomObjectsBody)) {
+  for (const absl::Status& s :
+       collectives::RunProcessWorld(collectives::ProcessWorldOptions::Of(2), CustomObjectsBody)) {
     EXPECT_TRUE(s.ok()) << s;
   }
 }
@@ -465,16 +471,16 @@ absl::Status NoGradBody(int rank, collectives::Communicator& world, bool no_grad
     if (no_grad_guard) guard.emplace();
     std::vector<MicrobatchOutput> outs;
     if (use_stream) {
-      LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
-                                rig->trainer->ForwardMicrobatches(TrainerInputs::Of(Batch(), rows)));
+      LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream, rig->trainer->ForwardMicrobatches(
+                                                             TrainerInputs::Of(Batch(), rows)));
       while (true) {
         LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
         if (!out) break;
         outs.push_back(*out);
       }
     } else {
-      LOCKSTEP_ASSIGN_OR_RETURN(outs,
-                                rig->trainer->ForwardAllMicrobatches(TrainerInputs::Of(Batch(), rows)));
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          outs, rig->trainer->ForwardAllMicrobatches(TrainerInputs::Of(Batch(), rows)));
     }
     for (const MicrobatchOutput& out : outs) {
       LOCKSTEP_RETURN_IF_ERROR(Expect(!out.outputs.requires_grad(), "an output requires grad"));
@@ -490,7 +496,7 @@ TEST(TrainerContractTest, ForwardsWithoutGradientsMatchTheReferenceOnEveryRank) 
   for (bool no_grad_guard : {true, false}) {
     SCOPED_TRACE(no_grad_guard ? "NoGradGuard" : "frozen parameters");
     for (const absl::Status& s : collectives::RunProcessWorld(
-             collectives::ProcessWorldOptions::Of(2), [&](int rank, collectives::Communicator& w) {
+             collectives::ProcessWorldOptions::Of(2), [&](int rank, collectives::Communicator&w) {
                return NoGradBody(rank, w, no_grad_guard);
              })) {
       EXPECT_TRUE(s.ok()) << s;

@@ -7,14 +7,19 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "admission/fake_memory_probe.h"
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
@@ -26,13 +31,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/model_stream.h"
+#include "rng/resume_state.h"
+#include "rng/snapshot.h"
 #include "torch/optim/adam.h"
+#include "torch/serialize.h"
 #include "trainer/testing/fake_cp_rank.h"
 
 namespace lockstep {
 namespace trainer {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A per-token model with model-stream dropout: y = dropout(x * w).
@@ -155,7 +164,9 @@ TEST(TrainerRankTest, RunBlockReportsAThrowingBlockAsAStatus) {
         return std::vector<at::Tensor>{at::mm(in[0], at::ones({3, 3}))};  // shape mismatch
       },
       {at::ones({2, 5})});
-  EXPECT_FALSE(out.ok());
+  // LibTorch's shape check (a c10::Error) through the one boundary: kInternal, with the context.
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInternal) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("running a model block"));
   EXPECT_EQ(work.RunBlock(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -553,15 +564,348 @@ TEST(TrainerRankFakeWorldTest, EveryRankGetsFullOutputsIncludingEmptyShards) {
 }
 
 TEST(TrainerRankFakeWorldTest, ARankFailingInACollectiveFailsEveryRankWithoutAHang) {
-  for (int call : {0, 1, 2}) {  // the plan agreement, then the two gathers
+  for (int call : {0, 1, 2}) {  // the plan agreement, the first outcome vote, the first gather
     collectives::FakeWorld world(4, collectives::FakeWorld::Options::WithTimeout(absl::Seconds(5)));
     world.InjectFailure(/*rank=*/2, call);
     const absl::Time start = absl::Now();
     const std::vector<absl::Status> results = world.Run(FewPiecesGatherBody);
     EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+    // The failing rank: kAborted (the fake's injected failure); its peers: kUnavailable naming it.
     for (size_t r = 0; r < results.size(); ++r) {
-      EXPECT_FALSE(results[r].ok()) << "call " << call << ", rank " << r;
+      SCOPED_TRACE(absl::StrCat("call ", call, ", rank ", r, ": ", results[r].ToString()));
+      if (r == 2) {
+        EXPECT_EQ(results[r].code(), absl::StatusCode::kAborted);
+      } else {
+        EXPECT_EQ(results[r].code(), absl::StatusCode::kUnavailable);
+        EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank(s) [2] failed"));
+      }
     }
+  }
+}
+
+// --- Outside the happy path, on a world of one
+// ----------------------------------------------------
+
+// The caller's state as bytes, to compare bit for bit.
+std::string CallerBytes(const rng::RankStreams& streams) {
+  return rng::RngSnapshot::Capture(streams.generators())->cpu_state();
+}
+
+// A forward that draws from the model stream and then throws: the caller's state is bit-exact as
+// before the call, and the model stream is where it stood before the failed microbatch's attempt
+// (as after the microbatch handed back before it), so the next call runs normally.
+TEST(TrainerRankTest, AForwardThatDrawsThenThrowsLeavesTheCallerExactAndTheModelStreamRewound) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams,
+                                rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const collectives::Topology topology,
+                                collectives::Topology::CreateExact(1, 1, 1, 1));
+  int calls = 0;
+  TrainerConfig config = TrainerConfig::Of(8);
+  config.packing = planner::PACKING_IN_ORDER;
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
+                          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                            at::Tensor y = at::dropout(work.inputs, 0.5, true);
+                            if (++calls == 2) throw std::runtime_error("injected after a draw");
+                            return y;
+                          }));
+  const std::vector<planner::Sequence> batch = {planner::Sequence::Of(6, 1),
+                                                planner::Sequence::Of(5, 2)};
+  const std::string caller_before = CallerBytes(*streams);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      MicrobatchStream stream,
+      trainer->ForwardMicrobatches(TrainerInputs::Of(batch, at::ones({11, 2}))));
+  LOCKSTEP_ASSERT_OK(stream.Next().status());
+  const std::optional<rng::RngSnapshot> model_after_first = streams->model().state();
+  const absl::StatusOr<std::optional<MicrobatchOutput>> failed = stream.Next();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_THAT(std::string(failed.status().message()),
+              AllOf(HasSubstr("injected after a draw"), HasSubstr("microbatch 1")));
+  EXPECT_EQ(CallerBytes(*streams), caller_before) << "the caller's state moved";
+  ASSERT_TRUE(model_after_first.has_value() && streams->model().state().has_value());
+  EXPECT_TRUE(*streams->model().state() == *model_after_first)
+      << "the model stream kept the failed attempt's draws";
+  EXPECT_TRUE(streams->caller_state_live());
+  calls = 10;  // no more failures
+  LOCKSTEP_EXPECT_OK(trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, at::ones({11, 2}))));
+}
+
+// A stream dropped after one Next(): no scope left open, the caller untouched, the next call works.
+TEST(TrainerRankTest, AStreamAbandonedAfterOneNextLeavesNothingBehind) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(3));
+  const std::vector<planner::Sequence> batch = {planner::Sequence::Of(9, 1),
+                                                planner::Sequence::Of(9, 2)};
+  const at::Tensor rows = at::randn({18, 4});
+  const std::string caller_before = CallerBytes(*solo->streams);
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(MicrobatchStream stream, solo->trainer->ForwardMicrobatches(
+                                                               TrainerInputs::Of(batch, rows)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<MicrobatchOutput> first, stream.Next());
+    ASSERT_TRUE(first.has_value());
+    ASSERT_GT(stream.plan().microbatches_size(), 1);
+  }
+  EXPECT_TRUE(solo->streams->caller_state_live()) << "a scope was left open";
+  EXPECT_EQ(CallerBytes(*solo->streams), caller_before);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      std::vector<MicrobatchOutput> all,
+      solo->trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, rows)));
+  EXPECT_EQ(all.size(), 2u);
+}
+
+// A stream is move-only (a copy would run each forward twice and leave its ledger step open) and
+// refers to its trainer weakly: after the trainer is gone, Next() is refused.
+static_assert(!std::is_copy_constructible_v<MicrobatchStream>);
+static_assert(!std::is_copy_assignable_v<MicrobatchStream>);
+static_assert(std::is_move_constructible_v<MicrobatchStream>);
+
+TEST(TrainerRankTest, AStreamThatOutlivesItsTrainerIsRefused) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(3));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(MicrobatchStream stream,
+                                solo->trainer->ForwardMicrobatches(TrainerInputs::Of(
+                                    {planner::Sequence::Of(9, 1)}, at::randn({9, 4}))));
+  MicrobatchStream moved = std::move(stream);
+  solo->trainer.reset();
+  const absl::StatusOr<std::optional<MicrobatchOutput>> next = moved.Next();
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(next.status().message()), HasSubstr("was destroyed"));
+}
+
+// The caller reseeds between two forwards: its draws continue from its own seed, as if the
+// library were not there.
+TEST(TrainerRankTest, ACallerReseedBetweenForwardsContinuesFromTheCallersSeed) {
+  at::manual_seed(123);
+  const at::Tensor expected = at::rand({6});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(3));
+  LOCKSTEP_ASSERT_OK(Step(*solo));
+  at::manual_seed(123);
+  const std::vector<planner::Sequence> batch = {planner::Sequence::Of(9, 1)};
+  LOCKSTEP_ASSERT_OK(
+      solo->trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, at::ones({9, 4}))).status());
+  EXPECT_TRUE(at::equal(at::rand({6}), expected)) << "model work moved the reseeded caller";
+}
+
+// One checkpointed block with two outputs, back-propagated separately (retain_graph): each
+// recompute replays the forward's mask (gradients equal the plain run's) and nothing is retained
+// after the last backward.
+absl::StatusOr<at::Tensor> TwoOutputBlockGradient(bool checkpointed) {
+  at::manual_seed(11);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<rng::RankStreams> streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  LOCKSTEP_ASSIGN_OR_RETURN(const collectives::Topology topology,
+                            collectives::Topology::CreateExact(1, 1, 1, 1));
+  at::Tensor w = at::linspace(0.5, 1.5, 4).set_requires_grad(true);
+  TrainerConfig config = TrainerConfig::Of(16);
+  config.activation_checkpointing = checkpointed;
+  std::vector<at::Tensor> outputs;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      auto trainer,
+      TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
+                          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                            LOCKSTEP_ASSIGN_OR_RETURN(
+                                outputs, work.RunBlock(
+                                             [&w](const std::vector<at::Tensor>& in) {
+                                               at::Tensor h = at::dropout(in[0] * w, 0.5, true);
+                                               return std::vector<at::Tensor>{h, h * h};
+                                             },
+                                             {work.inputs}));
+                            return outputs[0];
+                          }));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outs,
+                            trainer->ForwardAllMicrobatches(TrainerInputs::Of(
+                                {planner::Sequence::Of(12, 1)}, at::randn({12, 4}))));
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("two backwards", [&] {
+    outputs[0].sum().backward({}, /*retain_graph=*/true);
+    outputs[1].sum().backward();
+  }));
+  return w.grad().clone();
+}
+
+TEST(TrainerRankTest, ACheckpointedBlockWithTwoOutputsReplaysOneMaskPerRecomputeAndRetainsNothing) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor plain, TwoOutputBlockGradient(false));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor checkpointed, TwoOutputBlockGradient(true));
+  EXPECT_TRUE(at::equal(plain, checkpointed)) << plain << " vs " << checkpointed;
+  EXPECT_EQ(checkpoint::RetainedState().nodes, 0);
+}
+
+// --- Saved state: all or nothing
+// ------------------------------------------------------------------
+
+// The optimizer's state as bytes (torch::save), to compare bit for bit.
+std::string OptimizerBytes(const torch::optim::Optimizer& optimizer) {
+  std::ostringstream bytes;
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
+// Overwrites `count` bytes of `path` at `offset` with 0x5a, or cuts it to `offset` bytes.
+void Damage(const std::string& path, int64_t offset, int count, bool cut) {
+  if (cut) {
+    ASSERT_EQ(truncate(path.c_str(), offset), 0);
+    return;
+  }
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekp(offset);
+  for (int i = 0; i < count; ++i) file.put('\x5a');
+}
+
+// A damaged optimizer archive, cut weights, a resume state of another generator set: each is
+// refused and leaves the weights, the optimizer and the RNG streams bit-identical to before.
+TEST(TrainerRankTest, ARefusedLoadChangesNothing) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(1));
+  LOCKSTEP_ASSERT_OK(Step(*solo));
+  SaveOptions options;
+  options.include_rng_streams = true;
+  const std::string saved = StateDir("pristine");
+  LOCKSTEP_ASSERT_OK(solo->trainer->SaveState(saved, solo->named(), solo->adam.get(), options));
+  LOCKSTEP_ASSERT_OK(Step(*solo));  // move on, so that a load would change everything
+  const at::Tensor weights = solo->model.w.detach().clone();
+  const std::string adam = OptimizerBytes(*solo->adam);
+  const std::string caller = CallerBytes(*solo->streams);
+  auto expect_unchanged = [&](const std::string& what) {
+    EXPECT_TRUE(at::equal(solo->model.w, weights)) << what << ": the weights changed";
+    EXPECT_EQ(OptimizerBytes(*solo->adam), adam) << what << ": the optimizer changed";
+    EXPECT_EQ(CallerBytes(*solo->streams), caller) << what << ": the RNG streams changed";
+  };
+  auto copy_of = [&](const std::string& name) {
+    const std::string dir = StateDir(name);
+    std::filesystem::copy(saved, dir);
+    return dir;
+  };
+  auto named = solo->named();
+  {
+    const std::string dir = copy_of("damaged_optimizer");
+    Damage(dir + "/optimizer.pt", 100, 64, false);
+    const absl::Status s = solo->trainer->LoadState(dir, named, solo->adam.get()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("optimizer.pt"));
+    expect_unchanged("damaged optimizer.pt");
+  }
+  {
+    const std::string dir = copy_of("cut_weights");
+    Damage(dir + "/weights.safetensors", 40, 0, true);
+    const absl::Status s = solo->trainer->LoadState(dir, named, solo->adam.get()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    expect_unchanged("cut weights");
+  }
+  {
+    // A resume state of another generator set (a rank with CUDA device 0), sealed intact.
+    const std::string dir = copy_of("other_generators");
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(rng::RngResumeStateProto state,
+                                  rng::CaptureResumeState(*solo->streams));
+    state.set_cuda_device(0);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::string bytes, rng::SerializeResumeState(state));
+    std::ofstream(dir + "/rng.bin", std::ios::binary | std::ios::trunc) << bytes;
+    const absl::Status s = solo->trainer->LoadState(dir, named, solo->adam.get()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    expect_unchanged("another generator set");
+  }
+  // The pristine copy still loads.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                                solo->trainer->LoadState(saved, named, solo->adam.get()));
+  EXPECT_TRUE(report.optimizer && report.rng_streams);
+  EXPECT_FALSE(at::equal(solo->model.w, weights));
+}
+
+// A save leaves the directory complete and nothing beside it; a save over an existing directory
+// is refused without touching it.
+TEST(TrainerRankTest, ASaveIsCompleteAndLeavesNoTemporary) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(1));
+  const std::string dir = StateDir("complete");
+  LOCKSTEP_ASSERT_OK(
+      solo->trainer->SaveState(dir, solo->named(), solo->adam.get(), SaveOptions::Defaults()));
+  int entries = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path())) {
+    entries += absl::StrContains(entry.path().filename().string(), "trainer_state_complete");
+  }
+  EXPECT_EQ(entries, 1) << "a temporary directory was left beside the saved state";
+  for (const char* name : {"weights.safetensors", "optimizer.pt", "trainer.txt"}) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(dir, "/", name))) << name;
+  }
+}
+
+// --- Cumulative admission
+// ---------------------------------------------------------------------------
+
+// A fake device whose memory the forward uses: each microbatch's forward holds `retained` bytes
+// per token until its outputs are released, and peaks `transient` bytes per token above that.
+struct FakeDevice {
+  std::shared_ptr<admission::FakeMemoryProbe> probe =
+      std::make_shared<admission::FakeMemoryProbe>(int64_t{1} << 30);
+  int64_t held = 0;
+  int64_t peak = 0;
+  static constexpr int64_t kFixed = 1000, kTransient = 100, kRetained = 40;
+  int64_t Forward(int64_t tokens) {
+    peak = std::max(peak, kFixed + held + kTransient * tokens);
+    probe->Touch(kFixed + held + kTransient * tokens);
+    held += kRetained * tokens;
+    probe->Hold(kFixed + held);
+    return kRetained * tokens;
+  }
+};
+
+// Microbatches that fit one by one but not together: ForwardAllMicrobatches, which keeps every
+// microbatch's outputs until it returns, is refused before anything runs, naming the microbatch
+// and both amounts; the stream, which hands each back before the next, runs them, and the device
+// never goes past the cap. With a cap that fits them together, ForwardAllMicrobatches runs and
+// stays under it too.
+TEST(TrainerRankTest, AdmissionCountsWhatStaysHeldUntilTheHandBack) {
+  // Four microbatches of 8 tokens: alone 1000 + 800 = 1800 each; together, the last one peaks at
+  // 1800 + 3 x 320 = 2760.
+  const std::vector<planner::Sequence> batch = {
+      planner::Sequence::Of(8, 1), planner::Sequence::Of(8, 2), planner::Sequence::Of(8, 3),
+      planner::Sequence::Of(8, 4)};
+  for (const int64_t cap : {2400, 2800}) {
+    SCOPED_TRACE(absl::StrCat("cap ", cap));
+    FakeDevice device;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto streams,
+                                  rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const collectives::Topology topology,
+                                  collectives::Topology::CreateExact(1, 1, 1, 1));
+    TrainerConfig config = TrainerConfig::Of(8);
+    config.packing = planner::PACKING_IN_ORDER;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+        admission::MemoryModel peak_only,
+        admission::MemoryModel::Of(FakeDevice::kFixed, FakeDevice::kTransient));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(config.memory_model,
+                                  peak_only.WithRetained(FakeDevice::kRetained));
+    config.memory_cap_bytes = cap;
+    config.memory_probe = device.probe;
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+        auto trainer,
+        TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
+                            [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                              device.Forward(work.inputs.size(0));
+                              return work.inputs * 2;
+                            }));
+    const absl::StatusOr<std::vector<MicrobatchOutput>> all =
+        trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, at::ones({32, 2})));
+    if (cap == 2400) {
+      EXPECT_EQ(all.status().code(), absl::StatusCode::kResourceExhausted) << all.status();
+      EXPECT_THAT(std::string(all.status().message()),
+                  AllOf(HasSubstr("microbatch 2"), HasSubstr("on top of"),
+                        HasSubstr("each fits alone but not all together")));
+      EXPECT_EQ(device.peak, 0) << "a refused call ran forwards";
+      // The stream runs them, one hand-back (and release) at a time.
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+          MicrobatchStream stream,
+          trainer->ForwardMicrobatches(TrainerInputs::Of(batch, at::ones({32, 2}))));
+      int yielded = 0;
+      while (true) {
+        LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<MicrobatchOutput> out, stream.Next());
+        if (!out) break;
+        ++yielded;
+        device.held = 0;  // the caller's backward released the microbatch's activations
+      }
+      EXPECT_EQ(yielded, 4);
+    } else {
+      LOCKSTEP_ASSERT_OK(all.status());
+      EXPECT_EQ(all->size(), 4u);
+    }
+    EXPECT_LE(device.peak, cap) << "the device went past the cap";
   }
 }
 
