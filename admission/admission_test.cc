@@ -4,12 +4,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "admission/fake_memory_probe.h"
 #include "admission/memory_model.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
+#include "testing/fake_memory_probe.h"
 
 namespace lockstep {
 namespace admission {

@@ -16,10 +16,10 @@
 #include "admission/qualification/toy_objective.h"
 #include "admission/recovery.h"
 #include "base/status_macros.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace admission {

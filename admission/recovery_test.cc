@@ -18,7 +18,6 @@
 #include "ATen/ATen.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "admission/fake_memory_probe.h"
 #include "admission/gradient_staging.h"
 #include "admission/qualification/toy_objective.h"
 #include "base/status_macros.h"
@@ -27,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
+#include "testing/fake_memory_probe.h"
 
 namespace lockstep {
 namespace admission {

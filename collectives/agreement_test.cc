@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {

@@ -14,8 +14,8 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "collectives/commanded_world.h"
-#include "collectives/fake_communicator.h"
+#include "testing/commanded_world.h"
+#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {

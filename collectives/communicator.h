@@ -3,7 +3,7 @@
 // Communicator is lockstep's narrow view of a communication group: the handful of collectives
 // that keeping replicas in step needs (broadcast, all-gather, all-reduce, barrier, bytes and
 // object broadcast) plus the mapping from a member's group rank to its global rank. Modules
-// depend on this interface only; the in-process fake (collectives/fake_communicator.h), c10d's Gloo
+// depend on this interface only; the in-process fake (testing/fake_communicator.h), c10d's Gloo
 // (gloo_communicator.h) and NCCL (nccl_communicator.h, --config=cuda) implement it.
 //
 // Contract shared by every implementation:

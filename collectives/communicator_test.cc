@@ -6,9 +6,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_testutil.h"
-#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {

@@ -16,10 +16,10 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "collectives/nccl_communicator.h"
-#include "collectives/nccl_world.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/nccl_world.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace collectives {

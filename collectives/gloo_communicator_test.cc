@@ -17,11 +17,11 @@
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
-#include "collectives/process_world.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/process_world.h"
 #include "torch/version.h"
 
 namespace lockstep {

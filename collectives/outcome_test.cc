@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {

@@ -1,5 +1,5 @@
 // CheckPlanAgreement, and determinism of plan bytes across processes: on a FakeWorld (threads)
-// and on real forked processes joined by Gloo (collectives/process_world.h), every rank builds the
+// and on real forked processes joined by Gloo (testing/process_world.h), every rank builds the
 // plan from the same seeded input and the group's digests must agree and equal the digest this
 // test process computed; negative controls perturb one rank's input and expect every rank to
 // get kFailedPrecondition naming the odd rank.
@@ -17,12 +17,12 @@
 #include "base/sha256.h"
 #include "base/status_testutil.h"
 #include "base/subprocess.h"
-#include "collectives/fake_communicator.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
 #include "planner/planner_testutil.h"
+#include "testing/fake_communicator.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace planner {

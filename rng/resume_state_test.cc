@@ -11,11 +11,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_testutil.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/cpu_generator_state.h"
 #include "rng/internal/resume_envelope.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace rng {

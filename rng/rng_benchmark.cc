@@ -27,12 +27,12 @@
 #include "absl/strings/str_cat.h"
 #include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
-#include "collectives/commanded_world.h"
 #include "rng/model_stream.h"
 #include "rng/philox.h"
 #include "rng/rank_streams.h"
 #include "rng/snapshot.h"
 #include "rng/synchronize.h"
+#include "testing/commanded_world.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDAFunctions.h"

@@ -4,12 +4,12 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "collectives/nccl_world.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/rank_streams.h"
 #include "rng/synchronize.h"
+#include "testing/nccl_world.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace rng {

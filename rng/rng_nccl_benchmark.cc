@@ -46,10 +46,10 @@
 #include "base/tool_flags.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "collectives/nccl_communicator.h"
-#include "collectives/nccl_world.h"
 #include "collectives/rendezvous.h"
 #include "rng/rank_streams.h"
 #include "rng/synchronize.h"
+#include "testing/nccl_world.h"
 
 ABSL_FLAG(int, iterations, 2000, "timed iterations (at least 10)");
 ABSL_FLAG(int, warmup, 200, "iterations run before timing (CUDA contexts, NCCL, first touch)");

@@ -12,12 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "collectives/process_world.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/cpu_generator_state.h"
 #include "rng/rank_streams.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace rng {

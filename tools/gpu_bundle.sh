@@ -27,7 +27,7 @@ targets=(
   //collectives:gloo_communicator_test
   //collectives:collectives_benchmark
   //collectives:agreement_test
-  //collectives:fake_communicator_test
+  //testing:fake_communicator_test
   //collectives:communicator_base_test
   //collectives:host_lane_test
   //base:torch_boundary_test
@@ -57,6 +57,7 @@ targets=(
   //trainer:trainer_oracle_cuda_test
   //trainer:trainer_oracle_test
   //trainer:trainer_rank_test
+  //trainer:trainer_contract_test
   //trainer:trainer_rank_cuda_test
   //trainer:differentiable_collectives_test
   //trainer:trainer_benchmark

@@ -15,11 +15,11 @@
 #include "absl/time/clock.h"
 #include "base/status_testutil.h"
 #include "checkpoint/checkpoint.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/rank_streams.h"
 #include "rng/snapshot.h"
+#include "testing/process_world.h"
 #include "tools/aliasing_testutil.h"
 
 namespace lockstep {

@@ -10,8 +10,8 @@
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
 #include "base/torch_boundary.h"
-#include "collectives/fake_communicator.h"
 #include "gtest/gtest.h"
+#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace trainer {

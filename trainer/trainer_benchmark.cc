@@ -33,12 +33,12 @@
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
 #include "base/tool_flags.h"
-#include "collectives/process_world.h"
 #include "rng/rank_streams.h"
+#include "testing/process_world.h"
 #include "trainer/trainer_rank.h"
 
 #if LOCKSTEP_BUILT_WITH_CUDA
-#include "collectives/nccl_world.h"
+#include "testing/nccl_world.h"
 #endif
 
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (the processes share CUDA device 0)");

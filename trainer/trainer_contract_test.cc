@@ -22,12 +22,12 @@
 #include "absl/strings/str_split.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/model_stream.h"
 #include "rng/rank_streams.h"
 #include "rng/snapshot.h"
+#include "testing/process_world.h"
 #include "trainer/internal/contract_seams.h"
 #include "trainer/trainer_rank.h"
 

@@ -10,9 +10,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "collectives/nccl_world.h"
-#include "collectives/process_world.h"
 #include "gtest/gtest.h"
+#include "testing/nccl_world.h"
+#include "testing/process_world.h"
 #include "trainer/qualification/oracle.h"
 
 namespace lockstep {

@@ -17,12 +17,12 @@
 #include "absl/strings/str_split.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
-#include "collectives/process_world.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/model_stream.h"
 #include "rng/rank_streams.h"
 #include "rng/snapshot.h"
+#include "testing/process_world.h"
 #include "trainer/qualification/oracle.h"
 #include "trainer/trainer_rank.h"
 
@@ -54,6 +54,7 @@ TEST(TrainerOracleTest, Dp1Cp2) { ExpectAllPass(1, 1, 2); }
 TEST(TrainerOracleTest, Dp2Cp2) { ExpectAllPass(2, 1, 2); }
 TEST(TrainerOracleTest, Tp2Cp2) { ExpectAllPass(1, 2, 2); }
 TEST(TrainerOracleTest, Dp2Tp2) { ExpectAllPass(2, 2, 1); }
+TEST(TrainerOracleTest, Dp1Cp4) { ExpectAllPass(1, 1, 4); }
 
 // The control must make `check` fail on at least one rank, and no rank may error out.
 void ExpectDetected(OracleControl control, const std::string& check) {

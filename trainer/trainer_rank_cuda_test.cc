@@ -10,10 +10,10 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "collectives/fake_communicator.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
-#include "trainer/testing/fake_cp_rank.h"
+#include "testing/fake_communicator.h"
+#include "testing/fake_cp_rank.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {

@@ -19,7 +19,6 @@
 #include "ATen/ATen.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "admission/fake_memory_probe.h"
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
@@ -27,15 +26,16 @@
 #include "base/torch_boundary.h"
 #include "c10/util/Exception.h"
 #include "checkpoint/checkpoint.h"
-#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rng/model_stream.h"
 #include "rng/resume_state.h"
 #include "rng/snapshot.h"
+#include "testing/fake_communicator.h"
+#include "testing/fake_cp_rank.h"
+#include "testing/fake_memory_probe.h"
 #include "torch/optim/adam.h"
 #include "torch/serialize.h"
-#include "trainer/testing/fake_cp_rank.h"
 
 namespace lockstep {
 namespace trainer {

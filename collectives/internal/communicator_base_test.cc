@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_testutil.h"
-#include "collectives/fake_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/fake_communicator.h"
 
 namespace lockstep {
 namespace collectives {

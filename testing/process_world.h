@@ -1,4 +1,4 @@
-// collectives/process_world.h
+// testing/process_world.h
 //
 // RunProcessWorld forks N processes, connects them into a Gloo world (over a FileStore in a
 // fresh temporary directory, or a TCPStore on a free loopback port), runs a body in each and
@@ -22,8 +22,8 @@
 //         return world.AllReduceSum(t);
 //       });
 
-#ifndef LOCKSTEP_COLLECTIVES_PROCESS_WORLD_H_
-#define LOCKSTEP_COLLECTIVES_PROCESS_WORLD_H_
+#ifndef LOCKSTEP_TESTING_PROCESS_WORLD_H_
+#define LOCKSTEP_TESTING_PROCESS_WORLD_H_
 
 #include <functional>
 #include <vector>
@@ -65,4 +65,4 @@ std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, Pr
 }  // namespace collectives
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_COLLECTIVES_PROCESS_WORLD_H_
+#endif  // LOCKSTEP_TESTING_PROCESS_WORLD_H_

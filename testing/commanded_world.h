@@ -1,4 +1,4 @@
-// collectives/commanded_world.h
+// testing/commanded_world.h
 //
 // CommandedGlooWorlds (testonly, for benchmarks): Gloo worlds in which this process is rank 0 and
 // the other ranks are forked peers that follow its commands. Built for benchmarks: Google Benchmark
@@ -20,8 +20,8 @@
 //   // Finally (the destructor stops them too):
 //   worlds.Stop();
 
-#ifndef LOCKSTEP_COLLECTIVES_COMMANDED_WORLD_H_
-#define LOCKSTEP_COLLECTIVES_COMMANDED_WORLD_H_
+#ifndef LOCKSTEP_TESTING_COMMANDED_WORLD_H_
+#define LOCKSTEP_TESTING_COMMANDED_WORLD_H_
 
 #include <sys/types.h>
 
@@ -75,4 +75,4 @@ class CommandedGlooWorlds {
 }  // namespace collectives
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_COLLECTIVES_COMMANDED_WORLD_H_
+#endif  // LOCKSTEP_TESTING_COMMANDED_WORLD_H_

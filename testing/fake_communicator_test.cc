@@ -1,4 +1,4 @@
-#include "collectives/fake_communicator.h"
+#include "testing/fake_communicator.h"
 
 #include <atomic>
 #include <vector>

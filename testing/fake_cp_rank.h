@@ -1,6 +1,6 @@
-// trainer/testing/fake_cp_rank.h  (testonly)
+// testing/fake_cp_rank.h  (testonly)
 //
-// Test support for TrainerRank on the thread fake world (collectives/fake_communicator.h): one
+// Test support for TrainerRank on the thread fake world (testing/fake_communicator.h): one
 // rank of a CP group with the collaborators it owns, and the plan's account, token by token, of a
 // shard, to check what the forward adapter receives against it.
 //
@@ -8,8 +8,8 @@
 //   LOCKSTEP_ASSIGN_OR_RETURN(FakeCpRank rank, CreateFakeCpRank(world, 2, 64, forward));
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto outputs, rank.trainer->DpRankForward(inputs));
 
-#ifndef LOCKSTEP_TRAINER_TESTING_FAKE_CP_RANK_H_
-#define LOCKSTEP_TRAINER_TESTING_FAKE_CP_RANK_H_
+#ifndef LOCKSTEP_TESTING_FAKE_CP_RANK_H_
+#define LOCKSTEP_TESTING_FAKE_CP_RANK_H_
 
 #include <cstdint>
 #include <memory>
@@ -53,4 +53,4 @@ absl::StatusOr<PlannedShardTokens> PlannedTokensOf(const ShardWork& work,
 }  // namespace trainer
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_TRAINER_TESTING_FAKE_CP_RANK_H_
+#endif  // LOCKSTEP_TESTING_FAKE_CP_RANK_H_

@@ -1,4 +1,4 @@
-#include "trainer/testing/fake_cp_rank.h"
+#include "testing/fake_cp_rank.h"
 
 #include <utility>
 

@@ -1,7 +1,7 @@
 // collectives/commanded_world: peers run exactly the commanded operations (a broadcast only
 // completes when every peer runs it), worlds start and stop cleanly, unknown sizes have no rank 0.
 
-#include "collectives/commanded_world.h"
+#include "testing/commanded_world.h"
 
 #include <atomic>
 

@@ -1,4 +1,4 @@
-#include "collectives/process_world.h"
+#include "testing/process_world.h"
 
 #include <signal.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// collectives/nccl_world.h  (testonly, --config=cuda)
+// testing/nccl_world.h  (testonly, --config=cuda)
 //
 // RunNcclWorld runs a body in one forked process per visible GPU, each holding an
 // NcclCommunicator on its own device (the world of all GPUs), for tests and benchmarks of NCCL
@@ -13,8 +13,8 @@
 //   });
 //   if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
 
-#ifndef LOCKSTEP_COLLECTIVES_NCCL_WORLD_H_
-#define LOCKSTEP_COLLECTIVES_NCCL_WORLD_H_
+#ifndef LOCKSTEP_TESTING_NCCL_WORLD_H_
+#define LOCKSTEP_TESTING_NCCL_WORLD_H_
 
 #include <functional>
 #include <string>
@@ -54,4 +54,4 @@ NcclWorldResult RunNcclWorld(const NcclWorldOptions& options,
 }  // namespace collectives
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_COLLECTIVES_NCCL_WORLD_H_
+#endif  // LOCKSTEP_TESTING_NCCL_WORLD_H_

@@ -1,4 +1,4 @@
-// admission/fake_memory_probe.h
+// testing/fake_memory_probe.h
 //
 // FakeMemoryProbe (testonly): a MemoryProbe whose readings the test drives. Work "touches" a
 // byte count (the peak it would reach) and may hold bytes (what stays allocated); Read reports the
@@ -7,8 +7,8 @@
 //
 // Thread-safety: all methods are safe concurrently (a mutex), so thread worlds may share one.
 
-#ifndef LOCKSTEP_ADMISSION_FAKE_MEMORY_PROBE_H_
-#define LOCKSTEP_ADMISSION_FAKE_MEMORY_PROBE_H_
+#ifndef LOCKSTEP_TESTING_FAKE_MEMORY_PROBE_H_
+#define LOCKSTEP_TESTING_FAKE_MEMORY_PROBE_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -86,4 +86,4 @@ class FakeMemoryProbe : public MemoryProbe {
 }  // namespace admission
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_ADMISSION_FAKE_MEMORY_PROBE_H_
+#endif  // LOCKSTEP_TESTING_FAKE_MEMORY_PROBE_H_

@@ -1,4 +1,4 @@
-#include "collectives/nccl_world.h"
+#include "testing/nccl_world.h"
 
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/subprocess.h"
-#include "collectives/process_world.h"
 #include "collectives/rendezvous.h"
+#include "testing/process_world.h"
 
 namespace lockstep {
 namespace collectives {

@@ -1,4 +1,4 @@
-#include "collectives/commanded_world.h"
+#include "testing/commanded_world.h"
 
 #include <stdlib.h>
 #include <unistd.h>

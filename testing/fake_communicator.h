@@ -1,4 +1,4 @@
-// collectives/fake_communicator.h
+// testing/fake_communicator.h
 //
 // FakeWorld: an in-process world of N ranks, each a thread holding a FakeCommunicator, for unit
 // tests of logic that talks through collectives::Communicator. Collectives really exchange
@@ -23,8 +23,8 @@
 //     return comm.Barrier();
 //   });  // ranks 0..2: kUnavailable naming rank 3; rank 3: kAborted
 
-#ifndef LOCKSTEP_COLLECTIVES_FAKE_COMMUNICATOR_H_
-#define LOCKSTEP_COLLECTIVES_FAKE_COMMUNICATOR_H_
+#ifndef LOCKSTEP_TESTING_FAKE_COMMUNICATOR_H_
+#define LOCKSTEP_TESTING_FAKE_COMMUNICATOR_H_
 
 #include <functional>
 #include <map>
@@ -112,4 +112,4 @@ class FakeWorld {
 }  // namespace collectives
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_COLLECTIVES_FAKE_COMMUNICATOR_H_
+#endif  // LOCKSTEP_TESTING_FAKE_COMMUNICATOR_H_
