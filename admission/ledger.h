@@ -72,15 +72,11 @@
 #ifndef LOCKSTEP_ADMISSION_LEDGER_H_
 #define LOCKSTEP_ADMISSION_LEDGER_H_
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -92,6 +88,7 @@ namespace lockstep {
 namespace admission {
 
 namespace internal {
+class SerialWriter;
 class SqliteDb;
 }  // namespace internal
 
@@ -318,10 +315,8 @@ class Ledger {
   absl::Status SyncWal();
   // The sticky error of a failed queued write or background fsync (OK if none), without waiting.
   absl::Status QueuedError();
-  // Queues `write` for the writer thread (started on first use); the sticky error if there is one.
+  // Queues `write` for the writer thread; the sticky error if there is one.
   absl::Status Enqueue(std::function<absl::Status()> write);
-  // The writer thread's loop.
-  void WriterLoop();
 
   std::string path_;
   LedgerOptions options_;
@@ -334,16 +329,10 @@ class Ledger {
   // and whether it committed.
   int64_t last_begun_step_ = -1;
   bool last_begun_committed_ = true;
-  // The writer thread: queued writes and background fsyncs, in order. A failed one's error is
-  // sticky and drops every write after it.
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<std::function<absl::Status()>> queue_;  // guarded by queue_mu_
-  bool writing_ = false;                             // guarded by queue_mu_
-  bool stopping_ = false;                            // guarded by queue_mu_
-  absl::Status queue_error_;                         // guarded by queue_mu_; sticky
   bool wal_dir_synced_ = false;  // the WAL's directory entry made durable (by SyncWal)
-  std::thread writer_thread_;
+  // Queued writes and background fsyncs, in order, on one thread; a failed one's error is sticky
+  // and drops every write after it.
+  std::unique_ptr<internal::SerialWriter> writer_;
 };
 
 }  // namespace admission

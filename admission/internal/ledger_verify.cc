@@ -1,0 +1,239 @@
+#include "admission/internal/ledger_verify.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "admission/internal/ledger_schema.h"
+#include "base/status_macros.h"
+
+namespace lockstep {
+namespace admission {
+namespace internal {
+namespace {
+
+absl::Status Corrupt(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("ledger ", path, " is not intact: ", what));
+}
+
+using StepKey = std::pair<int64_t, int>;  // (step, dp_rank)
+
+}  // namespace
+
+std::vector<TokenRange> Merged(std::vector<TokenRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const TokenRange& a, const TokenRange& b) {
+    return std::tie(a.batch_index, a.begin) < std::tie(b.batch_index, b.begin);
+  });
+  std::vector<TokenRange> merged;
+  for (const TokenRange& r : ranges) {
+    if (!merged.empty() && merged.back().batch_index == r.batch_index &&
+        merged.back().end == r.begin) {
+      merged.back().end = r.end;
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
+std::vector<TokenRange> Missing(const std::map<int32_t, int64_t>& planned,
+                                const std::vector<TokenRange>& completed) {
+  std::vector<TokenRange> missing;
+  auto c = completed.begin();
+  for (const auto& [index, tokens] : planned) {
+    int64_t at = 0;
+    while (c != completed.end() && c->batch_index < index) ++c;
+    for (; c != completed.end() && c->batch_index == index; ++c) {
+      if (c->begin > at) missing.push_back({index, at, c->begin});
+      at = std::max(at, c->end);
+    }
+    if (at < tokens) missing.push_back({index, at, tokens});
+  }
+  return missing;
+}
+
+absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db) {
+  const std::string& path = db.path();
+  LOCKSTEP_ASSIGN_OR_RETURN(int64_t application_id, db.QueryInt("PRAGMA application_id"));
+  LOCKSTEP_ASSIGN_OR_RETURN(int64_t version, db.QueryInt("PRAGMA user_version"));
+  if (application_id != kApplicationId) {
+    return Corrupt(path, absl::StrCat("application id ", application_id, " is not a ledger's (",
+                                      kApplicationId, "); an empty file never finished creation"));
+  }
+  if (version != kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("ledger ", path, " has schema version ",
+                                                      version, "; this build reads version ",
+                                                      kSchemaVersion));
+  }
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(SqliteStatement check, db.Prepare("PRAGMA integrity_check(4)"));
+    std::vector<std::string> problems;
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(bool row, check.Step());
+      if (!row) break;
+      problems.push_back(check.ColumnText(0));
+    }
+    if (problems.size() != 1 || problems[0] != "ok") {
+      return Corrupt(path, absl::StrCat("integrity_check: ", absl::StrJoin(problems, "; ")));
+    }
+  }
+
+  Verified verified;
+  std::map<StepKey, std::map<int32_t, int64_t>> planned;
+  std::map<StepKey, std::vector<TokenRange>> completed;
+  std::map<StepKey, int64_t> commits;
+  std::map<StepKey, size_t> step_index;
+  std::set<std::tuple<int64_t, int, int32_t, int64_t, int64_t, int64_t>> contributions;
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        SqliteStatement rows,
+        db.Prepare("SELECT seq, step, dp_rank, kind, microbatch, ranges, detail, chain "
+                   "FROM events ORDER BY seq"));
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(bool row, rows.Step());
+      if (!row) break;
+      LedgerEvent e;
+      e.seq = rows.ColumnInt(0);
+      e.step = rows.ColumnInt(1);
+      e.dp_rank = static_cast<int>(rows.ColumnInt(2));
+      const std::string kind = rows.ColumnText(3), ranges = rows.ColumnText(5);
+      e.microbatch = rows.ColumnText(4);
+      e.detail = rows.ColumnText(6);
+      const std::string where = absl::StrCat("event ", e.seq);
+      if (e.seq != verified.next_seq) {
+        return Corrupt(
+            path, absl::StrCat("event ", verified.next_seq, " is missing (next is ", e.seq, ")"));
+      }
+      if (!ParseKind(kind, &e.kind)) return Corrupt(path, absl::StrCat(where, ": kind ", kind));
+      if (!ParseRanges(ranges, &e.ranges)) {
+        return Corrupt(path, absl::StrCat(where, ": ranges '", ranges, "'"));
+      }
+      const std::string chain = ChainOf(verified.chain, e, ranges);
+      if (rows.ColumnBlob(7) != chain) {
+        return Corrupt(path, absl::StrCat(where, " (step ", e.step, ", ", kind, " ", e.microbatch,
+                                          ") does not match its chain: edited or damaged"));
+      }
+      verified.chain = chain;
+      ++verified.next_seq;
+
+      const StepKey key{e.step, e.dp_rank};
+      auto [it, inserted] = step_index.emplace(key, verified.replay.steps.size());
+      if (inserted) {
+        if (e.kind != LedgerEventKind::kPlanned) {
+          return Corrupt(path, absl::StrCat(where, ": step ", e.step, " has ", kind,
+                                            " before it was planned"));
+        }
+        StepReplay step;
+        step.step = e.step;
+        step.dp_rank = e.dp_rank;
+        step.event_counts.assign(kNumKinds, 0);
+        verified.replay.steps.push_back(std::move(step));
+      }
+      StepReplay& step = verified.replay.steps[it->second];
+      if (step.committed) {
+        return Corrupt(path, absl::StrCat(where, ": ", kind, " after step ", e.step, " committed"));
+      }
+      ++step.event_counts[static_cast<int>(e.kind)];
+      switch (e.kind) {
+        case LedgerEventKind::kPlanned:
+          for (const TokenRange& r : e.ranges) {
+            int64_t& tokens = planned[key][r.batch_index];
+            tokens = std::max(tokens, r.end);
+          }
+          break;
+        case LedgerEventKind::kCompleted:
+          for (const TokenRange& r : e.ranges) {
+            for (const TokenRange& c : completed[key]) {
+              if (c.batch_index == r.batch_index && c.begin < r.end && r.begin < c.end) {
+                return Corrupt(
+                    path, absl::StrCat("exactly-once violated: ", RangeText(r), " of step ", e.step,
+                                       " counted twice (", where, ")"));
+              }
+            }
+            auto p = planned[key].find(r.batch_index);
+            if (p == planned[key].end() || r.end > p->second) {
+              return Corrupt(path, absl::StrCat(where, ": ", RangeText(r), " is not planned"));
+            }
+            completed[key].push_back(r);
+            contributions.emplace(e.step, e.dp_rank, r.batch_index, r.begin, r.end, e.seq);
+            step.completed_tokens += r.end - r.begin;
+          }
+          step.completed_microbatches.push_back(e.microbatch);
+          break;
+        case LedgerEventKind::kStepCommitted:
+          step.committed = true;
+          commits[key] = e.seq;
+          break;
+        default:
+          break;
+      }
+      verified.replay.events.push_back(std::move(e));
+    }
+  }
+
+  for (StepReplay& step : verified.replay.steps) {
+    const StepKey key{step.step, step.dp_rank};
+    for (const auto& [index, tokens] : planned[key]) step.planned_tokens += tokens;
+    step.completed = Merged(completed[key]);
+    step.missing = Missing(planned[key], step.completed);
+    if (step.committed && !step.missing.empty()) {
+      return Corrupt(path,
+                     absl::StrCat("exactly-once violated: step ", step.step, " committed with ",
+                                  RangeText(step.missing[0]), " missing"));
+    }
+  }
+
+  // The derived tables must hold exactly what the events imply.
+  {
+    std::map<StepKey, std::map<int32_t, int64_t>> table;
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        SqliteStatement rows,
+        db.Prepare("SELECT step, dp_rank, batch_index, num_tokens FROM planned"));
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(bool row, rows.Step());
+      if (!row) break;
+      table[{rows.ColumnInt(0), static_cast<int>(rows.ColumnInt(1))}]
+           [static_cast<int32_t>(rows.ColumnInt(2))] = rows.ColumnInt(3);
+    }
+    std::map<StepKey, std::map<int32_t, int64_t>> expected;
+    for (const auto& [key, sequences] : planned) {
+      if (!sequences.empty()) expected[key] = sequences;
+    }
+    if (table != expected) return Corrupt(path, "table planned disagrees with the events");
+  }
+  {
+    std::set<std::tuple<int64_t, int, int32_t, int64_t, int64_t, int64_t>> table;
+    LOCKSTEP_ASSIGN_OR_RETURN(SqliteStatement rows,
+                              db.Prepare("SELECT step, dp_rank, batch_index, token_begin, "
+                                         "token_end, event_seq FROM contributions"));
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(bool row, rows.Step());
+      if (!row) break;
+      table.emplace(rows.ColumnInt(0), static_cast<int>(rows.ColumnInt(1)),
+                    static_cast<int32_t>(rows.ColumnInt(2)), rows.ColumnInt(3), rows.ColumnInt(4),
+                    rows.ColumnInt(5));
+    }
+    if (table != contributions) {
+      return Corrupt(path, "table contributions disagrees with the events");
+    }
+  }
+  {
+    std::map<StepKey, int64_t> table;
+    LOCKSTEP_ASSIGN_OR_RETURN(SqliteStatement rows,
+                              db.Prepare("SELECT step, dp_rank, event_seq FROM commits"));
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(bool row, rows.Step());
+      if (!row) break;
+      table[{rows.ColumnInt(0), static_cast<int>(rows.ColumnInt(1))}] = rows.ColumnInt(2);
+    }
+    if (table != commits) return Corrupt(path, "table commits disagrees with the events");
+  }
+  return verified;
+}
+
+}  // namespace internal
+}  // namespace admission
+}  // namespace lockstep
