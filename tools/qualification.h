@@ -111,14 +111,6 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup);
 // The most failures --inject_oom may ask for (each halves a microbatch of the check's plan).
 inline constexpr int kMaxInjectedOom = 8;
 
-// Every check above, in that order, then a barrier. `inject_oom` and `ledger_dir` go to
-// oom_recovery (RankSetup's fields).
-absl::StatusOr<std::vector<CheckResult>> RunRankChecks(collectives::Communicator& world,
-                                                       const collectives::Topology& topology,
-                                                       NegativeControl control, int inject_oom = 1,
-                                                       const std::string& ledger_dir = "",
-                                                       const std::string& device = "cpu");
-
 // The largest world qualify runs: local processes on one machine.
 inline constexpr int kMaxQualifyWorld = 64;
 
@@ -177,11 +169,17 @@ absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
 // evidence path).
 absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out);
 
-// A worker: joins the world from the torchrun environment, runs the checks, writes its report
-// to `results_dir`/rank<RANK>.json. Returns the process's exit code.
-int RunWorker(int dp, int tp, int cp, NegativeControl control, absl::Duration timeout,
-              const std::string& results_dir, int inject_oom = 1,
-              const std::string& device = "cpu");
+// Every check above, in that order, then a barrier, as `options` ask (its control, inject_oom and
+// device; its topology is `topology`'s). The ledgers of oom_recovery go to `ledger_dir` (empty: a
+// temporary file each).
+absl::StatusOr<std::vector<CheckResult>> RunRankChecks(collectives::Communicator& world,
+                                                       const collectives::Topology& topology,
+                                                       const QualifyOptions& options,
+                                                       const std::string& ledger_dir = "");
+
+// A worker: joins the world from the torchrun environment, runs the checks `options` ask for,
+// writes its report to `results_dir`/rank<RANK>.json. Returns the process's exit code.
+int RunWorker(const QualifyOptions& options, const std::string& results_dir);
 
 }  // namespace qualification
 }  // namespace lockstep

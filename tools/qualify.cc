@@ -69,8 +69,7 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_results_dir).empty()) {
       return fail(absl::InvalidArgumentError("--worker needs --results_dir"));
     }
-    return q::RunWorker(options.dp, options.tp, options.cp, options.control, options.timeout,
-                        absl::GetFlag(FLAGS_results_dir), options.inject_oom, options.device);
+    return q::RunWorker(options, absl::GetFlag(FLAGS_results_dir));
   }
   absl::StatusOr<bool> passed = q::RunQualify(options, std::cout);
   if (!passed.ok()) return fail(passed.status());

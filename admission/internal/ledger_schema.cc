@@ -151,7 +151,6 @@ absl::Status CreateLedgerFile(const std::string& path) {
   return status;
 }
 
-
 }  // namespace internal
 
 absl::string_view LedgerEventKindName(LedgerEventKind kind) {

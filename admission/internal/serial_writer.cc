@@ -51,8 +51,7 @@ void SerialWriter::Loop() {
 
 absl::Status SerialWriter::Enqueue(std::function<absl::Status()> write) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock,
-           [&] { return static_cast<int>(queue_.size()) < max_queued_ || !error_.ok(); });
+  cv_.wait(lock, [&] { return static_cast<int>(queue_.size()) < max_queued_ || !error_.ok(); });
   if (!error_.ok()) return error_;
   if (!thread_.joinable()) {
     try {

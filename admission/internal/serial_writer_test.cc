@@ -45,10 +45,11 @@ TEST(SerialWriterTest, AFailedWriteStopsEveryLaterWriteAndIsEveryLaterCallsError
     return absl::DataLossError("disk full");
   }));
   for (int i = 0; i < 50; ++i) {
-    writer.Enqueue([&] {
-            ++ran;
-            return absl::OkStatus();
-          })
+    writer
+        .Enqueue([&] {
+          ++ran;
+          return absl::OkStatus();
+        })
         .IgnoreError();
   }
   EXPECT_EQ(writer.AwaitIdle().code(), absl::StatusCode::kDataLoss);

@@ -1,0 +1,152 @@
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "rng/philox.h"
+#include "rng/synchronize.h"
+#include "tools/qualification/checks_internal.h"
+
+namespace lockstep {
+namespace qualification {
+using collectives::Communicator;
+using collectives::Topology;
+using internal::CallerDraws;
+using internal::DisagreeWithLeader;
+using internal::OnModelStream;
+using internal::Ranks;
+using internal::Rewind;
+
+absl::StatusOr<CheckResult> CheckReplicaAgreement(RankSetup& setup) {
+  LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
+  at::Tensor draws;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("drawing", [&] { draws = CallerDraws(); }));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, setup.world->AllGather(draws));
+  const std::vector<int> bad = DisagreeWithLeader(setup.topology, all);
+  const int leader = Topology::Leader(setup.topology.TpCpGroup(setup.world->rank()));
+  return CheckResult::Make(
+      "replica_agreement", bad.empty(),
+      bad.empty() ? absl::StrCat("replicas match leader ", leader)
+                  : absl::StrCat(bad.size(), " rank(s) differ from their leader: ", Ranks(bad)));
+}
+
+absl::StatusOr<CheckResult> CheckDpWorkersIndependent(RankSetup& setup) {
+  LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
+  at::Tensor draws;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("drawing", [&] { draws = CallerDraws(); }));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, setup.world->AllGather(draws));
+  const Topology& topo = setup.topology;
+  std::vector<int> same;
+  for (int d = 1; d < topo.dp_size(); ++d) {
+    if (at::equal(all[d * topo.tp_size() * topo.cp_size()], all[0])) same.push_back(d);
+  }
+  return CheckResult::Make(
+      "dp_workers_independent", same.empty(),
+      topo.dp_size() == 1 ? "one DP worker"
+      : same.empty()      ? absl::StrCat(topo.dp_size(), " DP workers all differ")
+                     : absl::StrCat("DP worker(s) ", Ranks(same), " draw what DP worker 0 draws"));
+}
+
+absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup) {
+  LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
+  at::Tensor caller_expected;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("drawing", [&] { caller_expected = at::rand({8}); }));
+  LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
+  // A fresh model stream, derived from the synchronized caller state.
+  LOCKSTEP_RETURN_IF_ERROR(setup.streams->model().Restore(std::nullopt));
+  at::Tensor first, second;
+  LOCKSTEP_RETURN_IF_ERROR(
+      OnModelStream(setup, [&] { first = at::dropout(at::ones({128}), 0.3, true); }));
+  LOCKSTEP_RETURN_IF_ERROR(
+      OnModelStream(setup, [&] { second = at::dropout(at::ones({128}), 0.3, true); }));
+  bool caller_ok = false;
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch("drawing", [&] { caller_ok = at::equal(at::rand({8}), caller_expected); }));
+  const bool advanced = !at::equal(first, second);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> masks, setup.world->AllGather(first));
+  const std::vector<int> bad = DisagreeWithLeader(setup.topology, masks);
+  return CheckResult::Make(
+      "model_stream", caller_ok && advanced && bad.empty(),
+      absl::StrCat(
+          "caller ", caller_ok ? "untouched" : "DISTURBED", "; stream ",
+          advanced ? "advances" : "REPLAYS", "; ",
+          bad.empty() ? "replica masks agree" : absl::StrCat(bad.size(), " replica(s) differ")));
+}
+
+absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup) {
+  LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
+  const absl::Status thrown = OnModelStream(setup, [] {
+    (void)at::rand({100});
+    throw std::runtime_error("injected");
+  });
+  if (thrown.ok()) return absl::InternalError("the injected exception was not reported");
+  LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now,
+                            rng::RngSnapshot::Capture(setup.streams->generators()));
+  const bool restored = now == *setup.synced;
+  return CheckResult::Make(
+      "exception_restoration", restored,
+      restored ? "caller state bit-exact after the throw" : "caller state changed");
+}
+
+absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup) {
+  const Topology& topo = setup.topology;
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c,
+                            topo.CoordinatesOf(setup.world->global_ranks()[setup.world->rank()]));
+  const int64_t chunk = 3;
+  const int64_t tokens = 2 * topo.cp_size() * chunk, cols_per_tp = 5;
+  const std::vector<int64_t> shape = {tokens, cols_per_tp * topo.tp_size()};
+  const rng::PhiloxKey key{20261129, /*stream=*/1, /*step=*/7};
+  auto shard_box = [&](int cp_rank, int tp_rank, int half) {
+    const int64_t chunk_index = half == 0 ? cp_rank : 2 * topo.cp_size() - 1 - cp_rank;
+    return std::vector<rng::Slice>{{chunk_index * chunk, (chunk_index + 1) * chunk},
+                                   {tp_rank * cols_per_tp, (tp_rank + 1) * cols_per_tp}};
+  };
+  const c10::Device cpu(c10::kCPU);
+  // Each rank's two chunks; the shard-local control draws them with local indices, as if each
+  // chunk were the whole tensor.
+  auto draw = [&](int half) -> absl::StatusOr<at::Tensor> {
+    if (setup.control == NegativeControl::kShardLocalPhilox) {
+      return rng::PartitionedDropoutMask(key, {chunk, cols_per_tp}, {{0, chunk}, {0, cols_per_tp}},
+                                         0.2, cpu);
+    }
+    return rng::PartitionedDropoutMask(key, shape, shard_box(c.cp, c.tp, half), 0.2, cpu);
+  };
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor a, draw(0));
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor b, draw(1));
+  Communicator& group = *setup.tp_cp_group;
+  at::Tensor mine;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("joining the shards", [&] {
+    mine = at::cat({a, b}, 0).to(at::kByte);
+  }));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> shards, group.AllGather(mine));
+  at::Tensor assembled;
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch("allocating", [&] { assembled = at::zeros(shape, at::kByte); }));
+  for (int m = 0; m < group.size(); ++m) {
+    LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates mc,
+                              topo.CoordinatesOf(group.global_ranks()[m]));
+    for (int half = 0; half < 2; ++half) {
+      const auto box = shard_box(mc.cp, mc.tp, half);
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch("reassembling", [&] {
+        assembled.slice(0, box[0].begin, box[0].end)
+            .slice(1, box[1].begin, box[1].end)
+            .copy_(shards[m].slice(0, half * chunk, (half + 1) * chunk));
+      }));
+    }
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      at::Tensor full,
+      rng::PartitionedDropoutMask(key, shape, {{0, shape[0]}, {0, shape[1]}}, 0.2, cpu));
+  const bool equal = at::equal(assembled, full.to(at::kByte));
+  return CheckResult::Make(
+      "partition_invariance", equal,
+      absl::StrCat(group.size(), " shard(s) of a [", shape[0], ", ", shape[1], "] mask ",
+                   equal ? "reassemble" : "DO NOT reassemble", " to the unsharded mask"));
+}
+
+}  // namespace qualification
+}  // namespace lockstep

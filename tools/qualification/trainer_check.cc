@@ -1,0 +1,47 @@
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "base/status_macros.h"
+#include "tools/qualification/checks_internal.h"
+#include "trainer/qualification/oracle.h"
+
+namespace lockstep {
+namespace qualification {
+
+absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
+  trainer::OracleControl control = trainer::OracleControl::kNone;
+  switch (setup.control) {
+    case NegativeControl::kNoSync:
+      control = trainer::OracleControl::kNoSync;
+      break;
+    case NegativeControl::kUnscopedModelWork:
+      control = trainer::OracleControl::kUnscopedModelWork;
+      break;
+    case NegativeControl::kInputInsideScope:
+      control = trainer::OracleControl::kInputInsideScope;
+      break;
+    default:
+      break;
+  }
+  c10::Device device(c10::kCPU);
+  if (setup.device == "cuda") {
+    if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+      return absl::FailedPreconditionError(
+          "--device cuda: this build or machine has no CUDA device (build with --config=cuda)");
+    }
+    device = c10::Device(c10::kCUDA,
+                         static_cast<c10::DeviceIndex>(setup.world->rank() % at::getNumGPUs()));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<trainer::OracleCheck> checks,
+      trainer::RunTrainerOracle(*setup.world, setup.topology, control, device));
+  std::vector<CheckResult> results;
+  for (const trainer::OracleCheck& c : checks) {
+    results.push_back(CheckResult::Make(c.name, c.passed, c.detail));
+  }
+  return results;
+}
+
+}  // namespace qualification
+}  // namespace lockstep
