@@ -300,29 +300,39 @@ absl::Status InitComm(ncclComm_t& comm, int n, const ncclUniqueId& id, int rank,
   return Await(comm, nullptr, /*check_stream=*/false, timeout, what);
 }
 
-// Creates the NCCL communicator of `identity` on `device`: its first member publishes the
-// unique id under the group's store key, the others read it.
+// The NCCL unique id of one communicator of `identity`: its first member makes it and publishes
+// it under the group's store key + `suffix`, the others read it.
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Rendezvous& rendezvous,
+                                              const internal::GroupIdentity& identity,
+                                              absl::string_view suffix, const std::string& what) {
+  ncclUniqueId id;
+  const std::string key = absl::StrCat(identity.store_key, suffix);
+  if (identity.rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return NcclError(what, r, nullptr);
+    }
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+        rendezvous.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
+        what);
+    return id;
+  }
+  absl::StatusOr<std::string> bytes = rendezvous.Get(key);
+  if (!bytes.ok()) return Annotate(bytes.status(), what);
+  if (bytes->size() != sizeof(id)) {
+    return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ", bytes->size(),
+                                            " bytes, expected ", sizeof(id)));
+  }
+  std::memcpy(&id, bytes->data(), sizeof(id));
+  return id;
+}
+
+// Creates the NCCL communicator of `identity` on `device` (ExchangeUniqueId, then InitComm).
 absl::Status CreateComm(Rendezvous& rendezvous, const internal::GroupIdentity& identity, int device,
                         absl::Duration timeout, ncclComm_t& comm) {
   const std::string what = absl::StrCat("creating ", identity.name, " on cuda:", device);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  ncclUniqueId id;
-  const std::string key = identity.store_key + "/nccl-id";
-  if (identity.rank == 0) {
-    ncclResult_t result = ncclGetUniqueId(&id);
-    if (result != ncclSuccess) return NcclError(what, result, nullptr);
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        rendezvous.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
-        what);
-  } else {
-    absl::StatusOr<std::string> bytes = rendezvous.Get(key);
-    if (!bytes.ok()) return Annotate(bytes.status(), what);
-    if (bytes->size() != sizeof(id)) {
-      return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ", bytes->size(),
-                                              " bytes, expected ", sizeof(id)));
-    }
-    std::memcpy(&id, bytes->data(), sizeof(id));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(ncclUniqueId id,
+                            ExchangeUniqueId(rendezvous, identity, "/nccl-id", what));
   return InitComm(comm, static_cast<int>(identity.global_ranks.size()), id, identity.rank, timeout,
                   what);
 }
@@ -419,24 +429,8 @@ absl::Status SetUpFastLane(Rendezvous& rendezvous, const internal::GroupIdentity
                            cudaStream_t& fast_stream) {
   const std::string what =
       absl::StrCat("setting up the fast lane of ", identity.name, " on cuda:", device);
-  ncclUniqueId id;
-  const std::string key = identity.store_key + "/nccl-fast-id";
-  if (identity.rank == 0) {
-    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-      return NcclError(what, r, nullptr);
-    }
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        rendezvous.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
-        what);
-  } else {
-    absl::StatusOr<std::string> bytes = rendezvous.Get(key);
-    if (!bytes.ok()) return Annotate(bytes.status(), what);
-    if (bytes->size() != sizeof(id)) {
-      return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ", bytes->size(),
-                                              " bytes, expected ", sizeof(id)));
-    }
-    std::memcpy(&id, bytes->data(), sizeof(id));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(ncclUniqueId id,
+                            ExchangeUniqueId(rendezvous, identity, "/nccl-fast-id", what));
   auto setup = std::make_shared<FastLaneSetup>();
   std::thread(BuildFastLane, setup, id, static_cast<int>(identity.global_ranks.size()),
               identity.rank, device, what)
