@@ -5,6 +5,7 @@
 #include "numerics/repeatability.h"
 
 #include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -40,12 +41,29 @@ TEST(RepeatabilityTest, ADeterministicStepWithDropoutIsBitwiseRepeatable) {
                                 RunRepeatability(step, model.parameters(), Tolerance::Bitwise()));
   EXPECT_TRUE(report.repeatable());
   EXPECT_EQ(report.warm1_vs_cold.passed, 3);  // output/loss, grad/w1, grad/w2
-  // The control: without the harness, the passes differ (dropout draws anew, gradients add up).
-  const at::Tensor first = model.Step().detach().clone();
-  const at::Tensor grad = model.w1.grad().clone();
-  const at::Tensor second = model.Step().detach().clone();
-  EXPECT_FALSE(at::equal(first, second));
-  EXPECT_FALSE(at::equal(grad, model.w1.grad()));
+  // The controls, one per duty of the harness, each with the other duty done by hand: the passes
+  // differ without the RNG restored (dropout draws anew), and without the gradients cleared
+  // (they add up) — so each duty is needed for the result above.
+  auto clear = [&] {
+    model.w1.mutable_grad().reset();
+    model.w2.mutable_grad().reset();
+  };
+  clear();
+  const at::Tensor loss_a = model.Step().detach().clone();
+  const at::Tensor grad_a = model.w1.grad().clone();
+  clear();  // gradients cleared, the RNG not restored
+  const at::Tensor loss_b = model.Step().detach().clone();
+  EXPECT_FALSE(at::equal(loss_a, loss_b)) << "dropout drew the same mask without the RNG restored";
+  EXPECT_FALSE(at::equal(grad_a, model.w1.grad()));
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  clear();
+  const at::Tensor loss_c = model.Step().detach().clone();
+  const at::Tensor grad_c = model.w1.grad().clone();
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  generator.set_state(rng);  // the RNG restored, gradients not cleared
+  const at::Tensor loss_d = model.Step().detach().clone();
+  EXPECT_TRUE(at::equal(loss_c, loss_d)) << "with the RNG restored the loss repeats";
+  EXPECT_FALSE(at::equal(grad_c, model.w1.grad())) << "uncleared gradients must add up";
 }
 
 TEST(RepeatabilityTest, DriftIsReportedWithTheTensorThatDrifts) {

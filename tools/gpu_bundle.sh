@@ -68,6 +68,8 @@ bins=()
 for t in "${targets[@]}"; do bins+=("bazel-bin/$(sed 's|^//||; s|:|/|' <<<"$t")"); done
 rm -rf .gpu-bundle
 SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
+# Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named, never counted.
+cp tools/gpu_run.sh .gpu-bundle/run.sh
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).
 rm -rf .gpu-bundle/bin/*.runfiles
