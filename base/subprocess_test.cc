@@ -2,6 +2,7 @@
 // signals, the kill-on-destruction rule and death with the parent.
 
 #include "base/subprocess.h"
+#include "base/stopwatch.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -35,12 +36,12 @@ bool Alive(pid_t pid) {
 // Reads every channel to its end (or until `limit`), returning each child's bytes.
 std::vector<std::string> Drain(std::vector<Child*> children, absl::Duration limit) {
   std::vector<std::string> out(children.size());
-  const absl::Time deadline = absl::Now() + limit;
+  const Stopwatch clock;
   for (;;) {
     absl::StatusOr<int> open = PollChannels(
-        children, deadline - absl::Now(),
+        children, limit - clock.Elapsed(),
         [&](size_t i, absl::string_view bytes) { out[i].append(bytes.data(), bytes.size()); });
-    if (!open.ok() || *open == 0 || absl::Now() >= deadline) break;
+    if (!open.ok() || *open == 0 || clock.Elapsed() >= limit) break;
   }
   return out;
 }
@@ -148,8 +149,9 @@ TEST(SubprocessTest, ChildrenDieWithTheirParent) {
   ASSERT_TRUE(Alive(grandchild));
   middle.Signal(SIGKILL);
   middle.Reap();
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (Alive(grandchild) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  const Stopwatch clock;
+  while (Alive(grandchild) && clock.Elapsed() < absl::Seconds(20))
+    absl::SleepFor(absl::Milliseconds(10));
   EXPECT_FALSE(Alive(grandchild)) << "the grandchild outlived its parent";
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "base/stopwatch.h"
 #include "collectives/nccl_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -197,11 +198,11 @@ TEST_P(NcclDeadPeer, IsAnErrorWithinTheTimeout) {
         if (rank == 1) _exit(0);
         at::Tensor t =
             cpu ? at::zeros({4}) : at::zeros({4}, at::TensorOptions().device(at::kCUDA, rank));
-        const absl::Time start = absl::Now();
+        const Stopwatch start;
         absl::Status s = world.AllReduceSum(t);
         if (s.ok()) return absl::InternalError("all-reduce with a dead peer succeeded");
         const absl::Duration bound = 2 * world.timeout() + absl::Seconds(5);
-        if (absl::Now() - start > bound) {
+        if (start.Elapsed() > bound) {
           return absl::InternalError(
               absl::StrCat("the failure took longer than ", absl::FormatDuration(bound)));
         }

@@ -14,6 +14,7 @@
 #include "base/posix_io.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
+#include "base/stopwatch.h"
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
@@ -169,13 +170,13 @@ TEST(GlooCommunicatorTest, OutOfStepCollectivesAreAnErrorOnEveryMemberNeverAnAbo
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const absl::Time start = absl::Now();
+    const Stopwatch start;
     std::vector<absl::Status> results =
         collectives::RunProcessWorld(World(2), [&](int rank, Communicator& world) -> absl::Status {
           LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
           return c.call(rank, world);
         });
-    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "out of step must not wait for a timeout";
+    EXPECT_LT(start.Elapsed(), absl::Seconds(10)) << "out of step must not wait for a timeout";
     for (int r = 0; r < 2; ++r) {
       EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
       EXPECT_THAT(
@@ -194,9 +195,9 @@ TEST(GlooCommunicatorTest, DeadPeerIsAnErrorWithinTheTimeoutAndTheCommunicatorIs
         LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
         if (rank == 1) _exit(3);  // dies between collectives, without a word
         at::Tensor t = at::zeros({8});
-        const absl::Time start = absl::Now();
+        const Stopwatch start;
         absl::Status s = world.Broadcast(t, 0);
-        const absl::Duration took = absl::Now() - start;
+        const absl::Duration took = start.Elapsed();
         if (s.ok()) return absl::InternalError("broadcast to a dead peer succeeded");
         // Generous: the configured timeout plus the wait's backstop and scheduling slack.
         const absl::Duration bound = 2 * world.timeout() + absl::Seconds(5);
@@ -338,9 +339,9 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
           return absl::OkStatus();
         }
         at::Tensor t = at::zeros({8});
-        const absl::Time start = absl::Now();
+        const Stopwatch start;
         absl::Status s = world.AllReduceSum(t);
-        const absl::Duration took = absl::Now() - start;
+        const absl::Duration took = start.Elapsed();
         if (s.ok()) return absl::InternalError("all-reduce without the peer succeeded");
         // Within the timeout plus slack, and well before the late peer arrives.
         const absl::Duration bound = world.timeout() + absl::Seconds(3);
@@ -371,9 +372,9 @@ TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
 TEST(RendezvousTest, AMissingRankIsNamedWithinTheTimeout) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
   const absl::Duration timeout = absl::Seconds(2);
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 0, 2, timeout);
-  const absl::Duration took = absl::Now() - start;
+  const absl::Duration took = start.Elapsed();
   EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kDeadlineExceeded) << rendezvous.status();
   EXPECT_THAT(rendezvous.status().message(),
               AllOf(HasSubstr(absl::StrCat("127.0.0.1:", port)), HasSubstr("of world size 2"),
@@ -385,22 +386,22 @@ TEST(RendezvousTest, AMissingRankIsNamedWithinTheTimeout) {
 }
 
 TEST(RendezvousTest, AnUnresolvableHostIsOneClearError) {
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   auto rendezvous =
       Rendezvous::Tcp("lockstep-no-such-host.invalid", 29500, 1, 2, absl::Seconds(30));
   EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(rendezvous.status().message(),
               HasSubstr("cannot resolve the rendezvous host 'lockstep-no-such-host.invalid'"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_LT(start.Elapsed(), absl::Seconds(20));
 }
 
 TEST(RendezvousTest, EnvironmentRendezvousTimesOutWhenPeersNeverCome) {
   // Rank 1 of 2 with nobody serving the store: a clear error within the timeout, not a hang.
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 1, 2, absl::Seconds(2));
   EXPECT_FALSE(rendezvous.ok());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_LT(start.Elapsed(), absl::Seconds(15));
   EXPECT_THAT(rendezvous.status().message(),
               HasSubstr(absl::StrCat("joining the TCP store at 127.0.0.1:", port)));
 }
@@ -445,11 +446,11 @@ TEST(RendezvousTest, FromEnvironmentSetAndGet) {
   auto value = (*rendezvous)->Get("lockstep/test/key");
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, std::string("va\0lue", 6));
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   auto missing = (*rendezvous)->Get("lockstep/test/never");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("lockstep/test/never"));
-  EXPECT_LT(absl::Now() - start, 2 * (*rendezvous)->timeout() + absl::Seconds(5));
+  EXPECT_LT(start.Elapsed(), 2 * (*rendezvous)->timeout() + absl::Seconds(5));
 }
 
 TEST(LaunchEnvironmentTest, ParsesTheTorchrunVariables) {

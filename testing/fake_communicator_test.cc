@@ -6,6 +6,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_testutil.h"
+#include "base/stopwatch.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -100,9 +101,9 @@ TEST_P(FakeWorldSizes, BarrierWaitsForTheLateRank) {
   world.InjectDelay(n - 1, 0, absl::Milliseconds(300));
   std::vector<absl::Duration> waited(n);
   ExpectAllOk(world.Run([&](collectives::Communicator& comm) {
-    const absl::Time start = absl::Now();
+    const Stopwatch start;
     absl::Status s = comm.Barrier();
-    waited[comm.rank()] = absl::Now() - start;
+    waited[comm.rank()] = start.Elapsed();
     return s;
   }));
   for (int r = 0; r < n; ++r) EXPECT_GE(waited[r], absl::Milliseconds(250)) << r;
@@ -131,13 +132,13 @@ TEST(FakeWorldTest, SubGroupsOfADpTwoCpTwoTopologyStayApart) {
 TEST(FakeWorldTest, DeadPeerGivesUnavailableNamingItWellWithinTheTimeout) {
   FakeWorld world(4, {absl::Seconds(30)});
   world.InjectFailure(/*rank=*/2, /*call_index=*/1);
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   std::vector<absl::Status> results = world.Run([](collectives::Communicator& comm) {
     if (auto s = comm.Barrier(); !s.ok()) return s;
     at::Tensor t = at::zeros({2});
     return comm.AllReduceSum(t);
   });
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_LT(start.Elapsed(), absl::Seconds(5));
   EXPECT_EQ(results[2].code(), absl::StatusCode::kAborted);
   for (int r : {0, 1, 3}) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kUnavailable) << results[r];
@@ -148,7 +149,7 @@ TEST(FakeWorldTest, DeadPeerGivesUnavailableNamingItWellWithinTheTimeout) {
 TEST(FakeWorldTest, RankLaterThanTheTimeoutGivesDeadlineExceededNamingIt) {
   FakeWorld world(3, {absl::Milliseconds(200)});
   world.InjectDelay(1, 0, absl::Milliseconds(800));
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   std::vector<absl::Status> results =
       world.Run([](collectives::Communicator& comm) { return comm.Barrier(); });
   for (int r : {0, 2}) {
@@ -156,7 +157,7 @@ TEST(FakeWorldTest, RankLaterThanTheTimeoutGivesDeadlineExceededNamingIt) {
     EXPECT_THAT(results[r].message(), AllOf(HasSubstr("[1] did not arrive"), HasSubstr("barrier")));
   }
   // Bounded by the delay, not by anything longer.
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_LT(start.Elapsed(), absl::Seconds(3));
 }
 
 TEST(FakeWorldTest, MismatchedCollectiveIsNamedWithRanksAndOperations) {

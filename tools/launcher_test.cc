@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/stopwatch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -65,10 +66,10 @@ TEST(LauncherTest, AllRanksShareOnePort) {
 }
 
 TEST(LauncherTest, FailureStopsTheOthersAndPropagatesTheExitCode) {
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   auto [result, output] =
       RunShell(3, "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; sleep 30; echo survived");
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_LT(start.Elapsed(), absl::Seconds(20));
   EXPECT_EQ(result.exit_code, 3);
   EXPECT_EQ(result.failed_rank, 1);
   EXPECT_EQ(result.summary, "rank 1 exited with code 3");
@@ -78,10 +79,10 @@ TEST(LauncherTest, FailureStopsTheOthersAndPropagatesTheExitCode) {
 }
 
 TEST(LauncherTest, RanksIgnoringSigtermAreKilledAfterTheGrace) {
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   auto [result, output] = RunShell(
       2, "if [ \"$RANK\" = 0 ]; then exit 5; fi; trap '' TERM; sleep 30", absl::Seconds(1));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_LT(start.Elapsed(), absl::Seconds(20));
   EXPECT_EQ(result.exit_code, 5);
   EXPECT_EQ(result.failed_rank, 0);
 }
@@ -112,11 +113,11 @@ TEST(LauncherTest, ADeadlineStopsAndNamesTheStalledRanks) {
   options.deadline = absl::Seconds(2);
   options.grace = absl::Seconds(1);
   options.output_fd = open("/dev/null", O_WRONLY);
-  const absl::Time start = absl::Now();
+  const Stopwatch start;
   absl::StatusOr<LaunchResult> result = Launch(options);
   close(options.output_fd);
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_LT(absl::Now() - start, options.deadline + options.grace + absl::Seconds(5));
+  EXPECT_LT(start.Elapsed(), options.deadline + options.grace + absl::Seconds(5));
   EXPECT_EQ(result->exit_code, 124);
   EXPECT_EQ(result->stalled_ranks, (std::vector<int>{1}));
   EXPECT_THAT(result->summary, HasSubstr("rank(s) 1 still running after the job deadline of 2s"));
