@@ -241,8 +241,8 @@ class Ledger {
     // Before CommitStep returns: a committed step survives power loss once CommitStep is OK.
     kBeforeReturn,
     // On a background thread: CommitStep returns once the commit is written to the WAL (it
-    // survives the process being killed, not yet power loss), so the fsync (~1 ms on an H200
-    // host's disk) overlaps the caller's work. It is durable once AwaitDurable returns OK; every
+    // survives the process being killed, not yet power loss), so the fsync (admission_benchmark
+    // measures it) overlaps the caller's work. It is durable once AwaitDurable returns OK; every
     // later BeginStep, Record and CommitStep, and the destructor, wait for it first, and a
     // failed fsync is their error.
     kInBackground,

@@ -24,9 +24,9 @@ void Check(bool condition, const char* what) {
 
 // A context initialized for SHA-256 once, which every message starts from as a copy. Given
 // EVP_sha256(), each EVP_DigestInit_ex fetches the algorithm again (a locked method-store query)
-// and asks the ENGINE table for an implementation. Measured per digest of a few bytes with the
-// data cache flushed before each: 8.3 us that way, 2.1 us fetched once, 1.7 us copied (0.5, 0.12,
-// 0.12 us warm); in trainer_benchmark's planning on this VM, 37 us before and 12-21 us after.
+// and asks the ENGINE table for an implementation, which costs several times a small digest's own
+// work on cold caches; fetched once and copied, a digest pays only for hashing (planner_benchmark
+// times the plan digest).
 const EVP_MD_CTX* Sha256Start() {
   static const EVP_MD_CTX* const start = [] {
     EVP_MD* algorithm = EVP_MD_fetch(nullptr, "SHA256", nullptr);

@@ -215,8 +215,7 @@ absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, abs
     // Spin (yielding the core), as a CUDA synchronize does by default: a sleep costs at least
     // the kernel's timer slack (~50 us), and the wait usually ends when the GPU finishes work
     // queued before the collective (a forward pass of milliseconds), so a sleep would add its
-    // slack to every such wait (sleeping in 50 us steps after the first 2 ms, as this did before,
-    // noticed the end of a 12 ms forward's output all-gather up to ~0.1 ms late). A wait longer
+    // slack to every such wait, late by up to a step each time. A wait longer
     // than kSpinBeforeSleeping is a late peer or a long kernel: it sleeps a thousandth of the time
     // waited so far (at most 1 ms), so noticing the end costs at most ~0.1% of the wait.
     const absl::Duration waited = now - start;
@@ -339,8 +338,8 @@ absl::Status CreateComm(Rendezvous& rendezvous, const internal::GroupIdentity& i
 
 // Note [Fast lane]
 // A non-blocking NCCL communicator launches every collective from a new thread and returns
-// ncclInProgress (seen in NCCL's group launch; measured on two H200s: a 2.5 KB CPU-tensor
-// broadcast took 63 us through it against 26 us for plain staged NCCL). lockstep needs the
+// ncclInProgress (seen in NCCL's group launch), which costs a small CPU-tensor broadcast more
+// than twice what a plain staged NCCL broadcast takes (nccl_benchmark). lockstep needs the
 // non-blocking form so that creation and collectives can be bounded and aborted, but its
 // hand-back traffic is small CPU tensors. So each communicator also sets up a blocking
 // communicator over the same members, its fast lane, and warms it up with every collective it
@@ -571,7 +570,7 @@ absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_str
 // Note [Host lane]
 // lockstep's CPU-tensor traffic is small host data (RNG states, digests, votes) exchanged by
 // processes that usually share a host. Through NCCL it crosses PCIe twice and waits for a kernel
-// and a stream (~24-30 us for a 2.5 KB RNG hand-back between two H200s, zero-copy or staged). When
+// and a stream, zero-copy or staged (rng_nccl_benchmark measures the hand-back). When
 // every member of the group is on this host, CPU tensors of at most HostLane::kMaxBytes per
 // member go through a shared-memory segment instead (collectives/internal/host_lane.h): the same
 // bytes, the same collective order, the same timeout; a peer that exits is kUnavailable, members

@@ -563,7 +563,7 @@ Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                 "loss weights are hashed as their little-endian in-memory bytes");
   // A batch without per-token weights (the usual case) hashes the tag alone: computed once, not
-  // per plan (a digest costs ~14 us of a plan's host time on an H200 host's cold caches).
+  // per plan (on cold caches a digest is a visible part of a plan's host time: planner_benchmark).
   const bool unweighted = std::all_of(batch.begin(), batch.end(),
                                       [](const Sequence& s) { return s.loss_weights.empty(); });
   if (unweighted) {

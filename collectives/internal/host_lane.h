@@ -3,8 +3,8 @@
 // HostLane: collectives on small CPU buffers among the processes of one group that share a host,
 // through a shared-memory segment instead of a device. Used by NcclCommunicator for CPU tensors
 // (Note [Host lane] in nccl_communicator.cc): an RNG hand-back moves ~2.5 KB of host state, and
-// routing it through a GPU costs two PCIe crossings, a kernel launch and a stream wait
-// (~24-30 us on two H200s) where the shared-memory round costs ~3-7 us.
+// routing it through a GPU costs two PCIe crossings, a kernel launch and a stream wait, several
+// times a shared-memory round (rng_nccl_benchmark and tools/bench/handback.sh measure both).
 //
 // Contract:
 // - Connect is called by every member of the group with the same store key; it returns a lane
