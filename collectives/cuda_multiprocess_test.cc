@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -19,6 +20,7 @@
 #include "collectives/nccl_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/collective_calls.h"
 #include "testing/nccl_world.h"
 #include "testing/process_world.h"
 
@@ -217,6 +219,44 @@ TEST_P(NcclDeadPeer, IsAnErrorWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaAndCpuTensors, NcclDeadPeer, ::testing::Bool());
+
+// Every collective with a peer that is alive but never arrives, on CUDA tensors (NCCL itself
+// has no timeout: the communicator's Await is the bound) and small CPU tensors (the host lane):
+// kDeadlineExceeded within the communicator's bound.
+class NcclLatePeer : public ::testing::TestWithParam<std::tuple<CollectiveCall, bool>> {};
+
+TEST_P(NcclLatePeer, EveryCollectiveIsBoundedByTheCommunicatorsTimeout) {
+  const auto [call, cpu] = GetParam();
+  NcclWorldOptions options;
+  options.timeout = absl::Seconds(2);
+  NcclWorldResult result = RunNcclWorld(
+      options, [call = call, cpu = cpu](int rank, NcclCommunicator& world) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
+        if (rank == 1) {
+          absl::SleepFor(absl::Seconds(12));  // alive, never calling
+          return absl::OkStatus();
+        }
+        const Stopwatch start;
+        const absl::Status s = RunCollectiveCall(
+            call, world, cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, rank));
+        const absl::Duration bound = 2 * world.timeout() + absl::Seconds(3);
+        if (s.ok()) return absl::InternalError("the collective without its peer succeeded");
+        if (start.Elapsed() > bound) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(start.Elapsed()),
+                                                  ", more than ", absl::FormatDuration(bound)));
+        }
+        if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+          return absl::InternalError(absl::StrCat("unexpected code: ", s.ToString()));
+        }
+        return absl::OkStatus();
+      });
+  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  EXPECT_TRUE(result.ranks[0].ok()) << CollectiveCallName(call) << ": " << result.ranks[0];
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryCollective, NcclLatePeer,
+                         ::testing::Combine(::testing::ValuesIn(AllCollectiveCalls()),
+                                            ::testing::Bool()));
 
 }  // namespace
 }  // namespace collectives

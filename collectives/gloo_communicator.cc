@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/stopwatch.h"
 #include "base/torch_boundary.h"
 #include "collectives/internal/store.h"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
@@ -20,6 +22,7 @@ namespace collectives {
 struct GlooCommunicator::Transport {
   std::shared_ptr<Rendezvous> rendezvous;
   std::shared_ptr<::gloo::transport::Device> device;
+  absl::Duration engine_timeout;  // Gloo's own, inside each operation
 };
 
 struct GlooCommunicator::Group {
@@ -32,6 +35,7 @@ namespace {
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroupGloo>> MakeProcessGroup(
     const internal::GroupIdentity& identity, const std::shared_ptr<Rendezvous>& rendezvous,
     const std::shared_ptr<::gloo::transport::Device>& device, absl::Duration timeout) {
+  // `timeout` here is Gloo's own (Options::engine_timeout, else the communicator's).
   c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group;
   LOCKSTEP_RETURN_IF_ERROR(
       CallTorch(absl::StrCat("creating ", identity.name, " as its rank ", identity.rank), [&] {
@@ -68,13 +72,19 @@ absl::Status IgnoreSigpipeAtDefault() {
   return absl::OkStatus();
 }
 
-// Waits for `work`. Gloo applies the timeout inside the operation; this wait's own bound is a
-// backstop a little past it.
+// Waits for `work`. Gloo applies its own timeout inside the operation; this wait's bound is the
+// communicator's, a little past it (so that Gloo's own error, which names the peer's address,
+// usually comes first), and holds whatever Gloo's timeout is.
 absl::Status Wait(const c10::intrusive_ptr<c10d::Work>& work, absl::Duration timeout,
                   const std::string& what) {
   bool completed = false;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(
-      what, [&] { completed = work->wait(internal::ToChrono(timeout + absl::Seconds(5))); }));
+  const absl::Duration bound = timeout + std::min(absl::Seconds(5), timeout);
+  const Stopwatch waited;
+  const absl::Status status =
+      CallTorch(what, [&] { completed = work->wait(internal::ToChrono(bound)); });
+  // c10d reports its own wait's expiry by throwing (a c10::Error like any other): told apart by
+  // this wait's clock, not by the message.
+  if (!status.ok() && waited.Elapsed() < bound) return status;
   if (!completed) {
     return absl::DeadlineExceededError(absl::StrCat(
         what, ": not complete after ", absl::FormatDuration(timeout), "; a peer did not arrive"));
@@ -146,6 +156,8 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
                             internal::StartWorld("gloo", rendezvous, options.timeout));
   auto transport = std::make_shared<Transport>();
   transport->rendezvous = rendezvous;
+  transport->engine_timeout =
+      options.engine_timeout > absl::ZeroDuration() ? options.engine_timeout : options.timeout;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating Gloo's transport device", [&] {
     transport->device = options.hostname.empty()
                             ? c10d::ProcessGroupGloo::createDefaultDevice()
@@ -154,7 +166,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   auto group = std::make_unique<Group>();
   LOCKSTEP_ASSIGN_OR_RETURN(
       group->process_group,
-      MakeProcessGroup(world.identity, rendezvous, transport->device, options.timeout));
+      MakeProcessGroup(world.identity, rendezvous, transport->device, transport->engine_timeout));
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
       std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
@@ -162,8 +174,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
   auto group = std::make_unique<Group>();
-  LOCKSTEP_ASSIGN_OR_RETURN(group->process_group, MakeProcessGroup(identity, transport_->rendezvous,
-                                                                   transport_->device, timeout()));
+  LOCKSTEP_ASSIGN_OR_RETURN(group->process_group,
+                            MakeProcessGroup(identity, transport_->rendezvous, transport_->device,
+                                             transport_->engine_timeout));
   return std::unique_ptr<Communicator>(
       new GlooCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
 }

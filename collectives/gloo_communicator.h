@@ -55,6 +55,9 @@ class GlooCommunicator : public internal::CommunicatorBase {
     // Address for Gloo's transport to bind. Default: empty, meaning this host's name, falling
     // back to the loopback address when the name does not resolve.
     std::string hostname;
+    // Gloo's own timeout inside each operation, when it should differ from `timeout` (zero: the
+    // same). Tests set it longer to prove that `timeout` bounds every collective by itself.
+    absl::Duration engine_timeout = absl::ZeroDuration();
   };
 
   // The world communicator of the rendezvous's processes. Collective over every process.

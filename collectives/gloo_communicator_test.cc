@@ -22,6 +22,7 @@
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/collective_calls.h"
 #include "testing/process_world.h"
 #include "torch/version.h"
 
@@ -355,6 +356,50 @@ TEST(GlooCommunicatorTest, PeerThatNeverArrivesTimesOut) {
   EXPECT_THAT(results[0].message(), HasSubstr("all-reduce (sum) on gloo world [0, 1]"));
   EXPECT_THAT(results[0].message(), HasSubstr("global rank(s) [1] alive but not answering"));
 }
+
+// Every collective with a peer that is alive but never arrives, Gloo's own timeout 30 times the
+// communicator's: each call returns kDeadlineExceeded within the communicator's bound (its timeout,
+// the wait's margin of at most the timeout again, the roll call), so the bound is the
+// communicator's own and not Gloo's.
+class GlooLatePeer : public ::testing::TestWithParam<CollectiveCall> {};
+
+TEST_P(GlooLatePeer, EveryCollectiveIsBoundedByTheCommunicatorsTimeout) {
+  const CollectiveCall call = GetParam();
+  collectives::ProcessWorldOptions options = World(2);
+  options.collective_timeout = absl::Seconds(1);
+  options.engine_timeout = absl::Seconds(30);
+  std::vector<absl::Status> results =
+      collectives::RunProcessWorld(options, [call](int rank, Communicator& world) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
+        if (rank == 1) {
+          absl::SleepFor(absl::Seconds(6));  // alive, never calling
+          return absl::OkStatus();
+        }
+        const Stopwatch start;
+        const absl::Status s = RunCollectiveCall(call, world, c10::Device(c10::kCPU));
+        const absl::Duration took = start.Elapsed();
+        if (s.ok()) return absl::InternalError("the collective without its peer succeeded");
+        const absl::Duration bound = 2 * world.timeout() + absl::Seconds(2);
+        if (took > bound) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(took),
+                                                  ", more than ", absl::FormatDuration(bound)));
+        }
+        return s;
+      });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded)
+      << CollectiveCallName(call) << ": " << results[0];
+  EXPECT_THAT(std::string(results[0].message()),
+              HasSubstr("global rank(s) [1] alive but not answering"));
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryCollective, GlooLatePeer, ::testing::ValuesIn(AllCollectiveCalls()),
+                         [](const ::testing::TestParamInfo<CollectiveCall>& info) {
+                           std::string name = CollectiveCallName(info.param);
+                           for (char& c : name) {
+                             if (c == ' ' || c == '-') c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
   collectives::ProcessWorldOptions options = World(2);

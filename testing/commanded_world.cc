@@ -9,6 +9,7 @@
 #include "ATen/Parallel.h"
 #include "base/logging.h"
 #include "base/subprocess.h"
+#include "base/temp_dir.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rendezvous.h"
 
@@ -62,8 +63,8 @@ int PeerMain(const CommandedGlooWorlds::Operation& operation, const std::string&
 void CommandedGlooWorlds::Start(const std::vector<int>& sizes) {
   std::map<int, std::string> paths;
   for (int size : sizes) {
-    char dir[] = "/tmp/lockstep_commanded.XXXXXX";
-    if (mkdtemp(dir) == nullptr) continue;
+    std::string dir = absl::StrCat(TempDir::Root(), "/lockstep_commanded.XXXXXX");
+    if (mkdtemp(dir.data()) == nullptr) continue;
     worlds_[size].dir = dir;
     paths[size] = std::string(dir) + "/store";
     for (int rank = 1; rank < size; ++rank) {

@@ -1,5 +1,7 @@
 #include "testing/fake_communicator.h"
 
+#include "testing/collective_calls.h"
+
 #include <atomic>
 #include <vector>
 
@@ -158,6 +160,28 @@ TEST(FakeWorldTest, RankLaterThanTheTimeoutGivesDeadlineExceededNamingIt) {
   }
   // Bounded by the delay, not by anything longer.
   EXPECT_LT(start.Elapsed(), absl::Seconds(3));
+}
+
+// Every collective, a peer later than the timeout: kDeadlineExceeded naming it, within the
+// timeout (plus slack), long before the late peer arrives.
+TEST(FakeWorldTest, EveryCollectiveWithALatePeerIsBoundedByTheTimeout) {
+  for (CollectiveCall call : AllCollectiveCalls()) {
+    SCOPED_TRACE(CollectiveCallName(call));
+    FakeWorld world(3, {absl::Milliseconds(300)});
+    world.InjectDelay(1, 0, absl::Seconds(2));
+    std::vector<absl::Duration> took(3);
+    std::vector<absl::Status> results = world.Run([&](collectives::Communicator& comm) {
+      const Stopwatch start;
+      absl::Status s = RunCollectiveCall(call, comm, c10::Device(c10::kCPU));
+      took[comm.rank()] = start.Elapsed();
+      return s;
+    });
+    for (int r : {0, 2}) {
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kDeadlineExceeded) << results[r];
+      EXPECT_THAT(std::string(results[r].message()), HasSubstr("[1] did not arrive"));
+      EXPECT_LT(took[r], absl::Seconds(1.5)) << "rank " << r;
+    }
+  }
 }
 
 TEST(FakeWorldTest, MismatchedCollectiveIsNamedWithRanksAndOperations) {

@@ -1,5 +1,7 @@
 #include "testing/nccl_world.h"
 
+#include "base/temp_dir.h"
+
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -52,9 +54,13 @@ NcclWorldResult RunNcclWorld(const NcclWorldOptions& options,
         absl::StrCat("NCCL across GPUs needs at least 2 GPUs; this machine has ", *gpus);
     return result;
   }
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string store =
-      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/nccl_world_", getpid(), "_", std::rand());
+  std::string store = absl::StrCat(TempDir::Root(), "/nccl_world.XXXXXX");
+  if (mkdtemp(store.data()) == nullptr) {
+    result.ranks = {
+        absl::InternalError(absl::StrCat("mkdtemp ", store, ": ", std::strerror(errno)))};
+    return result;
+  }
+  store += "/store";
   ProcessWorldOptions world;
   world.world_size = *gpus;
   world.collective_timeout = options.timeout;

@@ -1,5 +1,7 @@
 #include "testing/process_world.h"
 
+#include "base/temp_dir.h"
+
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -48,6 +50,7 @@ absl::Status RunRank(const ProcessWorldOptions& options, const std::string& stor
   if (!rendezvous.ok()) return rendezvous.status();
   GlooCommunicator::Options gloo;
   gloo.timeout = options.collective_timeout;
+  gloo.engine_timeout = options.engine_timeout;
   gloo.hostname = "127.0.0.1";
   auto world = GlooCommunicator::Create(*rendezvous, gloo);
   if (!world.ok()) return world.status();
@@ -68,8 +71,7 @@ std::vector<absl::Status> RunProcessWorld(const ProcessWorldOptions& options, Pr
         absl::StrCat("a process world needs at least one rank, not ", n))};
   }
   std::vector<absl::Status> results(n);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/process_world.XXXXXX");
+  std::string dir = absl::StrCat(TempDir::Root(), "/process_world.XXXXXX");
   if (mkdtemp(dir.data()) == nullptr) {
     results.assign(n, absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno))));
     return results;

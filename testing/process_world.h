@@ -47,6 +47,9 @@ struct ProcessWorldOptions {
   int world_size = 2;
   // Timeout of every collective and of the rendezvous. Default: 20 s.
   absl::Duration collective_timeout = absl::Seconds(20);
+  // Gloo's own timeout inside each operation (GlooCommunicator::Options::engine_timeout; zero:
+  // collective_timeout). Default: zero.
+  absl::Duration engine_timeout = absl::ZeroDuration();
   // The whole run's limit; ranks still running then are killed. Default: 120 s.
   absl::Duration deadline = absl::Seconds(120);
   // Rendezvous over a TCPStore on 127.0.0.1 (true) or a FileStore (false, the default).

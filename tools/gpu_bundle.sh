@@ -59,6 +59,7 @@ targets=(
   //trainer:trainer_rank_test
   //trainer:trainer_contract_test
   //trainer:trainer_admission_cuda_test
+  //trainer:trainer_contract_cuda_test
   //trainer:trainer_rank_cuda_test
   //trainer:differentiable_collectives_test
   //trainer:trainer_benchmark

@@ -47,6 +47,11 @@ constexpr Named kControls[] = {
     {NegativeControl::kShardLocalPhilox, "shard-local-philox"},
     {NegativeControl::kDoubleCountedRetry, "double-counted-retry"},
     {NegativeControl::kInputInsideScope, "input-inside-scope"},
+    {NegativeControl::kNoSyncAfterMicrobatch, "no-sync-after-microbatch"},
+    {NegativeControl::kNoSyncAfterDpForward, "no-sync-after-dp-forward"},
+    {NegativeControl::kNoRestoreOnUnwind, "no-restore-on-unwind"},
+    {NegativeControl::kStagingReplaces, "staging-replaces"},
+    {NegativeControl::kResumeWithoutNamedStreams, "resume-without-named-streams"},
 };
 
 }  // namespace

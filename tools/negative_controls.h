@@ -5,6 +5,14 @@
 // They prove the checks can fail. Never use them otherwise.
 //
 //   no-sync              skip RNG synchronization across the TP x CP group
+//   no-sync-after-microbatch
+//                        the trainer oracle's microbatch stream does not synchronize the caller
+//                        after its hand-backs (ForwardAllMicrobatches still does)
+//   no-sync-after-dp-forward
+//                        ForwardAllMicrobatches does not synchronize the caller after it returns
+//                        (the stream still does)
+//   no-restore-on-unwind a model-stream scope left by unwinding (an exception, an early error
+//                        return) does not put the caller's state back
 //   world-sync           synchronize across the whole world instead of each TP x CP group, so
 //                        different DP workers are coupled
 //   unscoped-model-work  run the model's random work on the caller's stream (no model-stream
@@ -15,7 +23,12 @@
 //                        whole tensor (local instead of global element indices)
 //   double-counted-retry out-of-memory recovery keeps a failed attempt's gradient contribution
 //                        (a staging that never discards), so a retried microbatch counts twice
+//   staging-replaces     committing a microbatch's staged gradient replaces the accumulated
+//                        gradient instead of adding to it, so every earlier microbatch is lost
 //   input-inside-scope   the trainer oracle's caller materialises its inputs on the model stream
+//   resume-without-named-streams
+//                        the trainer oracle's restart leaves its named streams fresh instead of
+//                        restoring them
 // no-sync and unscoped-model-work also switch off the trainer's caller synchronization and its
 // model-stream scope in the trainer oracle.
 //
@@ -45,6 +58,11 @@ enum class NegativeControl {
   kShardLocalPhilox,
   kDoubleCountedRetry,
   kInputInsideScope,
+  kNoSyncAfterMicrobatch,
+  kNoSyncAfterDpForward,
+  kNoRestoreOnUnwind,
+  kStagingReplaces,
+  kResumeWithoutNamedStreams,
 };
 
 // The command-line name of `control` ("" for kNone).

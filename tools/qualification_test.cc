@@ -89,7 +89,11 @@ TEST(QualificationTest, ModelStreamAndItsNegativeControls) {
 TEST(QualificationTest, ExceptionRestorationAndItsNegativeControl) {
   ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckExceptionRestoration));
   ExpectDetected(RunCheck(NegativeControl::kUnscopedModelWork, &CheckExceptionRestoration),
-                 "caller state changed");
+                 "left the caller's CPU generator changed");
+  // A scope that restores only when exited normally: both unwinding paths are caught.
+  ExpectDetected(RunCheck(NegativeControl::kNoRestoreOnUnwind, &CheckExceptionRestoration),
+                 "an exception thrown through the scope and an error returned from inside the "
+                 "scope left the caller's CPU generator changed");
 }
 
 TEST(QualificationTest, PartitionInvarianceAndItsNegativeControl) {
@@ -107,7 +111,11 @@ TEST(QualificationTest, RecomputeAndItsNegativeControl) {
 TEST(QualificationTest, OomRecoveryAndItsNegativeControl) {
   ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckOomRecovery));
   ExpectDetected(RunCheck(NegativeControl::kDoubleCountedRetry, &CheckOomRecovery),
-                 "differs from the run without failures");
+                 "differs from the plain accumulation");
+  // A commit that replaces the accumulated gradient: the reference, which goes through no
+  // staging, catches it.
+  ExpectDetected(RunCheck(NegativeControl::kStagingReplaces, &CheckOomRecovery),
+                 "differs from the plain accumulation");
 }
 
 // CheckTrainer returns the oracle's rows; a run passes when every row does. A failing row names
@@ -132,6 +140,11 @@ TEST(QualificationTest, TrainerAndItsNegativeControls) {
   ExpectDetected(RunCheck(NegativeControl::kNoSync, &TrainerRows), "caller_draws");
   ExpectDetected(RunCheck(NegativeControl::kUnscopedModelWork, &TrainerRows), "stream_progression");
   ExpectDetected(RunCheck(NegativeControl::kInputInsideScope, &TrainerRows), "reference_match");
+  // The synchronization after one forward path only: the leader's extra draws between hand-backs
+  // make the replicas' caller states differ there.
+  ExpectDetected(RunCheck(NegativeControl::kNoSyncAfterMicrobatch, &TrainerRows), "caller_draws");
+  ExpectDetected(RunCheck(NegativeControl::kNoSyncAfterDpForward, &TrainerRows), "caller_draws");
+  ExpectDetected(RunCheck(NegativeControl::kResumeWithoutNamedStreams, &TrainerRows), "resume");
 }
 
 // The aliasing saver itself (moved here from checkpoint_test with the saver): forward is

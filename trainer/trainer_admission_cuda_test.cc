@@ -74,18 +74,19 @@ TEST(TrainerAdmissionCudaTest, WhatStaysHeldUntilTheHandBackIsAdmittedAndThePeak
                                 admission::MemoryModel::Calibrate(samples, {}));
   const admission::WorkShape one = admission::WorkShape::Of(kTokens);
   const double alone = fit.model.Predict(one), held = fit.model.PredictRetained(one);
-  std::printf("calibrated: peak %.1f MiB + %.1f KiB/token (worst error %.2f%%), retained %.1f "
-              "KiB/token (worst error %.2f%%)\n",
-              MiB(fit.model.fixed_bytes()), fit.model.bytes_per_token() / 1024,
-              100 * fit.worst_relative_error, fit.model.retained_bytes_per_token() / 1024,
-              100 * fit.worst_retained_relative_error);
+  std::printf(
+      "calibrated: peak %.1f MiB + %.1f KiB/token (worst error %.2f%%), retained %.1f "
+      "KiB/token (worst error %.2f%%)\n",
+      MiB(fit.model.fixed_bytes()), fit.model.bytes_per_token() / 1024,
+      100 * fit.worst_relative_error, fit.model.retained_bytes_per_token() / 1024,
+      100 * fit.worst_retained_relative_error);
   ASSERT_GT(held, 0.1 * alone) << "the model keeps too little for the test to mean anything";
 
   std::vector<planner::Sequence> batch;
   for (int m = 0; m < kMicrobatches; ++m) batch.push_back(planner::Sequence::Of(kTokens, m));
   auto make_trainer = [&](int64_t cap) -> absl::StatusOr<std::unique_ptr<TrainerRank>> {
-    LOCKSTEP_ASSIGN_OR_RETURN(auto streams, rng::RankStreams::Create(
-                                                rng::DefaultGenerators::WithCudaDevice(0)));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
+                              rng::RankStreams::Create(rng::DefaultGenerators::WithCudaDevice(0)));
     LOCKSTEP_ASSIGN_OR_RETURN(const collectives::Topology topology,
                               collectives::Topology::CreateExact(1, 1, 1, 1));
     TrainerConfig config = TrainerConfig::Of(kTokens);
@@ -93,9 +94,11 @@ TEST(TrainerAdmissionCudaTest, WhatStaysHeldUntilTheHandBackIsAdmittedAndThePeak
     config.memory_model = fit.model;
     config.memory_cap_bytes = cap;
     config.memory_probe = probe;
-    return TrainerRank::Create(
-        config, TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
-        [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return mlp.Forward(work.inputs); });
+    return TrainerRank::Create(config,
+                               TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
+                               [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                                 return mlp.Forward(work.inputs);
+                               });
   };
 
   // Fits alone (with a 10% margin over the fit), not together.

@@ -32,6 +32,7 @@
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
+#include "base/temp_dir.h"
 #include "base/tool_flags.h"
 #include "rng/rank_streams.h"
 #include "testing/process_world.h"
@@ -111,11 +112,12 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   TrainerConfig config = TrainerConfig::Of(tokens);
   config.memory_model = memory;
   config.memory_cap_bytes = int64_t{1} << 40;
+  std::optional<TempDir> ledger_dir;  // declared first: removed after the ledger closes
   std::shared_ptr<admission::Ledger> ledger;
   if (absl::GetFlag(FLAGS_ledger)) {
-    const char* tmp = std::getenv("TMPDIR");
-    const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/trainer_benchmark_",
-                                          getpid(), "_rank", rank, ".db");
+    LOCKSTEP_ASSIGN_OR_RETURN(ledger_dir,
+                              TempDir::Make(absl::StrCat("trainer_benchmark_rank", rank)));
+    const std::string path = absl::StrCat(ledger_dir->path(), "/ledger.db");
     LOCKSTEP_ASSIGN_OR_RETURN(ledger,
                               admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0)));
     config.ledger = ledger;

@@ -467,8 +467,8 @@ absl::Status NoGradBody(int rank, collectives::Communicator& world, bool no_grad
   if (!no_grad_guard) rig->w.requires_grad_(false);
   const at::Tensor rows = Rows();
   for (bool use_stream : {true, false}) {
-    std::optional<at::NoGradGuard> guard;
-    if (no_grad_guard) guard.emplace();
+    std::optional<at::AutoGradMode> guard;  // NoGradGuard's effect, in both LibTorch versions
+    if (no_grad_guard) guard.emplace(false);
     std::vector<MicrobatchOutput> outs;
     if (use_stream) {
       LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream, rig->trainer->ForwardMicrobatches(

@@ -76,6 +76,18 @@ TEST(TrainerOracleTest, NegativeControlSynchronizationDisabled) {
   ExpectDetected(OracleControl::kNoSync, "caller_draws");
 }
 
+TEST(TrainerOracleTest, NegativeControlNoSynchronizationAfterTheStreamsHandBacks) {
+  ExpectDetected(OracleControl::kNoSyncAfterMicrobatch, "caller_draws");
+}
+
+TEST(TrainerOracleTest, NegativeControlNoSynchronizationAfterForwardAllMicrobatches) {
+  ExpectDetected(OracleControl::kNoSyncAfterAllMicrobatches, "caller_draws");
+}
+
+TEST(TrainerOracleTest, NegativeControlResumeWithoutNamedStreams) {
+  ExpectDetected(OracleControl::kResumeWithoutNamedStreams, "resume");
+}
+
 TEST(TrainerOracleTest, NegativeControlModelWorkOnTheCallersStream) {
   ExpectDetected(OracleControl::kUnscopedModelWork, "stream_progression");
 }

@@ -27,6 +27,7 @@
 #include "admission/recovery.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "base/temp_dir.h"
 #include "base/torch_boundary.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/rng_state_saver.h"
@@ -227,11 +228,10 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
           "cannot write the evidence file '", options.evidence_path, "': ", std::strerror(errno)));
     }
   }
-  char dir_template[] = "/tmp/qualify.XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+  std::string dir = absl::StrCat(TempDir::Root(), "/qualify.XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", dir, ": ", std::strerror(errno)));
   }
-  const std::string dir = dir_template;
   const std::string log_path = absl::StrCat(dir, "/workers.log");
   FILE* log = std::fopen(log_path.c_str(), "w");
   if (log == nullptr) {

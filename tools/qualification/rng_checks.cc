@@ -1,3 +1,6 @@
+#include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -8,6 +11,8 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "rng/philox.h"
+#include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 #include "rng/synchronize.h"
 #include "tools/qualification/checks_internal.h"
 
@@ -77,19 +82,89 @@ absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup) {
           bad.empty() ? "replica masks agree" : absl::StrCat(bad.size(), " replica(s) differ")));
 }
 
+namespace {
+
+// A model-stream scope as the exception check holds it. Under the no-restore-on-unwind control,
+// a scope left without Exit (by unwinding or an early error return) is never closed: the bug of a
+// scope that restores the caller only on the normal path.
+class HeldScope {
+ public:
+  HeldScope(std::optional<rng::ModelStreamScope> scope, bool leak_unless_exited)
+      : scope_(std::move(scope)), leak_(leak_unless_exited) {}
+  ~HeldScope() {
+    if (leak_ && scope_.has_value()) new rng::ModelStreamScope(std::move(*scope_));  // never undone
+  }
+  absl::Status Exit() {
+    absl::Status status = scope_.has_value() ? scope_->Exit() : absl::OkStatus();
+    scope_.reset();
+    return status;
+  }
+
+ private:
+  std::optional<rng::ModelStreamScope> scope_;
+  bool leak_;
+};
+
+}  // namespace
+
+// Model work that fails inside a live model-stream scope, which is then left by unwinding, not by
+// Exit: a C++ exception thrown through the scope (its destructor restores the caller), and the
+// library's own failure path (an error status returned from inside the scope). Each must leave
+// the caller's state bit-exact — the CPU generator and, with --device=cuda, the rank's CUDA
+// generator. The check uses streams of its own, so that a control that leaks its scope leaves
+// the rank's streams usable.
 absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup) {
+  const bool cuda = setup.device == "cuda";
+  rng::DefaultGenerators generators = rng::DefaultGenerators::CpuOnly();
+  if (cuda) {
+    if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+      return absl::FailedPreconditionError(
+          "--device cuda: no CUDA device in this build or machine");
+    }
+    generators = rng::DefaultGenerators::WithCudaDevice(setup.world->rank() % at::getNumGPUs());
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<rng::RankStreams> streams,
+                            rng::RankStreams::Create(generators));
+  const bool leak = setup.control == NegativeControl::kNoRestoreOnUnwind;
+  std::vector<std::string> broken;
+  for (const bool exception : {true, false}) {
+    LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot before, rng::RngSnapshot::Capture(generators));
+    const absl::Status left = [&]() -> absl::Status {
+      try {
+        std::optional<rng::ModelStreamScope> entered;
+        if (setup.control != NegativeControl::kUnscopedModelWork) {
+          absl::StatusOr<rng::ModelStreamScope> scope = rng::ModelStreamScope::Enter(*streams);
+          if (!scope.ok()) return scope.status();
+          entered.emplace(*std::move(scope));
+        }
+        HeldScope scope(std::move(entered), leak);
+        (void)at::rand({100});
+        if (cuda)
+          (void)at::rand({100}, at::TensorOptions().device(at::kCUDA, generators.cuda_device));
+        if (exception) throw std::runtime_error("injected: thrown through the scope");
+        return absl::InternalError("injected: an error returned from inside the scope");
+      } catch (const std::runtime_error&) {
+        return absl::AbortedError("unwound");
+      }
+    }();
+    if (left.ok()) return absl::InternalError("the injected failure was not reported");
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now, rng::RngSnapshot::Capture(generators));
+    if (!(now == before)) {
+      broken.push_back(exception ? "an exception thrown through the scope"
+                                 : "an error returned from inside the scope");
+    }
+  }
   LOCKSTEP_RETURN_IF_ERROR(Rewind(setup));
-  const absl::Status thrown = OnModelStream(setup, [] {
-    (void)at::rand({100});
-    throw std::runtime_error("injected");
-  });
-  if (thrown.ok()) return absl::InternalError("the injected exception was not reported");
-  LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot now,
-                            rng::RngSnapshot::Capture(setup.streams->generators()));
-  const bool restored = now == *setup.synced;
+  const std::string generators_text = cuda ? "CPU and CUDA generators" : "CPU generator";
   return CheckResult::Make(
-      "exception_restoration", restored,
-      restored ? "caller state bit-exact after the throw" : "caller state changed");
+      "exception_restoration", broken.empty(),
+      broken.empty()
+          ? absl::StrCat("caller state bit-exact (", generators_text,
+                         ") after an exception thrown through the model-stream scope and after "
+                         "an error returned from inside it")
+          : absl::StrCat(absl::StrJoin(broken, " and "), " left the caller's ", generators_text,
+                         " changed"));
 }
 
 absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup) {

@@ -21,6 +21,15 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
     case NegativeControl::kInputInsideScope:
       control = trainer::OracleControl::kInputInsideScope;
       break;
+    case NegativeControl::kNoSyncAfterMicrobatch:
+      control = trainer::OracleControl::kNoSyncAfterMicrobatch;
+      break;
+    case NegativeControl::kNoSyncAfterDpForward:
+      control = trainer::OracleControl::kNoSyncAfterAllMicrobatches;
+      break;
+    case NegativeControl::kResumeWithoutNamedStreams:
+      control = trainer::OracleControl::kResumeWithoutNamedStreams;
+      break;
     default:
       break;
   }

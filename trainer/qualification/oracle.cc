@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -14,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/sha256.h"
 #include "base/status_macros.h"
+#include "base/temp_dir.h"
 #include "base/torch_boundary.h"
 #include "numerics/compare.h"
 #include "rng/model_stream.h"
@@ -34,6 +37,21 @@ using collectives::Topology;
 constexpr int kSteps = 2;
 constexpr int kForwardsPerStep = 2;
 constexpr int64_t kBudget = 48;
+// The named stream the reference model draws from (the same seed on every rank).
+constexpr char kNamedStream[] = "reference-model";
+constexpr uint64_t kNamedStreamSeed = 4242;
+
+// The SHA-256 of `state`'s bytes, as a byte tensor.
+at::Tensor StateDigest(const rng::RngSnapshot& state) {
+  std::string bytes = state.cpu_state();
+  if (state.cuda().has_value()) {
+    absl::StrAppend(&bytes, "/", state.cuda()->seed, "/", state.cuda()->offset);
+  }
+  const Sha256Digest digest = Sha256Framed({bytes});
+  at::Tensor t = at::empty({static_cast<int64_t>(digest.size())}, at::kByte);
+  std::memcpy(t.data_ptr<uint8_t>(), digest.data(), digest.size());
+  return t;
+}
 
 // Who runs: the split rank, or its unsplit reference.
 struct RunSetup {
@@ -56,6 +74,8 @@ struct RunSetup {
 struct RunRecord {
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> masks;
+  // Right after every hand-back: the SHA-256 of the caller's state (a byte tensor each).
+  std::vector<at::Tensor> caller_states;
   // Per step: gradients of the model's parameters (this rank's TP shard of each) and the head,
   // summed over CP and DP, in the order of `names`.
   std::vector<std::vector<at::Tensor>> gradients;
@@ -92,9 +112,11 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
                                             ? rng::DefaultGenerators::WithCudaDevice(device.index())
                                             : rng::DefaultGenerators::CpuOnly()));
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("seeding", [&] { at::manual_seed(setup.seed); }));
+  LOCKSTEP_RETURN_IF_ERROR(streams->named().Add(kNamedStream, kNamedStreamSeed));
   LOCKSTEP_ASSIGN_OR_RETURN(
       ReferenceModel model,
       ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp, setup.cp, device));
+  model.DrawFromNamedStream(streams, kNamedStream);
   record.tp_rank = setup.tp_rank;
   record.tp_size = setup.tp_size;
   TrainerConfig config = TrainerConfig::Of(kBudget);
@@ -103,8 +125,11 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   internal::ContractSeams seams;
   seams.synchronize_at_create = setup.control != OracleControl::kNoSync;
   seams.synchronize_at_registration = setup.control != OracleControl::kNoSync;
-  seams.synchronize_after_each_microbatch = setup.control != OracleControl::kNoSync;
-  seams.synchronize_after_all_microbatches = setup.control != OracleControl::kNoSync;
+  seams.synchronize_after_each_microbatch = setup.control != OracleControl::kNoSync &&
+                                            setup.control != OracleControl::kNoSyncAfterMicrobatch;
+  seams.synchronize_after_all_microbatches =
+      setup.control != OracleControl::kNoSync &&
+      setup.control != OracleControl::kNoSyncAfterAllMicrobatches;
   seams.model_stream_scope = setup.control != OracleControl::kUnscopedModelWork;
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::unique_ptr<TrainerRank> trainer,
@@ -148,11 +173,20 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
       record.masks.push_back(mask);
     });
   };
+  // Between hand-backs the replicas' draws diverge: the leader draws one more sample (as a leader
+  // that logs one does), after the call's inputs are drawn and before each hand-back, which must
+  // make them agree again.
+  auto diverge = [&]() -> absl::Status {
+    if (!leader) return absl::OkStatus();
+    return CallTorch("the leader's own draw", [&] { (void)at::rand({3}, f32); });
+  };
   auto check_hand_back = [&](const rng::RngSnapshot& before,
                              const std::optional<rng::RngSnapshot>& model_before,
                              const std::string& where) -> absl::Status {
     LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot after, caller_state());
     ++record.hand_backs;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(
+        "the caller state's digest", [&] { record.caller_states.push_back(StateDigest(after)); }));
     if (leader && !(after == before)) record.caller_moved.push_back(where);
     if (streams->model().state() == model_before) ++record.model_stream_still;
     return absl::OkStatus();
@@ -163,6 +197,11 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
     if (loaded.weights != static_cast<int>(named.size()) || !loaded.optimizer ||
         !loaded.rng_streams) {
       return absl::InternalError("the saved state was not restored in full");
+    }
+    if (setup.control == OracleControl::kResumeWithoutNamedStreams) {
+      // The bug: the named streams start afresh instead of where the saved run left them.
+      LOCKSTEP_RETURN_IF_ERROR(streams->named().Reset());
+      LOCKSTEP_RETURN_IF_ERROR(streams->named().Add(kNamedStream, kNamedStreamSeed));
     }
   }
   for (int step = first_step; step < kSteps; ++step) {
@@ -194,6 +233,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
           if (mb.num_tokens() < setup.topology->cp_size()) record.empty_shard = true;
         }
         for (int m = 0;; ++m) {
+          if (m < stream.plan().microbatches_size()) LOCKSTEP_RETURN_IF_ERROR(diverge());
           LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot before, caller_state());
           const std::optional<rng::RngSnapshot> model_before = streams->model().state();
           LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> out, stream.Next());
@@ -203,6 +243,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
           LOCKSTEP_RETURN_IF_ERROR(backward(*out));
         }
       } else {
+        LOCKSTEP_RETURN_IF_ERROR(diverge());
         LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot before, caller_state());
         const std::optional<rng::RngSnapshot> model_before = streams->model().state();
         LOCKSTEP_ASSIGN_OR_RETURN(std::vector<MicrobatchOutput> outs,
@@ -355,14 +396,13 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   split.control = control;
   split.device = device;
   split.checkpoint_blocks = true;
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string saved = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/lockstep_oracle_",
-                                         getpid(), "_rank", rank, "_after_step0");
+  // The saved state in a directory of this rank's own (TempDir: removed on every path).
+  LOCKSTEP_ASSIGN_OR_RETURN(TempDir state_dir, TempDir::Make(absl::StrCat("oracle_rank", rank)));
+  const std::string saved = state_dir.path() + "/after_step0";
   LOCKSTEP_ASSIGN_OR_RETURN(RunRecord run, Train(split, 0, saved));
   // A restart from the state saved after step 0 continues bit-exactly.
-  absl::StatusOr<RunRecord> resumed = Train(split, 1, "", saved);
-  RemoveSavedState(saved);
-  if (!resumed.ok()) return resumed.status();
+  LOCKSTEP_ASSIGN_OR_RETURN(RunRecord resumed_run, Train(split, 1, "", saved));
+  const RunRecord* resumed = &resumed_run;
 
   // The unsplit reference of this rank's DP worker, from its leader's state.
   LOCKSTEP_ASSIGN_OR_RETURN(Topology unsplit, Topology::CreateExact(1, 1, 1, 1));
@@ -388,12 +428,34 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                                                       " replica(s) received other "
                                                       "outputs")));
   LOCKSTEP_ASSIGN_OR_RETURN(bool masks_agree, AllEqualAcross(tp_cp.get(), run.masks, &disagreeing));
-  checks.push_back(
-      Check("caller_draws", masks_agree,
-            masks_agree ? absl::StrCat(run.masks.size(), " token masks agree after every hand-back")
-                        : absl::StrCat(disagreeing,
-                                       " replica(s) drew other token "
-                                       "masks")));
+  const int masks_disagreeing = disagreeing;
+  LOCKSTEP_ASSIGN_OR_RETURN(bool states_agree,
+                            AllEqualAcross(tp_cp.get(), run.caller_states, &disagreeing));
+  const int states_disagreeing = disagreeing;
+  // DP workers, seeded differently, must stay distinct: no two share their first hand-back's
+  // caller state.
+  bool dp_distinct = true;
+  if (split.dp != nullptr && !run.caller_states.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> workers,
+                              split.dp->AllGather(run.caller_states.front()));
+    for (size_t a = 0; a < workers.size(); ++a) {
+      for (size_t b = a + 1; b < workers.size(); ++b) {
+        if (at::equal(workers[a], workers[b])) dp_distinct = false;
+      }
+    }
+  }
+  const bool draws_ok = masks_agree && states_agree && dp_distinct;
+  checks.push_back(Check(
+      "caller_draws", draws_ok,
+      draws_ok ? absl::StrCat("after every one of ", run.caller_states.size(),
+                              " hand-backs the replicas' caller states are bit-identical (the "
+                              "leader drew more between them) and ",
+                              run.masks.size(), " token masks agree",
+                              split.dp != nullptr ? "; DP workers stay distinct" : "")
+               : absl::StrCat(states_disagreeing,
+                              " replica(s) held another caller state right after a hand-back, ",
+                              masks_disagreeing, " drew other token masks",
+                              dp_distinct ? "" : "; DP workers' caller states became equal")));
   const bool progression = run.caller_moved.empty() && run.model_stream_still == 0;
   checks.push_back(Check(
       "stream_progression", progression,

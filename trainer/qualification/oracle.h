@@ -9,7 +9,10 @@
 // recomputed in backward, collectives and dropout included); the reference runs them plainly.
 // The caller's inputs are token ids it draws. Each rank then checks:
 //   replica_outputs     every TP/CP replica received bit-identical full outputs
-//   caller_draws        the caller's token masks agree across the replicas after every hand-back
+//   caller_draws        right after every hand-back the replicas' caller states are bit-identical
+//                       and their token masks agree, although between hand-backs the leader draws
+//                       more than the others (as a leader that logs a sample does); DP workers'
+//                       caller states stay distinct
 //   stream_progression  model work never moved the caller's generator (the leader's state right
 //                       after each hand-back equals its state before the call), and the model
 //                       stream advanced between microbatches
@@ -19,15 +22,18 @@
 //                       tolerance: CP attention, TP layers and the recompute of checkpointed
 //                       blocks reproduce the unsplit model
 //   resume              a restart from the state saved after step 0 (weights, Adam state, every
-//                       RNG stream, through TrainerRank::SaveState/LoadState) gives step 1's
-//                       outputs and the final parameters bit for bit
+//                       RNG stream — the caller's, the model stream and the named stream the
+//                       model draws from — through TrainerRank::SaveState/LoadState) gives step
+//                       1's outputs and the final parameters bit for bit
 //   empty_cp_shard      (CP > 1) a microbatch with fewer tokens than CP ranks ran, with a rank
 //                       owning nothing, and still matched
 // Collective over the world; every rank must call it with the same topology and options.
 //
-// Negative controls make a check fail: kNoSync (caller never synchronized: caller_draws),
-// kUnscopedModelWork (no model-stream scope: stream_progression), kInputInsideScope (the
-// caller materialises its inputs on the model stream: reference_match).
+// Negative controls make a check fail: kNoSync, kNoSyncAfterMicrobatch and
+// kNoSyncAfterAllMicrobatches (the caller not synchronized at all, or on one forward path only:
+// caller_draws), kUnscopedModelWork (no model-stream scope: stream_progression),
+// kInputInsideScope (the caller materialises its inputs on the model stream: reference_match),
+// kResumeWithoutNamedStreams (the restart leaves the named streams fresh: resume).
 
 #ifndef LOCKSTEP_TRAINER_QUALIFICATION_ORACLE_H_
 #define LOCKSTEP_TRAINER_QUALIFICATION_ORACLE_H_
@@ -43,7 +49,15 @@
 namespace lockstep {
 namespace trainer {
 
-enum class OracleControl { kNone, kNoSync, kUnscopedModelWork, kInputInsideScope };
+enum class OracleControl {
+  kNone,
+  kNoSync,                      // no caller synchronization anywhere
+  kNoSyncAfterMicrobatch,       // none after a stream's hand-back (caller_draws)
+  kNoSyncAfterAllMicrobatches,  // none after ForwardAllMicrobatches (caller_draws)
+  kUnscopedModelWork,           // no model-stream scope (stream_progression)
+  kInputInsideScope,            // inputs drawn on the model stream (reference_match)
+  kResumeWithoutNamedStreams,   // the restart does not restore named streams (resume)
+};
 
 struct OracleCheck {
   std::string name;

@@ -162,6 +162,15 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
     padded = at::full({work.widest_shard, 2}, -1, query_meta.options());
     padded.narrow(0, 0, query_meta.size(0)).copy_(query_meta);
   }));
+  if (named_streams_ != nullptr) {
+    // One factor per forward from the named stream: the same on every replica and in the
+    // reference, whatever the shard.
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::NamedStreamFork fork,
+                              named_streams_->named().Fork(named_stream_));
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward: the named stream's factor",
+                                       [&] { x = x * (0.9 + 0.2 * at::rand({1}, x.options())); }));
+    LOCKSTEP_RETURN_IF_ERROR(fork.Exit());
+  }
   key_meta = query_meta;
   if (cp_group_ != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, cp_group_->AllGather(padded));

@@ -27,6 +27,7 @@
 #ifndef LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_
 #define LOCKSTEP_TRAINER_QUALIFICATION_REFERENCE_MODEL_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "c10/core/Device.h"
 #include "collectives/communicator.h"
 #include "numerics/named_tensors.h"
+#include "rng/rank_streams.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {
@@ -62,6 +64,15 @@ class ReferenceModel {
   // ids (int64 [n]); returns [n, kWidth]. Collective over the TP and CP groups.
   absl::StatusOr<at::Tensor> Forward(const ShardWork& work);
 
+  // Makes every forward draw one scale factor for its embeddings from the named stream `name` of
+  // `streams` (rng/named_streams.h), which must exist. Every replica, and the unsplit reference,
+  // runs the same forwards, so they draw the same factors; the stream is part of what a resume
+  // must restore (the oracle's resume check). Default: no named stream.
+  void DrawFromNamedStream(std::shared_ptr<rng::RankStreams> streams, std::string name) {
+    named_streams_ = std::move(streams);
+    named_stream_ = std::move(name);
+  }
+
   // The shard's parameters by name ("embedding", "block<b>.wq", ... "block<b>.w2").
   const numerics::NamedTensors& parameters() const { return parameters_; }
 
@@ -78,6 +89,9 @@ class ReferenceModel {
         tp_size_(tp_size),
         tp_group_(tp_group),
         cp_group_(cp_group) {}
+
+  std::shared_ptr<rng::RankStreams> named_streams_;
+  std::string named_stream_;
 
   // Block `block`'s weight `which` (the .cc's BlockWeight order: wq, wk, wv, wo, w1, w2).
   const at::Tensor& Weight(int block, int which) const;
