@@ -49,7 +49,8 @@ TEST(TempDirTest, AnImpossibleRootIsNamed) {
   setenv("TEST_TMPDIR", "/nonexistent-root-for-temp-dirs", 1);
   const absl::Status s = TempDir::Make("unit").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("/nonexistent-root-for-temp-dirs/lockstep_unit_"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("/nonexistent-root-for-temp-dirs/lockstep_unit_"));
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // activations for backward is calibrated (peak and retained bytes per token) from the caching
 // allocator's readings; then microbatches that fit one by one but not together are refused all at
 // once (ForwardAllMicrobatches keeps every microbatch's outputs and graph until it returns) while
-// the stream, handing each back to a backward before the next, runs them with the device's peak
-// under the cap; and under a cap that fits them together, ForwardAllMicrobatches runs with the
+// the stream, releasing each microbatch (its outputs and graph) before the next, runs them with the
+// peak under the cap; and under a cap that fits them together, ForwardAllMicrobatches runs with the
 // peak under that cap.
 
 #include <cstdio>
@@ -101,8 +101,8 @@ TEST(TrainerAdmissionCudaTest, WhatStaysHeldUntilTheHandBackIsAdmittedAndThePeak
                                });
   };
 
-  // Fits alone (with a 10% margin over the fit), not together.
-  const int64_t small_cap = static_cast<int64_t>(1.1 * alone + 1.5 * held);
+  // Fits alone (with a 25% margin over the fit), not together.
+  const int64_t small_cap = static_cast<int64_t>(1.25 * alone + 1.5 * held);
   {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto trainer, make_trainer(small_cap));
     const absl::StatusOr<std::vector<MicrobatchOutput>> all =
@@ -119,20 +119,20 @@ TEST(TrainerAdmissionCudaTest, WhatStaysHeldUntilTheHandBackIsAdmittedAndThePeak
       LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<MicrobatchOutput> out, stream.Next());
       if (!out) break;
       ++yielded;
-      out->outputs.pow(2).mean().backward();  // frees the microbatch's graph
+      // Dropped at the end of the iteration: its graph goes with it before the next forward. (A
+      // backward here would add the caller's own memory — gradients — which admission does not
+      // predict.)
     }
     EXPECT_EQ(yielded, kMicrobatches);
     c10::cuda::device_synchronize();
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(admission::MemoryReading reading, probe->Read());
-    std::printf("stream: peak %.1f MiB under a cap of %.1f MiB (together they would need %.1f)\n",
+    std::printf("stream: peak %.1f MiB under a cap of %.1f MiB (together predicted %.1f MiB)\n",
                 MiB(reading.peak_allocated_bytes), MiB(small_cap), MiB(alone + 3 * held));
     EXPECT_LE(reading.peak_allocated_bytes, small_cap);
   }
   // Fits together.
-  const int64_t big_cap = static_cast<int64_t>(1.1 * (alone + (kMicrobatches - 1) * held));
+  const int64_t big_cap = static_cast<int64_t>(1.25 * (alone + (kMicrobatches - 1) * held));
   {
-    mlp.w1.mutable_grad().reset();
-    mlp.w2.mutable_grad().reset();
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto trainer, make_trainer(big_cap));
     LOCKSTEP_ASSERT_OK(probe->ReleaseCachedMemory());
     LOCKSTEP_ASSERT_OK(probe->ResetPeak());

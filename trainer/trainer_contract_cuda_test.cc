@@ -34,8 +34,8 @@ absl::Status Expect(bool condition, const std::string& what) {
 absl::StatusOr<at::Tensor> CallerDigest(const rng::RankStreams& streams) {
   LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot live, rng::RngSnapshot::Capture(streams.generators()));
   if (!live.cuda().has_value()) return absl::InternalError("no CUDA generator in the streams");
-  const Sha256Digest digest = Sha256Framed(
-      {live.cpu_state(), absl::StrCat(live.cuda()->seed, "/", live.cuda()->offset)});
+  const Sha256Digest digest =
+      Sha256Framed({live.cpu_state(), absl::StrCat(live.cuda()->seed, "/", live.cuda()->offset)});
   at::Tensor bytes = at::empty({static_cast<int64_t>(digest.size())}, at::kByte);
   std::memcpy(bytes.data_ptr<uint8_t>(), digest.data(), digest.size());
   return bytes;
@@ -72,13 +72,12 @@ absl::Status DivergingDrawsBody(int rank, collectives::Communicator& world, bool
   TrainerConfig config = TrainerConfig::Of(16);
   config.packing = planner::PACKING_IN_ORDER;
   LOCKSTEP_ASSIGN_OR_RETURN(
-      auto trainer,
-      internal::CreateWithSeams(config,
-                                TrainerRank::Collaborators::Of(topology, rank, group, streams),
-                                [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-                                  return at::dropout(work.inputs * w, 0.5, true);
-                                },
-                                seams));
+      auto trainer, internal::CreateWithSeams(
+                        config, TrainerRank::Collaborators::Of(topology, rank, group, streams),
+                        [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                          return at::dropout(work.inputs * w, 0.5, true);
+                        },
+                        seams));
   const std::vector<planner::Sequence> batch = {
       planner::Sequence::Of(10, 1), planner::Sequence::Of(6, 2), planner::Sequence::Of(12, 3),
       planner::Sequence::Of(4, 4)};
@@ -120,14 +119,14 @@ TEST(TrainerContractCudaTest, EveryHandBackRepairsDivergedCallerStatesOnCuda) {
   for (bool use_stream : {true, false}) {
     SCOPED_TRACE(use_stream ? "the stream" : "all at once");
     for (const absl::Status& s : collectives::RunProcessWorld(
-             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator& w) {
+             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator&w) {
                return DivergingDrawsBody(rank, w, use_stream, false);
              })) {
       EXPECT_TRUE(s.ok()) << s;
     }
     int detected = 0;
     for (const absl::Status& s : collectives::RunProcessWorld(
-             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator& w) {
+             collectives::ProcessWorldOptions::Of(4), [&](int rank, collectives::Communicator&w) {
                return DivergingDrawsBody(rank, w, use_stream, true);
              })) {
       detected += absl::StrContains(s.message(), "caller states differ after hand-back");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/sha256.h"

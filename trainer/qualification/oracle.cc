@@ -511,12 +511,14 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                                           numerics::Tolerance::Bitwise(), resume_figures, differ));
     LOCKSTEP_RETURN_IF_ERROR(CompareLists(resumed->parameters, run.parameters, "resumed parameters",
                                           numerics::Tolerance::Bitwise(), resume_figures, differ));
-    checks.push_back(Check(
-        "resume", differ.empty(),
-        differ.empty() ? absl::StrCat("restarted from the state saved after step 0 (weights, Adam, "
-                                      "RNG streams): step 1's ",
-                                      step1, " outputs and the final parameters bit-identical")
-                       : absl::StrCat(differ.size(), " difference(s); first: ", differ[0])));
+    checks.push_back(
+        Check("resume", differ.empty(),
+              differ.empty()
+                  ? absl::StrCat(
+                        "restarted from the state saved after step 0 (weights, Adam, "
+                        "RNG streams: the caller's, the model stream, the named stream): step 1's ",
+                        step1, " outputs and the final parameters bit-identical")
+                  : absl::StrCat(differ.size(), " difference(s); first: ", differ[0])));
   }
   if (topology.cp_size() > 1) {
     checks.push_back(Check(
