@@ -278,6 +278,38 @@ TEST(TrainerContractTest, TheModelStreamAgreesWhateverTheCallerDrawsAfterCreate)
   }
 }
 
+// A model stream set before Create on each replica from its own state (an earlier scope) cannot
+// be made to agree by Create: refused on every replica, naming the cause, instead of replicas
+// drawing different masks.
+absl::Status ModelStreamSetBeforeCreateBody(int rank, collectives::Communicator& world) {
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
+                            collectives::Topology::CreateExact(2, 1, 1, 2));
+  std::shared_ptr<collectives::Communicator> group;
+  LOCKSTEP_ASSIGN_OR_RETURN(group, world.NewGroup(topology.TpCpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto streams,
+                            rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+  at::manual_seed(10 + rank);
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(*streams));
+    LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
+  }
+  const absl::Status created =
+      TrainerRank::Create(
+          TrainerConfig::Of(8), TrainerRank::Collaborators::Of(topology, rank, group, streams),
+          [](const ShardWork& work) -> absl::StatusOr<at::Tensor> { return work.inputs; })
+          .status();
+  return Expect(created.code() == absl::StatusCode::kFailedPrecondition &&
+                    absl::StrContains(created.message(), "the model stream was set before Create"),
+                created.ToString());
+}
+
+TEST(TrainerContractTest, AModelStreamSetBeforeCreateThatDiffersIsRefused) {
+  for (const absl::Status& s : collectives::RunProcessWorld(collectives::ProcessWorldOptions::Of(2),
+                                                            ModelStreamSetBeforeCreateBody)) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 // Between hand-backs the replicas draw differently (the leader one extra sample, as a leader that
 // logs does); right after every hand-back their caller states must be bit-identical, on both
 // forward paths; DP workers (seeded differently) must stay distinct. With the synchronization of

@@ -15,12 +15,7 @@
 
 namespace lockstep {
 namespace qualification {
-using collectives::Communicator;
-using collectives::Topology;
-using internal::CallerDraws;
 using internal::DisagreeWithLeader;
-using internal::OnModelStream;
-using internal::Ranks;
 using internal::Rewind;
 namespace {
 
