@@ -61,7 +61,7 @@ targets=(
   //trainer:trainer_admission_cuda_test
   //trainer:trainer_contract_cuda_test
   //trainer:trainer_rank_cuda_test
-  //trainer:differentiable_collectives_test
+  //collectives:differentiable_test
   //trainer:trainer_benchmark
   //tools:qualify
 )

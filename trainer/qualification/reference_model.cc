@@ -9,12 +9,16 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "collectives/differentiable.h"
 #include "rng/philox.h"
-#include "trainer/qualification/differentiable_collectives.h"
 
 namespace lockstep {
 namespace trainer {
 namespace {
+
+using collectives::CopyToGroup;
+using collectives::GatherRows;
+using collectives::ReduceFromGroup;
 
 // Positions per sequence in the dropout's global index space: row = id * kPositions + position.
 constexpr int64_t kPositions = int64_t{1} << 20;

@@ -1,7 +1,7 @@
 // The reference model's differentiable collectives on a thread-fake world: forward values and
 // gradients against the same computation done unsplit by hand.
 
-#include "trainer/qualification/differentiable_collectives.h"
+#include "collectives/differentiable.h"
 
 #include <vector>
 
@@ -14,16 +14,16 @@
 #include "testing/fake_communicator.h"
 
 namespace lockstep {
-namespace trainer {
+namespace collectives {
 namespace {
 
 constexpr int kMembers = 3;
 
 // Runs `body(rank, group)` on kMembers threads and expects every one to succeed.
-void RunOnMembers(const std::function<absl::Status(int, collectives::Communicator&)>& body) {
+void RunOnMembers(const std::function<absl::Status(int, Communicator&)>& body) {
   collectives::FakeWorld world(kMembers);
   const std::vector<absl::Status> results =
-      world.Run([&](collectives::Communicator& comm) { return body(comm.rank(), comm); });
+      world.Run([&](Communicator& comm) { return body(comm.rank(), comm); });
   for (int r = 0; r < kMembers; ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
 }
 
@@ -34,7 +34,7 @@ at::Tensor Input(int rank, int64_t rows) {
 // f: identity forward; backward sums every member's gradient (here member r's loss weights its
 // copy by r + 1, so the summed gradient is 1 + 2 + 3 everywhere).
 TEST(DifferentiableCollectivesTest, CopyToGroupSumsTheGradient) {
-  RunOnMembers([](int rank, collectives::Communicator& group) -> absl::Status {
+  RunOnMembers([](int rank, Communicator& group) -> absl::Status {
     at::Tensor x = Input(0, 2).requires_grad_();
     LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor y, CopyToGroup(x, &group));
     if (!at::equal(y, x)) return absl::InternalError("forward is not the identity");
@@ -48,7 +48,7 @@ TEST(DifferentiableCollectivesTest, CopyToGroupSumsTheGradient) {
 
 // g: sum forward; backward passes the gradient through unchanged.
 TEST(DifferentiableCollectivesTest, ReduceFromGroupSumsTheValue) {
-  RunOnMembers([](int rank, collectives::Communicator& group) -> absl::Status {
+  RunOnMembers([](int rank, Communicator& group) -> absl::Status {
     at::Tensor x = Input(rank, 2).requires_grad_();
     LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor y, ReduceFromGroup(x, &group));
     const at::Tensor expected = Input(0, 2) + Input(1, 2) + Input(2, 2);
@@ -65,7 +65,7 @@ TEST(DifferentiableCollectivesTest, ReduceFromGroupSumsTheValue) {
 // gradient of each member's rows collects every member's contribution.
 TEST(DifferentiableCollectivesTest, GatherRowsGathersUnevenShardsAndScattersTheGradient) {
   constexpr int64_t kWidest = kMembers - 1;
-  RunOnMembers([](int rank, collectives::Communicator& group) -> absl::Status {
+  RunOnMembers([](int rank, Communicator& group) -> absl::Status {
     at::Tensor x = Input(rank, rank).requires_grad_();
     LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor all, GatherRows(x, kWidest, &group));
     if (all.size(0) != kMembers * kWidest) return absl::InternalError("wrong gathered rows");
@@ -105,13 +105,40 @@ TEST(DifferentiableCollectivesTest, NullGroupIsTheIdentityAndBadShapesAreRefused
             absl::StatusCode::kInvalidArgument);
 }
 
+// Reduce-scatter: member r keeps its rows of the sum; in backward member m's input gradient is
+// every member's row gradient in that member's place (member r weights its rows by r + 1; padding
+// rows get none).
+TEST(DifferentiableCollectivesTest, ReduceScatterRowsKeepsTheOwnRowsOfTheSum) {
+  constexpr int64_t kWidest = 2;
+  RunOnMembers([](int rank, Communicator& group) -> absl::Status {
+    const int64_t rows = rank == 2 ? 1 : 2;  // member 2's shard is short
+    at::Tensor x = Input(rank, kMembers * kWidest).requires_grad_();
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor mine, ReduceScatterRows(x, rows, kWidest, &group));
+    at::Tensor sum = Input(0, kMembers * kWidest);
+    for (int r = 1; r < kMembers; ++r) sum = sum + Input(r, kMembers * kWidest);
+    if (!at::allclose(mine, sum.narrow(0, rank * kWidest, rows))) {
+      return absl::InternalError("forward is not the own rows of the sum");
+    }
+    LOCKSTEP_RETURN_IF_ERROR(
+        CallTorch("backward", [&] { (mine * (rank + 1.0)).sum().backward(); }));
+    at::Tensor expected = at::zeros({kMembers * kWidest, 2}, at::kDouble);
+    for (int r = 0; r < kMembers; ++r) {
+      expected.narrow(0, r * kWidest, r == 2 ? 1 : 2).fill_(r + 1.0);
+    }
+    if (!at::equal(x.grad(), expected)) return absl::InternalError("backward is wrong");
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(ReduceScatterRows(at::zeros({3, 2}), 1, 2, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A member that fails in backward: the others' backward collective fails too (no hang), and the
 // status code survives the exception that carries it.
 TEST(DifferentiableCollectivesTest, AFailedBackwardCollectiveIsAStatusEverywhere) {
   collectives::FakeWorld world(kMembers,
                                collectives::FakeWorld::Options::WithTimeout(absl::Seconds(2)));
   world.InjectFailure(/*rank=*/1, /*call_index=*/0);
-  const std::vector<absl::Status> results = world.Run([](collectives::Communicator& group) {
+  const std::vector<absl::Status> results = world.Run([](Communicator& group) {
     at::Tensor x = Input(0, 2).requires_grad_();
     absl::StatusOr<at::Tensor> y = CopyToGroup(x, &group);
     if (!y.ok()) return y.status();
@@ -127,5 +154,5 @@ TEST(DifferentiableCollectivesTest, AFailedBackwardCollectiveIsAStatusEverywhere
 }
 
 }  // namespace
-}  // namespace trainer
+}  // namespace collectives
 }  // namespace lockstep

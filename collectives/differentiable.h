@@ -1,7 +1,8 @@
-// trainer/qualification/differentiable_collectives.h
+// collectives/differentiable.h
 //
 // Collectives that autograd can differentiate, over a lockstep Communicator, for models split
-// over tensor and context parallelism (the reference model's TP layers and CP attention):
+// over tensor and context parallelism (TP layers, CP attention: the example language model in
+// examples/lm and qualify's reference model use them):
 //   CopyToGroup       forward: identity;                 backward: all-reduce sum over the group
 //                     (before a column-parallel layer: each member's input gradient is partial)
 //   ReduceFromGroup   forward: all-reduce sum;           backward: identity
@@ -9,6 +10,10 @@
 //   GatherRows        forward: all-gather of the members' rows, each padded to `widest` rows;
 //                     backward: all-reduce sum of the gradient, then this member's own rows
 //                     (every member's gradient holds contributions to every member's rows)
+//   ReduceScatterRows forward: all-reduce sum of [size x widest, ...], then this member's own
+//                     rows [rank x widest, rank x widest + rows); backward: the all-gather of
+//                     every member's row gradients (GatherRows' forward)
+//                     (a sequence-parallel layer's output: each member keeps its own rows)
 // These are Megatron's f, g and all-gather, written against Communicator so they run over the
 // thread fake, Gloo and NCCL alike. A null group (a split of size 1) makes each the identity
 // (GatherRows then pads nothing).
@@ -20,8 +25,8 @@
 //
 // Thread-safety: as the communicator's.
 
-#ifndef LOCKSTEP_TRAINER_QUALIFICATION_DIFFERENTIABLE_COLLECTIVES_H_
-#define LOCKSTEP_TRAINER_QUALIFICATION_DIFFERENTIABLE_COLLECTIVES_H_
+#ifndef LOCKSTEP_COLLECTIVES_DIFFERENTIABLE_H_
+#define LOCKSTEP_COLLECTIVES_DIFFERENTIABLE_H_
 
 #include <cstdint>
 
@@ -30,21 +35,33 @@
 #include "collectives/communicator.h"
 
 namespace lockstep {
-namespace trainer {
+namespace collectives {
 
 // `x` unchanged; its gradient summed over `group` in backward.
-absl::StatusOr<at::Tensor> CopyToGroup(const at::Tensor& x, collectives::Communicator* group);
+absl::StatusOr<at::Tensor> CopyToGroup(const at::Tensor& x, Communicator* group);
 
 // The sum of `x` over `group`; the gradient passed through unchanged in backward.
-absl::StatusOr<at::Tensor> ReduceFromGroup(const at::Tensor& x, collectives::Communicator* group);
+absl::StatusOr<at::Tensor> ReduceFromGroup(const at::Tensor& x, Communicator* group);
 
 // [group size x widest, ...]: member r's rows of `x` ([n_r, ...], n_r <= widest) at rows
 // [r x widest, r x widest + n_r), zeros after them. kInvalidArgument when x has more than `widest`
 // rows or no dimensions.
-absl::StatusOr<at::Tensor> GatherRows(const at::Tensor& x, int64_t widest,
-                                      collectives::Communicator* group);
+absl::StatusOr<at::Tensor> GatherRows(const at::Tensor& x, int64_t widest, Communicator* group);
 
-}  // namespace trainer
+// Member `rank`'s `rows` rows (rows <= widest) of the sum over `group` of `x` ([group size x
+// widest, ...], member r's rows at [r x widest, r x widest + n_r)). kInvalidArgument when x does
+// not have group size x widest rows or rows > widest.
+absl::StatusOr<at::Tensor> ReduceScatterRows(const at::Tensor& x, int64_t rows, int64_t widest,
+                                             Communicator* group);
+
+// The example of the header:
+//   // [n, width] query rows of this CP rank; keys of every CP rank, padded to the widest shard:
+//   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor keys, GatherRows(k, work.widest_shard, cp_group));
+//   // TP: column-parallel in, row-parallel out.
+//   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor in, CopyToGroup(x, tp_group));
+//   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor out, ReduceFromGroup(at::mm(h, w2_shard.t()), tp_group));
+
+}  // namespace collectives
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_TRAINER_QUALIFICATION_DIFFERENTIABLE_COLLECTIVES_H_
+#endif  // LOCKSTEP_COLLECTIVES_DIFFERENTIABLE_H_
