@@ -19,6 +19,7 @@ packages=(
   clang libclang-rt-14-dev   # tools/fuzz.sh: clang with libFuzzer and the sanitizers
   valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
   libsqlite3-dev sqlite3     # admission's recovery ledger; sqlite3 to inspect one
+  python3-matplotlib         # examples/lm/plot_loss.py: the example's loss curve
 )
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo

@@ -64,6 +64,9 @@ targets=(
   //collectives:differentiable_test
   //trainer:trainer_benchmark
   //tools:qualify
+  //tools:launch
+  //tools:compare
+  //examples:train
 )
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
 bins=()
