@@ -41,8 +41,7 @@ std::vector<Sequence> Corpus::GlobalBatch(int64_t step, int count) const {
     // that (packed in order, under a budget of max_length) each DP worker of two gets a
     // microbatch of one token, which leaves CP ranks empty.
     if (step % 4 == 3 && count >= 4 && i >= count - 4) length = i < count - 2 ? max_length_ : 1;
-    const int64_t start =
-        static_cast<int64_t>((h >> 16) % static_cast<uint64_t>(size() - length));
+    const int64_t start = static_cast<int64_t>((h >> 16) % static_cast<uint64_t>(size() - length));
     Sequence s;
     s.id = step * count + i;
     for (int64_t t = 0; t < length; ++t) {

@@ -45,7 +45,8 @@ at::Tensor DropoutMask(const rng::PhiloxKey& key, const at::Tensor& ids,
         key, global_shape, {{row, row + (run - t)}, {begin, end}}, p, device)));
     t = run;
   }
-  if (masks.empty()) return at::zeros({0, end - begin}, at::TensorOptions().dtype(at::kBool).device(device));
+  if (masks.empty())
+    return at::zeros({0, end - begin}, at::TensorOptions().dtype(at::kBool).device(device));
   return at::cat(masks);
 }
 
@@ -65,9 +66,8 @@ absl::StatusOr<TinyLm> TinyLm::Create(const TinyLmConfig& config, int tp_rank, i
                                                    " hidden units"));
   }
   if (config.heads < 1 || config.width % config.heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("TinyLm: width ", config.width,
-                                                   " does not split over ", config.heads,
-                                                   " heads"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TinyLm: width ", config.width, " does not split over ", config.heads, " heads"));
   }
   numerics::NamedTensors parameters;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("TinyLm: drawing the weights", [&] {
@@ -133,7 +133,8 @@ absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64
       padded.narrow(0, 0, query_meta.size(0)).copy_(query_meta);
     }));
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, cp_group_->AllGather(padded));
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("TinyLm: the keys' places", [&] { key_meta = at::cat(all); }));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CallTorch("TinyLm: the keys' places", [&] { key_meta = at::cat(all); }));
   }
   // What the blocks need, by value: under activation checkpointing they run again in backward,
   // after `work` is gone.
@@ -146,13 +147,13 @@ absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64
       const at::Tensor& h = in[0];
       const int64_t n = h.size(0);
       // Attention: this shard's queries against every CP rank's keys and values.
-      const at::Tensor a = at::layer_norm(h, {width}, Parameter(p + "norm1.weight"),
-                                          Parameter(p + "norm1.bias"));
+      const at::Tensor a =
+          at::layer_norm(h, {width}, Parameter(p + "norm1.weight"), Parameter(p + "norm1.bias"));
       const at::Tensor q = at::mm(a, Parameter(p + "wq").t());
-      const at::Tensor k =
-          ValueOrThrow(collectives::GatherRows(at::mm(a, Parameter(p + "wk").t()), widest, cp_group_));
-      const at::Tensor v =
-          ValueOrThrow(collectives::GatherRows(at::mm(a, Parameter(p + "wv").t()), widest, cp_group_));
+      const at::Tensor k = ValueOrThrow(
+          collectives::GatherRows(at::mm(a, Parameter(p + "wk").t()), widest, cp_group_));
+      const at::Tensor v = ValueOrThrow(
+          collectives::GatherRows(at::mm(a, Parameter(p + "wv").t()), widest, cp_group_));
       const int64_t m = k.size(0);
       const at::Tensor visible =
           (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
@@ -168,8 +169,8 @@ absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64
           at::bmm(at::softmax(scores, 2), vh).transpose(0, 1).reshape({n, width});
       const at::Tensor after_attention = h + at::mm(attended, Parameter(p + "wo").t());
       // The MLP, split over TP, with partition-invariant dropout of its hidden units.
-      const at::Tensor m_in = at::layer_norm(after_attention, {width},
-                                             Parameter(p + "norm2.weight"), Parameter(p + "norm2.bias"));
+      const at::Tensor m_in = at::layer_norm(
+          after_attention, {width}, Parameter(p + "norm2.weight"), Parameter(p + "norm2.bias"));
       const at::Tensor in_tp = ValueOrThrow(collectives::CopyToGroup(m_in, tp_group_));
       const at::Tensor hidden_units = at::gelu(at::mm(in_tp, Parameter(p + "w1").t()));
       const at::Tensor keep = DropoutMask(

@@ -49,14 +49,14 @@ namespace lockstep {
 namespace examples {
 
 struct TinyLmConfig {
-  int64_t vocab = 256;        // bytes
-  int64_t width = 32;         // model width
-  int64_t heads = 2;          // attention heads (width / heads each)
-  int64_t hidden = 64;        // MLP hidden units, split over TP
+  int64_t vocab = 256;  // bytes
+  int64_t width = 32;   // model width
+  int64_t heads = 2;    // attention heads (width / heads each)
+  int64_t hidden = 64;  // MLP hidden units, split over TP
   int64_t blocks = 2;
   int64_t max_positions = 64;  // the longest sequence
-  double dropout = 0.1;       // MLP dropout
-  uint64_t seed = 1;          // weights and dropout
+  double dropout = 0.1;        // MLP dropout
+  uint64_t seed = 1;           // weights and dropout
 };
 
 class TinyLm {

@@ -16,8 +16,8 @@
 //   (9) progress lines, the loss log, SaveState every N steps.
 
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -81,8 +81,8 @@ namespace {
 
 using collectives::Communicator;
 
-// The fraction of tokens the caller's random mask keeps in the loss (half: a mask that differs between
-// replicas then changes the training visibly, as the negative control shows).
+// The fraction of tokens the caller's random mask keeps in the loss (half: a mask that differs
+// between replicas then changes the training visibly, as the negative control shows).
 constexpr double kMaskKeep = 0.5;
 
 struct Groups {
@@ -99,7 +99,7 @@ absl::StatusOr<Groups> Connect(int tp, int cp, bool cuda, absl::Duration timeout
   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
   std::unique_ptr<Communicator> world;
 #if LOCKSTEP_BUILT_WITH_CUDA
-  if (cuda && at::getNumGPUs() >= rendezvous->world_size()) {
+  if (cuda && static_cast<int64_t>(at::getNumGPUs()) >= rendezvous->world_size()) {
     collectives::NcclCommunicator::Options options;
     options.timeout = timeout;
     LOCKSTEP_ASSIGN_OR_RETURN(world, collectives::NcclCommunicator::Create(rendezvous, options));
@@ -177,8 +177,8 @@ absl::StatusOr<at::Tensor> TokenMask(uint64_t seed, int64_t step, const at::Tens
     int64_t run = t + 1;
     while (run < n && id[run] == id[t] && position[run] == position[run - 1] + 1) ++run;
     const int64_t first = id[t] * max_positions + position[t];
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor u, rng::PartitionedUniform(key, space,
-                                                                     {{first, first + run - t}}, device));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor u, rng::PartitionedUniform(key, space, {{first, first + run - t}}, device));
     parts.push_back(std::move(u));
     t = run;
   }
@@ -194,7 +194,8 @@ absl::Status AllReduceGradients(const std::vector<at::Tensor>& parameters, Commu
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("flattening the gradients", [&] {
     std::vector<at::Tensor> grads;
     for (const at::Tensor& p : parameters) {
-      grads.push_back(p.grad().defined() ? p.grad().flatten() : at::zeros({p.numel()}, p.options()));
+      grads.push_back(p.grad().defined() ? p.grad().flatten()
+                                         : at::zeros({p.numel()}, p.options()));
     }
     flat = at::cat(grads);
   }));
@@ -244,9 +245,9 @@ absl::Status Train() {
   const int per_step = absl::GetFlag(FLAGS_sequences_per_step);
   LOCKSTEP_ASSIGN_OR_RETURN(Corpus corpus, Corpus::Load(absl::GetFlag(FLAGS_corpus), max_tokens));
   // (1)
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      Groups groups, Connect(absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp), cuda,
-                             absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
+  LOCKSTEP_ASSIGN_OR_RETURN(Groups groups,
+                            Connect(absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp), cuda,
+                                    absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
   const int rank = groups.world->rank();
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates me, groups.topology.CoordinatesOf(rank));
   const int dp_size = groups.topology.dp_size();
@@ -254,11 +255,13 @@ absl::Status Train() {
   if (cuda) {
     if (!at::hasCUDA()) return absl::FailedPreconditionError("--device cuda: no CUDA device");
     const char* local = std::getenv("LOCAL_RANK");
-    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
-                                         (local != nullptr ? std::atoi(local) : 0) % at::getNumGPUs()));
+    device =
+        c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
+                                    (local != nullptr ? std::atoi(local) : 0) % at::getNumGPUs()));
   }
   // (2) The rank's streams. Every rank is seeded alike, as a PyTorch program is.
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("seeding", [&] { at::manual_seed(absl::GetFlag(FLAGS_seed)); }));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch("seeding", [&] { at::manual_seed(absl::GetFlag(FLAGS_seed)); }));
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::shared_ptr<rng::RankStreams> streams,
       rng::RankStreams::Create(cuda ? rng::DefaultGenerators::WithCudaDevice(device.index())
@@ -267,9 +270,9 @@ absl::Status Train() {
   TinyLmConfig config;
   config.max_positions = max_tokens;
   config.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
-  LOCKSTEP_ASSIGN_OR_RETURN(TinyLm model,
-                            TinyLm::Create(config, me.tp, groups.topology.tp_size(),
-                                           OrNone(groups.tp.get()), OrNone(groups.cp.get()), device));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      TinyLm model, TinyLm::Create(config, me.tp, groups.topology.tp_size(),
+                                   OrNone(groups.tp.get()), OrNone(groups.cp.get()), device));
   numerics::NamedTensors named = model.parameters();
   std::vector<at::Tensor> parameters;
   for (const auto& entry : named) parameters.push_back(entry.second);
@@ -295,8 +298,9 @@ absl::Status Train() {
   int first_step = 0;
   if (const std::string resume = absl::GetFlag(FLAGS_resume); !resume.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(first_step, StepOf(resume));
-    LOCKSTEP_ASSIGN_OR_RETURN(trainer::LoadReport loaded,
-                              trainer->LoadState(absl::StrCat(resume, "/rank", rank), named, adam.get()));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        trainer::LoadReport loaded,
+        trainer->LoadState(absl::StrCat(resume, "/rank", rank), named, adam.get()));
     if (!loaded.optimizer || !loaded.rng_streams) {
       return absl::DataLossError(absl::StrCat(resume, ": the saved state is not complete"));
     }
@@ -327,7 +331,8 @@ absl::Status Train() {
     std::optional<uint64_t> mask_seed;
     auto draw_mask_seed = [&]() -> absl::Status {
       return CallTorch("the mask's seed", [&] {
-        mask_seed = static_cast<uint64_t>(at::randint(int64_t{1} << 62, {1}, at::kLong).item<int64_t>());
+        mask_seed =
+            static_cast<uint64_t>(at::randint(int64_t{1} << 62, {1}, at::kLong).item<int64_t>());
       });
     };
     if (absl::GetFlag(FLAGS_mask_before_hand_back)) LOCKSTEP_RETURN_IF_ERROR(draw_mask_seed());
@@ -353,8 +358,8 @@ absl::Status Train() {
         const at::Tensor weight =
             out->loss_weights.to(device) * batch.has_target.index_select(0, rows).to(device) *
             keep.to(at::kDouble) / (kMaskKeep * static_cast<double>(global_targets));
-        const at::Tensor nll = at::cross_entropy_loss(out->outputs, batch.targets.index_select(0, rows).to(device),
-                                                      {}, at::Reduction::None);
+        const at::Tensor nll = at::cross_entropy_loss(
+            out->outputs, batch.targets.index_select(0, rows).to(device), {}, at::Reduction::None);
         const at::Tensor loss = (nll.to(at::kDouble) * weight).sum();
         // (8) Backward: each replica's gradient reaches its own rows of the outputs only.
         loss.backward();
@@ -376,7 +381,8 @@ absl::Status Train() {
     // ranks hold the same gradient for replicated parameters and their own shard's for split ones.
     LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, OrNone(groups.cp.get())));
     LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, OrNone(groups.dp.get())));
-    if (Communicator* dp = OrNone(groups.dp.get())) LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
+    if (Communicator* dp = OrNone(groups.dp.get()))
+      LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("AdamW's step", [&] { adam->step(); }));
     const double loss = step_loss.item<double>();
     losses.push_back(loss);
@@ -390,8 +396,7 @@ absl::Status Train() {
 #if LOCKSTEP_BUILT_WITH_CUDA
       if (cuda) {
         const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-        memory = absl::StrCat(", peak memory ",
-                              stats.allocated_bytes[0].peak / (1 << 20), " MiB");
+        memory = absl::StrCat(", peak memory ", stats.allocated_bytes[0].peak / (1 << 20), " MiB");
       }
 #endif
       std::printf("step %ld loss %.4f tokens/s %.0f%s\n", static_cast<long>(step + 1), loss, rate,
@@ -403,9 +408,9 @@ absl::Status Train() {
     if (csv.has_value()) *csv << step + 1 << "," << absl::StrFormat("%.17g", loss) << "\n";
     const int every = absl::GetFlag(FLAGS_save_every);
     if (every > 0 && (step + 1) % every == 0) {
-      LOCKSTEP_RETURN_IF_ERROR(SaveAll(*trainer, absl::StrCat(absl::GetFlag(FLAGS_save_dir), "/step",
-                                                              step + 1),
-                                       rank, named, *adam));
+      LOCKSTEP_RETURN_IF_ERROR(
+          SaveAll(*trainer, absl::StrCat(absl::GetFlag(FLAGS_save_dir), "/step", step + 1), rank,
+                  named, *adam));
     }
   }
   if (const std::string dir = absl::GetFlag(FLAGS_final_state); !dir.empty()) {
