@@ -75,6 +75,9 @@ rm -rf .gpu-bundle
 SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
 # Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named, never counted.
 cp tools/gpu_run.sh .gpu-bundle/run.sh
+# The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
+mkdir -p .gpu-bundle/examples
+cp examples/lm/train_test.sh examples/lm/plot_loss.py .gpu-bundle/examples/
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).
 rm -rf .gpu-bundle/bin/*.runfiles

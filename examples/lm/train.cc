@@ -367,10 +367,12 @@ absl::Status Train() {
         last_logits = out->outputs.detach();
       }));
     }
-    // The leader's sample (its own RNG draw, between hand-backs).
+    // The leader's sample (its own RNG draw, between hand-backs). Drawn on the host, where it is
+    // printed, and so from the CPU generator, the one the mask's seed comes from on every device.
     if (leader && last_logits.defined() && last_logits.size(0) > 0) {
       LOCKSTEP_RETURN_IF_ERROR(CallTorch("the leader's sample", [&] {
-        const at::Tensor next = at::multinomial(at::softmax(last_logits[-1].to(at::kFloat), 0), 1);
+        const at::Tensor next =
+            at::multinomial(at::softmax(last_logits[-1].to(at::kCPU, at::kFloat), 0), 1);
         if (log && step % absl::GetFlag(FLAGS_log_every) == 0) {
           LOCKSTEP_VLOG(1) << "step " << step << ": the model's next byte would be "
                            << next.item<int64_t>();
@@ -396,7 +398,8 @@ absl::Status Train() {
 #if LOCKSTEP_BUILT_WITH_CUDA
       if (cuda) {
         const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-        memory = absl::StrCat(", peak memory ", stats.allocated_bytes[0].peak / (1 << 20), " MiB");
+        memory = absl::StrFormat(", peak memory %.1f MiB",
+                                 static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20));
       }
 #endif
       std::printf("step %ld loss %.4f tokens/s %.0f%s\n", static_cast<long>(step + 1), loss, rate,
