@@ -20,6 +20,8 @@ packages=(
   valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
   libsqlite3-dev sqlite3     # admission's recovery ledger; sqlite3 to inspect one
   python3-matplotlib         # examples/lm/plot_loss.py: the example's loss curve
+  python3-dev python3-torch  # the Python package (//python): headers, and torch on the same LibTorch
+  pybind11-dev python3-pytest
 )
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo

@@ -171,8 +171,44 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
 }
 
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Adopt(
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
+    int world_size, absl::Duration timeout) {
+  if (!process_group) return absl::InvalidArgumentError("adopting a Gloo group: the group is null");
+  LOCKSTEP_RETURN_IF_ERROR(internal::ValidateTimeout(timeout));
+  const int size = process_group->getSize();
+  const int rank = process_group->getRank();
+  const std::string what =
+      absl::StrCat("adopting a Gloo group of ", size, " members as ", FormatRanks(global_ranks));
+  if (static_cast<int>(global_ranks.size()) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the list has ", global_ranks.size(), " ranks, the group ", size));
+  }
+  if (world_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": world size ", world_size, " <= 0"));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(
+      ValidateGroupRanks(global_ranks, world_size, global_ranks.at(rank)).status());
+  LOCKSTEP_RETURN_IF_ERROR(IgnoreSigpipeAtDefault());
+  auto world = std::make_shared<internal::WorldState>("gloo", world_size, timeout);
+  internal::GroupIdentity identity;
+  identity.global_ranks = std::move(global_ranks);
+  identity.rank = rank;
+  identity.name = absl::StrCat("adopted gloo group ", FormatRanks(identity.global_ranks));
+  auto group = std::make_unique<Group>();
+  group->process_group = std::move(process_group);
+  return std::unique_ptr<GlooCommunicator>(
+      new GlooCommunicator(std::move(world), std::move(identity), nullptr, std::move(group)));
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("creating a group from ", DebugName(),
+                     ": an adopted group makes no sub-groups; create it with the program's own "
+                     "library (torch.distributed.new_group) and adopt it"));
+  }
   auto group = std::make_unique<Group>();
   LOCKSTEP_ASSIGN_OR_RETURN(group->process_group,
                             MakeProcessGroup(identity, transport_->rendezvous, transport_->device,

@@ -40,9 +40,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "c10/util/intrusive_ptr.h"
 #include "collectives/communicator.h"
 #include "collectives/internal/communicator_base.h"
 #include "collectives/rendezvous.h"
+
+namespace c10d {
+class ProcessGroupGloo;
+}  // namespace c10d
 
 namespace lockstep {
 namespace collectives {
@@ -64,6 +69,17 @@ class GlooCommunicator : public internal::CommunicatorBase {
   // kInvalidArgument for a null rendezvous or a non-positive timeout.
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
       std::shared_ptr<Rendezvous> rendezvous, Options options);
+
+  // A communicator over a Gloo process group the program already made (torch.distributed's
+  // group, from Python): `global_ranks` are its members' global ranks in group-rank order, of a
+  // world of `world_size` processes. Collectives run on that group (with the in-step check);
+  // NewGroup is refused with kFailedPrecondition (make the sub-group with the program's own
+  // library and adopt it). kInvalidArgument when the rank list does not match the group's size,
+  // repeats a rank or leaves [0, world_size), or for a null group or a non-positive timeout.
+  // Not collective: adopting a group exchanges nothing.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Adopt(
+      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
+      int world_size, absl::Duration timeout);
 
   ~GlooCommunicator() override;
 
@@ -91,7 +107,7 @@ class GlooCommunicator : public internal::CommunicatorBase {
   // naming each member's call otherwise. Runs inside the collective's body.
   absl::Status CheckInStep(const Call& call, const std::string& what);
 
-  std::shared_ptr<Transport> transport_;
+  std::shared_ptr<Transport> transport_;  // null for an adopted group
   std::unique_ptr<Group> group_;
   int64_t calls_ = 0;  // collectives started on this communicator
 };

@@ -1,0 +1,82 @@
+"""A rank's RNG streams, kept in step across tensor/context-parallel replicas.
+
+The contract (rng/rank_streams.h, rng/synchronize.h in the C++ library):
+
+- ``RankStreams(cuda_device=-1)`` owns the rank's default generators (CPU, and the CUDA device's
+  when given), its model stream and its named streams. Create one per process.
+- ``with model_stream(streams):`` runs the block on the model stream: the caller's CPU/CUDA
+  generator states are put aside on entry and restored on exit, also when the block raises.
+  Nested scopes share the stream, and each scope continues where the last one stopped. The
+  first scope derives the stream from the caller's state at that moment: open it first where
+  the replicas' states agree (right after ``synchronize``), and every replica that runs the same
+  model work draws the same.
+- ``synchronize(group, streams)`` makes the caller's generator states of ``group``'s members
+  equal to its leader's (group rank 0): call it after work that drew differently on each member
+  (sampling on the leader), before the members draw again. ``group=None``: nothing to do.
+- ``capture_resume_state`` / ``restore_resume_state``: every stream as bytes, for an exact
+  resume; corrupt bytes or bytes of other generators raise and change nothing.
+- ``partitioned_uniform`` / ``partitioned_dropout``: draws that depend on a value's global
+  position only, so any TP/CP split of a tensor gets the same numbers.
+"""
+
+import contextlib
+
+import torch
+
+from . import _C
+from . import distributed
+
+RankStreams = _C.RankStreams
+capture_resume_state = _C.capture_resume_state
+restore_resume_state = _C.restore_resume_state
+
+
+@contextlib.contextmanager
+def model_stream(streams):
+    """Runs the block on ``streams``' model stream; the caller's state is back afterwards."""
+    scope = _C._enter_model_stream(streams)
+    try:
+        yield streams
+    finally:
+        scope.exit()
+
+
+@contextlib.contextmanager
+def named_stream(streams, name):
+    """Runs the block on the named stream ``name`` (added with ``streams.add_named_stream``)."""
+    fork = _C._fork_named_stream(streams, name)
+    try:
+        yield streams
+    finally:
+        fork.exit()
+
+
+def synchronize(group, streams, timeout=distributed.DEFAULT_TIMEOUT):
+    """Gives every member of ``group`` its leader's caller state (see the module's contract).
+
+    ``group``: a torch.distributed ProcessGroup this rank is a member of, or None (no group:
+    returns at once). Collective over the group; the leader is group rank 0.
+    """
+    distributed.run(group, lambda comm: _C._synchronize(comm, streams), timeout)
+
+
+def _box(box):
+    return [(int(begin), int(end)) for begin, end in box]
+
+
+def partitioned_uniform(seed, stream, step, global_shape, box, device="cpu"):
+    """Uniform [0, 1) float32 values of ``box`` (a (begin, end) per dimension) of a global tensor
+    of ``global_shape``, keyed by (seed, stream, step)."""
+    return _C.partitioned_uniform(seed, stream, step, list(global_shape), _box(box),
+                                  torch.device(device))
+
+
+def partitioned_dropout_mask(seed, stream, step, global_shape, box, p, device="cpu"):
+    """The keep-mask (bool) of ``box``: True where dropout with probability ``p`` keeps."""
+    return _C.partitioned_dropout_mask(seed, stream, step, list(global_shape), _box(box), p,
+                                       torch.device(device))
+
+
+def partitioned_dropout(shard, seed, stream, step, global_shape, box, p):
+    """Dropout of ``shard``, the ``box`` of a global tensor: kept values scaled by 1 / (1 - p)."""
+    return _C.partitioned_dropout(shard, seed, stream, step, list(global_shape), _box(box), p)

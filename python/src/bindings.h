@@ -1,0 +1,21 @@
+// python/src/bindings.h
+//
+// The parts of the lockstep._C extension, each defined in its own file and called once from the
+// module's init (module.cc). Every binding is a thin call into the C++ library: values cross as
+// LibTorch tensors (no copies) and errors as lockstep.errors exceptions (status.h).
+
+#ifndef LOCKSTEP_PYTHON_SRC_BINDINGS_H_
+#define LOCKSTEP_PYTHON_SRC_BINDINGS_H_
+
+#include "pybind11/pybind11.h"
+
+namespace lockstep {
+namespace python {
+
+void BindCollectives(pybind11::module_& m);  // collectives_bindings.cc
+void BindRng(pybind11::module_& m);          // rng_bindings.cc
+
+}  // namespace python
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_PYTHON_SRC_BINDINGS_H_

@@ -1,0 +1,154 @@
+// lockstep._C's RNG part: RankStreams, the model-stream scope and named-stream forks (as handles
+// the Python context managers of lockstep/rng.py open and close), Synchronize, the resume state
+// as bytes, and the partition-invariant Philox draws.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "python/src/bindings.h"
+#include "python/src/status.h"
+#include "rng/generators.h"
+#include "rng/model_stream.h"
+#include "rng/named_streams.h"
+#include "rng/philox.h"
+#include "rng/rank_streams.h"
+#include "rng/resume_state.h"
+#include "rng/synchronize.h"
+#include "torch/csrc/utils/pybind.h"
+
+namespace lockstep {
+namespace python {
+namespace {
+
+namespace py = pybind11;
+
+// An open model-stream scope or named-stream fork, closed exactly once by exit().
+template <typename Region>
+class RegionHandle {
+ public:
+  explicit RegionHandle(Region region) : region_(std::move(region)) {}
+  void Exit() {
+    if (!region_.has_value()) {
+      Raise(absl::FailedPreconditionError("the region was exited already"));
+    }
+    const absl::Status status = region_->Exit();
+    region_.reset();
+    ThrowIfError(status);
+  }
+  bool open() const { return region_.has_value(); }
+
+ private:
+  std::optional<Region> region_;
+};
+
+using ScopeHandle = RegionHandle<rng::ModelStreamScope>;
+using ForkHandle = RegionHandle<rng::NamedStreamFork>;
+
+std::vector<rng::Slice> ToBox(const std::vector<std::pair<int64_t, int64_t>>& box) {
+  std::vector<rng::Slice> slices;
+  for (const auto& [begin, end] : box) slices.push_back(rng::Slice{begin, end});
+  return slices;
+}
+
+rng::PhiloxKey Key(uint64_t seed, uint32_t stream, uint32_t step) {
+  return rng::PhiloxKey::Of(seed, stream, step);
+}
+
+}  // namespace
+
+void BindRng(py::module_& m) {
+  py::class_<rng::RankStreams, std::shared_ptr<rng::RankStreams>>(m, "RankStreams")
+      .def(py::init([](int cuda_device) {
+             return ValueOrThrow(rng::RankStreams::Create(
+                 cuda_device < 0 ? rng::DefaultGenerators::CpuOnly()
+                                 : rng::DefaultGenerators::WithCudaDevice(cuda_device)));
+           }),
+           py::arg("cuda_device") = -1)
+      .def_property_readonly("cuda_device",
+                             [](const rng::RankStreams& s) { return s.generators().cuda_device; })
+      .def_property_readonly("caller_state_live", &rng::RankStreams::caller_state_live)
+      .def_property_readonly("in_model_stream",
+                             [](const rng::RankStreams& s) { return s.model().in_scope(); })
+      .def_property_readonly("model_stream_started",
+                             [](const rng::RankStreams& s) { return s.model().state().has_value(); })
+      .def(
+          "add_named_stream",
+          [](rng::RankStreams& s, const std::string& name, uint64_t seed) {
+            ThrowIfError(s.named().Add(name, seed));
+          },
+          py::arg("name"), py::arg("seed"))
+      .def_property_readonly("named_streams",
+                             [](const rng::RankStreams& s) { return s.named().Names(); });
+
+  py::class_<ScopeHandle>(m, "_ModelStreamScope")
+      .def("exit", &ScopeHandle::Exit)
+      .def_property_readonly("open", &ScopeHandle::open);
+  py::class_<ForkHandle>(m, "_NamedStreamFork")
+      .def("exit", &ForkHandle::Exit)
+      .def_property_readonly("open", &ForkHandle::open);
+  m.def("_enter_model_stream", [](rng::RankStreams& streams) {
+    return ScopeHandle(ValueOrThrow(rng::ModelStreamScope::Enter(streams)));
+  });
+  m.def("_fork_named_stream", [](rng::RankStreams& streams, const std::string& name) {
+    return ForkHandle(ValueOrThrow(streams.named().Fork(name)));
+  });
+
+  m.def(
+      "_synchronize",
+      [](collectives::Communicator* group, const rng::RankStreams& streams) {
+        absl::Status status;
+        {
+          py::gil_scoped_release release;
+          status = rng::Synchronize(group, streams);
+        }
+        ThrowIfError(status);
+      },
+      py::arg("group").none(true), py::arg("streams"));
+
+  m.def("capture_resume_state", [](const rng::RankStreams& streams) {
+    return py::bytes(
+        ValueOrThrow(rng::SerializeResumeState(ValueOrThrow(rng::CaptureResumeState(streams)))));
+  });
+  m.def("restore_resume_state", [](rng::RankStreams& streams, const py::bytes& saved) {
+    const rng::RngResumeStateProto state =
+        ValueOrThrow(rng::ParseResumeState(static_cast<std::string>(saved)));
+    ThrowIfError(rng::RestoreResumeState(state, streams));
+  });
+
+  m.def(
+      "partitioned_uniform",
+      [](uint64_t seed, uint32_t stream, uint32_t step, const std::vector<int64_t>& global_shape,
+         const std::vector<std::pair<int64_t, int64_t>>& box, c10::Device device) {
+        return ValueOrThrow(
+            rng::PartitionedUniform(Key(seed, stream, step), global_shape, ToBox(box), device));
+      },
+      py::arg("seed"), py::arg("stream"), py::arg("step"), py::arg("global_shape"),
+      py::arg("box"), py::arg("device"));
+  m.def(
+      "partitioned_dropout_mask",
+      [](uint64_t seed, uint32_t stream, uint32_t step, const std::vector<int64_t>& global_shape,
+         const std::vector<std::pair<int64_t, int64_t>>& box, double p, c10::Device device) {
+        return ValueOrThrow(rng::PartitionedDropoutMask(Key(seed, stream, step), global_shape,
+                                                        ToBox(box), p, device));
+      },
+      py::arg("seed"), py::arg("stream"), py::arg("step"), py::arg("global_shape"),
+      py::arg("box"), py::arg("p"), py::arg("device"));
+  m.def(
+      "partitioned_dropout",
+      [](const at::Tensor& shard, uint64_t seed, uint32_t stream, uint32_t step,
+         const std::vector<int64_t>& global_shape,
+         const std::vector<std::pair<int64_t, int64_t>>& box, double p) {
+        return ValueOrThrow(
+            rng::PartitionedDropout(shard, Key(seed, stream, step), global_shape, ToBox(box), p));
+      },
+      py::arg("shard"), py::arg("seed"), py::arg("stream"), py::arg("step"),
+      py::arg("global_shape"), py::arg("box"), py::arg("p"));
+}
+
+}  // namespace python
+}  // namespace lockstep

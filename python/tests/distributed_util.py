@@ -1,0 +1,63 @@
+"""Starts a world of processes on 127.0.0.1 under torch.distributed with Gloo, runs a function on
+every rank, and returns what each returned (or raises with every failing rank's traceback)."""
+
+import multiprocessing
+import os
+import tempfile
+import traceback
+
+import torch.distributed as dist
+
+
+def _rank_main(rank, world_size, store_path, fn, args, results):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                                world_size=world_size)
+        value = fn(rank, world_size, *args)
+        results.put((rank, "ok", value))
+    except BaseException:  # noqa: B902 (every failure goes back to the test)
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        results.close()
+        results.join_thread()  # the result is written before the process ends
+        os._exit(0)  # skip interpreter teardown: a peer's group may be half destroyed
+
+
+def run_world(world_size, fn, *args, timeout=120):
+    """``fn(rank, world_size, *args)`` on each of ``world_size`` forked ranks. ``fn`` returns
+    plain values (lists, not tensors: those would cross through shared memory)."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [context.Process(target=_rank_main, args=(r, world_size, store, fn, args, results))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        got = {}
+        try:
+            for _ in range(world_size):
+                rank, kind, value = results.get(timeout=timeout)
+                got[rank] = (kind, value)
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+    failures = [f"rank {r}:\n{v}" for r, (k, v) in sorted(got.items()) if k == "error"]
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return [got[r][1] for r in range(world_size)]
+
+
+def groups_of(world_size, cp, tp=1):
+    """Every rank's TP x CP group (ranks [g * tp * cp, (g + 1) * tp * cp)), made by every rank in
+    the same order as torch.distributed requires; returns this rank's group."""
+    size = tp * cp
+    mine = None
+    for g in range(world_size // size):
+        ranks = list(range(g * size, (g + 1) * size))
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
