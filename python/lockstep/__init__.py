@@ -15,7 +15,10 @@ import torch.distributed  # noqa: F401  (registers ProcessGroup for the bindings
 
 from . import errors
 from . import _C
+from . import checkpoint
 from . import distributed
+from . import numerics
+from . import planner
 from . import rng
 
-__all__ = ["distributed", "errors", "rng"]
+__all__ = ["checkpoint", "distributed", "errors", "numerics", "planner", "rng"]

@@ -12,7 +12,10 @@
 namespace lockstep {
 namespace python {
 
+void BindCheckpoint(pybind11::module_& m);   // checkpoint_bindings.cc
 void BindCollectives(pybind11::module_& m);  // collectives_bindings.cc
+void BindNumerics(pybind11::module_& m);     // numerics_bindings.cc
+void BindPlanner(pybind11::module_& m);      // planner_bindings.cc
 void BindRng(pybind11::module_& m);          // rng_bindings.cc
 
 }  // namespace python

@@ -24,7 +24,8 @@ namespace py = pybind11;
 
 // The Gloo backend of a torch.distributed group, or null. LibTorch 1.x's Python groups are the
 // backend itself; from 2.0 a ProcessGroup holds one backend per device type.
-c10::intrusive_ptr<c10d::ProcessGroupGloo> GlooOf(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+c10::intrusive_ptr<c10d::ProcessGroupGloo> GlooOf(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
 #if TORCH_VERSION_MAJOR >= 2
   if (!group->hasBackends()) return nullptr;
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -46,10 +47,9 @@ void BindCollectives(py::module_& m) {
       .def_property_readonly("rank", &collectives::Communicator::rank)
       .def_property_readonly("size", &collectives::Communicator::size)
       .def_property_readonly("global_ranks", &collectives::Communicator::global_ranks)
-      .def_property_readonly("timeout_seconds",
-                             [](const collectives::Communicator& c) {
-                               return absl::ToDoubleSeconds(c.timeout());
-                             })
+      .def_property_readonly(
+          "timeout_seconds",
+          [](const collectives::Communicator& c) { return absl::ToDoubleSeconds(c.timeout()); })
       .def("__repr__", [](const collectives::Communicator& c) {
         return absl::StrCat("<lockstep Communicator ", c.DebugName(), ", rank ", c.rank(), ">");
       });
@@ -70,11 +70,9 @@ void BindCollectives(py::module_& m) {
               absl::StrCat("timeout ", timeout_seconds, " s: it must be positive")));
         }
         return ValueOrThrow(collectives::GlooCommunicator::Adopt(
-            std::move(gloo), std::move(global_ranks), world_size,
-            absl::Seconds(timeout_seconds)));
+            std::move(gloo), std::move(global_ranks), world_size, absl::Seconds(timeout_seconds)));
       },
-      py::arg("group"), py::arg("global_ranks"), py::arg("world_size"),
-      py::arg("timeout_seconds"));
+      py::arg("group"), py::arg("global_ranks"), py::arg("world_size"), py::arg("timeout_seconds"));
 }
 
 }  // namespace python

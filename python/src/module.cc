@@ -7,6 +7,9 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lockstep's C++ libraries, bound for Python (use the lockstep package, not this)";
+  lockstep::python::BindCheckpoint(m);
   lockstep::python::BindCollectives(m);
+  lockstep::python::BindNumerics(m);
+  lockstep::python::BindPlanner(m);
   lockstep::python::BindRng(m);
 }

@@ -74,8 +74,9 @@ void BindRng(py::module_& m) {
       .def_property_readonly("caller_state_live", &rng::RankStreams::caller_state_live)
       .def_property_readonly("in_model_stream",
                              [](const rng::RankStreams& s) { return s.model().in_scope(); })
-      .def_property_readonly("model_stream_started",
-                             [](const rng::RankStreams& s) { return s.model().state().has_value(); })
+      .def_property_readonly(
+          "model_stream_started",
+          [](const rng::RankStreams& s) { return s.model().state().has_value(); })
       .def(
           "add_named_stream",
           [](rng::RankStreams& s, const std::string& name, uint64_t seed) {
@@ -127,8 +128,8 @@ void BindRng(py::module_& m) {
         return ValueOrThrow(
             rng::PartitionedUniform(Key(seed, stream, step), global_shape, ToBox(box), device));
       },
-      py::arg("seed"), py::arg("stream"), py::arg("step"), py::arg("global_shape"),
-      py::arg("box"), py::arg("device"));
+      py::arg("seed"), py::arg("stream"), py::arg("step"), py::arg("global_shape"), py::arg("box"),
+      py::arg("device"));
   m.def(
       "partitioned_dropout_mask",
       [](uint64_t seed, uint32_t stream, uint32_t step, const std::vector<int64_t>& global_shape,
@@ -136,8 +137,8 @@ void BindRng(py::module_& m) {
         return ValueOrThrow(rng::PartitionedDropoutMask(Key(seed, stream, step), global_shape,
                                                         ToBox(box), p, device));
       },
-      py::arg("seed"), py::arg("stream"), py::arg("step"), py::arg("global_shape"),
-      py::arg("box"), py::arg("p"), py::arg("device"));
+      py::arg("seed"), py::arg("stream"), py::arg("step"), py::arg("global_shape"), py::arg("box"),
+      py::arg("p"), py::arg("device"));
   m.def(
       "partitioned_dropout",
       [](const at::Tensor& shard, uint64_t seed, uint32_t stream, uint32_t step,

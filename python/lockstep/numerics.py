@@ -1,0 +1,131 @@
+"""Evidence that two runs match, or where they differ: strict comparison and digests.
+
+- ``compare(actual, expected, **tolerance)``: a ``Comparison`` of two tensors;
+  ``compare_state(actual, expected, **tolerance)``: a ``SetComparison`` of two named sets (a
+  state_dict, a module, a (module, optimizer) pair, or a list of (name, tensor)). Tolerance
+  keywords: ``atol``, ``rtol``, ``relative_l2``, ``nan_equal``, ``bitwise``; the defaults are
+  numerics::Tolerance's. The figures and ``json()`` are those of the C++ library and the
+  ``compare`` tool.
+- ``inventory(obj)``: an ``Inventory`` (names, dtypes, shapes, per-tensor digests and the state
+  digest) of the same kinds of object, or of a safetensors file's path: the same digests as the
+  C++ library, the ``inventory`` tool and numerics/digest_reference.py.
+- ``module_state(module, optimizer=None)``: the named set lockstep digests for a model and its
+  optimizer (numerics/module_state.h): parameters and buffers by module path, each parameter's
+  optimizer state as "optimizer/<path>/<field>", a step as a 0-d int64 tensor.
+"""
+
+import json
+import os
+
+import torch
+
+from . import _C
+
+tensor_digest = _C.tensor_digest
+
+_OPTIMIZER_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                     "sum", "square_avg", "grad_avg")
+
+
+class _Result:
+    """A result read from the library's JSON: its keys are attributes."""
+
+    def __init__(self, text):
+        self._text = text
+        self._fields = json.loads(text)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_fields"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def json(self):
+        """The JSON the C++ library writes for this result."""
+        return self._text
+
+    def as_dict(self):
+        return dict(self._fields)
+
+
+class Comparison(_Result):
+    """One tensor's comparison: passed, outcome, max_abs_diff, max_tolerance_ratio,
+    relative_l2, over_tolerance, first_offending_index, detail, ..."""
+
+    def __bool__(self):
+        return bool(self.passed)
+
+    def __repr__(self):
+        return (f"<Comparison {self.name!r} {self.outcome} max|a-b| {self.max_abs_diff} "
+                f"rel L2 {self.relative_l2}>")
+
+
+class SetComparison(_Result):
+    """A named set's comparison: all_passed, passed, failed, tensors (a Comparison each),
+    worst_by_tolerance_ratio, worst_by_relative_l2."""
+
+    def __init__(self, text):
+        super().__init__(text)
+        self.tensors = [Comparison(json.dumps(t)) for t in self._fields["tensors"]]
+
+    def __bool__(self):
+        return bool(self.all_passed)
+
+    def __repr__(self):
+        return f"<SetComparison {self.passed} passed, {self.failed} failed>"
+
+
+class Inventory(_Result):
+    """state_digest, tensors (a count), bytes, entries (name, dtype, shape, digest, ...)."""
+
+    def __repr__(self):
+        return f"<Inventory {self.tensors} tensors, state digest {self.state_digest}>"
+
+
+def module_state(module, optimizer=None):
+    """The named set of ``module`` (and ``optimizer``): see the module's docstring."""
+    named = [(name, t.detach()) for name, t in module.state_dict(keep_vars=True).items()]
+    if optimizer is not None:
+        paths = {id(p): name for name, p in module.named_parameters()}
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                state = optimizer.state.get(p, {})
+                prefix = paths.get(id(p), f"group{g}/param{i}")
+                for field in _OPTIMIZER_FIELDS:
+                    value = state.get(field)
+                    if value is None:
+                        continue
+                    if field == "step":
+                        value = torch.tensor(int(value), dtype=torch.int64)
+                    named.append((f"optimizer/{prefix}/{field}", value.detach()))
+    return sorted(named)
+
+
+def _named(obj):
+    if isinstance(obj, torch.nn.Module):
+        return module_state(obj)
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
+        return module_state(obj[0], obj[1])
+    if isinstance(obj, dict):
+        return [(str(k), v.detach()) for k, v in obj.items()]
+    if isinstance(obj, (list, tuple)):
+        return [(str(k), v.detach()) for k, v in obj]
+    raise TypeError(f"a module, (module, optimizer), state_dict or list of (name, tensor), not "
+                    f"{type(obj).__name__}")
+
+
+def compare(actual, expected, name="", **tolerance):
+    """``actual`` against ``expected`` (the reference) under the tolerance keywords."""
+    return Comparison(_C._compare_tensors(actual, expected, name, **tolerance))
+
+
+def compare_state(actual, expected, **tolerance):
+    """Two named sets, every name in either (a name in one only fails)."""
+    return SetComparison(_C._compare_sets(_named(actual), _named(expected), **tolerance))
+
+
+def inventory(obj):
+    """The inventory of a named set or of a safetensors file (a path)."""
+    if isinstance(obj, (str, os.PathLike)):
+        return Inventory(_C._inventory_of_file(os.fspath(obj)))
+    return Inventory(_C._inventory(_named(obj)))

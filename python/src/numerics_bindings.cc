@@ -1,0 +1,81 @@
+// lockstep._C's numerics part: strict comparison of tensors and of named sets under a tolerance,
+// and inventories with their digests, of named tensors or of a safetensors file. Results cross
+// as the JSON the C++ library (and the compare/inventory tools) write, which lockstep/numerics.py
+// turns into result objects, so the figures are the library's own, to the last digit.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "numerics/compare.h"
+#include "numerics/digest.h"
+#include "numerics/inventory.h"
+#include "numerics/named_tensors.h"
+#include "numerics/safetensors.h"
+#include "python/src/bindings.h"
+#include "python/src/status.h"
+#include "torch/csrc/utils/pybind.h"
+
+namespace lockstep {
+namespace python {
+namespace {
+
+namespace py = pybind11;
+
+numerics::Tolerance ToleranceOf(double atol, double rtol, double relative_l2, bool nan_equal,
+                                bool bitwise) {
+  numerics::Tolerance tolerance = numerics::Tolerance()
+                                      .set_atol(atol)
+                                      .set_rtol(rtol)
+                                      .set_relative_l2(relative_l2)
+                                      .set_nan_equal(nan_equal)
+                                      .set_bitwise(bitwise);
+  ThrowIfError(tolerance.Validate());
+  return tolerance;
+}
+
+}  // namespace
+
+void BindNumerics(py::module_& m) {
+  const numerics::Tolerance defaults;
+  m.def(
+      "_compare_tensors",
+      [](const at::Tensor& actual, const at::Tensor& expected, const std::string& name,
+         double atol, double rtol, double relative_l2, bool nan_equal, bool bitwise) {
+        const numerics::Tolerance tolerance =
+            ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
+        return numerics::ComparisonJson(
+                   ValueOrThrow(numerics::CompareTensors(actual, expected, tolerance, name)))
+            .dump();
+      },
+      py::arg("actual"), py::arg("expected"), py::arg("name"), py::arg("atol") = defaults.atol(),
+      py::arg("rtol") = defaults.rtol(), py::arg("relative_l2") = defaults.relative_l2(),
+      py::arg("nan_equal") = defaults.nan_equal(), py::arg("bitwise") = defaults.bitwise());
+  m.def(
+      "_compare_sets",
+      [](const numerics::NamedTensors& actual, const numerics::NamedTensors& expected,
+         double atol, double rtol, double relative_l2, bool nan_equal, bool bitwise) {
+        const numerics::Tolerance tolerance =
+            ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
+        return numerics::SetComparisonJson(
+                   ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance)))
+            .dump();
+      },
+      py::arg("actual"), py::arg("expected"), py::arg("atol") = defaults.atol(),
+      py::arg("rtol") = defaults.rtol(), py::arg("relative_l2") = defaults.relative_l2(),
+      py::arg("nan_equal") = defaults.nan_equal(), py::arg("bitwise") = defaults.bitwise());
+  m.def("_inventory", [](const numerics::NamedTensors& tensors) {
+    return numerics::InventoryJson(ValueOrThrow(numerics::Inventory::Of(tensors))).dump();
+  });
+  m.def("_inventory_of_file", [](const std::string& path) {
+    const numerics::SafetensorsFile file = ValueOrThrow(numerics::SafetensorsFile::Open(path));
+    return numerics::InventoryJson(ValueOrThrow(numerics::Inventory::OfFile(file))).dump();
+  });
+  m.def("tensor_digest", [](const at::Tensor& tensor) {
+    return numerics::DigestHex128(ValueOrThrow(numerics::DigestTensor(tensor)));
+  });
+}
+
+}  // namespace python
+}  // namespace lockstep
