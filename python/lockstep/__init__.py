@@ -20,5 +20,6 @@ from . import distributed
 from . import numerics
 from . import planner
 from . import rng
+from . import trainer
 
-__all__ = ["checkpoint", "distributed", "errors", "numerics", "planner", "rng"]
+__all__ = ["checkpoint", "distributed", "errors", "numerics", "planner", "rng", "trainer"]

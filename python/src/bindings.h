@@ -17,6 +17,7 @@ void BindCollectives(pybind11::module_& m);  // collectives_bindings.cc
 void BindNumerics(pybind11::module_& m);     // numerics_bindings.cc
 void BindPlanner(pybind11::module_& m);      // planner_bindings.cc
 void BindRng(pybind11::module_& m);          // rng_bindings.cc
+void BindTrainer(pybind11::module_& m);      // trainer_bindings.cc
 
 }  // namespace python
 }  // namespace lockstep

@@ -43,7 +43,8 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> GlooOf(
 }  // namespace
 
 void BindCollectives(py::module_& m) {
-  py::class_<collectives::Communicator>(m, "Communicator")
+  py::class_<collectives::Communicator, std::shared_ptr<collectives::Communicator>>(m,
+                                                                                    "Communicator")
       .def_property_readonly("rank", &collectives::Communicator::rank)
       .def_property_readonly("size", &collectives::Communicator::size)
       .def_property_readonly("global_ranks", &collectives::Communicator::global_ranks)
@@ -57,7 +58,7 @@ void BindCollectives(py::module_& m) {
   m.def(
       "_adopt_group",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::vector<int> global_ranks,
-         int world_size, double timeout_seconds) -> std::unique_ptr<collectives::Communicator> {
+         int world_size, double timeout_seconds) -> std::shared_ptr<collectives::Communicator> {
         if (!group) Raise(absl::InvalidArgumentError("the group is None"));
         c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo = GlooOf(group);
         if (!gloo) {

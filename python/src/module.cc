@@ -12,4 +12,5 @@ PYBIND11_MODULE(_C, m) {
   lockstep::python::BindNumerics(m);
   lockstep::python::BindPlanner(m);
   lockstep::python::BindRng(m);
+  lockstep::python::BindTrainer(m);
 }

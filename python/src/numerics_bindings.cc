@@ -41,8 +41,8 @@ void BindNumerics(py::module_& m) {
   const numerics::Tolerance defaults;
   m.def(
       "_compare_tensors",
-      [](const at::Tensor& actual, const at::Tensor& expected, const std::string& name,
-         double atol, double rtol, double relative_l2, bool nan_equal, bool bitwise) {
+      [](const at::Tensor& actual, const at::Tensor& expected, const std::string& name, double atol,
+         double rtol, double relative_l2, bool nan_equal, bool bitwise) {
         const numerics::Tolerance tolerance =
             ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
         return numerics::ComparisonJson(
@@ -54,8 +54,8 @@ void BindNumerics(py::module_& m) {
       py::arg("nan_equal") = defaults.nan_equal(), py::arg("bitwise") = defaults.bitwise());
   m.def(
       "_compare_sets",
-      [](const numerics::NamedTensors& actual, const numerics::NamedTensors& expected,
-         double atol, double rtol, double relative_l2, bool nan_equal, bool bitwise) {
+      [](const numerics::NamedTensors& actual, const numerics::NamedTensors& expected, double atol,
+         double rtol, double relative_l2, bool nan_equal, bool bitwise) {
         const numerics::Tolerance tolerance =
             ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
         return numerics::SetComparisonJson(

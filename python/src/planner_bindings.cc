@@ -46,16 +46,15 @@ Enum Named(const std::string& name, const std::vector<std::pair<std::string, Enu
     if (n == name) return value;
     absl::StrAppend(&known, known.empty() ? "" : ", ", n);
   }
-  Raise(absl::InvalidArgumentError(
-      absl::StrCat(what, " \"", name, "\" is not one of ", known)));
+  Raise(absl::InvalidArgumentError(absl::StrCat(what, " \"", name, "\" is not one of ", known)));
 }
 
-std::vector<planner::Sequence> Batch(const std::vector<int64_t>& lengths,
-                                     const std::optional<std::vector<int64_t>>& ids,
-                                     const std::optional<std::vector<std::vector<float>>>& weights) {
+std::vector<planner::Sequence> Batch(
+    const std::vector<int64_t>& lengths, const std::optional<std::vector<int64_t>>& ids,
+    const std::optional<std::vector<std::vector<float>>>& weights) {
   if (ids.has_value() && ids->size() != lengths.size()) {
-    Raise(absl::InvalidArgumentError(absl::StrCat("ids has ", ids->size(), " entries for ",
-                                                  lengths.size(), " sequences")));
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("ids has ", ids->size(), " entries for ", lengths.size(), " sequences")));
   }
   if (weights.has_value() && weights->size() != lengths.size()) {
     Raise(absl::InvalidArgumentError(absl::StrCat("loss_weights has ", weights->size(),
@@ -69,18 +68,16 @@ std::vector<planner::Sequence> Batch(const std::vector<int64_t>& lengths,
   return batch;
 }
 
-at::Tensor LongTensor(const std::vector<int64_t>& values) {
-  return at::tensor(values, at::kLong);
-}
+at::Tensor LongTensor(const std::vector<int64_t>& values) { return at::tensor(values, at::kLong); }
 
 py::dict Describe(const planner::Microbatch& mb) {
-  return py::dict(py::arg("num_tokens") = mb.num_tokens(),
-                  py::arg("batch_index") = std::vector<int32_t>(mb.batch_index().begin(),
-                                                                mb.batch_index().end()),
-                  py::arg("sequence_id") = std::vector<int64_t>(mb.sequence_id().begin(),
-                                                                mb.sequence_id().end()),
-                  py::arg("cu_seqlens") = std::vector<int64_t>(mb.cu_seqlens().begin(),
-                                                               mb.cu_seqlens().end()));
+  return py::dict(
+      py::arg("num_tokens") = mb.num_tokens(),
+      py::arg("batch_index") =
+          std::vector<int32_t>(mb.batch_index().begin(), mb.batch_index().end()),
+      py::arg("sequence_id") =
+          std::vector<int64_t>(mb.sequence_id().begin(), mb.sequence_id().end()),
+      py::arg("cu_seqlens") = std::vector<int64_t>(mb.cu_seqlens().begin(), mb.cu_seqlens().end()));
 }
 
 }  // namespace
@@ -95,8 +92,8 @@ void BindPlanner(py::module_& m) {
       .def_property_readonly("cp_size", [](const PyPlan& p) { return p.plan.limits().cp_size(); })
       .def_property_readonly("packing_efficiency",
                              [](const PyPlan& p) { return planner::PackingEfficiency(p.plan); })
-      .def_property_readonly(
-          "digest", [](const PyPlan& p) { return DigestHex(planner::PlanDigest(p.plan)); })
+      .def_property_readonly("digest",
+                             [](const PyPlan& p) { return DigestHex(planner::PlanDigest(p.plan)); })
       .def("microbatch", [](const PyPlan& p, int i) { return Describe(p.At(i)); })
       .def("position_ids",
            [](const PyPlan& p, int i) {
@@ -158,8 +155,8 @@ void BindPlanner(py::module_& m) {
         PyPlan p;
         p.batch = Batch(lengths, ids, loss_weights);
         if (!p.plan.ParseFromString(static_cast<std::string>(data))) {
-          Raise(absl::DataLossError(absl::StrCat("the plan's ", py::len(data),
-                                                 " bytes do not parse")));
+          Raise(absl::DataLossError(
+              absl::StrCat("the plan's ", py::len(data), " bytes do not parse")));
         }
         ThrowIfError(planner::VerifyPlan(p.plan, p.batch));
         return p;
