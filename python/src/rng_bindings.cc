@@ -2,6 +2,8 @@
 // the Python context managers of lockstep/rng.py open and close), Synchronize, the resume state
 // as bytes, and the partition-invariant Philox draws.
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -110,6 +112,23 @@ void BindRng(py::module_& m) {
         ThrowIfError(status);
       },
       py::arg("group").none(true), py::arg("streams"));
+
+  // The benchmark's C++ side of the binding overhead (python/bench/handback_benchmark.py): the
+  // median time of one model-stream scope entered and exited from C++, over `iterations`.
+  m.def("_time_model_stream_scope_ns", [](rng::RankStreams& streams, int iterations) {
+    std::vector<int64_t> times;
+    for (int i = 0; i < iterations; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      rng::ModelStreamScope scope = ValueOrThrow(rng::ModelStreamScope::Enter(streams));
+      ThrowIfError(scope.Exit());
+      times.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
+    }
+    if (times.empty()) Raise(absl::InvalidArgumentError("iterations must be positive"));
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    return times[times.size() / 2];
+  });
 
   m.def("capture_resume_state", [](const rng::RankStreams& streams) {
     return py::bytes(

@@ -146,9 +146,8 @@ void BindTrainer(py::module_& m) {
              config.activation_checkpointing = activation_checkpointing;
              return ValueOrThrow(trainer::TrainerRank::Create(
                  std::move(config),
-                 trainer::TrainerRank::Collaborators::Of(topology, world_rank,
-                                                         std::move(tp_cp_group),
-                                                         std::move(streams)),
+                 trainer::TrainerRank::Collaborators::Of(
+                     topology, world_rank, std::move(tp_cp_group), std::move(streams)),
                  Forward(std::move(forward))));
            }),
            py::arg("forward"), py::arg("streams"), py::arg("tp_cp_group").none(true),
@@ -182,23 +181,24 @@ void BindTrainer(py::module_& m) {
       .def("register_custom_object",
            [](trainer::TrainerRank& t, const std::string& name, const std::string& metadata,
               py::function factory) {
-             return ValueOrThrow(t.RegisterCustomObject(name, metadata, Factory(std::move(factory))));
+             return ValueOrThrow(
+                 t.RegisterCustomObject(name, metadata, Factory(std::move(factory))));
            })
       .def("synchronize_caller",
            [](trainer::TrainerRank& t) { ThrowIfError(t.SynchronizeCaller()); })
       .def("save_state",
-           [](trainer::TrainerRank& t, const std::string& dir, const numerics::NamedTensors& weights,
-              bool include_rng_streams) {
+           [](trainer::TrainerRank& t, const std::string& dir,
+              const numerics::NamedTensors& weights, bool include_rng_streams) {
              trainer::SaveOptions options;
              options.include_rng_streams = include_rng_streams;
              ThrowIfError(t.SaveState(dir, weights, nullptr, options));
            })
-      .def("load_state", [](trainer::TrainerRank& t, const std::string& dir,
-                            numerics::NamedTensors weights) {
-        const trainer::LoadReport report = ValueOrThrow(t.LoadState(dir, weights, nullptr));
-        return py::dict(py::arg("weights") = report.weights,
-                        py::arg("rng_streams") = report.rng_streams);
-      });
+      .def("load_state",
+           [](trainer::TrainerRank& t, const std::string& dir, numerics::NamedTensors weights) {
+             const trainer::LoadReport report = ValueOrThrow(t.LoadState(dir, weights, nullptr));
+             return py::dict(py::arg("weights") = report.weights,
+                             py::arg("rng_streams") = report.rng_streams);
+           });
 }
 
 }  // namespace python
