@@ -68,13 +68,32 @@ targets=(
   //tools:compare
   //examples:train
 )
-bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" "${targets[@]}"
+# The Python package for the device's Python 3.12 and torch 2.11 (third_party/python/h200): its
+# headers, and a link stub of its libtorch_python beside the SDK's other stubs.
+python_headers=/tmp/lockstep-python3.12-include
+if [[ ! -f $python_headers/python3.12/Python.h ]]; then
+  rm -rf "$python_headers" && mkdir -p "$python_headers"
+  tar -xJf third_party/python/h200/python3.12-include.tar.xz -C "$python_headers"
+fi
+if [[ ! -f $sdk/lib/libtorch_python.so ]]; then
+  xz -dc third_party/python/h200/libtorch_python.so.syms.xz > "$sdk/lib/libtorch_python.so.syms"
+  python3 "$sdk_script/make_stub.py" "$sdk/lib/libtorch_python.so.syms" "$sdk/lib/torch_python.s"
+  gcc -shared -nostdlib -Wl,-soname,libtorch_python.so -o "$sdk/lib/libtorch_python.so" \
+    "$sdk/lib/torch_python.s"
+  rm -f "$sdk/lib/libtorch_python.so.syms" "$sdk/lib/torch_python.s"
+fi
+bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" \
+  --repo_env=PYTHON_INCLUDE="$python_headers/python3.12" "${targets[@]}" //python:package
 bins=()
 for t in "${targets[@]}"; do bins+=("bazel-bin/$(sed 's|^//||; s|:|/|' <<<"$t")"); done
 rm -rf .gpu-bundle
 SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
 # Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named, never counted.
 cp tools/gpu_run.sh .gpu-bundle/run.sh
+# The Python package and its pytest suites, run there by python/gpu_run.sh.
+mkdir -p .gpu-bundle/python
+cp -r bazel-bin/python/pkg .gpu-bundle/python/ && chmod -R u+w .gpu-bundle/python
+cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
 cp examples/lm/train_test.sh examples/lm/plot_loss.py .gpu-bundle/examples/

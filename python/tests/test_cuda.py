@@ -1,0 +1,66 @@
+"""lockstep from Python on a GPU: the model-stream scope and checkpoint with CUDA generators, and
+synchronize over Gloo between processes sharing the GPU. Skipped where there is no CUDA."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.utils.checkpoint
+
+from lockstep import rng
+from lockstep.checkpoint import checkpoint, retained_state
+
+from distributed_util import groups_of, run_world
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+def test_scope_restores_the_cuda_generator_also_on_an_exception():
+    torch.manual_seed(5)
+    streams = rng.RankStreams(cuda_device=0)
+    state = torch.cuda.get_rng_state()
+    expected = torch.rand(8, device="cuda")
+    torch.cuda.set_rng_state(state)
+    with pytest.raises(KeyError):
+        with rng.model_stream(streams):
+            inside = torch.rand(8, device="cuda")
+            raise KeyError("model failed")
+    assert torch.equal(torch.rand(8, device="cuda"), expected)
+    assert not torch.equal(inside, expected)
+
+
+def test_checkpoint_with_cuda_dropout_is_bitwise_torch_utils_checkpoint():
+    def run(ours):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(32, 32).cuda()
+        x = torch.randn(16, 32, device="cuda", requires_grad=True)
+        torch.manual_seed(7)
+        block = lambda t: torch.nn.functional.dropout(torch.relu(layer(t)), 0.4, True)  # noqa
+        out = checkpoint(block, x) if ours else torch.utils.checkpoint.checkpoint(
+            block, x, use_reentrant=True)
+        torch.rand(3, device="cuda")  # the caller draws before backward
+        out.square().sum().backward()
+        return out.detach(), x.grad, layer.weight.grad, torch.cuda.get_rng_state()
+    ours, theirs = run(True), run(False)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    assert retained_state()["nodes"] == 0
+
+
+def _synchronized_cuda_draws(rank, world_size):
+    torch.cuda.set_device(0)
+    group = groups_of(world_size, 2)
+    torch.manual_seed(rank)  # the replicas start apart
+    streams = rng.RankStreams(cuda_device=0)
+    rng.synchronize(group, streams)
+    with rng.model_stream(streams):
+        model = torch.rand(4, device="cuda").tolist()
+    if dist.get_rank(group) == 0:
+        torch.rand(11, device="cuda")
+    rng.synchronize(group, streams)
+    return {"model": model, "caller": torch.rand(4, device="cuda").tolist(),
+            "cpu": torch.rand(4).tolist()}
+
+
+def test_synchronize_makes_cuda_and_cpu_draws_agree_over_gloo():
+    results = run_world(2, _synchronized_cuda_draws)
+    assert results[0] == results[1]
