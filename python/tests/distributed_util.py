@@ -23,10 +23,11 @@ def _rank_main(rank, world_size, store_path, fn, args, results):
         os._exit(0)  # skip interpreter teardown: a peer's group may be half destroyed
 
 
-def run_world(world_size, fn, *args, timeout=120):
+def run_world(world_size, fn, *args, timeout=120, start_method="fork"):
     """``fn(rank, world_size, *args)`` on each of ``world_size`` forked ranks. ``fn`` returns
-    plain values (lists, not tensors: those would cross through shared memory)."""
-    context = multiprocessing.get_context("fork")
+    plain values (lists, not tensors: those would cross through shared memory). Use
+    ``start_method="spawn"`` where the ranks use CUDA (a forked child cannot)."""
+    context = multiprocessing.get_context(start_method)
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")

@@ -62,5 +62,5 @@ def _synchronized_cuda_draws(rank, world_size):
 
 
 def test_synchronize_makes_cuda_and_cpu_draws_agree_over_gloo():
-    results = run_world(2, _synchronized_cuda_draws)
+    results = run_world(2, _synchronized_cuda_draws, start_method="spawn")
     assert results[0] == results[1]
