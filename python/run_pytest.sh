@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs the pytest files named as arguments (python/tests/...) against the package that
 # //python:package lays out, with Debian's Python and python3-torch (setup.sh installs them).
-#   run_pytest.sh test_rng.py [pytest arguments...]
+#   run_pytest.sh test_rng.py [pytest arguments...]        (a file of python/tests)
+#   run_pytest.sh examples/lm/python/test_train.py [...]   (a path from the workspace root)
 set -euo pipefail
 root=${TEST_SRCDIR:+$TEST_SRCDIR/${TEST_WORKSPACE:-lockstep}}
 cd "${root:-$(dirname "$0")/..}"
 export PYTHONPATH=$PWD/python/pkg:$PWD/python/tests
 file=$1
 shift
-exec "${LOCKSTEP_PYTHON:-/usr/bin/python3}" -m pytest -q -p no:cacheprovider \
-  "python/tests/$file" "$@"
+[[ $file == */* ]] || file=python/tests/$file
+exec "${LOCKSTEP_PYTHON:-/usr/bin/python3}" -m pytest -q -p no:cacheprovider "$file" "$@"

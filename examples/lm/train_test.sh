@@ -73,7 +73,9 @@ echo "negative control: the mask drawn before the hand-back makes the losses dif
 if [[ ${LM_PLOT_OPTIONAL:-0} == 1 ]] && ! "$python" -c "import matplotlib" 2>/dev/null; then
   echo "loss curve: not run (no matplotlib for $python here)"; echo "PASS"; exit 0
 fi
-"$python" "$here/plot_loss.py" "$tmp/unsplit.csv,$tmp/dp2_cp2.csv" "$tmp/loss.png"
+plot=$here/lm/plot_loss.py  # Bazel runs the test as examples/train_test; the bundle beside it
+[[ -f $plot ]] || plot=$here/plot_loss.py
+"$python" "$plot" "$tmp/unsplit.csv,$tmp/dp2_cp2.csv" "$tmp/loss.png"
 "$python" - "$tmp/loss.png" <<'PY'
 import struct, sys
 data = open(sys.argv[1], "rb").read()

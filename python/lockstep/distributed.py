@@ -67,3 +67,87 @@ def run(group, call, timeout=DEFAULT_TIMEOUT):
     except Exception:
         release(group)
         raise
+
+
+class Topology:
+    """The DP x TP x CP layout of a world, as lockstep numbers it (global rank = dp * (cp * tp) +
+    cp * tp + tp_rank): ``coordinates(rank)`` is (dp, tp, cp); ``tp_cp_group(rank)``,
+    ``tp_group``, ``cp_group`` and ``dp_group`` a rank's groups (global ranks); ``groups(kind)``
+    every group of a kind ("tp_cp", "tp", "cp", "dp"), in the order every rank must create them
+    with torch.distributed.new_group."""
+
+    def __init__(self, world_size, tp, cp):
+        self._topology = _C.Topology(world_size, tp, cp)
+        self.world_size, self.dp_size = world_size, self._topology.dp_size
+
+    def coordinates(self, rank):
+        return self._topology.coordinates(rank)
+
+    def tp_cp_group(self, rank):
+        return self._topology.tp_cp_group(rank)
+
+    def tp_group(self, rank):
+        return self._topology.tp_group(rank)
+
+    def cp_group(self, rank):
+        return self._topology.cp_group(rank)
+
+    def dp_group(self, rank):
+        return self._topology.dp_group(rank)
+
+    def groups(self, kind):
+        of = {"tp_cp": self.tp_cp_group, "tp": self.tp_group, "cp": self.cp_group,
+              "dp": self.dp_group}[kind]
+        seen = []
+        for rank in range(self.world_size):
+            if of(rank) not in seen:
+                seen.append(of(rank))
+        return seen
+
+
+def topology(world_size, tp, cp):
+    """The layout of ``world_size`` ranks with TP size ``tp`` and CP size ``cp`` (ValueError when
+    they do not divide it)."""
+    return Topology(world_size, tp, cp)
+
+
+# The differentiable collectives (collectives/differentiable.h) over a torch.distributed group,
+# for TP/CP layers written in Python. ``group=None``: a group of one (the identity).
+
+def copy_to_group(x, group):
+    """``x`` unchanged; its gradient summed over ``group`` in backward (before a column-parallel
+    layer)."""
+    return run(group, lambda comm: _C._copy_to_group(x, comm))
+
+
+def reduce_from_group(x, group):
+    """The sum of ``x`` over ``group``; the gradient passed through in backward (after a
+    row-parallel layer)."""
+    return run(group, lambda comm: _C._reduce_from_group(x, comm))
+
+
+def gather_rows(x, widest, group):
+    """[group size x widest, ...]: member r's rows of ``x`` (n_r <= widest) at rows
+    [r * widest, r * widest + n_r), zeros after; the gradient of each member's rows goes back to
+    it (keys and values of a CP shard)."""
+    return run(group, lambda comm: _C._gather_rows(x, widest, comm))
+
+
+def reduce_scatter_rows(x, rows, widest, group):
+    """This member's ``rows`` rows of the sum over ``group`` of ``x`` (laid out as gather_rows
+    lays it out)."""
+    return run(group, lambda comm: _C._reduce_scatter_rows(x, rows, widest, comm))
+
+
+def all_gather(x, group):
+    """Every member's ``x`` (same shape and dtype), by group rank (not differentiable)."""
+    if group is None:
+        return [x]
+    return run(group, lambda comm: _C._all_gather(comm, x))
+
+
+def all_reduce_sum(x, group):
+    """``x`` replaced by its sum over ``group``, in place (not differentiable)."""
+    if group is not None:
+        run(group, lambda comm: _C._all_reduce_sum(comm, x))
+    return x

@@ -32,9 +32,12 @@ ShardWork = _C.ShardWork
 class TrainerRank:
     """A rank's trainer (see the module's docstring). Collective to create: every member of the
     TP x CP group creates its trainer at the same point; the caller's RNG is synchronized and the
-    model stream set from it."""
+    model stream set from it. ``max_tokens``: the microbatch token budget; ``packing`` and
+    ``loss_normalization`` as lockstep.planner's; ``activation_checkpointing``: blocks run
+    through ``work.run_block`` are recomputed in backward."""
 
     def __init__(self, forward, streams, tp_cp_group, *, tp=1, cp=1, max_tokens,
+                 packing="first_fit_decreasing", loss_normalization="token_mean",
                  activation_checkpointing=False, timeout=distributed.DEFAULT_TIMEOUT):
         self._forward_error = None
         self._group = tp_cp_group
@@ -51,7 +54,7 @@ class TrainerRank:
         comm = None if tp_cp_group is None else distributed.communicator(tp_cp_group, timeout)
         self._trainer = self._call(lambda: _C._TrainerRank(
             adapter, streams, comm, world_size, world_rank, tp, cp, max_tokens,
-            activation_checkpointing))
+            activation_checkpointing, packing, loss_normalization))
 
     def _call(self, fn):
         self._forward_error = None

@@ -12,12 +12,13 @@
 namespace lockstep {
 namespace python {
 
-void BindCheckpoint(pybind11::module_& m);   // checkpoint_bindings.cc
-void BindCollectives(pybind11::module_& m);  // collectives_bindings.cc
-void BindNumerics(pybind11::module_& m);     // numerics_bindings.cc
-void BindPlanner(pybind11::module_& m);      // planner_bindings.cc
-void BindRng(pybind11::module_& m);          // rng_bindings.cc
-void BindTrainer(pybind11::module_& m);      // trainer_bindings.cc
+void BindCheckpoint(pybind11::module_& m);      // checkpoint_bindings.cc
+void BindCollectives(pybind11::module_& m);     // collectives_bindings.cc
+void BindDifferentiable(pybind11::module_& m);  // differentiable_bindings.cc
+void BindNumerics(pybind11::module_& m);        // numerics_bindings.cc
+void BindPlanner(pybind11::module_& m);         // planner_bindings.cc
+void BindRng(pybind11::module_& m);             // rng_bindings.cc
+void BindTrainer(pybind11::module_& m);         // trainer_bindings.cc
 
 }  // namespace python
 }  // namespace lockstep

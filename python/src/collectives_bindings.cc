@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
 #include "collectives/gloo_communicator.h"
+#include "collectives/topology.h"
 #include "python/src/bindings.h"
 #include "python/src/status.h"
 #include "torch/csrc/api/include/torch/version.h"
@@ -54,6 +55,24 @@ void BindCollectives(py::module_& m) {
       .def("__repr__", [](const collectives::Communicator& c) {
         return absl::StrCat("<lockstep Communicator ", c.DebugName(), ", rank ", c.rank(), ">");
       });
+
+  py::class_<collectives::Topology>(m, "Topology")
+      .def(py::init([](int world_size, int tp, int cp) {
+             return ValueOrThrow(collectives::Topology::Create(world_size, tp, cp));
+           }),
+           py::arg("world_size"), py::arg("tp"), py::arg("cp"))
+      .def_property_readonly("dp_size", &collectives::Topology::dp_size)
+      .def_property_readonly("tp_size", &collectives::Topology::tp_size)
+      .def_property_readonly("cp_size", &collectives::Topology::cp_size)
+      .def("coordinates",
+           [](const collectives::Topology& t, int rank) {
+             const collectives::Coordinates c = ValueOrThrow(t.CoordinatesOf(rank));
+             return py::make_tuple(c.dp, c.tp, c.cp);
+           })
+      .def("tp_cp_group", &collectives::Topology::TpCpGroup)
+      .def("tp_group", &collectives::Topology::TpGroup)
+      .def("cp_group", &collectives::Topology::CpGroup)
+      .def("dp_group", &collectives::Topology::DpGroup);
 
   m.def(
       "_adopt_group",

@@ -15,6 +15,7 @@
 #include "planner/plan_check.h"
 #include "planner/planner.h"
 #include "python/src/bindings.h"
+#include "python/src/planner_names.h"
 #include "python/src/status.h"
 #include "torch/csrc/utils/pybind.h"
 
@@ -37,17 +38,6 @@ struct PyPlan {
     return plan.microbatches(microbatch);
   }
 };
-
-template <typename Enum>
-Enum Named(const std::string& name, const std::vector<std::pair<std::string, Enum>>& names,
-           const std::string& what) {
-  std::string known;
-  for (const auto& [n, value] : names) {
-    if (n == name) return value;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", n);
-  }
-  Raise(absl::InvalidArgumentError(absl::StrCat(what, " \"", name, "\" is not one of ", known)));
-}
 
 std::vector<planner::Sequence> Batch(
     const std::vector<int64_t>& lengths, const std::optional<std::vector<int64_t>>& ids,
@@ -129,17 +119,8 @@ void BindPlanner(py::module_& m) {
         p.batch = Batch(lengths, ids, loss_weights);
         planner::PlanOptions options =
             planner::PlanOptions::Of(max_tokens, cp_size)
-                .WithPacking(Named<planner::PackingPolicy>(
-                    packing,
-                    {{"first_fit_decreasing", planner::PACKING_FIRST_FIT_DECREASING},
-                     {"in_order", planner::PACKING_IN_ORDER}},
-                    "packing"))
-                .WithLossNormalization(Named<planner::LossNormalization>(
-                    loss_normalization,
-                    {{"token_mean", planner::LOSS_TOKEN_MEAN},
-                     {"sum", planner::LOSS_SUM},
-                     {"sequence_mean", planner::LOSS_SEQUENCE_MEAN}},
-                    "loss_normalization"));
+                .WithPacking(PackingNamed(packing))
+                .WithLossNormalization(LossNormalizationNamed(loss_normalization));
         p.plan = ValueOrThrow(planner::PlanMicrobatches(p.batch, options));
         return p;
       },

@@ -14,6 +14,7 @@
 #include "numerics/named_tensors.h"
 #include "planner/planner.h"
 #include "python/src/bindings.h"
+#include "python/src/planner_names.h"
 #include "python/src/status.h"
 #include "rng/rank_streams.h"
 #include "torch/csrc/autograd/python_variable.h"
@@ -139,11 +140,14 @@ void BindTrainer(py::module_& m) {
       .def(py::init([](py::function forward, std::shared_ptr<rng::RankStreams> streams,
                        std::shared_ptr<collectives::Communicator> tp_cp_group, int world_size,
                        int world_rank, int tp, int cp, int64_t max_tokens,
-                       bool activation_checkpointing) {
+                       bool activation_checkpointing, const std::string& packing,
+                       const std::string& loss_normalization) {
              const collectives::Topology topology =
                  ValueOrThrow(collectives::Topology::Create(world_size, tp, cp));
              trainer::TrainerConfig config = trainer::TrainerConfig::Of(max_tokens);
              config.activation_checkpointing = activation_checkpointing;
+             config.packing = PackingNamed(packing);
+             config.loss_normalization = LossNormalizationNamed(loss_normalization);
              return ValueOrThrow(trainer::TrainerRank::Create(
                  std::move(config),
                  trainer::TrainerRank::Collaborators::Of(
@@ -152,7 +156,8 @@ void BindTrainer(py::module_& m) {
            }),
            py::arg("forward"), py::arg("streams"), py::arg("tp_cp_group").none(true),
            py::arg("world_size"), py::arg("world_rank"), py::arg("tp"), py::arg("cp"),
-           py::arg("max_tokens"), py::arg("activation_checkpointing"))
+           py::arg("max_tokens"), py::arg("activation_checkpointing"), py::arg("packing"),
+           py::arg("loss_normalization"))
       .def_property_readonly("cp_rank", &trainer::TrainerRank::cp_rank)
       .def_property_readonly("cp_size", &trainer::TrainerRank::cp_size)
       .def(
