@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/rng_state_saver.h"
 #include "python/src/bindings.h"
+#include "python/src/python_function.h"
 #include "python/src/status.h"
 #include "rng/rank_streams.h"
 #include "torch/csrc/utils/pybind.h"
@@ -20,28 +21,6 @@ namespace python {
 namespace {
 
 namespace py = pybind11;
-
-// A Python function that C++ may call and drop from any thread: the reference is dropped with
-// the GIL held.
-struct PythonFunction {
-  explicit PythonFunction(py::function f) : fn(std::move(f)) {}
-  ~PythonFunction() {
-    py::gil_scoped_acquire gil;
-    fn = py::function();
-  }
-  py::function fn;
-};
-
-// The block as the C++ checkpoint calls it: in forward (the caller holds the GIL) and in the
-// recompute, from autograd's engine, which released it (hence the acquire). A Python exception
-// leaves as a C++ exception carrying the Python error's text, which the checkpoint reports.
-checkpoint::CheckpointedFunction Block(py::function fn) {
-  auto held = std::make_shared<PythonFunction>(std::move(fn));
-  return [held](const std::vector<at::Tensor>& inputs) {
-    py::gil_scoped_acquire gil;
-    return held->fn(py::cast(inputs)).cast<std::vector<at::Tensor>>();
-  };
-}
 
 }  // namespace
 

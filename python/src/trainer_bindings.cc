@@ -15,6 +15,7 @@
 #include "planner/planner.h"
 #include "python/src/bindings.h"
 #include "python/src/planner_names.h"
+#include "python/src/python_function.h"
 #include "python/src/status.h"
 #include "rng/rank_streams.h"
 #include "torch/csrc/autograd/python_variable.h"
@@ -30,21 +31,11 @@ namespace {
 
 namespace py = pybind11;
 
-// A Python callable the trainer may drop on any thread: released with the GIL held.
-struct Callable {
-  explicit Callable(py::function f) : fn(std::move(f)) {}
-  ~Callable() {
-    py::gil_scoped_acquire gil;
-    fn = py::function();
-  }
-  py::function fn;
-};
-
 // The forward adapter: the trainer calls it on the thread that called into the trainer, which
 // holds the GIL. A Python exception becomes the forward's error status (the trainer agrees on
 // it across the group); lockstep/trainer.py chains the original exception to what it raises.
 trainer::ForwardAdapter Forward(py::function fn) {
-  auto held = std::make_shared<Callable>(std::move(fn));
+  auto held = std::make_shared<PythonFunction>(std::move(fn));
   return [held](const trainer::ShardWork& work) -> absl::StatusOr<at::Tensor> {
     py::gil_scoped_acquire gil;
     try {
@@ -62,7 +53,7 @@ trainer::ForwardAdapter Forward(py::function fn) {
 }
 
 trainer::CustomObjectFactory Factory(py::function fn) {
-  auto held = std::make_shared<Callable>(std::move(fn));
+  auto held = std::make_shared<PythonFunction>(std::move(fn));
   return [held]() -> absl::StatusOr<numerics::NamedTensors> {
     py::gil_scoped_acquire gil;
     try {
@@ -117,13 +108,7 @@ void BindTrainer(py::module_& m) {
           "run_block",
           [](const trainer::ShardWork& work, py::function block,
              const std::vector<at::Tensor>& inputs) {
-            auto held = std::make_shared<Callable>(std::move(block));
-            return ValueOrThrow(work.RunBlock(
-                [held](const std::vector<at::Tensor>& in) {
-                  py::gil_scoped_acquire gil;
-                  return held->fn(py::cast(in)).cast<std::vector<at::Tensor>>();
-                },
-                inputs));
+            return ValueOrThrow(work.RunBlock(Block(std::move(block)), inputs));
           },
           py::arg("block"), py::arg("inputs"));
 
