@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "base/stopwatch.h"
 #include "base/torch_boundary.h"
+#include "collectives/internal/host_lane.h"
 #include "collectives/internal/store.h"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
@@ -27,6 +28,7 @@ struct GlooCommunicator::Transport {
 
 struct GlooCommunicator::Group {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group;
+  std::unique_ptr<internal::HostLane> host_lane;  // adopted groups on one host; else null
 };
 
 namespace {
@@ -107,6 +109,27 @@ bool MovesAsBytes(const at::Tensor& tensor) { return tensor.scalar_type() == at:
 // A contiguous tensor's bytes, sharing its storage.
 at::Tensor BytesOf(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
 
+// An adopted group's small CPU tensors go through its host lane (Note [Host lane] in
+// nccl_communicator.cc), which checks itself that the members call the same collective (kind,
+// root and size), so they skip the in-step exchange. The choice depends only on the group and the
+// tensor's device and size, which the members share.
+bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
+  return lane != nullptr && tensor.is_cpu() &&
+         static_cast<int64_t>(tensor.nbytes()) <= internal::HostLane::kMaxBytes;
+}
+
+// An uninitialized [size, input.sizes()...] tensor like `input`: a lane all-gather's output.
+absl::StatusOr<at::Tensor> GatherOutput(const at::Tensor& input, int size,
+                                        const std::string& what) {
+  at::Tensor gathered;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
+    std::vector<int64_t> shape = {size};
+    for (int64_t d : input.sizes()) shape.push_back(d);
+    gathered = at::empty(shape, input.options());
+  }));
+  return gathered;
+}
+
 enum CallKind : int64_t { kBroadcast = 1, kAllGather = 2, kAllReduce = 3, kBarrier = 4 };
 
 // The in-step exchange's record of one member's call: its fields and the call's sequence number.
@@ -174,6 +197,14 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Adopt(
     c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
     int world_size, absl::Duration timeout) {
+  return Adopt(std::move(process_group), std::move(global_ranks), world_size, timeout,
+               c10::intrusive_ptr<c10d::Store>(), "");
+}
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Adopt(
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
+    int world_size, absl::Duration timeout, c10::intrusive_ptr<c10d::Store> store,
+    const std::string& lane_key) {
   if (!process_group) return absl::InvalidArgumentError("adopting a Gloo group: the group is null");
   LOCKSTEP_RETURN_IF_ERROR(internal::ValidateTimeout(timeout));
   const int size = process_group->getSize();
@@ -197,9 +228,25 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Adopt(
   identity.name = absl::StrCat("adopted gloo group ", FormatRanks(identity.global_ranks));
   auto group = std::make_unique<Group>();
   group->process_group = std::move(process_group);
+  if (store) {
+    if (lane_key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the host lane's key is empty"));
+    }
+    auto impl = std::make_unique<Rendezvous::Impl>();
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
+      impl->store = c10::make_intrusive<c10d::PrefixStore>("lockstep", std::move(store));
+    }));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rendezvous,
+                              Rendezvous::OverStore(std::move(impl), identity.global_ranks.at(rank),
+                                                    world_size, timeout));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        group->host_lane, internal::HostLane::Connect(*rendezvous, lane_key, rank, size, timeout));
+  }
   return std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(std::move(world), std::move(identity), nullptr, std::move(group)));
 }
+
+bool GlooCommunicator::has_host_lane() const { return group_->host_lane != nullptr; }
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
@@ -252,6 +299,10 @@ absl::Status GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
     }
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, what));
+    if (TakesHostLane(group_->host_lane.get(), tensor)) {
+      return group_->host_lane->Broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()),
+                                          root, what);
+    }
     LOCKSTEP_RETURN_IF_ERROR(
         CheckInStep(Call{kBroadcast, root, static_cast<int64_t>(tensor.scalar_type()),
                          static_cast<int64_t>(tensor.nbytes())},
@@ -273,6 +324,14 @@ absl::StatusOr<std::vector<at::Tensor>> GlooCommunicator::AllGather(const at::Te
   std::vector<std::vector<at::Tensor>> outputs(1);
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, what));
+    if (TakesHostLane(group_->host_lane.get(), input)) {
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
+      LOCKSTEP_RETURN_IF_ERROR(group_->host_lane->AllGather(
+          input.data_ptr(), static_cast<int64_t>(input.nbytes()), gathered.data_ptr(), what));
+      return CallTorch(what, [&] {
+        for (int m = 0; m < size(); ++m) outputs[0].push_back(gathered[m]);
+      });
+    }
     LOCKSTEP_RETURN_IF_ERROR(
         CheckInStep(Call{kAllGather, -1, static_cast<int64_t>(input.scalar_type()),
                          static_cast<int64_t>(input.nbytes())},
@@ -300,6 +359,18 @@ absl::Status GlooCommunicator::AllReduceSum(at::Tensor& tensor) {
   const std::string what = What("all-reduce (sum)");
   return Collective("all-reduce (sum)", [&]() -> absl::Status {
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, what));
+    if (TakesHostLane(group_->host_lane.get(), tensor) && tensor.scalar_type() != at::kBool) {
+      // Every member gathers every contribution and adds them up in rank order, so all members
+      // hold the same sum.
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(tensor, size(), what));
+      LOCKSTEP_RETURN_IF_ERROR(group_->host_lane->AllGather(
+          tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), gathered.data_ptr(), what));
+      return CallTorch(what + ": adding up", [&] {
+        at::Tensor sum = gathered[0].clone();
+        for (int m = 1; m < size(); ++m) sum.add_(gathered[m]);
+        tensor.copy_(sum);
+      });
+    }
     LOCKSTEP_RETURN_IF_ERROR(
         CheckInStep(Call{kAllReduce, -1, static_cast<int64_t>(tensor.scalar_type()),
                          static_cast<int64_t>(tensor.nbytes())},

@@ -47,6 +47,7 @@
 
 namespace c10d {
 class ProcessGroupGloo;
+class Store;
 }  // namespace c10d
 
 namespace lockstep {
@@ -80,6 +81,21 @@ class GlooCommunicator : public internal::CommunicatorBase {
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Adopt(
       c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
       int world_size, absl::Duration timeout);
+
+  // Adopt, plus the host lane (Note [Host lane] in nccl_communicator.cc): when every member is
+  // on this host, CPU tensors of at most HostLane::kMaxBytes per member move through shared
+  // memory instead of Gloo's sockets, the rest through Gloo as above. Collective over the group:
+  // the members meet in `store` (one every member shares, such as torch.distributed's default
+  // store; keys under "lockstep/") under `lane_key`, which must be the same on every member and
+  // new to the store (name the group and count its adoptions). A member that does not arrive
+  // within `timeout` makes it kDeadlineExceeded. A null `store` is Adopt without a lane.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Adopt(
+      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
+      int world_size, absl::Duration timeout, c10::intrusive_ptr<c10d::Store> store,
+      const std::string& lane_key);
+
+  // Whether CPU tensors this small take the host lane (an adopted group with a lane).
+  bool has_host_lane() const;
 
   ~GlooCommunicator() override;
 

@@ -19,6 +19,7 @@
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
+#include "collectives/internal/host_lane.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
@@ -446,6 +447,39 @@ TEST(GlooCommunicatorTest, AnAdoptedGroupRunsTheCollectivesAndMakesNoSubGroups) 
                                         absl::StrContains(sub.message(), "new_group"),
                                     "NewGroup refused: " + sub.ToString()));
     return absl::OkStatus();
+  }));
+}
+
+// With a store, an adopted group's small CPU tensors take the host lane (shared memory): the
+// results are the same, large tensors still go through Gloo, and members that call different
+// collectives get the lane's own error (which names "different collectives", where Gloo's
+// in-step check says "out of step"), so the lane is what ran.
+TEST(GlooCommunicatorTest, AnAdoptedGroupWithAStoreMovesSmallCpuTensorsThroughTheHostLane) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/adopt_lane_", getpid());
+  ExpectAllOk(collectives::RunProcessWorld(World(2), [&](int rank, Communicator&) -> absl::Status {
+    auto lane_store = c10::make_intrusive<c10d::FileStore>(path + "_lane", 2);
+    LOCKSTEP_ASSIGN_OR_RETURN(auto adopted,
+                              GlooCommunicator::Adopt(MakeGlooGroup(path, rank, 2), {0, 1}, 2,
+                                                      absl::Seconds(20), lane_store, "group/0"));
+    LOCKSTEP_RETURN_IF_ERROR(Expect(adopted->has_host_lane(), "the members share a host"));
+    at::Tensor t = at::full({3}, 10.0 + rank, at::kFloat);
+    LOCKSTEP_RETURN_IF_ERROR(adopted->Broadcast(t, 1));
+    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(t, at::full({3}, 11.0, at::kFloat)), "broadcast"));
+    at::Tensor sum = at::full({4}, 1.0 + rank, at::kDouble);
+    LOCKSTEP_RETURN_IF_ERROR(adopted->AllReduceSum(sum));
+    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(sum, at::full({4}, 3.0, at::kDouble)), "sum"));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto all, adopted->AllGather(at::full({2}, rank, at::kLong)));
+    LOCKSTEP_RETURN_IF_ERROR(
+        Expect(all.size() == 2 && all[1].sum().item<int64_t>() == 2, "all-gather"));
+    // Past the lane's limit: through Gloo.
+    at::Tensor large = at::full({internal::HostLane::kMaxBytes / 4 + 1}, 1.0 + rank, at::kFloat);
+    LOCKSTEP_RETURN_IF_ERROR(adopted->AllReduceSum(large));
+    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(large, at::full_like(large, 3.0)), "large sum"));
+    const absl::Status out_of_step = adopted->AllGather(at::zeros({3 + rank}, at::kFloat)).status();
+    return Expect(!out_of_step.ok() &&
+                      (absl::StrContains(out_of_step.message(), "called different collectives") ||
+                       absl::StrContains(out_of_step.message(), "gave up")),
+                  "the lane's check: " + out_of_step.ToString());
   }));
 }
 

@@ -229,6 +229,23 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::File(const std::string& 
       new Rendezvous(std::move(impl), rank, world_size, /*local_rank=*/0, timeout));
 }
 
+absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::OverStore(std::unique_ptr<Impl> impl,
+                                                                  int rank, int world_size,
+                                                                  absl::Duration timeout) {
+  absl::Status valid;
+  CheckRanks(rank, world_size, &valid);
+  if (!valid.ok()) return valid;
+  if (impl == nullptr || !impl->store) {
+    return absl::InvalidArgumentError("a rendezvous over a store: the store is null");
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("a rendezvous over a store: timeout ",
+                                                   absl::FormatDuration(timeout), " <= 0"));
+  }
+  return std::shared_ptr<Rendezvous>(
+      new Rendezvous(std::move(impl), rank, world_size, /*local_rank=*/0, timeout));
+}
+
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& host, int port,
                                                             int rank, int world_size,
                                                             absl::Duration timeout,

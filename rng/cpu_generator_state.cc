@@ -243,11 +243,13 @@ absl::Status WriteDefaultCpuGenerator(const CpuGeneratorState& state) {
     data.seeded_ = true;
     data.next_ = state.next;
     std::copy(state.words.begin(), state.words.end(), data.state_.begin());
-    at::mt19937 engine;
-    engine.set_data(data);
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* impl = gen.get<at::CPUGeneratorImpl>();
+    // A copy of the live engine, overwritten: a default-constructed one would first seed all
+    // 624 words, which is most of a model-stream scope's cost.
+    at::mt19937 engine = impl->engine();
+    engine.set_data(data);
     impl->set_engine(engine);
     if (state.next_float_normal.has_value()) {
       impl->set_next_float_normal_sample(*state.next_float_normal);

@@ -1,14 +1,19 @@
 #include "collectives/internal/host_lane.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -35,7 +40,17 @@ struct Header {
   uint64_t token;  // random, published with the name: proves the mapping is the one created
   int64_t size;
   std::atomic<int64_t> poisoned_by;  // 1 + the rank of a member that gave up, or 0
+  // Note [Lane wake-ups]: every change a waiter may wait for (a member arriving or finishing a
+  // round, a member giving up) adds 1 to `wakeups` and, when someone sleeps, wakes every futex
+  // waiter on it. A waiter counts itself in `sleepers`, then reads `wakeups`, then checks
+  // again, then sleeps only while `wakeups` still has the value it read: with sequentially
+  // consistent operations on both sides, either the waker sees the sleeper or the sleeper sees
+  // the change, so no wake-up is lost.
+  std::atomic<uint32_t> wakeups;
+  std::atomic<uint32_t> sleepers;
 };
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
+              "a futex word");
 static_assert(sizeof(Header) <= kHeaderBytes, "header");
 
 struct Control {
@@ -105,6 +120,27 @@ bool HasExited(int64_t pid) {
   return state == 'Z' || state == 'X';
 }
 
+// FUTEX_WAIT and FUTEX_WAKE on a word of the shared segment (not FUTEX_PRIVATE_FLAG: the waiters
+// are other processes). A wait returns on a wake-up, when the word no longer holds `expected`,
+// on a signal, or after `timeout`; callers re-check their condition either way.
+void FutexWait(std::atomic<uint32_t>& word, uint32_t expected, absl::Duration timeout) {
+  const struct timespec ts = absl::ToTimespec(timeout);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Whether this process may run on at least `members` CPUs: then a waiter can spin a little
+// without taking the CPU the member it waits for needs.
+bool EnoughCpusToSpin(int members) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return false;
+  return CPU_COUNT(&set) >= members;
+}
+
 void* MapSegment(int fd, size_t bytes) {
   void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   return mapping == MAP_FAILED ? nullptr : mapping;
@@ -156,6 +192,8 @@ absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvo
       header.token = token;
       header.size = size;
       new (&header.poisoned_by) std::atomic<int64_t>(0);
+      new (&header.wakeups) std::atomic<uint32_t>(0);
+      new (&header.sleepers) std::atomic<uint32_t>(0);
       for (int r = 0; r < size; ++r) {
         Control& control = ControlOf(mapping, r);
         new (&control.arrived) std::atomic<uint64_t>(0);
@@ -210,17 +248,18 @@ absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvo
     return std::unique_ptr<HostLane>();
   }
   return std::unique_ptr<HostLane>(
-      new HostLane(mapping, bytes, rank, size, timeout, std::move(pids)));
+      new HostLane(mapping, bytes, rank, size, timeout, std::move(pids), EnoughCpusToSpin(size)));
 }
 
 HostLane::HostLane(void* mapping, size_t mapping_bytes, int rank, int size, absl::Duration timeout,
-                   std::vector<int64_t> pids)
+                   std::vector<int64_t> pids, bool spins)
     : mapping_(mapping),
       mapping_bytes_(mapping_bytes),
       rank_(rank),
       size_(size),
       timeout_(timeout),
-      pids_(std::move(pids)) {}
+      pids_(std::move(pids)),
+      spins_(spins) {}
 
 HostLane::~HostLane() { munmap(mapping_, mapping_bytes_); }
 
@@ -228,47 +267,71 @@ absl::Status HostLane::Fail(absl::Status status) {
   broken_ = status;
   int64_t none = 0;
   HeaderOf(mapping_).poisoned_by.compare_exchange_strong(none, rank_ + 1);
+  WakeWaiters();
   return status;
 }
 
-absl::Status HostLane::WaitForAll(int field, uint64_t round, const std::string& what) {
+void HostLane::WakeWaiters() {
+  // Note [Lane wake-ups].
+  Header& header = HeaderOf(mapping_);
+  header.wakeups.fetch_add(1, std::memory_order_seq_cst);
+  if (header.sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(header.wakeups);
+}
+
+absl::Status HostLane::WaitFor(int field, uint64_t round, int first, int last,
+                               const std::string& what) {
   auto reached = [&](int r) {
     const Control& control = ControlOf(mapping_, r);
     return (field == 0 ? control.arrived : control.done).load(std::memory_order_acquire) >= round;
   };
-  int waiting_for = 0;
+  int waiting_for = first;
+  auto everyone = [&] {
+    while (waiting_for <= last && reached(waiting_for)) ++waiting_for;
+    return waiting_for > last;
+  };
+  if (everyone()) return absl::OkStatus();
+  // A collective in step completes in microseconds: spin that long where the members have a
+  // CPU each, then sleep on the segment's futex (Note [Lane wake-ups]), waking at least every
+  // millisecond to check the clock and whether the awaited member still exists.
+  Header& header = HeaderOf(mapping_);
   const absl::Time start = absl::Now();
-  for (uint64_t spin = 0;; ++spin) {
-    while (waiting_for < size_ && reached(waiting_for)) ++waiting_for;
-    if (waiting_for == size_) return absl::OkStatus();
-    if (spin % 64 != 63) {
+  const absl::Time spin_until = start + (spins_ ? absl::Microseconds(50) : absl::ZeroDuration());
+  absl::Time next_liveness_check = start + absl::Milliseconds(2);
+  for (uint64_t poll = 0;; ++poll) {
+    if (everyone()) return absl::OkStatus();
+    if (poll % 64 != 63) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
-      continue;
+      if (spins_) continue;
     }
-    // Every 64 polls: a member that gave up, the clock, and (when the wait is long) whether the
-    // awaited member's process still exists.
-    const int64_t poisoned = HeaderOf(mapping_).poisoned_by.load(std::memory_order_acquire);
+    const absl::Time now = absl::Now();
+    if (now >= spin_until) {
+      header.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = header.wakeups.load(std::memory_order_seq_cst);
+      if (!everyone() && header.poisoned_by.load(std::memory_order_acquire) == 0) {
+        FutexWait(header.wakeups, seen, absl::Milliseconds(1));
+      }
+      header.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      if (everyone()) return absl::OkStatus();
+    }
+    const int64_t poisoned = header.poisoned_by.load(std::memory_order_acquire);
     if (poisoned != 0 && poisoned != rank_ + 1) {
       return Fail(absl::UnavailableError(
           absl::StrCat(what, ": rank ", poisoned - 1, " of the group gave up after an error")));
     }
-    const absl::Duration waited = absl::Now() - start;
-    if (waited >= timeout_) {
+    const absl::Time checked = absl::Now();
+    if (checked - start >= timeout_) {
       return Fail(absl::DeadlineExceededError(
           absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout_),
                        " waiting for rank ", waiting_for, "; a peer did not arrive")));
     }
-    if (waited < absl::Microseconds(200)) continue;  // a collective in step takes microseconds
-    if (spin % (64 * 64) == 64 * 64 - 1 && HasExited(pids_[waiting_for])) {
-      return Fail(absl::UnavailableError(absl::StrCat(what, ": rank ", waiting_for, " (pid ",
-                                                      pids_[waiting_for], ") has exited")));
-    }
-    if (waited < absl::Milliseconds(2)) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(absl::Microseconds(20));
+    if (checked >= next_liveness_check) {
+      next_liveness_check = checked + absl::Milliseconds(10);
+      if (HasExited(pids_[waiting_for])) {
+        return Fail(absl::UnavailableError(absl::StrCat(what, ": rank ", waiting_for, " (pid ",
+                                                        pids_[waiting_for], ") has exited")));
+      }
     }
   }
 }
@@ -286,14 +349,17 @@ absl::Status HostLane::Round(uint32_t kind, const void* input, bool writes, int 
   }
   const uint64_t round = ++round_;
   // Nobody may still be reading the previous round's slots (nor checking its calls).
-  LOCKSTEP_RETURN_IF_ERROR(WaitForAll(/*field=*/1, round - 1, what));
+  LOCKSTEP_RETURN_IF_ERROR(WaitFor(/*field=*/1, round - 1, 0, size_ - 1, what));
   Control& mine = ControlOf(mapping_, rank_);
   if (writes && bytes > 0) std::memcpy(SlotOf(mapping_, size_, rank_), input, bytes);
   mine.kind = kind;
   mine.bytes = bytes;
   mine.arrived.store(round, std::memory_order_release);
-  LOCKSTEP_RETURN_IF_ERROR(WaitForAll(/*field=*/0, round, what));
-  for (int r = 0; r < size_; ++r) {
+  WakeWaiters();
+  // Only the members this one reads from need to have arrived (a broadcast's root reads from
+  // nobody and returns at once); their calls are the ones checked against this member's.
+  LOCKSTEP_RETURN_IF_ERROR(WaitFor(/*field=*/0, round, first_source, last_source, what));
+  for (int r = first_source; r <= last_source; ++r) {
     const Control& theirs = ControlOf(mapping_, r);
     if (theirs.kind != kind || theirs.bytes != bytes) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
@@ -307,6 +373,7 @@ absl::Status HostLane::Round(uint32_t kind, const void* input, bool writes, int 
     if (into != from) std::memcpy(into, from, bytes);
   }
   mine.done.store(round, std::memory_order_release);
+  WakeWaiters();
   return absl::OkStatus();
 }
 

@@ -18,9 +18,15 @@
 // - A peer that does not arrive within the timeout makes the call kDeadlineExceeded; a peer
 //   process that has exited makes it kUnavailable (checked while waiting); members that called
 //   different collectives (kind, root or size) get kFailedPrecondition on the member that sees
-//   it. A member whose call fails marks the segment, and members waiting on it then fail with
+//   it (a member checks the calls of the members it reads from: a broadcast's root returns once
+//   its bytes are written, and a receiver that disagrees fails, and with it the root's next
+//   call). A member whose call fails marks the segment, and members waiting on it then fail with
 //   kUnavailable ("gave up after an error") instead of waiting out the timeout. After any error
 //   the lane refuses further calls (kFailedPrecondition).
+//
+// Waiting: a member spins briefly where the members have a CPU each, then sleeps on a futex in
+// the segment until a peer's progress wakes it, so an oversubscribed host (more members than
+// CPUs) does not lose its CPUs to spinning waiters.
 //
 // Thread-safety: one thread uses a lane at a time.
 //
@@ -78,16 +84,18 @@ class HostLane {
 
  private:
   HostLane(void* mapping, size_t mapping_bytes, int rank, int size, absl::Duration timeout,
-           std::vector<int64_t> pids);
+           std::vector<int64_t> pids, bool spins);
 
   // One round: this member writes `input` into its slot (when `writes`) and copies the slots of
   // members [first_source, last_source] into `output` (rank order, `bytes` each).
   absl::Status Round(uint32_t kind, const void* input, bool writes, int first_source,
                      int last_source, int64_t bytes, void* output, const std::string& what);
-  // Waits until every member's `field` (0: arrived, 1: done) has reached `round`.
-  absl::Status WaitForAll(int field, uint64_t round, const std::string& what);
+  // Waits until the `field` (0: arrived, 1: done) of members [first, last] has reached `round`.
+  absl::Status WaitFor(int field, uint64_t round, int first, int last, const std::string& what);
   // Records `status` as the lane's failure, tells the other members, and returns it.
   absl::Status Fail(absl::Status status);
+  // Tells sleeping members that a control block or the header changed.
+  void WakeWaiters();
 
   void* mapping_;
   size_t mapping_bytes_;
@@ -95,6 +103,7 @@ class HostLane {
   int size_;
   absl::Duration timeout_;
   std::vector<int64_t> pids_;  // by rank, for the liveness check
+  bool spins_;                 // whether waits spin before sleeping (a CPU per member)
   uint64_t round_ = 0;
   absl::Status broken_;
 };
