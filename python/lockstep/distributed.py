@@ -2,13 +2,23 @@
 
 Every lockstep call that takes a group takes the ProcessGroup the program made with
 torch.distributed (``init_process_group``, ``new_group``), or None for "no group" — never an
-implicit WORLD. The first use of a group adopts it as a lockstep Communicator (no collective runs
-to adopt it); later uses reuse that communicator, whose collectives keep their in-step check
-(members calling different collectives get an error naming each member's call, never a hang or
-a crash). Gloo groups only, with CPU and CUDA tensors.
+implicit WORLD. The first use of a group adopts it as a lockstep Communicator; later uses reuse
+that communicator, whose collectives keep their in-step check (members calling different
+collectives get an error naming each member's call, never a hang or a crash). Gloo groups only,
+with CPU and CUDA tensors.
+
+Adopting a group is collective over its members (every lockstep call that takes a group is): they
+meet in torch.distributed's default store and, when they share this host, connect a host lane, so
+that small CPU tensors (an RNG hand-back's states, votes, digests) move through shared memory in
+microseconds rather than through Gloo's sockets. Each group's lane is keyed by the group's name and
+how many times this process has adopted it, which every member counts alike as long as the members
+adopt and release the group together (lockstep's calls release it on an error, which every member
+sees). ``LOCKSTEP_HOST_LANE=0`` in the environment (the same on every rank) turns the lane off:
+everything then moves through Gloo.
 """
 
 import datetime
+import os
 
 import torch.distributed as dist
 
@@ -17,6 +27,7 @@ from . import _C
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 
 _adopted = {}  # id(group) -> (group, Communicator): the group is kept so its id stays unique
+_adoptions = {}  # group name -> how many times this process has adopted the group
 
 
 def global_ranks(group):
@@ -46,9 +57,30 @@ def communicator(group, timeout=DEFAULT_TIMEOUT):
     held = _adopted.get(id(group))
     if held is not None and held[0] is group and held[1].timeout_seconds == seconds:
         return held[1]
-    comm = _C._adopt_group(group, global_ranks(group), dist.get_world_size(), seconds)
+    name = _group_name(group)
+    count = _adoptions.get(name, 0)
+    _adoptions[name] = count + 1
+    lane = os.environ.get("LOCKSTEP_HOST_LANE", "1") != "0"
+    comm = _C._adopt_group(group, global_ranks(group), dist.get_world_size(), seconds,
+                           store=dist.distributed_c10d._get_default_store() if lane else None,
+                           lane_key=f"adopted/{name}/{count}")
     _adopted[id(group)] = (group, comm)
     return comm
+
+
+def _group_name(group):
+    """torch.distributed's name of ``group``: the same on every member (groups are named in the
+    order every rank creates them)."""
+    name = getattr(group, "group_name", None)  # LibTorch 2.x
+    if name is None:
+        name = dist.distributed_c10d._pg_names[group]  # LibTorch 1.13
+    return name
+
+
+def has_host_lane(group, timeout=DEFAULT_TIMEOUT):
+    """Whether ``group``'s small CPU tensors move through shared memory (its members share this
+    host). Adopts the group if it is not yet: collective, like every call that takes a group."""
+    return _C._has_host_lane(communicator(group, timeout))
 
 
 def release(group):

@@ -19,8 +19,6 @@ The contract (rng/rank_streams.h, rng/synchronize.h in the C++ library):
   position only, so any TP/CP split of a tensor gets the same numbers.
 """
 
-import contextlib
-
 import torch
 
 from . import _C
@@ -31,24 +29,12 @@ capture_resume_state = _C.capture_resume_state
 restore_resume_state = _C.restore_resume_state
 
 
-@contextlib.contextmanager
-def model_stream(streams):
-    """Runs the block on ``streams``' model stream; the caller's state is back afterwards."""
-    scope = _C._enter_model_stream(streams)
-    try:
-        yield streams
-    finally:
-        scope.exit()
-
-
-@contextlib.contextmanager
-def named_stream(streams, name):
-    """Runs the block on the named stream ``name`` (added with ``streams.add_named_stream``)."""
-    fork = _C._fork_named_stream(streams, name)
-    try:
-        yield streams
-    finally:
-        fork.exit()
+# ``with model_stream(streams):`` runs the block on the model stream, and ``with
+# named_stream(streams, name):`` on the named stream ``name`` (added with
+# ``streams.add_named_stream``); the caller's state is back afterwards, also when the block raises.
+# Both are context managers written in C++ (a scope costs two calls into the binding).
+model_stream = _C.model_stream
+named_stream = _C.named_stream
 
 
 def synchronize(group, streams, timeout=distributed.DEFAULT_TIMEOUT):

@@ -33,7 +33,9 @@ void BindCheckpoint(py::module_& m) {
         if (streams != nullptr) {
           options.rng_streams = checkpoint::StreamSnapshots::Of(std::move(streams), names);
         }
-        return ValueOrThrow(checkpoint::Checkpoint(Block(std::move(fn)), inputs, options));
+        checkpoint::CheckpointedFunction block = Block(std::move(fn));
+        return ValueOrThrow(
+            Released([&] { return checkpoint::Checkpoint(block, inputs, options); }));
       },
       py::arg("fn"), py::arg("inputs"), py::arg("streams").none(true), py::arg("names"));
   m.def("retained_checkpoint_state", [] {

@@ -15,6 +15,7 @@
 #include "torch/csrc/api/include/torch/version.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
+#include "torch/csrc/distributed/c10d/Store.hpp"
 #include "torch/csrc/utils/pybind.h"
 
 namespace lockstep {
@@ -77,7 +78,8 @@ void BindCollectives(py::module_& m) {
   m.def(
       "_adopt_group",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::vector<int> global_ranks,
-         int world_size, double timeout_seconds) -> std::shared_ptr<collectives::Communicator> {
+         int world_size, double timeout_seconds, const py::object& store_object,
+         const std::string& lane_key) -> std::shared_ptr<collectives::Communicator> {
         if (!group) Raise(absl::InvalidArgumentError("the group is None"));
         c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo = GlooOf(group);
         if (!gloo) {
@@ -89,10 +91,24 @@ void BindCollectives(py::module_& m) {
           Raise(absl::InvalidArgumentError(
               absl::StrCat("timeout ", timeout_seconds, " s: it must be positive")));
         }
-        return ValueOrThrow(collectives::GlooCommunicator::Adopt(
-            std::move(gloo), std::move(global_ranks), world_size, absl::Seconds(timeout_seconds)));
+        // torch.distributed's store (a PrefixStore over the init method's), or None: no lane.
+        c10::intrusive_ptr<c10d::Store> store;
+        if (!store_object.is_none()) store = store_object.cast<c10::intrusive_ptr<c10d::Store>>();
+        return ValueOrThrow(Released([&] {  // with a store, the members meet in it
+          return collectives::GlooCommunicator::Adopt(std::move(gloo), std::move(global_ranks),
+                                                      world_size, absl::Seconds(timeout_seconds),
+                                                      store, lane_key);
+        }));
       },
-      py::arg("group"), py::arg("global_ranks"), py::arg("world_size"), py::arg("timeout_seconds"));
+      py::arg("group"), py::arg("global_ranks"), py::arg("world_size"), py::arg("timeout_seconds"),
+      py::arg("store") = py::none(), py::arg("lane_key") = "");
+  m.def(
+      "_has_host_lane",
+      [](const collectives::Communicator& comm) {
+        const auto* gloo = dynamic_cast<const collectives::GlooCommunicator*>(&comm);
+        return gloo != nullptr && gloo->has_host_lane();
+      },
+      "Whether the communicator moves small CPU tensors through shared memory.");
 }
 
 }  // namespace python

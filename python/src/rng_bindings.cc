@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,27 +30,36 @@ namespace {
 
 namespace py = pybind11;
 
-// An open model-stream scope or named-stream fork, closed exactly once by exit().
+// A `with` block's region, opened by __enter__ and closed by __exit__ (also when the block
+// raises), written in C++ so that a scope from Python costs two calls and no generator frame.
+// Holds the streams, so they outlive the region.
 template <typename Region>
-class RegionHandle {
+class RegionContext {
  public:
-  explicit RegionHandle(Region region) : region_(std::move(region)) {}
-  void Exit() {
-    if (!region_.has_value()) {
-      Raise(absl::FailedPreconditionError("the region was exited already"));
-    }
+  using Open = std::function<absl::StatusOr<Region>(rng::RankStreams&)>;
+  RegionContext(std::shared_ptr<rng::RankStreams> streams, Open open)
+      : streams_(std::move(streams)), open_(std::move(open)) {}
+  std::shared_ptr<rng::RankStreams> Enter() {
+    if (region_.has_value()) Raise(absl::FailedPreconditionError("the block is open already"));
+    region_.emplace(ValueOrThrow(open_(*streams_)));
+    return streams_;
+  }
+  bool Exit(const py::args&) {
+    if (!region_.has_value()) Raise(absl::FailedPreconditionError("the block is not open"));
     const absl::Status status = region_->Exit();
     region_.reset();
     ThrowIfError(status);
+    return false;  // an exception from the block propagates
   }
-  bool open() const { return region_.has_value(); }
 
  private:
+  std::shared_ptr<rng::RankStreams> streams_;
+  Open open_;
   std::optional<Region> region_;
 };
 
-using ScopeHandle = RegionHandle<rng::ModelStreamScope>;
-using ForkHandle = RegionHandle<rng::NamedStreamFork>;
+using ModelStreamContext = RegionContext<rng::ModelStreamScope>;
+using NamedStreamContext = RegionContext<rng::NamedStreamFork>;
 
 std::vector<rng::Slice> ToBox(const std::vector<std::pair<int64_t, int64_t>>& box) {
   std::vector<rng::Slice> slices;
@@ -88,28 +98,30 @@ void BindRng(py::module_& m) {
       .def_property_readonly("named_streams",
                              [](const rng::RankStreams& s) { return s.named().Names(); });
 
-  py::class_<ScopeHandle>(m, "_ModelStreamScope")
-      .def("exit", &ScopeHandle::Exit)
-      .def_property_readonly("open", &ScopeHandle::open);
-  py::class_<ForkHandle>(m, "_NamedStreamFork")
-      .def("exit", &ForkHandle::Exit)
-      .def_property_readonly("open", &ForkHandle::open);
-  m.def("_enter_model_stream", [](rng::RankStreams& streams) {
-    return ScopeHandle(ValueOrThrow(rng::ModelStreamScope::Enter(streams)));
-  });
-  m.def("_fork_named_stream", [](rng::RankStreams& streams, const std::string& name) {
-    return ForkHandle(ValueOrThrow(streams.named().Fork(name)));
-  });
+  py::class_<ModelStreamContext>(m, "model_stream",
+                                 "model_stream(streams): a `with` block on the model stream.")
+      .def(py::init([](std::shared_ptr<rng::RankStreams> streams) {
+             return ModelStreamContext(std::move(streams), [](rng::RankStreams& s) {
+               return rng::ModelStreamScope::Enter(s);
+             });
+           }),
+           py::arg("streams"))
+      .def("__enter__", &ModelStreamContext::Enter)
+      .def("__exit__", &ModelStreamContext::Exit);
+  py::class_<NamedStreamContext>(m, "named_stream",
+                                 "named_stream(streams, name): a `with` block on a named stream.")
+      .def(py::init([](std::shared_ptr<rng::RankStreams> streams, const std::string& name) {
+             return NamedStreamContext(
+                 std::move(streams), [name](rng::RankStreams& s) { return s.named().Fork(name); });
+           }),
+           py::arg("streams"), py::arg("name"))
+      .def("__enter__", &NamedStreamContext::Enter)
+      .def("__exit__", &NamedStreamContext::Exit);
 
   m.def(
       "_synchronize",
       [](collectives::Communicator* group, const rng::RankStreams& streams) {
-        absl::Status status;
-        {
-          py::gil_scoped_release release;
-          status = rng::Synchronize(group, streams);
-        }
-        ThrowIfError(status);
+        ThrowIfError(Released([&] { return rng::Synchronize(group, streams); }));
       },
       py::arg("group").none(true), py::arg("streams"));
 

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pybind11/pybind11.h"
 
 namespace lockstep {
 namespace python {
@@ -28,6 +29,19 @@ template <typename T>
 T ValueOrThrow(absl::StatusOr<T> value) {
   if (!value.ok()) Raise(value.status());
   return *std::move(value);
+}
+
+// Note [GIL]: every binding that may block (a collective, a training step, a checkpoint, the
+// adoption of a group) runs the C++ call through Released: the GIL is given up for the call and
+// taken back before its status is raised. Holding it would deadlock: a Gloo worker thread that
+// drops the last reference to a tensor Python made takes the GIL to free the tensor's Python
+// object, while this thread waits for that worker's collective. Python callables the call
+// invokes take the GIL themselves (python_function.h, trainer_bindings.cc). Arguments that need
+// the GIL to build are built before.
+template <typename F>
+auto Released(F&& call) -> decltype(call()) {
+  pybind11::gil_scoped_release release;
+  return call();
 }
 
 }  // namespace python

@@ -32,8 +32,9 @@ namespace {
 namespace py = pybind11;
 
 // The forward adapter: the trainer calls it on the thread that called into the trainer, which
-// holds the GIL. A Python exception becomes the forward's error status (the trainer agrees on
-// it across the group); lockstep/trainer.py chains the original exception to what it raises.
+// released the GIL (Note [GIL] in status.h), so it takes the GIL for the call. A Python exception
+// becomes the forward's error status (the trainer agrees on it across the group);
+// lockstep/trainer.py chains the original exception to what it raises.
 trainer::ForwardAdapter Forward(py::function fn) {
   auto held = std::make_shared<PythonFunction>(std::move(fn));
   return [held](const trainer::ShardWork& work) -> absl::StatusOr<at::Tensor> {
@@ -108,13 +109,15 @@ void BindTrainer(py::module_& m) {
           "run_block",
           [](const trainer::ShardWork& work, py::function block,
              const std::vector<at::Tensor>& inputs) {
-            return ValueOrThrow(work.RunBlock(Block(std::move(block)), inputs));
+            checkpoint::CheckpointedFunction fn = Block(std::move(block));
+            return ValueOrThrow(Released([&] { return work.RunBlock(fn, inputs); }));
           },
           py::arg("block"), py::arg("inputs"));
 
   py::class_<Stream>(m, "_MicrobatchStream").def("next", [](Stream& s) -> py::object {
     if (!s.stream.has_value()) return py::none();
-    absl::StatusOr<std::optional<trainer::MicrobatchOutput>> next = s.stream->Next();
+    absl::StatusOr<std::optional<trainer::MicrobatchOutput>> next =
+        Released([&] { return s.stream->Next(); });
     if (!next.ok() || !next->has_value()) s.stream.reset();
     std::optional<trainer::MicrobatchOutput> out = ValueOrThrow(std::move(next));
     if (!out.has_value()) return py::none();
@@ -133,11 +136,14 @@ void BindTrainer(py::module_& m) {
              config.activation_checkpointing = activation_checkpointing;
              config.packing = PackingNamed(packing);
              config.loss_normalization = LossNormalizationNamed(loss_normalization);
-             return ValueOrThrow(trainer::TrainerRank::Create(
-                 std::move(config),
-                 trainer::TrainerRank::Collaborators::Of(
-                     topology, world_rank, std::move(tp_cp_group), std::move(streams)),
-                 Forward(std::move(forward))));
+             trainer::ForwardAdapter adapter = Forward(std::move(forward));
+             return ValueOrThrow(Released([&] {
+               return trainer::TrainerRank::Create(
+                   std::move(config),
+                   trainer::TrainerRank::Collaborators::Of(
+                       topology, world_rank, std::move(tp_cp_group), std::move(streams)),
+                   std::move(adapter));
+             }));
            }),
            py::arg("forward"), py::arg("streams"), py::arg("tp_cp_group").none(true),
            py::arg("world_size"), py::arg("world_rank"), py::arg("tp"), py::arg("cp"),
@@ -150,7 +156,9 @@ void BindTrainer(py::module_& m) {
           [](trainer::TrainerRank& t, const at::Tensor& rows, const std::vector<int64_t>& lengths,
              const std::optional<std::vector<int64_t>>& ids,
              const std::optional<std::vector<std::vector<float>>>& weights) {
-            return Stream{ValueOrThrow(t.ForwardMicrobatches(Inputs(rows, lengths, ids, weights)))};
+            trainer::TrainerInputs inputs = Inputs(rows, lengths, ids, weights);
+            return Stream{
+                ValueOrThrow(Released([&] { return t.ForwardMicrobatches(std::move(inputs)); }))};
           },
           py::arg("rows"), py::arg("lengths"), py::arg("ids").none(true),
           py::arg("loss_weights").none(true))
@@ -159,9 +167,10 @@ void BindTrainer(py::module_& m) {
           [](trainer::TrainerRank& t, const at::Tensor& rows, const std::vector<int64_t>& lengths,
              const std::optional<std::vector<int64_t>>& ids,
              const std::optional<std::vector<std::vector<float>>>& weights) {
+            trainer::TrainerInputs inputs = Inputs(rows, lengths, ids, weights);
             py::list outputs;
-            for (const trainer::MicrobatchOutput& out :
-                 ValueOrThrow(t.ForwardAllMicrobatches(Inputs(rows, lengths, ids, weights)))) {
+            for (const trainer::MicrobatchOutput& out : ValueOrThrow(
+                     Released([&] { return t.ForwardAllMicrobatches(std::move(inputs)); }))) {
               outputs.append(Output(out));
             }
             return outputs;
@@ -171,21 +180,25 @@ void BindTrainer(py::module_& m) {
       .def("register_custom_object",
            [](trainer::TrainerRank& t, const std::string& name, const std::string& metadata,
               py::function factory) {
+             trainer::CustomObjectFactory made = Factory(std::move(factory));
              return ValueOrThrow(
-                 t.RegisterCustomObject(name, metadata, Factory(std::move(factory))));
+                 Released([&] { return t.RegisterCustomObject(name, metadata, std::move(made)); }));
            })
       .def("synchronize_caller",
-           [](trainer::TrainerRank& t) { ThrowIfError(t.SynchronizeCaller()); })
+           [](trainer::TrainerRank& t) {
+             ThrowIfError(Released([&] { return t.SynchronizeCaller(); }));
+           })
       .def("save_state",
            [](trainer::TrainerRank& t, const std::string& dir,
               const numerics::NamedTensors& weights, bool include_rng_streams) {
              trainer::SaveOptions options;
              options.include_rng_streams = include_rng_streams;
-             ThrowIfError(t.SaveState(dir, weights, nullptr, options));
+             ThrowIfError(Released([&] { return t.SaveState(dir, weights, nullptr, options); }));
            })
       .def("load_state",
            [](trainer::TrainerRank& t, const std::string& dir, numerics::NamedTensors weights) {
-             const trainer::LoadReport report = ValueOrThrow(t.LoadState(dir, weights, nullptr));
+             const trainer::LoadReport report =
+                 ValueOrThrow(Released([&] { return t.LoadState(dir, weights, nullptr); }));
              return py::dict(py::arg("weights") = report.weights,
                              py::arg("rng_streams") = report.rng_streams);
            });
