@@ -18,6 +18,9 @@
 // differ, every member gets the same kFailedPrecondition naming each member's call, and no
 // payload moves.
 //
+// A torch.distributed group the program made (Gloo's or NCCL's) is adopted with
+// AdoptedCommunicator (adopted_communicator.h), which runs the same checks.
+//
 // Signals: Gloo writes to its sockets without suppressing SIGPIPE, whose default action would
 // kill a survivor writing to a peer that just died. Create therefore sets SIGPIPE to ignored,
 // process-wide, when it is at its default disposition (as gRPC does); a handler the program
@@ -40,15 +43,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "c10/util/intrusive_ptr.h"
 #include "collectives/communicator.h"
 #include "collectives/internal/communicator_base.h"
 #include "collectives/rendezvous.h"
-
-namespace c10d {
-class ProcessGroupGloo;
-class Store;
-}  // namespace c10d
 
 namespace lockstep {
 namespace collectives {
@@ -71,32 +68,6 @@ class GlooCommunicator : public internal::CommunicatorBase {
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
       std::shared_ptr<Rendezvous> rendezvous, Options options);
 
-  // A communicator over a Gloo process group the program already made (torch.distributed's
-  // group, from Python): `global_ranks` are its members' global ranks in group-rank order, of a
-  // world of `world_size` processes. Collectives run on that group (with the in-step check);
-  // NewGroup is refused with kFailedPrecondition (make the sub-group with the program's own
-  // library and adopt it). kInvalidArgument when the rank list does not match the group's size,
-  // repeats a rank or leaves [0, world_size), or for a null group or a non-positive timeout.
-  // Not collective: adopting a group exchanges nothing.
-  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Adopt(
-      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
-      int world_size, absl::Duration timeout);
-
-  // Adopt, plus the host lane (Note [Host lane] in nccl_communicator.cc): when every member is
-  // on this host, CPU tensors of at most HostLane::kMaxBytes per member move through shared
-  // memory instead of Gloo's sockets, the rest through Gloo as above. Collective over the group:
-  // the members meet in `store` (one every member shares, such as torch.distributed's default
-  // store; keys under "lockstep/") under `lane_key`, which must be the same on every member and
-  // new to the store (name the group and count its adoptions). A member that does not arrive
-  // within `timeout` makes it kDeadlineExceeded. A null `store` is Adopt without a lane.
-  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Adopt(
-      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group, std::vector<int> global_ranks,
-      int world_size, absl::Duration timeout, c10::intrusive_ptr<c10d::Store> store,
-      const std::string& lane_key);
-
-  // Whether CPU tensors this small take the host lane (an adopted group with a lane).
-  bool has_host_lane() const;
-
   ~GlooCommunicator() override;
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
@@ -112,20 +83,8 @@ class GlooCommunicator : public internal::CommunicatorBase {
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
       internal::GroupIdentity identity) override;
 
-  // What a member is calling, as the in-step check compares it (see the top of this file).
-  struct Call {
-    int64_t kind = 0;
-    int64_t root = -1;
-    int64_t dtype = -1;
-    int64_t bytes = 0;
-  };
-  // OK when every member is making `call` as this one's next collective; kFailedPrecondition
-  // naming each member's call otherwise. Runs inside the collective's body.
-  absl::Status CheckInStep(const Call& call, const std::string& what);
-
-  std::shared_ptr<Transport> transport_;  // null for an adopted group
+  std::shared_ptr<Transport> transport_;
   std::unique_ptr<Group> group_;
-  int64_t calls_ = 0;  // collectives started on this communicator
 };
 
 }  // namespace collectives

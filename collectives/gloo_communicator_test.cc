@@ -19,7 +19,6 @@
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
-#include "collectives/internal/host_lane.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
@@ -418,89 +417,6 @@ TEST(GlooCommunicatorTest, TcpStoreRendezvousWorks) {
 
 // Rank 0 alone in a world of 2: the rendezvous fails within its timeout, naming the address,
 // the world size, the rank that arrived and the one missing.
-// Adopt: a communicator over a Gloo group the program made itself (torch.distributed's, from
-// Python) runs lockstep's collectives on it and refuses sub-groups and bad rank lists.
-c10::intrusive_ptr<c10d::ProcessGroupGloo> MakeGlooGroup(const std::string& path, int rank,
-                                                         int size) {
-  auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(20));
-  options->devices = {c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")};
-  auto store = c10::make_intrusive<c10d::FileStore>(path, size);
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
-}
-
-TEST(GlooCommunicatorTest, AnAdoptedGroupRunsTheCollectivesAndMakesNoSubGroups) {
-  const std::string store = absl::StrCat(::testing::TempDir(), "/adopt_store_", getpid());
-  ExpectAllOk(collectives::RunProcessWorld(World(2), [&](int rank, Communicator&) -> absl::Status {
-    // Global ranks {5, 3} of a world of 6: the adopted group names them, not 0 and 1.
-    LOCKSTEP_ASSIGN_OR_RETURN(auto adopted, GlooCommunicator::Adopt(MakeGlooGroup(store, rank, 2),
-                                                                    {5, 3}, 6, absl::Seconds(20)));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(adopted->rank() == rank && adopted->size() == 2, "rank"));
-    LOCKSTEP_ASSIGN_OR_RETURN(const int leader, adopted->GlobalRank(0));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(leader == 5, "the leader is global rank 5"));
-    at::Tensor t = at::full({3}, 10.0 + rank, at::kFloat);
-    LOCKSTEP_RETURN_IF_ERROR(adopted->Broadcast(t, 0));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(t, at::full({3}, 10.0, at::kFloat)), "broadcast"));
-    LOCKSTEP_ASSIGN_OR_RETURN(auto all, adopted->AllGather(at::full({1}, 1.0 * rank, at::kDouble)));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(all.size() == 2 && all[1].item<double>() == 1.0, "gather"));
-    const absl::Status sub = adopted->NewGroup({5, 3}).status();
-    LOCKSTEP_RETURN_IF_ERROR(Expect(sub.code() == absl::StatusCode::kFailedPrecondition &&
-                                        absl::StrContains(sub.message(), "new_group"),
-                                    "NewGroup refused: " + sub.ToString()));
-    return absl::OkStatus();
-  }));
-}
-
-// With a store, an adopted group's small CPU tensors take the host lane (shared memory): the
-// results are the same, large tensors still go through Gloo, and members that call different
-// collectives get the lane's own error (which names "different collectives", where Gloo's
-// in-step check says "out of step"), so the lane is what ran.
-TEST(GlooCommunicatorTest, AnAdoptedGroupWithAStoreMovesSmallCpuTensorsThroughTheHostLane) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/adopt_lane_", getpid());
-  ExpectAllOk(collectives::RunProcessWorld(World(2), [&](int rank, Communicator&) -> absl::Status {
-    auto lane_store = c10::make_intrusive<c10d::FileStore>(path + "_lane", 2);
-    LOCKSTEP_ASSIGN_OR_RETURN(auto adopted,
-                              GlooCommunicator::Adopt(MakeGlooGroup(path, rank, 2), {0, 1}, 2,
-                                                      absl::Seconds(20), lane_store, "group/0"));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(adopted->has_host_lane(), "the members share a host"));
-    at::Tensor t = at::full({3}, 10.0 + rank, at::kFloat);
-    LOCKSTEP_RETURN_IF_ERROR(adopted->Broadcast(t, 1));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(t, at::full({3}, 11.0, at::kFloat)), "broadcast"));
-    at::Tensor sum = at::full({4}, 1.0 + rank, at::kDouble);
-    LOCKSTEP_RETURN_IF_ERROR(adopted->AllReduceSum(sum));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(sum, at::full({4}, 3.0, at::kDouble)), "sum"));
-    LOCKSTEP_ASSIGN_OR_RETURN(auto all, adopted->AllGather(at::full({2}, rank, at::kLong)));
-    LOCKSTEP_RETURN_IF_ERROR(
-        Expect(all.size() == 2 && all[1].sum().item<int64_t>() == 2, "all-gather"));
-    // Past the lane's limit: through Gloo.
-    at::Tensor large = at::full({internal::HostLane::kMaxBytes / 4 + 1}, 1.0 + rank, at::kFloat);
-    LOCKSTEP_RETURN_IF_ERROR(adopted->AllReduceSum(large));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(large, at::full_like(large, 3.0)), "large sum"));
-    const absl::Status out_of_step = adopted->AllGather(at::zeros({3 + rank}, at::kFloat)).status();
-    return Expect(!out_of_step.ok() &&
-                      (absl::StrContains(out_of_step.message(), "called different collectives") ||
-                       absl::StrContains(out_of_step.message(), "gave up")),
-                  "the lane's check: " + out_of_step.ToString());
-  }));
-}
-
-TEST(GlooCommunicatorTest, AdoptRefusesANullGroupAndRankListsThatDoNotFit) {
-  const auto refused = [](const absl::Status& status, const std::string& words) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_THAT(std::string(status.message()), HasSubstr(words));
-  };
-  refused(GlooCommunicator::Adopt(c10::intrusive_ptr<c10d::ProcessGroupGloo>(), {0}, 1,
-                                  absl::Seconds(5))
-              .status(),
-          "null");
-  const std::string store = absl::StrCat(::testing::TempDir(), "/adopt_alone_", getpid());
-  auto group = MakeGlooGroup(store, 0, 1);
-  refused(GlooCommunicator::Adopt(group, {0, 1}, 2, absl::Seconds(5)).status(),
-          "the list has 2 ranks, the group 1");
-  refused(GlooCommunicator::Adopt(group, {4}, 4, absl::Seconds(5)).status(), "4");
-  refused(GlooCommunicator::Adopt(group, {0}, 1, absl::ZeroDuration()).status(), "timeout");
-  LOCKSTEP_EXPECT_OK(GlooCommunicator::Adopt(group, {0}, 1, absl::Seconds(5)).status());
-}
-
 TEST(RendezvousTest, AMissingRankIsNamedWithinTheTimeout) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
   const absl::Duration timeout = absl::Seconds(2);

@@ -95,7 +95,7 @@ class Rendezvous {
   struct Impl;
   Impl& impl() const { return *impl_; }
   // A rendezvous over a store the program already has (`impl` from collectives/internal/
-  // store.h; GlooCommunicator::Adopt wraps torch.distributed's). Exchanges nothing: the
+  // store.h; AdoptedCommunicator::Adopt wraps torch.distributed's). Exchanges nothing: the
   // program's own rendezvous has met every rank. kInvalidArgument for a null store, a rank
   // outside [0, world_size) or a non-positive timeout.
   static absl::StatusOr<std::shared_ptr<Rendezvous>> OverStore(std::unique_ptr<Impl> impl, int rank,

@@ -4,8 +4,9 @@ Every lockstep call that takes a group takes the ProcessGroup the program made w
 torch.distributed (``init_process_group``, ``new_group``), or None for "no group" — never an
 implicit WORLD. The first use of a group adopts it as a lockstep Communicator; later uses reuse
 that communicator, whose collectives keep their in-step check (members calling different
-collectives get an error naming each member's call, never a hang or a crash). Gloo groups only,
-with CPU and CUDA tensors.
+collectives get an error naming each member's call, never a hang or a crash). Gloo groups take
+CPU and CUDA tensors; NCCL groups (torch >= 2.0) take CUDA tensors on the rank's current device
+(``torch.cuda.set_device``), and lockstep's CPU tensors are copied there and back.
 
 Adopting a group is collective over its members (every lockstep call that takes a group is): they
 meet in torch.distributed's default store and, when they share this host, connect a host lane, so
@@ -14,7 +15,7 @@ microseconds rather than through Gloo's sockets. Each group's lane is keyed by t
 how many times this process has adopted it, which every member counts alike as long as the members
 adopt and release the group together (lockstep's calls release it on an error, which every member
 sees). ``LOCKSTEP_HOST_LANE=0`` in the environment (the same on every rank) turns the lane off:
-everything then moves through Gloo.
+everything then moves through the group.
 """
 
 import datetime
@@ -63,9 +64,15 @@ def communicator(group, timeout=DEFAULT_TIMEOUT):
     lane = os.environ.get("LOCKSTEP_HOST_LANE", "1") != "0"
     comm = _C._adopt_group(group, global_ranks(group), dist.get_world_size(), seconds,
                            store=dist.distributed_c10d._get_default_store() if lane else None,
-                           lane_key=f"adopted/{name}/{count}")
+                           lane_key=f"adopted/{name}/{count}",
+                           cuda_device=_current_cuda_device())
     _adopted[id(group)] = (group, comm)
     return comm
+
+
+def _current_cuda_device():
+    import torch
+    return torch.cuda.current_device() if torch.cuda.is_available() else -1
 
 
 def _group_name(group):

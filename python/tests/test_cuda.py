@@ -1,12 +1,13 @@
 """lockstep from Python on a GPU: the model-stream scope and checkpoint with CUDA generators, and
-synchronize over Gloo between processes sharing the GPU. Skipped where there is no CUDA."""
+synchronize over Gloo between processes sharing the GPU, and over NCCL (a group of one here;
+across GPUs where there are two or more). Skipped where there is no CUDA."""
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-from lockstep import rng
+from lockstep import distributed, rng
 from lockstep.checkpoint import checkpoint, retained_state
 
 from distributed_util import groups_of, run_world
@@ -64,3 +65,47 @@ def _synchronized_cuda_draws(rank, world_size):
 def test_synchronize_makes_cuda_and_cpu_draws_agree_over_gloo():
     results = run_world(2, _synchronized_cuda_draws, start_method="spawn")
     assert results[0] == results[1]
+
+
+def _nccl_draws(rank, world_size):
+    torch.cuda.set_device(rank)  # one GPU per rank: NCCL refuses two ranks on one GPU
+    group = dist.new_group(list(range(world_size)), backend="nccl")
+    torch.manual_seed(rank)  # the replicas start apart
+    streams = rng.RankStreams(cuda_device=rank)
+    rng.synchronize(group, streams)  # the states, CPU tensors, staged through the GPU
+    with rng.model_stream(streams):
+        model = torch.rand(4, device="cuda").tolist()
+    if dist.get_rank(group) == 0:
+        torch.rand(11, device="cuda")
+    rng.synchronize(group, streams)
+    total = distributed.all_reduce_sum(torch.full((3,), rank + 1.0), group)  # a CPU tensor
+    gathered = distributed.all_gather(torch.full((2,), float(rank), device="cuda"), group)
+    return {"model": model, "caller": torch.rand(4, device="cuda").tolist(),
+            "cpu": torch.rand(4).tolist(), "sum": total.tolist(),
+            "gathered": [g.cpu().tolist() for g in gathered], "lane": distributed.has_host_lane(group)}
+
+
+def _check_nccl(results, world_size):
+    expected_sum = [float(sum(range(1, world_size + 1)))] * 3
+    for r in results:
+        assert r["caller"] == results[0]["caller"] and r["cpu"] == results[0]["cpu"]
+        assert r["model"] == results[0]["model"]
+        assert r["sum"] == expected_sum
+        assert r["gathered"] == [[float(m)] * 2 for m in range(world_size)]
+
+
+def test_an_nccl_group_of_one_adopts_and_stages_cpu_tensors_through_the_gpu():
+    # The one-GPU machine's share of the NCCL path: adoption, the staged CPU states, the in-step
+    # exchange on the device (a group of one has no host lane).
+    results = run_world(1, _nccl_draws, start_method="spawn")
+    _check_nccl(results, 1)
+    assert results[0]["lane"] is False
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason=f"NCCL across GPUs needs 2 GPUs; {torch.cuda.device_count()} here")
+def test_synchronize_over_nccl_across_gpus_makes_draws_agree():
+    world = torch.cuda.device_count()
+    results = run_world(world, _nccl_draws, start_method="spawn")
+    _check_nccl(results, world)
+    assert all(r["lane"] for r in results)  # one host: the states take the host lane
