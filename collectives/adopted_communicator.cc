@@ -54,9 +54,9 @@ absl::StatusOr<std::unique_ptr<internal::HostLane>> ConnectLane(
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
     impl->store = c10::make_intrusive<c10d::PrefixStore>("lockstep", std::move(store));
   }));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rendezvous,
-                            Rendezvous::OverStore(std::move(impl), global_rank, world_size,
-                                                  timeout));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::shared_ptr<Rendezvous> rendezvous,
+      Rendezvous::OverStore(std::move(impl), global_rank, world_size, timeout));
   return internal::HostLane::Connect(*rendezvous, key, rank, size, timeout);
 }
 
@@ -96,8 +96,8 @@ absl::StatusOr<std::unique_ptr<AdoptedCommunicator>> AdoptedCommunicator::Adopt(
     return absl::InvalidArgumentError(absl::StrCat(what, ": the host lane's key is empty"));
   }
   LOCKSTEP_RETURN_IF_ERROR(internal::IgnoreSigpipeAtDefault());
-  auto world = std::make_shared<internal::WorldState>(options.backend, options.world_size,
-                                                      options.timeout);
+  auto world =
+      std::make_shared<internal::WorldState>(options.backend, options.world_size, options.timeout);
   internal::GroupIdentity identity;
   identity.global_ranks = options.global_ranks;
   identity.rank = rank;
@@ -108,8 +108,8 @@ absl::StatusOr<std::unique_ptr<AdoptedCommunicator>> AdoptedCommunicator::Adopt(
   if (options.store) {
     LOCKSTEP_ASSIGN_OR_RETURN(
         adopted->host_lane,
-        ConnectLane(std::move(options.store), options.lane_key, options.global_ranks.at(rank),
-                    rank, size, options.world_size, options.timeout, what));
+        ConnectLane(std::move(options.store), options.lane_key, options.global_ranks.at(rank), rank,
+                    size, options.world_size, options.timeout, what));
   }
   return std::unique_ptr<AdoptedCommunicator>(
       new AdoptedCommunicator(std::move(world), std::move(identity), std::move(adopted)));

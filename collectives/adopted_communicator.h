@@ -95,8 +95,8 @@ class AdoptedCommunicator : public internal::CommunicatorBase {
 
  private:
   struct Group;  // the group's calls and its host lane
-  AdoptedCommunicator(std::shared_ptr<internal::WorldState> world,
-                      internal::GroupIdentity identity, std::unique_ptr<Group> group);
+  AdoptedCommunicator(std::shared_ptr<internal::WorldState> world, internal::GroupIdentity identity,
+                      std::unique_ptr<Group> group);
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
       internal::GroupIdentity identity) override;
 

@@ -61,8 +61,8 @@ TEST(AdoptedCommunicatorTest, RunsTheCollectivesOnTheGroupAndMakesNoSubGroups) {
   const std::string store = absl::StrCat(::testing::TempDir(), "/adopt_store_", getpid());
   ExpectAllOk(RunProcessWorld(World(2), [&](int rank, Communicator&) -> absl::Status {
     // Global ranks {5, 3} of a world of 6: the adopted group names them, not 0 and 1.
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        auto adopted, AdoptedCommunicator::Adopt(MakeGlooGroup(store, rank, 2), Members({5, 3}, 6)));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto adopted, AdoptedCommunicator::Adopt(
+                                                MakeGlooGroup(store, rank, 2), Members({5, 3}, 6)));
     LOCKSTEP_RETURN_IF_ERROR(Expect(!adopted->has_host_lane(), "no store, no lane"));
     LOCKSTEP_RETURN_IF_ERROR(Expect(adopted->rank() == rank && adopted->size() == 2, "rank"));
     LOCKSTEP_ASSIGN_OR_RETURN(const int leader, adopted->GlobalRank(0));
@@ -76,15 +76,15 @@ TEST(AdoptedCommunicatorTest, RunsTheCollectivesOnTheGroupAndMakesNoSubGroups) {
     LOCKSTEP_RETURN_IF_ERROR(adopted->AllReduceSum(sum));
     LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(sum, at::full({2}, 3.0, at::kFloat)), "sum"));
     LOCKSTEP_RETURN_IF_ERROR(adopted->Barrier());
+    const absl::Status sub = adopted->NewGroup({5, 3}).status();
+    LOCKSTEP_RETURN_IF_ERROR(Expect(sub.code() == absl::StatusCode::kFailedPrecondition &&
+                                        absl::StrContains(sub.message(), "new_group"),
+                                    "NewGroup refused: " + sub.ToString()));
     // Out of step through the group: Gloo's in-step exchange names both calls.
     const absl::Status mismatch = adopted->AllGather(at::zeros({1 + rank}, at::kFloat)).status();
-    LOCKSTEP_RETURN_IF_ERROR(Expect(absl::IsFailedPrecondition(mismatch) &&
-                                        absl::StrContains(mismatch.message(), "out of step"),
-                                    "the in-step check: " + mismatch.ToString()));
-    const absl::Status sub = adopted->NewGroup({5, 3}).status();
-    return Expect(sub.code() == absl::StatusCode::kFailedPrecondition &&
-                      absl::StrContains(sub.message(), "new_group"),
-                  "NewGroup refused: " + sub.ToString());
+    return Expect(absl::IsFailedPrecondition(mismatch) &&
+                      absl::StrContains(mismatch.message(), "out of step"),
+                  "the in-step check: " + mismatch.ToString());
   }));
 }
 
@@ -115,9 +115,9 @@ TEST(AdoptedCommunicatorTest, WithAStoreMovesSmallCpuTensorsThroughTheHostLane) 
     LOCKSTEP_RETURN_IF_ERROR(adopted->AllReduceSum(large));
     LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(large, at::full_like(large, 3.0)), "large sum"));
     const absl::Status out_of_step = adopted->AllGather(at::zeros({3 + rank}, at::kFloat)).status();
-    return Expect(!out_of_step.ok() && (absl::StrContains(out_of_step.message(),
-                                                          "called different collectives") ||
-                                        absl::StrContains(out_of_step.message(), "gave up")),
+    return Expect(!out_of_step.ok() &&
+                      (absl::StrContains(out_of_step.message(), "called different collectives") ||
+                       absl::StrContains(out_of_step.message(), "gave up")),
                   "the lane's check: " + out_of_step.ToString());
   }));
 }

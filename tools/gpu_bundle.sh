@@ -62,6 +62,7 @@ targets=(
   //trainer:trainer_contract_cuda_test
   //trainer:trainer_rank_cuda_test
   //collectives:differentiable_test
+  //collectives:adopted_communicator_test
   //trainer:trainer_benchmark
   //tools:qualify
   //tools:launch
@@ -96,7 +97,7 @@ cp -r bazel-bin/python/pkg .gpu-bundle/python/ && chmod -R u+w .gpu-bundle/pytho
 cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
-cp examples/lm/train_test.sh examples/lm/plot_loss.py .gpu-bundle/examples/
+cp -r examples/lm/train_test.sh examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).
 rm -rf .gpu-bundle/bin/*.runfiles

@@ -92,8 +92,8 @@ absl::StatusOr<at::Tensor> ProcessGroupCalls::Staged(const at::Tensor& tensor,
                                                      const std::string& what) const {
   if (!staging_.has_value() || !tensor.is_cpu()) return tensor;
   at::Tensor staged;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(
-      absl::StrCat(what, ": copying to ", staging_->str()), [&] { staged = tensor.to(*staging_); }));
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat(what, ": copying to ", staging_->str()),
+                                     [&] { staged = tensor.to(*staging_); }));
   return staged;
 }
 
@@ -137,10 +137,10 @@ absl::Status ProcessGroupCalls::Broadcast(at::Tensor& tensor, int root, const st
     return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
   }
   LOCKSTEP_RETURN_IF_ERROR(CheckContiguous(tensor, what));
-  LOCKSTEP_RETURN_IF_ERROR(CheckInStep(Call{kBroadcast, root,
-                                            static_cast<int64_t>(tensor.scalar_type()),
-                                            static_cast<int64_t>(tensor.nbytes())},
-                                       what));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckInStep(Call{kBroadcast, root, static_cast<int64_t>(tensor.scalar_type()),
+                       static_cast<int64_t>(tensor.nbytes())},
+                  what));
   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor staged, Staged(tensor, what));
   c10::intrusive_ptr<c10d::Work> work;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {
@@ -158,10 +158,10 @@ absl::Status ProcessGroupCalls::Broadcast(at::Tensor& tensor, int root, const st
 absl::StatusOr<std::vector<at::Tensor>> ProcessGroupCalls::AllGather(const at::Tensor& input,
                                                                      const std::string& what) {
   LOCKSTEP_RETURN_IF_ERROR(CheckContiguous(input, what));
-  LOCKSTEP_RETURN_IF_ERROR(CheckInStep(Call{kAllGather, -1,
-                                            static_cast<int64_t>(input.scalar_type()),
-                                            static_cast<int64_t>(input.nbytes())},
-                                       what));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckInStep(Call{kAllGather, -1, static_cast<int64_t>(input.scalar_type()),
+                       static_cast<int64_t>(input.nbytes())},
+                  what));
   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor staged, Staged(input, what));
   std::vector<std::vector<at::Tensor>> outputs(1);
   c10::intrusive_ptr<c10d::Work> work;
@@ -183,10 +183,10 @@ absl::StatusOr<std::vector<at::Tensor>> ProcessGroupCalls::AllGather(const at::T
 
 absl::Status ProcessGroupCalls::AllReduceSum(at::Tensor& tensor, const std::string& what) {
   LOCKSTEP_RETURN_IF_ERROR(CheckContiguous(tensor, what));
-  LOCKSTEP_RETURN_IF_ERROR(CheckInStep(Call{kAllReduce, -1,
-                                            static_cast<int64_t>(tensor.scalar_type()),
-                                            static_cast<int64_t>(tensor.nbytes())},
-                                       what));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckInStep(Call{kAllReduce, -1, static_cast<int64_t>(tensor.scalar_type()),
+                       static_cast<int64_t>(tensor.nbytes())},
+                  what));
   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor staged, Staged(tensor, what));
   c10::intrusive_ptr<c10d::Work> work;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(what, [&] {

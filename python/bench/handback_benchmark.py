@@ -7,7 +7,10 @@ the TP x CP group. lockstep: ``with rng.model_stream(streams): draw`` then
 where present), set the model's state, draw, save it, set the caller's back, then one
 torch.distributed.broadcast of both states from the leader and set_rng_state on every member.
 Both run in one loop, alternating, after a warm-up; each rank reports its medians and rank 0
-prints the ratio. Also the binding's own cost: one model-stream scope entered and exited from
+prints the ratio. With CUDA the time is the host's, as a trainer pays it: the device is idle when
+each timed hand-back starts and is not waited for inside it (the model draw's kernel runs
+asynchronously on either side; processes sharing one GPU would otherwise time the GPU's switching
+between them). Also the binding's own cost: one model-stream scope entered and exited from
 Python against the same from C++, in the same process.
 
     python3 handback_benchmark.py [--world 2] [--iterations 2000] [--device cpu|cuda]
@@ -69,14 +72,12 @@ def worker(rank, world, store, iterations, device, results):
         order = (0, 1) if i % 2 == 0 else (1, 0)
         for which in order:
             if cuda:
-                torch.cuda.synchronize()
+                torch.cuda.synchronize()  # the device idle, outside the timed region
             start = time.perf_counter_ns()
             if which == 0:
                 lockstep_handback(rng, streams, group, cuda)
             else:
                 plain_handback(model_state, group, 0, cuda)
-            if cuda:
-                torch.cuda.synchronize()
             elapsed = time.perf_counter_ns() - start
             if i >= 200:  # warm-up outside the timed region
                 (ours if which == 0 else theirs).append(elapsed)

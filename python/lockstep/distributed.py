@@ -65,12 +65,17 @@ def communicator(group, timeout=DEFAULT_TIMEOUT):
     comm = _C._adopt_group(group, global_ranks(group), dist.get_world_size(), seconds,
                            store=dist.distributed_c10d._get_default_store() if lane else None,
                            lane_key=f"adopted/{name}/{count}",
-                           cuda_device=_current_cuda_device())
+                           cuda_device=_staging_device(group))
     _adopted[id(group)] = (group, comm)
     return comm
 
 
-def _current_cuda_device():
+def _staging_device(group):
+    """This rank's CUDA device for a group without a Gloo backend (NCCL's: lockstep's CPU tensors
+    are staged there), else -1. Only such groups touch CUDA here: a forked child of a process
+    that used CUDA cannot."""
+    if "gloo" in str(dist.get_backend(group)):
+        return -1
     import torch
     return torch.cuda.current_device() if torch.cuda.is_available() else -1
 

@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "collectives/communicator.h"
 #include "collectives/adopted_communicator.h"
 #include "collectives/c10d_group.h"
+#include "collectives/communicator.h"
 #include "collectives/topology.h"
 #include "python/src/bindings.h"
 #include "python/src/status.h"
@@ -38,10 +38,10 @@ std::pair<c10::intrusive_ptr<collectives::C10dGroup>, std::string> BackendOf(
     try {
       return group->getBackend(type);
     } catch (const std::exception&) {
-      return nullptr;
+      return c10::intrusive_ptr<c10d::Backend>();
     }
   };
-  if (!group->hasBackends()) return {nullptr, ""};
+  if (!group->hasBackends()) return {c10::intrusive_ptr<collectives::C10dGroup>(), ""};
   if (auto cpu = backend_for(c10::DeviceType::CPU);
       cpu && c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupGloo>(cpu)) {
     return {cpu, "gloo"};
@@ -49,10 +49,10 @@ std::pair<c10::intrusive_ptr<collectives::C10dGroup>, std::string> BackendOf(
   if (auto cuda = backend_for(c10::DeviceType::CUDA); cuda && cuda->getBackendName() == "nccl") {
     return {cuda, "nccl"};
   }
-  return {nullptr, ""};
+  return {c10::intrusive_ptr<collectives::C10dGroup>(), ""};
 #else
   if (c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupGloo>(group)) return {group, "gloo"};
-  return {nullptr, ""};
+  return {c10::intrusive_ptr<collectives::C10dGroup>(), ""};
 #endif
 }
 
@@ -93,7 +93,8 @@ void BindCollectives(py::module_& m) {
       "_adopt_group",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::vector<int> global_ranks,
          int world_size, double timeout_seconds, const py::object& store_object,
-         const std::string& lane_key, int cuda_device) -> std::shared_ptr<collectives::Communicator> {
+         const std::string& lane_key,
+         int cuda_device) -> std::shared_ptr<collectives::Communicator> {
         if (!group) Raise(absl::InvalidArgumentError("the group is None"));
         auto [backend, name] = BackendOf(group);
         if (!backend) {

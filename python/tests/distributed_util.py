@@ -6,11 +6,14 @@ import os
 import tempfile
 import traceback
 
+import torch
 import torch.distributed as dist
 
 
 def _rank_main(rank, world_size, store_path, fn, args, results):
     try:
+        # The ranks share the machine's cores: one thread pool each of all of them would thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
                                 world_size=world_size)
         value = fn(rank, world_size, *args)
@@ -23,10 +26,13 @@ def _rank_main(rank, world_size, store_path, fn, args, results):
         os._exit(0)  # skip interpreter teardown: a peer's group may be half destroyed
 
 
-def run_world(world_size, fn, *args, timeout=120, start_method="fork"):
-    """``fn(rank, world_size, *args)`` on each of ``world_size`` forked ranks. ``fn`` returns
-    plain values (lists, not tensors: those would cross through shared memory). Use
-    ``start_method="spawn"`` where the ranks use CUDA (a forked child cannot)."""
+def run_world(world_size, fn, *args, timeout=120, start_method=None):
+    """``fn(rank, world_size, *args)`` on each of ``world_size`` ranks (module-level ``fn``).
+    ``fn`` returns plain values (lists, not tensors: those would cross through shared memory).
+    Ranks are forked, except where CUDA is present: there they are spawned, since a forked child
+    can use neither CUDA nor autograd once the parent has (torch starts device threads)."""
+    if start_method is None:
+        start_method = "spawn" if torch.cuda.is_available() else "fork"
     context = multiprocessing.get_context(start_method)
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
