@@ -100,6 +100,68 @@ absl::StatusOr<Digest128> DigestTensor(const at::Tensor& tensor) {
                             chunk_hashes);
 }
 
+// Note [Batched digests]
+// A model's state is tens of thousands of tensors, most of them small (a 30B-class mixture of
+// experts has ~20,000 expert matrices of a few MiB). Digested one by one, each CUDA tensor pays a
+// wait for its kernel and a copy of its hashes, and each small CPU tensor hashes on one thread
+// (its chunks are fewer than a parallel task's grain). DigestTensors instead launches every CUDA
+// tensor's kernel before waiting once per device (internal::HashChunksOnDevices), and hashes the
+// CPU tensors in parallel across tensors, splitting within a tensor only when it is large. The
+// digests are DigestTensor's, bit for bit (digest_test checks it).
+absl::StatusOr<std::vector<Digest128>> DigestTensors(absl::Span<const at::Tensor> tensors) {
+  std::vector<std::string> dtypes(tensors.size());
+  std::vector<at::Tensor> on_devices;
+  std::vector<size_t> device_index;  // tensors[device_index[k]] is on_devices[k]
+  std::vector<size_t> small_cpu, large_cpu;
+  constexpr int64_t kLargeBytes = 64 << 20;  // split within a tensor from here on
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot digest tensor ", i, ": undefined"));
+    }
+    absl::StatusOr<std::string> dtype = SafetensorsDtypeName(t.scalar_type());
+    if (!dtype.ok()) return Annotate(dtype.status(), absl::StrCat("digesting tensor ", i));
+    dtypes[i] = *std::move(dtype);
+    if (!t.is_cpu() && !t.is_cuda()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("digesting tensor ", i, " on ", t.device().str(),
+                       ": only CPU and CUDA tensors can be digested"));
+    }
+    if (t.is_cuda()) {
+      on_devices.push_back(t);
+      device_index.push_back(i);
+    } else if (t.numel() * static_cast<int64_t>(t.element_size()) >= kLargeBytes) {
+      large_cpu.push_back(i);
+    } else {
+      small_cpu.push_back(i);
+    }
+  }
+  std::vector<Digest128> digests(tensors.size());
+  auto digest_cpu = [&](size_t i) {
+    const at::Tensor contiguous = tensors[i].contiguous();
+    digests[i] =
+        TensorBytesDigest(dtypes[i], tensors[i].sizes(),
+                          absl::string_view(static_cast<const char*>(contiguous.data_ptr()),
+                                            contiguous.numel() * contiguous.element_size()));
+  };
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting CPU tensors", [&] {
+    for (size_t i : large_cpu) digest_cpu(i);  // each split over the threads (HashChunks)
+    at::parallel_for(0, static_cast<int64_t>(small_cpu.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) digest_cpu(small_cpu[k]);  // one thread each
+    });
+  }));
+  if (on_devices.empty()) return digests;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> chunk_hashes,
+                            internal::HashChunksOnDevices(on_devices));
+  for (size_t k = 0; k < on_devices.size(); ++k) {
+    const at::Tensor& t = on_devices[k];
+    digests[device_index[k]] =
+        TensorRecordDigest(dtypes[device_index[k]], t.sizes(),
+                           static_cast<uint64_t>(t.numel()) * t.element_size(), chunk_hashes[k]);
+  }
+  return digests;
+}
+
 absl::StatusOr<Digest128> StateDigest(std::vector<std::pair<std::string, Digest128>> named) {
   std::sort(named.begin(), named.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });

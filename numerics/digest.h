@@ -58,6 +58,11 @@ Digest128 TensorBytesDigest(absl::string_view dtype_name, absl::Span<const int64
 // cannot hash on.
 absl::StatusOr<Digest128> DigestTensor(const at::Tensor& tensor);
 
+// DigestTensor of each tensor, computed together (Note [Batched digests] in digest.cc): a state
+// of many small tensors is hashed at the speed of its bytes, not of its tensor count. The same
+// errors as DigestTensor, naming the tensor's index.
+absl::StatusOr<std::vector<Digest128>> DigestTensors(absl::Span<const at::Tensor> tensors);
+
 // The state digest of named tensor digests (DIGEST.md, "A state"); names must be unique
 // (kInvalidArgument naming a duplicate).
 absl::StatusOr<Digest128> StateDigest(std::vector<std::pair<std::string, Digest128>> named);

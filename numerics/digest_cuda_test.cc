@@ -2,6 +2,7 @@
 // of its CPU copy for every size class, dtype and layout (including unaligned views).
 
 #include <cstring>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "base/status_testutil.h"
@@ -36,6 +37,22 @@ TEST(DigestCudaTest, ACudaTensorHasTheDigestOfItsCpuCopy) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host_transposed, DigestTensor(x.t()));
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device_transposed, DigestTensor(x.t().to(at::kCUDA)));
     EXPECT_EQ(host_transposed, device_transposed) << t;
+  }
+}
+
+// Batched across CUDA and CPU tensors (Note [Batched digests]): each digest is DigestTensor's.
+TEST(DigestCudaTest, DigestTensorsEqualsDigestTensorOfEachAcrossDevices) {
+  at::manual_seed(12);
+  const at::Tensor bytes = at::randint(0, 255, {100001}, at::kByte).to(at::kCUDA);
+  std::vector<at::Tensor> tensors = {at::randn({0}, at::kCUDA), bytes.narrow(0, 5, 50000),
+                                     at::randn({333, 77}, at::kCUDA).t(), at::randn({17}),
+                                     at::randn({10000000}, at::kCUDA).to(at::kBFloat16)};
+  for (int i = 0; i < 500; ++i) tensors.push_back(at::randn({i % 9, 100}, at::kCUDA));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<Digest128> batched, DigestTensors(tensors));
+  ASSERT_EQ(batched.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(tensors[i].cpu()));
+    EXPECT_EQ(batched[i], host) << "tensor " << i;
   }
 }
 

@@ -137,6 +137,37 @@ TEST(DigestTest, SensitiveToEveryBitAndToNamesDtypesAndShapes) {
   EXPECT_EQ(a.entries()[0].digest, b.entries()[0].digest);
 }
 
+// The batched digests (Note [Batched digests]) are DigestTensor's, bit for bit, for a mix of
+// empty, tiny, non-contiguous, offset, large (split within the tensor) and many small tensors.
+TEST(DigestTest, DigestTensorsEqualsDigestTensorOfEach) {
+  at::manual_seed(11);
+  const at::Tensor bytes = at::randint(0, 255, {100001}, at::kByte);
+  std::vector<at::Tensor> tensors = {
+      at::randn({0}),
+      at::randn({1}),
+      at::randn({333, 77}).t(),
+      bytes.narrow(0, 3, 50000),
+      at::randn({64 << 20 >> 2}).to(at::kBFloat16),  // 32 MiB
+      at::randn({(64 << 20 >> 2) + 5}),              // past the split threshold
+      at::randint(0, 2, {4097}, at::kBool),
+  };
+  for (int i = 0; i < 300; ++i) tensors.push_back(at::randn({i % 7, 40}).to(at::kHalf));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<Digest128> batched, DigestTensors(tensors));
+  ASSERT_EQ(batched.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 one, DigestTensor(tensors[i]));
+    EXPECT_EQ(batched[i], one) << "tensor " << i;
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<Digest128> none, DigestTensors({}));
+  EXPECT_TRUE(none.empty());
+  EXPECT_THAT(DigestTensors({at::ones({1}), at::Tensor()}).status().message(),
+              HasSubstr("tensor 1"));
+  EXPECT_THAT(DigestTensors({at::ones({1}), at::empty({2}, at::TensorOptions().device(at::kMeta))})
+                  .status()
+                  .message(),
+              HasSubstr("tensor 1 on meta"));
+}
+
 TEST(DigestTest, RefusesWhatItCannotDigest) {
   EXPECT_EQ(DigestTensor(at::Tensor()).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(DigestTensor(at::ones({1}, at::kComplexFloat)).status().message(),

@@ -35,6 +35,8 @@ absl::StatusOr<Inventory> Inventory::Seal(std::vector<InventoryEntry> entries) {
 absl::StatusOr<Inventory> Inventory::Of(const NamedTensors& tensors) {
   std::vector<InventoryEntry> entries;
   entries.reserve(tensors.size());
+  std::vector<at::Tensor> all;
+  all.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) {
     if (!tensor.defined()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
@@ -46,13 +48,13 @@ absl::StatusOr<Inventory> Inventory::Of(const NamedTensors& tensors) {
     entry.strides = tensor.strides().vec();
     entry.device = tensor.device().str();
     entry.bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
-    absl::StatusOr<Digest128> digest = DigestTensor(tensor);
-    if (!digest.ok()) {
-      return Annotate(digest.status(), absl::StrCat("while digesting tensor '", name, "'"));
-    }
-    entry.digest = *digest;
     entries.push_back(std::move(entry));
+    all.push_back(tensor);
   }
+  // All together (Note [Batched digests] in digest.cc).
+  absl::StatusOr<std::vector<Digest128>> digests = DigestTensors(all);
+  if (!digests.ok()) return Annotate(digests.status(), "while digesting the inventory's tensors");
+  for (size_t i = 0; i < entries.size(); ++i) entries[i].digest = (*digests)[i];
   return Seal(std::move(entries));
 }
 

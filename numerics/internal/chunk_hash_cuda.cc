@@ -1,4 +1,6 @@
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
@@ -41,6 +43,66 @@ absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor) {
     }
     const at::Tensor host = out.cpu();
     hashes.assign(static_cast<const char*>(host.data_ptr()), host.numel());
+  });
+  if (!status.ok()) return status;
+  if (!launched.ok()) return launched;
+  return hashes;
+}
+
+absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
+  // Each tensor's contiguous, 8-byte aligned bytes (kept alive until the batch's copy is done),
+  // its chunk count and its first chunk in its device's buffer.
+  struct Job {
+    at::Tensor bytes;
+    uint64_t num_bytes = 0;
+    int64_t chunks = 0;
+    int64_t first = 0;
+  };
+  std::vector<Job> jobs(tensors.size());
+  std::map<c10::DeviceIndex, int64_t> chunks_on;  // per device: chunks so far
+  std::vector<std::string> hashes(tensors.size());
+  absl::Status launched = absl::OkStatus();
+  const absl::Status status = CallTorch("hashing CUDA tensors' digest chunks", [&] {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const at::Tensor& tensor = tensors[i];
+      if (!tensor.is_cuda()) {
+        launched = absl::FailedPreconditionError(
+            absl::StrCat("digesting tensor ", i, " on ", tensor.device().str(),
+                         ": only CPU and CUDA tensors can be digested"));
+        return;
+      }
+      Job& job = jobs[i];
+      c10::cuda::CUDAGuard guard(tensor.device());
+      job.bytes = tensor.contiguous();
+      if (reinterpret_cast<uintptr_t>(job.bytes.data_ptr()) % 8 != 0) job.bytes = job.bytes.clone();
+      job.num_bytes = static_cast<uint64_t>(job.bytes.numel()) * job.bytes.element_size();
+      job.chunks = static_cast<int64_t>((job.num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
+      job.first = chunks_on[tensor.device().index()];
+      chunks_on[tensor.device().index()] += job.chunks;
+    }
+    for (const auto& [device, total] : chunks_on) {
+      if (total == 0) continue;
+      c10::cuda::CUDAGuard guard(c10::Device(c10::kCUDA, device));
+      at::Tensor out =
+          at::empty({16 * total}, at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+      for (Job& job : jobs) {
+        if (job.bytes.device().index() != device || job.chunks == 0) continue;
+        const cudaError_t error =
+            LaunchChunkHash(static_cast<const uint8_t*>(job.bytes.data_ptr()), job.num_bytes,
+                            out.data_ptr<uint8_t>() + 16 * job.first, stream);
+        if (error != cudaSuccess) {
+          launched = CudaStatus(error, "launching the chunk hash kernel");
+          return;
+        }
+      }
+      const at::Tensor host = out.cpu();  // the batch's one wait on this device
+      const char* all = static_cast<const char*>(host.data_ptr());
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (jobs[i].bytes.device().index() != device) continue;
+        hashes[i].assign(all + 16 * jobs[i].first, static_cast<size_t>(16 * jobs[i].chunks));
+      }
+    }
   });
   if (!status.ok()) return status;
   if (!launched.ok()) return launched;

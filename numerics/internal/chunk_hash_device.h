@@ -8,9 +8,11 @@
 #define LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_DEVICE_H_
 
 #include <string>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace lockstep {
 namespace numerics {
@@ -19,6 +21,12 @@ namespace internal {
 // 16 bytes per chunk of the tensor's logical contiguous bytes, in chunk order.
 // kFailedPrecondition for a device this build cannot hash on.
 absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor);
+
+// HashChunksOnDevice of each tensor (all on devices this build hashes on), launched one after
+// another on each device's current stream into one buffer per device, which is copied back once:
+// one wait per device for the whole batch instead of one per tensor (Note [Batched digests] in
+// digest.cc).
+absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
 
 }  // namespace internal
 }  // namespace numerics

@@ -12,6 +12,11 @@ absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor) {
                    " needs a CUDA build of lockstep (--config=cuda)"));
 }
 
+absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
+  if (tensors.empty()) return std::vector<std::string>();
+  return HashChunksOnDevice(tensors[0]).status();
+}
+
 }  // namespace internal
 }  // namespace numerics
 }  // namespace lockstep
