@@ -104,10 +104,12 @@ absl::StatusOr<Digest128> DigestTensor(const at::Tensor& tensor) {
 // A model's state is tens of thousands of tensors, most of them small (a 30B-class mixture of
 // experts has ~20,000 expert matrices of a few MiB). Digested one by one, each CUDA tensor pays a
 // wait for its kernel and a copy of its hashes, and each small CPU tensor hashes on one thread
-// (its chunks are fewer than a parallel task's grain). DigestTensors instead launches every CUDA
-// tensor's kernel before waiting once per device (internal::HashChunksOnDevices), and hashes the
-// CPU tensors in parallel across tensors, splitting within a tensor only when it is large. The
-// digests are DigestTensor's, bit for bit (digest_test checks it).
+// (its chunks are fewer than a parallel task's grain), and a small tensor's kernel fills a few of
+// the GPU's multiprocessors. DigestTensors instead hashes every CUDA tensor of a device in one
+// kernel over all their chunks, then waits and copies the hashes back once
+// (internal::HashChunksOnDevices), and hashes the CPU tensors in parallel across tensors,
+// splitting within a tensor only when it is large. The digests are DigestTensor's, bit for bit
+// (digest_test and digest_cuda_test check it).
 absl::StatusOr<std::vector<Digest128>> DigestTensors(absl::Span<const at::Tensor> tensors) {
   std::vector<std::string> dtypes(tensors.size());
   std::vector<at::Tensor> on_devices;

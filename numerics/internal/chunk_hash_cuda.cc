@@ -86,15 +86,24 @@ absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at
       at::Tensor out =
           at::empty({16 * total}, at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-      for (Job& job : jobs) {
+      // One launch for the whole batch (a single small tensor's kernel would leave most of the
+      // GPU idle): the segment table goes to the device first, on the same stream.
+      std::vector<ChunkHashSegment> segments;
+      for (const Job& job : jobs) {
         if (job.bytes.device().index() != device || job.chunks == 0) continue;
-        const cudaError_t error =
-            LaunchChunkHash(static_cast<const uint8_t*>(job.bytes.data_ptr()), job.num_bytes,
-                            out.data_ptr<uint8_t>() + 16 * job.first, stream);
-        if (error != cudaSuccess) {
-          launched = CudaStatus(error, "launching the chunk hash kernel");
-          return;
-        }
+        segments.push_back({static_cast<const uint8_t*>(job.bytes.data_ptr()), job.num_bytes,
+                            static_cast<uint64_t>(job.first)});
+      }
+      const int64_t table_bytes = static_cast<int64_t>(segments.size() * sizeof(ChunkHashSegment));
+      at::Tensor table = at::from_blob(segments.data(), {table_bytes}, at::kByte)
+                             .to(at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
+      const cudaError_t error = LaunchSegmentedChunkHash(
+          reinterpret_cast<const ChunkHashSegment*>(table.data_ptr<uint8_t>()),
+          static_cast<int>(segments.size()), static_cast<uint64_t>(total), out.data_ptr<uint8_t>(),
+          stream);
+      if (error != cudaSuccess) {
+        launched = CudaStatus(error, "launching the batched chunk hash kernel");
+        return;
       }
       const at::Tensor host = out.cpu();  // the batch's one wait on this device
       const char* all = static_cast<const char*>(host.data_ptr());

@@ -22,10 +22,9 @@ namespace internal {
 // kFailedPrecondition for a device this build cannot hash on.
 absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor);
 
-// HashChunksOnDevice of each tensor (all on devices this build hashes on), launched one after
-// another on each device's current stream into one buffer per device, which is copied back once:
-// one wait per device for the whole batch instead of one per tensor (Note [Batched digests] in
-// digest.cc).
+// HashChunksOnDevice of each tensor (all CUDA tensors): one kernel per device over all of that
+// device's tensors, on its current stream, into one buffer copied back once (Note [Batched
+// digests] in digest.cc).
 absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
 
 }  // namespace internal

@@ -23,19 +23,11 @@ __device__ __forceinline__ uint64_t Load(const uint8_t* chunk, int offset, uint6
   return v;
 }
 
-// Thread 8c + l hashes lane l of chunk c; lanes i and i ^ 1 swap their input words through a
-// shuffle, and lane 0 gathers the lanes to merge them.
-__global__ void ChunkHashKernel(const uint8_t* __restrict__ data, uint64_t num_bytes,
-                                uint64_t chunks, uint8_t* __restrict__ out) {
-  const uint64_t thread = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  const uint64_t chunk = thread / 8;
-  if (chunk >= chunks) return;  // whole groups of 8 leave together
-  const int lane = threadIdx.x & 7;
-  const unsigned group = 0xFFu << (threadIdx.x & 24);
-  const uint8_t* input = data + chunk * kXxh3ChunkBytes;
-  const uint64_t left = num_bytes - chunk * kXxh3ChunkBytes;
-  const uint64_t available = left < kXxh3ChunkBytes ? left : kXxh3ChunkBytes;
-
+// Lane `lane` (0..7) of the group of eight threads hashing the chunk at `input` (`available`
+// bytes of it exist; zeros past them) into out[0..16): lanes i and i ^ 1 swap their input words
+// through a shuffle, and lane 0 gathers the lanes to merge them.
+__device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t available, int lane,
+                                          unsigned group, uint8_t* out) {
   uint64_t keys[kXxh3StripesPerBlock];
 #pragma unroll
   for (int s = 0; s < kXxh3StripesPerBlock; ++s) keys[s] = Xxh3ReadLe64(kSecret + 8 * (s + lane));
@@ -75,7 +67,41 @@ __global__ void ChunkHashKernel(const uint8_t* __restrict__ data, uint64_t num_b
   uint64_t lanes[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) lanes[i] = __shfl_sync(group, acc, i, 8);
-  if (lane == 0) Xxh3Finish(lanes, kSecret, out + 16 * chunk);
+  if (lane == 0) Xxh3Finish(lanes, kSecret, out);
+}
+
+// Thread 8c + l hashes lane l of chunk c.
+__global__ void ChunkHashKernel(const uint8_t* __restrict__ data, uint64_t num_bytes,
+                                uint64_t chunks, uint8_t* __restrict__ out) {
+  const uint64_t thread = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const uint64_t chunk = thread / 8;
+  if (chunk >= chunks) return;  // whole groups of 8 leave together
+  const uint64_t left = num_bytes - chunk * kXxh3ChunkBytes;
+  HashChunk(data + chunk * kXxh3ChunkBytes, left < kXxh3ChunkBytes ? left : kXxh3ChunkBytes,
+            threadIdx.x & 7, 0xFFu << (threadIdx.x & 24), out + 16 * chunk);
+}
+
+// Thread 8g + l hashes lane l of the batch's chunk g, which belongs to the last segment whose
+// first chunk is at most g (a binary search over the segments, the same for the eight lanes).
+__global__ void SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments, int count,
+                                         uint64_t total_chunks, uint8_t* __restrict__ out) {
+  const uint64_t thread = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const uint64_t chunk = thread / 8;
+  if (chunk >= total_chunks) return;  // whole groups of 8 leave together
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (segments[mid].first_chunk <= chunk) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const ChunkHashSegment segment = segments[lo];
+  const uint64_t local = chunk - segment.first_chunk;
+  const uint64_t left = segment.num_bytes - local * kXxh3ChunkBytes;
+  HashChunk(segment.data + local * kXxh3ChunkBytes, left < kXxh3ChunkBytes ? left : kXxh3ChunkBytes,
+            threadIdx.x & 7, 0xFFu << (threadIdx.x & 24), out + 16 * chunk);
 }
 
 }  // namespace
@@ -88,6 +114,16 @@ cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* ou
   const uint64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
   ChunkHashKernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(data, num_bytes,
                                                                                   chunks, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
+                                     uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
+  if (count == 0 || total_chunks == 0) return cudaSuccess;
+  const uint64_t threads = 8 * total_chunks;
+  const uint64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
+      segments, count, total_chunks, out);
   return cudaGetLastError();
 }
 

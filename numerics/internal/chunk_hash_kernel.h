@@ -1,6 +1,7 @@
 // numerics/internal/chunk_hash_kernel.h
 //
-// Private to numerics/: the CUDA kernel that hashes a device buffer's digest chunks
+// Private to numerics/: the CUDA kernels that hash a device buffer's digest chunks (or those of a
+// batch of buffers)
 // (DIGEST.md step 2) — eight threads per 16 KiB chunk, one XXH3 accumulator lane each — compiled
 // by nvcc (chunk_hash_kernel.cu). Plain C++ interface, so nvcc never parses LibTorch.
 
@@ -19,6 +20,21 @@ namespace internal {
 // chunk zero-padded) into out[16 * i .. 16 * i + 16) (device memory), on `stream`.
 cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
                             cudaStream_t stream);
+
+// One buffer of a batch: its bytes (device memory, 8-byte aligned, num_bytes > 0) and where its
+// first chunk's hash goes among the batch's chunks.
+struct ChunkHashSegment {
+  const uint8_t* data;
+  uint64_t num_bytes;
+  uint64_t first_chunk;
+};
+
+// Hashes every segment's chunks in one launch, so that a batch of small buffers fills the GPU:
+// chunk j of segment i into out[16 * (first_chunk_i + j) ..) (device memory). `segments` (device
+// memory, `count` of them) are ordered by first_chunk, each starting where the one before ends;
+// `total_chunks` is the batch's.
+cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
+                                     uint64_t total_chunks, uint8_t* out, cudaStream_t stream);
 
 }  // namespace internal
 }  // namespace numerics
