@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "ATen/ATen.h"
 #include "ATen/core/grad_mode.h"
@@ -24,7 +25,8 @@ constexpr char kRecordingMetadataKey[] = "lockstep.recording";
 
 std::optional<RecordKind> KindFromName(const std::string& name) {
   for (RecordKind kind :
-       {RecordKind::kForwardOutput, RecordKind::kGradientAtOutput, RecordKind::kGradientAtInput}) {
+       {RecordKind::kForwardOutput, RecordKind::kGradientAtOutput, RecordKind::kGradientAtInput,
+        RecordKind::kIncomingGradient, RecordKind::kAccumulatedGradient}) {
     if (RecordKindName(kind) == name) return kind;
   }
   return std::nullopt;
@@ -106,6 +108,10 @@ std::string RecordKindName(RecordKind kind) {
       return "gradient_at_output";
     case RecordKind::kGradientAtInput:
       return "gradient_at_input";
+    case RecordKind::kIncomingGradient:
+      return "incoming_gradient";
+    case RecordKind::kAccumulatedGradient:
+      return "accumulated_gradient";
   }
   return "unknown";
 }
@@ -181,6 +187,60 @@ at::Tensor Recorder::Exit(const std::string& module, const at::Tensor& output) {
     });
   }
   return output;
+}
+
+// Note [Leaf gradients]
+// A parameter's .grad is the sum of every backward's contribution: with gradient accumulation
+// (several microbatches per step), shared weights (tied embeddings) or a parameter used twice in
+// one graph, several contributions reach the same leaf. When two runs' .grad differ, the question
+// is whether a contribution differed (the model's backward is not deterministic) or the same
+// contributions were added up differently (their order changed: another microbatch order,
+// another autograd thread schedule; float addition does not associate). A hook on the leaf sees
+// each contribution before AccumulateGrad adds it, so the recording holds the contributions in
+// arrival order and then the accumulated .grad; LocalizeParameterGradient compares the
+// contributions as a set of digests, so a mere change of order is told from a changed
+// contribution.
+absl::StatusOr<ParameterTap> Recorder::TapParameter(const std::string& name,
+                                                    const at::Tensor& parameter) {
+  if (!parameter.defined() || !parameter.is_leaf() || !parameter.requires_grad()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tapping parameter '", name, "': it must be a leaf tensor that requires grad"));
+  }
+  unsigned hook = 0;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("tapping parameter '", name, "'"), [&] {
+    hook = parameter.register_hook([shared = shared_, name](const at::Tensor& grad) {
+      Add(*shared, name, RecordKind::kIncomingGradient, grad);
+    });
+  }));
+  return ParameterTap(parameter, hook);
+}
+
+absl::Status Recorder::RecordAccumulated(const std::string& name, const at::Tensor& parameter) {
+  if (!parameter.defined() || !parameter.grad().defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("recording the accumulated gradient of '", name, "': it has none"));
+  }
+  Add(*shared_, name, RecordKind::kAccumulatedGradient, parameter.grad());
+  return status();
+}
+
+ParameterTap::ParameterTap(ParameterTap&& other) noexcept
+    : parameter_(std::move(other.parameter_)), hook_(other.hook_) {
+  other.parameter_ = at::Tensor();
+}
+
+ParameterTap& ParameterTap::operator=(ParameterTap&& other) noexcept {
+  if (this != &other) {
+    if (parameter_.defined()) parameter_.remove_hook(hook_);
+    parameter_ = std::move(other.parameter_);
+    hook_ = other.hook_;
+    other.parameter_ = at::Tensor();
+  }
+  return *this;
+}
+
+ParameterTap::~ParameterTap() {
+  if (parameter_.defined()) parameter_.remove_hook(hook_);
 }
 
 absl::Status Recorder::status() const {
@@ -262,6 +322,73 @@ absl::StatusOr<std::optional<Divergence>> FirstDivergence(const Recording& a, co
     return std::optional<Divergence>(std::move(d));
   }
   return std::optional<Divergence>();
+}
+
+std::string GradientVerdictName(GradientLocalization::Verdict verdict) {
+  switch (verdict) {
+    case GradientLocalization::kSame:
+      return "same";
+    case GradientLocalization::kIncoming:
+      return "incoming";
+    case GradientLocalization::kAccumulation:
+      return "accumulation";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<GradientLocalization> LocalizeParameterGradient(const Recording& a,
+                                                               const Recording& b,
+                                                               const std::string& parameter) {
+  struct Leaf {
+    std::vector<Digest128> incoming;  // arrival order
+    std::optional<Digest128> accumulated;
+  };
+  auto leaf_of = [&](const Recording& r) {
+    Leaf leaf;
+    for (const Record& record : r.records()) {
+      if (record.module != parameter) continue;
+      if (record.kind == RecordKind::kIncomingGradient) leaf.incoming.push_back(record.digest);
+      if (record.kind == RecordKind::kAccumulatedGradient) leaf.accumulated = record.digest;
+    }
+    return leaf;
+  };
+  const Leaf la = leaf_of(a), lb = leaf_of(b);
+  if (!la.accumulated || !lb.accumulated) {
+    return absl::NotFoundError(absl::StrCat("no accumulated gradient of '", parameter, "' in ",
+                                            la.accumulated ? "the second" : "the first",
+                                            " recording (Recorder::RecordAccumulated)"));
+  }
+  GradientLocalization out;
+  out.parameter = parameter;
+  out.incoming_a = static_cast<int64_t>(la.incoming.size());
+  out.incoming_b = static_cast<int64_t>(lb.incoming.size());
+  if (*la.accumulated == *lb.accumulated) return out;
+  // Each contribution of one run matched with an equal, unused one of the other's.
+  auto first_unmatched = [](const std::vector<Digest128>& mine,
+                            const std::vector<Digest128>& theirs) -> int64_t {
+    std::multiset<Digest128> pool(theirs.begin(), theirs.end());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto found = pool.find(mine[i]);
+      if (found == pool.end()) return static_cast<int64_t>(i);
+      pool.erase(found);
+    }
+    return -1;
+  };
+  out.first_unmatched_a = first_unmatched(la.incoming, lb.incoming);
+  out.first_unmatched_b = first_unmatched(lb.incoming, la.incoming);
+  out.verdict = out.first_unmatched_a < 0 && out.first_unmatched_b < 0
+                    ? GradientLocalization::kAccumulation
+                    : GradientLocalization::kIncoming;
+  return out;
+}
+
+json GradientLocalizationJson(const GradientLocalization& l) {
+  return {{"parameter", l.parameter},
+          {"verdict", GradientVerdictName(l.verdict)},
+          {"incoming_a", l.incoming_a},
+          {"incoming_b", l.incoming_b},
+          {"first_unmatched_a", l.first_unmatched_a},
+          {"first_unmatched_b", l.first_unmatched_b}};
 }
 
 json DivergenceJson(const std::optional<Divergence>& divergence) {

@@ -49,8 +49,15 @@
 namespace lockstep {
 namespace numerics {
 
-// What a record holds: a module's forward output, or the gradient at its output or input.
-enum class RecordKind { kForwardOutput, kGradientAtOutput, kGradientAtInput };
+// What a record holds: a module's forward output, or the gradient at its output or input; for a
+// parameter (a leaf), one backward's contribution as it arrives, or its accumulated .grad.
+enum class RecordKind {
+  kForwardOutput,
+  kGradientAtOutput,
+  kGradientAtInput,
+  kIncomingGradient,
+  kAccumulatedGradient,
+};
 std::string RecordKindName(RecordKind kind);
 
 struct RecordSummary {
@@ -98,6 +105,24 @@ class Recording {
   std::vector<Record> records_;
 };
 
+// A tap on a parameter's incoming gradients (Recorder::TapParameter): removes its hook when
+// destroyed, so a parameter that outlives one recording is not recorded into it again. Move-only.
+class ParameterTap {
+ public:
+  ParameterTap(ParameterTap&& other) noexcept;
+  ParameterTap& operator=(ParameterTap&& other) noexcept;
+  ParameterTap(const ParameterTap&) = delete;
+  ParameterTap& operator=(const ParameterTap&) = delete;
+  ~ParameterTap();
+
+ private:
+  friend class Recorder;
+  ParameterTap(at::Tensor parameter, unsigned hook)
+      : parameter_(std::move(parameter)), hook_(hook) {}
+  at::Tensor parameter_;  // undefined once moved from
+  unsigned hook_ = 0;
+};
+
 class Recorder {
  public:
   explicit Recorder(RecorderOptions options = RecorderOptions());
@@ -110,6 +135,15 @@ class Recorder {
   // In forward, after `module` ran: records `output` (kForwardOutput) and, if it requires grad,
   // the gradient that arrives at it (kGradientAtOutput). Returns `output`.
   at::Tensor Exit(const std::string& module, const at::Tensor& output);
+
+  // Leaf gradients (Note [Leaf gradients] in divergence.cc): every gradient contribution that
+  // reaches `parameter` in a backward is recorded as it arrives (kIncomingGradient, before it is
+  // added to .grad), while the returned tap lives. kInvalidArgument for a tensor that is not a
+  // leaf requiring grad.
+  absl::StatusOr<ParameterTap> TapParameter(const std::string& name, const at::Tensor& parameter);
+  // Records `parameter`'s .grad as it is now (kAccumulatedGradient): call after the backwards.
+  // kFailedPrecondition when it has no gradient.
+  absl::Status RecordAccumulated(const std::string& name, const at::Tensor& parameter);
 
   // The first error of a hook (a digest that failed), or OK.
   absl::Status status() const;
@@ -146,8 +180,35 @@ struct Divergence {
 absl::StatusOr<std::optional<Divergence>> FirstDivergence(const Recording& a, const Recording& b,
                                                           const Tolerance& tolerance = Tolerance());
 
+// Where a parameter's gradient first differs between two recordings that tapped it (Note [Leaf
+// gradients]): kSame when the accumulated gradients' digests agree; kIncoming when a contribution
+// of one run has no equal among the other's (the difference entered before accumulation: in the
+// model's backward); kAccumulation when the runs received the same contributions (compared as
+// sets of digests, whatever their order) yet accumulated different gradients (the order of the
+// additions, or the accumulation itself).
+struct GradientLocalization {
+  enum Verdict { kSame, kIncoming, kAccumulation };
+  Verdict verdict = kSame;
+  std::string parameter;
+  int64_t incoming_a = 0;  // contributions each run received
+  int64_t incoming_b = 0;
+  // kIncoming: the first contribution of `a`, in arrival order, with no equal in `b` (-1: the
+  // difference is one in `b` only, at first_unmatched_b).
+  int64_t first_unmatched_a = -1;
+  int64_t first_unmatched_b = -1;
+};
+std::string GradientVerdictName(GradientLocalization::Verdict verdict);
+
+// kNotFound when either recording has no accumulated record of `parameter`.
+absl::StatusOr<GradientLocalization> LocalizeParameterGradient(const Recording& a,
+                                                               const Recording& b,
+                                                               const std::string& parameter);
+
 nlohmann::json RecordJson(const Record& record);
 nlohmann::json DivergenceJson(const std::optional<Divergence>& divergence);
+// {"parameter", "verdict": "same"|"incoming"|"accumulation", "incoming_a", "incoming_b",
+//  "first_unmatched_a", "first_unmatched_b"}.
+nlohmann::json GradientLocalizationJson(const GradientLocalization& localization);
 
 }  // namespace numerics
 }  // namespace lockstep

@@ -5,6 +5,7 @@
 #include "numerics/divergence.h"
 
 #include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
@@ -119,6 +120,78 @@ TEST(DivergenceTest, KeptTensorsGiveTheComparisonFiguresAndSurviveSaving) {
   const std::string plain = testing::TempDir() + "/plain.safetensors";
   LOCKSTEP_ASSERT_OK(WriteSafetensors(plain, {{"x", at::ones({1})}}));
   EXPECT_THAT(Recording::Load(plain).status().message(), HasSubstr("not a lockstep recording"));
+}
+
+// Note [Leaf gradients]: three contributions to one parameter w, accumulated in `order`; `bump`
+// is added to the second contribution. In float32 (1e8 + 1) - 1e8 is 0 while (1e8 - 1e8) + 1 is
+// 1, so the orders (0, 1, 2) and (0, 2, 1) accumulate different gradients from the same
+// contributions.
+Recording LeafRun(const std::vector<int>& order, float bump) {
+  at::Tensor w = at::zeros({1}).requires_grad_();
+  Recorder recorder;
+  absl::StatusOr<ParameterTap> tap = recorder.TapParameter("w", w);
+  EXPECT_TRUE(tap.ok()) << tap.status();
+  const float scale[3] = {1e8f, 1.0f + bump, -1e8f};
+  for (int k : order) (w * scale[k]).sum().backward();
+  EXPECT_TRUE(recorder.RecordAccumulated("w", w).ok());
+  return recorder.Snapshot();
+}
+
+TEST(DivergenceTest, ALeafGradientTellsAChangedContributionFromAChangedAccumulationOrder) {
+  const Recording in_order = LeafRun({0, 1, 2}, 0);
+  const Recording reordered = LeafRun({0, 2, 1}, 0);
+  const Recording bumped = LeafRun({0, 2, 1}, 0.5f);
+  ASSERT_EQ(in_order.records().size(), 4u);  // three contributions, then the .grad
+  EXPECT_EQ(in_order.records()[0].kind, RecordKind::kIncomingGradient);
+  EXPECT_EQ(in_order.records()[3].kind, RecordKind::kAccumulatedGradient);
+
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(GradientLocalization same,
+                                LocalizeParameterGradient(in_order, LeafRun({0, 1, 2}, 0), "w"));
+  EXPECT_EQ(same.verdict, GradientLocalization::kSame);
+
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(GradientLocalization order,
+                                LocalizeParameterGradient(in_order, reordered, "w"));
+  EXPECT_EQ(order.verdict, GradientLocalization::kAccumulation);
+  EXPECT_EQ(order.incoming_a, 3);
+  EXPECT_EQ(order.incoming_b, 3);
+  // Record by record, the runs first differ at the second contribution: without the set
+  // comparison that would look like a changed contribution.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::optional<Divergence> first,
+                                FirstDivergence(in_order, reordered));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->index, 1);
+
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(GradientLocalization changed,
+                                LocalizeParameterGradient(reordered, bumped, "w"));
+  EXPECT_EQ(changed.verdict, GradientLocalization::kIncoming);
+  EXPECT_EQ(changed.first_unmatched_a, 2);  // the third to arrive: the unbumped 1
+  EXPECT_EQ(changed.first_unmatched_b, 2);
+  EXPECT_EQ(GradientLocalizationJson(changed)["verdict"], "incoming");
+
+  // The kinds survive saving; a recording without the parameter's .grad is refused.
+  const std::string path = absl::StrCat(::testing::TempDir(), "/leaf.rec");
+  LOCKSTEP_ASSERT_OK(reordered.Save(path));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Recording loaded, Recording::Load(path));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(GradientLocalization again,
+                                LocalizeParameterGradient(in_order, loaded, "w"));
+  EXPECT_EQ(again.verdict, GradientLocalization::kAccumulation);
+  EXPECT_EQ(LocalizeParameterGradient(in_order, loaded, "v").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(DivergenceTest, AParameterTapRecordsOnlyWhileItLivesAndRefusesNonLeaves) {
+  at::Tensor w = at::ones({2}).requires_grad_();
+  Recorder recorder;
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(ParameterTap tap, recorder.TapParameter("w", w));
+    ParameterTap moved = std::move(tap);  // the hook goes with the tap
+    (w * 2).sum().backward();
+  }
+  (w * 3).sum().backward();  // the tap is gone: not recorded
+  EXPECT_EQ(recorder.Snapshot().records().size(), 1u);
+  EXPECT_EQ(recorder.TapParameter("w2", w * 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(recorder.RecordAccumulated("u", at::ones({1}).requires_grad_()).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(DivergenceTest, AShorterRunDivergesAtItsEnd) {
