@@ -24,7 +24,9 @@ absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor);
 
 // HashChunksOnDevice of each tensor (all CUDA tensors): one kernel per device over all of that
 // device's tensors, on its current stream, into one buffer copied back once (Note [Batched
-// digests] in digest.cc).
+// digests] in digest.cc). A non-contiguous tensor (or one at an odd offset) is copied to a
+// contiguous buffer that lives until the batch is done, so such tensors cost their size in
+// device memory meanwhile.
 absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
 
 }  // namespace internal
