@@ -32,9 +32,16 @@ bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
          static_cast<int64_t>(tensor.nbytes()) <= internal::HostLane::kMaxBytes;
 }
 
+// What the lane compares besides the size: the operation built on its all-gather and the dtype,
+// so that an all-reduce and an all-gather, or two dtypes, are refused as different collectives.
+enum LaneOperation : uint32_t { kLaneAllGather = 1, kLaneAllReduce = 2 };
+uint32_t LaneTag(LaneOperation op, const at::Tensor& tensor) {
+  return (static_cast<uint32_t>(op) << 16) | static_cast<uint32_t>(tensor.scalar_type());
+}
+
 // Every member's `input` through the lane, as [size, input.sizes()...].
 absl::StatusOr<at::Tensor> LaneGather(internal::HostLane& lane, const at::Tensor& input, int size,
-                                      const std::string& what) {
+                                      uint32_t tag, const std::string& what) {
   at::Tensor gathered;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating the output", [&] {
     std::vector<int64_t> shape = {size};
@@ -42,7 +49,7 @@ absl::StatusOr<at::Tensor> LaneGather(internal::HostLane& lane, const at::Tensor
     gathered = at::empty(shape, input.options());
   }));
   LOCKSTEP_RETURN_IF_ERROR(lane.AllGather(input.data_ptr(), static_cast<int64_t>(input.nbytes()),
-                                          gathered.data_ptr(), what));
+                                          gathered.data_ptr(), what, tag));
   return gathered;
 }
 
@@ -147,8 +154,9 @@ absl::StatusOr<std::vector<at::Tensor>> AdoptedCommunicator::AllGather(const at:
       return absl::OkStatus();
     }
     LOCKSTEP_RETURN_IF_ERROR(internal::CheckContiguous(input, what));
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered,
-                              LaneGather(*group_->host_lane, input, size(), what));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor gathered,
+        LaneGather(*group_->host_lane, input, size(), LaneTag(kLaneAllGather, input), what));
     return CallTorch(what, [&] {
       for (int m = 0; m < size(); ++m) outputs.push_back(gathered[m]);
     });
@@ -166,8 +174,9 @@ absl::Status AdoptedCommunicator::AllReduceSum(at::Tensor& tensor) {
     // Every member gathers every contribution and adds them up in rank order, so all members
     // hold the same sum.
     LOCKSTEP_RETURN_IF_ERROR(internal::CheckContiguous(tensor, what));
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered,
-                              LaneGather(*group_->host_lane, tensor, size(), what));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        at::Tensor gathered,
+        LaneGather(*group_->host_lane, tensor, size(), LaneTag(kLaneAllReduce, tensor), what));
     return CallTorch(what + ": adding up", [&] {
       at::Tensor sum = gathered[0].clone();
       for (int m = 1; m < size(); ++m) sum.add_(gathered[m]);

@@ -122,6 +122,27 @@ TEST(AdoptedCommunicatorTest, WithAStoreMovesSmallCpuTensorsThroughTheHostLane) 
   }));
 }
 
+// The lane builds the all-reduce on its all-gather; their tags (operation and dtype) keep an
+// all-reduce on one member and an all-gather on the other from both "succeeding".
+TEST(AdoptedCommunicatorTest, AnAllReduceAgainstAnAllGatherIsRefusedOnTheLane) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/adopt_tags_", getpid());
+  const std::vector<absl::Status> results =
+      RunProcessWorld(World(2), [&](int rank, Communicator&) -> absl::Status {
+        AdoptedCommunicator::Options options = Members({0, 1}, 2);
+        options.store = c10::make_intrusive<c10d::FileStore>(path + "_lane", 2);
+        options.lane_key = "tags/0";
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            auto adopted, AdoptedCommunicator::Adopt(MakeGlooGroup(path, rank, 2), options));
+        at::Tensor t = at::ones({4}, at::kFloat);
+        if (rank == 0) return adopted->AllReduceSum(t);
+        return adopted->AllGather(t).status();
+      });
+  ASSERT_EQ(results.size(), 2u);
+  for (const absl::Status& s : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
+  }
+}
+
 TEST(AdoptedCommunicatorTest, RefusesANullGroupAndOptionsThatDoNotFit) {
   const auto refused = [](const absl::Status& status, const std::string& words) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;

@@ -191,15 +191,16 @@ at::Tensor Recorder::Exit(const std::string& module, const at::Tensor& output) {
 
 // Note [Leaf gradients]
 // A parameter's .grad is the sum of every backward's contribution: with gradient accumulation
-// (several microbatches per step), shared weights (tied embeddings) or a parameter used twice in
-// one graph, several contributions reach the same leaf. When two runs' .grad differ, the question
-// is whether a contribution differed (the model's backward is not deterministic) or the same
-// contributions were added up differently (their order changed: another microbatch order,
-// another autograd thread schedule; float addition does not associate). A hook on the leaf sees
-// each contribution before AccumulateGrad adds it, so the recording holds the contributions in
-// arrival order and then the accumulated .grad; LocalizeParameterGradient compares the
-// contributions as a set of digests, so a mere change of order is told from a changed
-// contribution.
+// (several microbatches per step, several backwards) the contributions reach the same leaf one
+// backward at a time. When two runs' .grad differ, the question is whether a contribution
+// differed (the model's backward is not deterministic) or the same contributions were added up
+// differently (their order changed: another microbatch order; float addition does not
+// associate). A hook on the leaf sees each backward's contribution before AccumulateGrad adds it,
+// so the recording holds the contributions in arrival order and then the accumulated .grad;
+// LocalizeParameterGradient compares the contributions as a set of digests, so a mere change of
+// order is told from a changed contribution. Within one backward, autograd has already summed a
+// parameter's uses (a tied embedding, a weight used twice) before the hook sees them: a
+// different order of those additions shows as a changed contribution.
 absl::StatusOr<ParameterTap> Recorder::TapParameter(const std::string& name,
                                                     const at::Tensor& parameter) {
   if (!parameter.defined() || !parameter.is_leaf() || !parameter.requires_grad()) {
@@ -363,6 +364,12 @@ absl::StatusOr<GradientLocalization> LocalizeParameterGradient(const Recording& 
   out.incoming_a = static_cast<int64_t>(la.incoming.size());
   out.incoming_b = static_cast<int64_t>(lb.incoming.size());
   if (*la.accumulated == *lb.accumulated) return out;
+  if (la.incoming.empty() && lb.incoming.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the accumulated gradients of '", parameter,
+        "' differ, but neither recording holds its incoming contributions (TapParameter during "
+        "the backwards): nothing tells where the difference entered"));
+  }
   // Each contribution of one run matched with an equal, unused one of the other's.
   auto first_unmatched = [](const std::vector<Digest128>& mine,
                             const std::vector<Digest128>& theirs) -> int64_t {

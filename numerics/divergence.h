@@ -136,10 +136,10 @@ class Recorder {
   // the gradient that arrives at it (kGradientAtOutput). Returns `output`.
   at::Tensor Exit(const std::string& module, const at::Tensor& output);
 
-  // Leaf gradients (Note [Leaf gradients] in divergence.cc): every gradient contribution that
-  // reaches `parameter` in a backward is recorded as it arrives (kIncomingGradient, before it is
-  // added to .grad), while the returned tap lives. kInvalidArgument for a tensor that is not a
-  // leaf requiring grad.
+  // Leaf gradients (Note [Leaf gradients] in divergence.cc): each backward's contribution to
+  // `parameter` is recorded as it arrives (kIncomingGradient, before it is added to .grad; the
+  // uses within one backward already summed by autograd), while the returned tap lives.
+  // kInvalidArgument for a tensor that is not a leaf requiring grad.
   absl::StatusOr<ParameterTap> TapParameter(const std::string& name, const at::Tensor& parameter);
   // Records `parameter`'s .grad as it is now (kAccumulatedGradient): call after the backwards.
   // kFailedPrecondition when it has no gradient.
@@ -199,7 +199,8 @@ struct GradientLocalization {
 };
 std::string GradientVerdictName(GradientLocalization::Verdict verdict);
 
-// kNotFound when either recording has no accumulated record of `parameter`.
+// kNotFound when either recording has no accumulated record of `parameter`; kFailedPrecondition
+// when the accumulated gradients differ and neither recording tapped its contributions.
 absl::StatusOr<GradientLocalization> LocalizeParameterGradient(const Recording& a,
                                                                const Recording& b,
                                                                const std::string& parameter);

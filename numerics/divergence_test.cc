@@ -177,6 +177,19 @@ TEST(DivergenceTest, ALeafGradientTellsAChangedContributionFromAChangedAccumulat
   EXPECT_EQ(again.verdict, GradientLocalization::kAccumulation);
   EXPECT_EQ(LocalizeParameterGradient(in_order, loaded, "v").status().code(),
             absl::StatusCode::kNotFound);
+  // Without the contributions nothing tells where a difference entered.
+  auto accumulated_only = [](const Recording& r) {
+    std::vector<Record> kept;
+    for (const Record& record : r.records()) {
+      if (record.kind == RecordKind::kAccumulatedGradient) kept.push_back(record);
+    }
+    kept.back().index = 0;
+    return Recording(kept);
+  };
+  EXPECT_EQ(LocalizeParameterGradient(accumulated_only(in_order), accumulated_only(reordered), "w")
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(DivergenceTest, AParameterTapRecordsOnlyWhileItLivesAndRefusesNonLeaves) {

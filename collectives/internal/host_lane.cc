@@ -69,7 +69,9 @@ std::string DescribeKind(uint32_t kind, int64_t bytes) {
   if ((kind & 0xff000000u) == kBroadcast) {
     return absl::StrCat("broadcast of ", bytes, " bytes from rank ", kind & 0xffffffu);
   }
-  if (kind == kAllGather) return absl::StrCat("all-gather of ", bytes, " bytes per member");
+  if ((kind & 0xff000000u) == kAllGather) {
+    return absl::StrCat("all-gather of ", bytes, " bytes per member (tag ", kind & 0xffffffu, ")");
+  }
   return absl::StrCat("unknown collective ", kind);
 }
 
@@ -337,7 +339,7 @@ absl::Status HostLane::WaitFor(int field, uint64_t round, int first, int last,
 }
 
 absl::Status HostLane::Round(uint32_t kind, const void* input, bool writes, int first_source,
-                             int last_source, int64_t bytes, void* output,
+                             int last_source, bool checks_all, int64_t bytes, void* output,
                              const std::string& what) {
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(
@@ -356,10 +358,13 @@ absl::Status HostLane::Round(uint32_t kind, const void* input, bool writes, int 
   mine.bytes = bytes;
   mine.arrived.store(round, std::memory_order_release);
   WakeWaiters();
-  // Only the members this one reads from need to have arrived (a broadcast's root reads from
-  // nobody and returns at once); their calls are the ones checked against this member's.
-  LOCKSTEP_RETURN_IF_ERROR(WaitFor(/*field=*/0, round, first_source, last_source, what));
-  for (int r = first_source; r <= last_source; ++r) {
+  // A receiver waits for (and checks the call of) the members it reads from; a broadcast's root
+  // reads from nobody but waits for and checks every member, so that members that disagree on
+  // the root (each its own, say) are refused rather than each keeping its own bytes.
+  const int first_checked = checks_all ? 0 : first_source;
+  const int last_checked = checks_all ? size_ - 1 : last_source;
+  LOCKSTEP_RETURN_IF_ERROR(WaitFor(/*field=*/0, round, first_checked, last_checked, what));
+  for (int r = first_checked; r <= last_checked; ++r) {
     const Control& theirs = ControlOf(mapping_, r);
     if (theirs.kind != kind || theirs.bytes != bytes) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
@@ -385,12 +390,17 @@ absl::Status HostLane::Broadcast(void* data, int64_t bytes, int root, const std:
   const bool is_root = root == rank_;
   // The root only writes; the others read the root's slot into `data`.
   return Round(kBroadcast | static_cast<uint32_t>(root), data, is_root, is_root ? 1 : root,
-               is_root ? 0 : root, bytes, data, what);
+               is_root ? 0 : root, /*checks_all=*/is_root, bytes, data, what);
 }
 
 absl::Status HostLane::AllGather(const void* input, int64_t bytes, void* output,
-                                 const std::string& what) {
-  return Round(kAllGather, input, /*writes=*/true, 0, size_ - 1, bytes, output, what);
+                                 const std::string& what, uint32_t tag) {
+  if (tag > kMaxTag) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": tag ", tag, " is over the host lane's ", kMaxTag));
+  }
+  return Round(kAllGather | tag, input, /*writes=*/true, 0, size_ - 1, /*checks_all=*/true, bytes,
+               output, what);
 }
 
 }  // namespace internal

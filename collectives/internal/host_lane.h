@@ -17,12 +17,11 @@
 //   is complete (its output written, its input no longer needed).
 // - A peer that does not arrive within the timeout makes the call kDeadlineExceeded; a peer
 //   process that has exited makes it kUnavailable (checked while waiting); members that called
-//   different collectives (kind, root or size) get kFailedPrecondition on the member that sees
-//   it (a member checks the calls of the members it reads from: a broadcast's root returns once
-//   its bytes are written, and a receiver that disagrees fails, and with it the root's next
-//   call). A member whose call fails marks the segment, and members waiting on it then fail with
-//   kUnavailable ("gave up after an error") instead of waiting out the timeout. After any error
-//   the lane refuses further calls (kFailedPrecondition).
+//   different collectives (kind, root, size or an all-gather's tag) get kFailedPrecondition on
+//   the member that sees it (a broadcast's root and every all-gather member check every member's
+//   call; a broadcast's receiver checks the root's). A member whose call fails marks the segment,
+//   and members waiting on it then fail with kUnavailable ("gave up after an error") instead of
+//   waiting out the timeout. After any error the lane refuses further calls (kFailedPrecondition).
 //
 // Waiting: a member spins briefly where the members have a CPU each, then sleeps on a futex in
 // the segment until a peer's progress wakes it, so an oversubscribed host (more members than
@@ -79,17 +78,23 @@ class HostLane {
   absl::Status Broadcast(void* data, int64_t bytes, int root, const std::string& what);
 
   // Writes every member's `bytes` bytes at `input` into `output`, in rank order (size() * bytes
-  // bytes; may not overlap `input`).
-  absl::Status AllGather(const void* input, int64_t bytes, void* output, const std::string& what);
+  // bytes; may not overlap `input`). `tag` (at most kMaxTag) is compared like the size: callers
+  // that build other collectives on an all-gather (an all-reduce) tag them with the operation
+  // and the dtype, so that members calling different ones are refused.
+  static constexpr uint32_t kMaxTag = 0xffffff;
+  absl::Status AllGather(const void* input, int64_t bytes, void* output, const std::string& what,
+                         uint32_t tag = 0);
 
  private:
   HostLane(void* mapping, size_t mapping_bytes, int rank, int size, absl::Duration timeout,
            std::vector<int64_t> pids, bool spins);
 
   // One round: this member writes `input` into its slot (when `writes`) and copies the slots of
-  // members [first_source, last_source] into `output` (rank order, `bytes` each).
+  // members [first_source, last_source] into `output` (rank order, `bytes` each). It waits for
+  // and checks the calls of those members, or of every member when `checks_all`.
   absl::Status Round(uint32_t kind, const void* input, bool writes, int first_source,
-                     int last_source, int64_t bytes, void* output, const std::string& what);
+                     int last_source, bool checks_all, int64_t bytes, void* output,
+                     const std::string& what);
   // Waits until the `field` (0: arrived, 1: done) of members [first, last] has reached `round`.
   absl::Status WaitFor(int field, uint64_t round, int first, int last, const std::string& what);
   // Records `status` as the lane's failure, tells the other members, and returns it.

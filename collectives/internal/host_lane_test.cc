@@ -189,37 +189,47 @@ TEST(HostLaneSetupTest, AGroupOfOneHasNoLane) {
   EXPECT_TRUE(statuses[0].ok()) << statuses[0];
 }
 
-// Rank 0 broadcasts, rank 1 all-gathers. The receiver checks the call of the member it reads
-// from and refuses; the root, which reads from nobody, returned once its bytes were written, and
-// its next call fails because the receiver gave up. Two all-gathers of different sizes are
-// refused on both members (each reads from both).
+// Rank 0 broadcasts, rank 1 all-gathers; then each member broadcasts as its own root. Every
+// member checks the calls it depends on (the root and all-gather members every member's), so
+// both are refused, each member failing with the disagreement or because the other gave up.
 TEST(HostLaneErrorTest, MismatchedCollectivesAreRefused) {
-  const std::vector<absl::Status> statuses =
-      RunMembers(2, absl::Seconds(20), [](int rank, HostLane* lane) -> absl::Status {
-        if (lane == nullptr) return absl::InternalError("no lane");
-        std::vector<uint8_t> data(16, 0), all(32);
-        if (rank == 1) return lane->AllGather(data.data(), 16, all.data(), "all-gather");
-        if (absl::Status s = lane->Broadcast(data.data(), 16, 0, "broadcast"); !s.ok()) {
-          return absl::InternalError(absl::StrCat("the root's broadcast failed: ", s.ToString()));
-        }
-        return lane->Broadcast(data.data(), 16, 0, "the next broadcast");
-      });
-  ASSERT_EQ(statuses.size(), 2u);
-  EXPECT_TRUE(absl::IsFailedPrecondition(statuses[1])) << statuses[1];
-  EXPECT_THAT(statuses[1].message(), HasSubstr("members called different collectives"));
-  EXPECT_TRUE(absl::IsUnavailable(statuses[0])) << statuses[0];
-  EXPECT_THAT(statuses[0].message(), HasSubstr("rank 1 of the group gave up after an error"));
+  for (const bool own_roots : {false, true}) {
+    SCOPED_TRACE(own_roots ? "each its own root" : "broadcast against all-gather");
+    const std::vector<absl::Status> statuses =
+        RunMembers(2, absl::Seconds(20), [own_roots](int rank, HostLane* lane) -> absl::Status {
+          if (lane == nullptr) return absl::InternalError("no lane");
+          std::vector<uint8_t> data(16, 0), all(32);
+          if (own_roots) return lane->Broadcast(data.data(), 16, rank, "broadcast");
+          return rank == 0 ? lane->Broadcast(data.data(), 16, 0, "broadcast")
+                           : lane->AllGather(data.data(), 16, all.data(), "all-gather");
+        });
+    ASSERT_EQ(statuses.size(), 2u);
+    for (const absl::Status& s : statuses) {
+      EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
+    }
+    EXPECT_TRUE(absl::IsFailedPrecondition(statuses[0]) || absl::IsFailedPrecondition(statuses[1]));
+    for (const absl::Status& s : statuses) {
+      if (absl::IsFailedPrecondition(s)) {
+        EXPECT_THAT(s.message(), HasSubstr("members called different collectives"));
+      }
+    }
+  }
 
-  const std::vector<absl::Status> gathers =
-      RunMembers(2, absl::Seconds(20), [](int rank, HostLane* lane) -> absl::Status {
-        if (lane == nullptr) return absl::InternalError("no lane");
-        std::vector<uint8_t> data(16, 0), all(32);
-        return lane->AllGather(data.data(), 8 + 8 * rank, all.data(), "all-gather");
-      });
-  ASSERT_EQ(gathers.size(), 2u);
-  EXPECT_TRUE(absl::IsFailedPrecondition(gathers[0]) || absl::IsFailedPrecondition(gathers[1]));
-  for (const absl::Status& s : gathers) {
-    EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
+  // Two all-gathers of different sizes, or of different tags (an all-reduce built on one
+  // against an all-gather), are refused on both members.
+  for (const bool tags : {false, true}) {
+    const std::vector<absl::Status> gathers =
+        RunMembers(2, absl::Seconds(20), [tags](int rank, HostLane* lane) -> absl::Status {
+          if (lane == nullptr) return absl::InternalError("no lane");
+          std::vector<uint8_t> data(16, 0), all(32);
+          if (tags) return lane->AllGather(data.data(), 16, all.data(), "all-gather", rank);
+          return lane->AllGather(data.data(), 8 + 8 * rank, all.data(), "all-gather");
+        });
+    ASSERT_EQ(gathers.size(), 2u);
+    EXPECT_TRUE(absl::IsFailedPrecondition(gathers[0]) || absl::IsFailedPrecondition(gathers[1]));
+    for (const absl::Status& s : gathers) {
+      EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
+    }
   }
 }
 
