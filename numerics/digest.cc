@@ -82,22 +82,8 @@ Digest128 TensorBytesDigest(absl::string_view dtype_name, absl::Span<const int64
 }
 
 absl::StatusOr<Digest128> DigestTensor(const at::Tensor& tensor) {
-  if (!tensor.defined()) return absl::InvalidArgumentError("cannot digest an undefined tensor");
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string dtype, SafetensorsDtypeName(tensor.scalar_type()));
-  Digest128 digest;
-  if (tensor.is_cpu()) {
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting a CPU tensor", [&] {
-      const at::Tensor contiguous = tensor.contiguous();
-      digest = TensorBytesDigest(dtype, tensor.sizes(),
-                                 absl::string_view(static_cast<const char*>(contiguous.data_ptr()),
-                                                   contiguous.numel() * contiguous.element_size()));
-    }));
-    return digest;
-  }
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string chunk_hashes, internal::HashChunksOnDevice(tensor));
-  return TensorRecordDigest(dtype, tensor.sizes(),
-                            static_cast<uint64_t>(tensor.numel()) * tensor.element_size(),
-                            chunk_hashes);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<Digest128> digests, DigestTensors({tensor}));
+  return digests[0];
 }
 
 // Note [Batched digests]

@@ -18,15 +18,12 @@ namespace lockstep {
 namespace numerics {
 namespace internal {
 
-// 16 bytes per chunk of the tensor's logical contiguous bytes, in chunk order.
-// kFailedPrecondition for a device this build cannot hash on.
-absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor);
-
-// HashChunksOnDevice of each tensor (all CUDA tensors): one kernel per device over all of that
-// device's tensors, on its current stream, into one buffer copied back once (Note [Batched
-// digests] in digest.cc). A non-contiguous tensor (or one at an odd offset) is copied to a
-// contiguous buffer that lives until the batch is done, so such tensors cost their size in
-// device memory meanwhile.
+// The chunk hashes of each tensor (all CUDA tensors), 16 bytes per chunk of its logical
+// contiguous bytes in chunk order: one kernel per device over all of that device's tensors, on its
+// current stream, into one buffer copied back once (Note [Batched digests] in digest.cc).
+// kFailedPrecondition for a device this build cannot hash on. A non-contiguous tensor (or one at an
+// odd offset) is copied to a contiguous buffer that lives until the batch is done, so such tensors
+// cost their size in device memory meanwhile.
 absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
 
 }  // namespace internal

@@ -70,17 +70,6 @@ __device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t availab
   if (lane == 0) Xxh3Finish(lanes, kSecret, out);
 }
 
-// Thread 8c + l hashes lane l of chunk c.
-__global__ void ChunkHashKernel(const uint8_t* __restrict__ data, uint64_t num_bytes,
-                                uint64_t chunks, uint8_t* __restrict__ out) {
-  const uint64_t thread = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  const uint64_t chunk = thread / 8;
-  if (chunk >= chunks) return;  // whole groups of 8 leave together
-  const uint64_t left = num_bytes - chunk * kXxh3ChunkBytes;
-  HashChunk(data + chunk * kXxh3ChunkBytes, left < kXxh3ChunkBytes ? left : kXxh3ChunkBytes,
-            threadIdx.x & 7, 0xFFu << (threadIdx.x & 24), out + 16 * chunk);
-}
-
 // Thread 8g + l hashes lane l of the batch's chunk g, which belongs to the last segment whose
 // first chunk is at most g (a binary search over the segments, the same for the eight lanes).
 __global__ void SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments, int count,
@@ -105,17 +94,6 @@ __global__ void SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ se
 }
 
 }  // namespace
-
-cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
-                            cudaStream_t stream) {
-  const uint64_t chunks = (num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes;
-  if (chunks == 0) return cudaSuccess;
-  const uint64_t threads = 8 * chunks;
-  const uint64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  ChunkHashKernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(data, num_bytes,
-                                                                                  chunks, out);
-  return cudaGetLastError();
-}
 
 cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
                                      uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {

@@ -1,9 +1,8 @@
 // numerics/internal/chunk_hash_kernel.h
 //
-// Private to numerics/: the CUDA kernels that hash a device buffer's digest chunks (or those of a
-// batch of buffers)
-// (DIGEST.md step 2) — eight threads per 16 KiB chunk, one XXH3 accumulator lane each — compiled
-// by nvcc (chunk_hash_kernel.cu). Plain C++ interface, so nvcc never parses LibTorch.
+// Private to numerics/: the CUDA kernel that hashes the digest chunks of a batch of device
+// buffers (DIGEST.md step 2) — eight threads per 16 KiB chunk, one XXH3 accumulator lane each —
+// compiled by nvcc (chunk_hash_kernel.cu). Plain C++ interface, so nvcc never parses LibTorch.
 
 #ifndef LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_KERNEL_H_
 #define LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_KERNEL_H_
@@ -15,11 +14,6 @@
 namespace lockstep {
 namespace numerics {
 namespace internal {
-
-// Hashes the ceil(num_bytes / 16384) chunks of `data` (device memory, 8-byte aligned; the last
-// chunk zero-padded) into out[16 * i .. 16 * i + 16) (device memory), on `stream`.
-cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
-                            cudaStream_t stream);
 
 // One buffer of a batch: its bytes (device memory, 8-byte aligned, num_bytes > 0) and where its
 // first chunk's hash goes among the batch's chunks.

@@ -6,15 +6,11 @@ namespace lockstep {
 namespace numerics {
 namespace internal {
 
-absl::StatusOr<std::string> HashChunksOnDevice(const at::Tensor& tensor) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("digesting a tensor on ", tensor.device().str(),
-                   " needs a CUDA build of lockstep (--config=cuda)"));
-}
-
 absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
   if (tensors.empty()) return std::vector<std::string>();
-  return HashChunksOnDevice(tensors[0]).status();
+  return absl::FailedPreconditionError(
+      absl::StrCat("digesting a tensor on ", tensors[0].device().str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
 }
 
 }  // namespace internal
