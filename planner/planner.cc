@@ -469,6 +469,13 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("the plan's cp_size is ", cp, "; it must be in [1, ", kMaxCpSize, "]"));
   }
+  // Splitting adds one microbatch and one split, so splits stays in [0, microbatches - 1]
+  // (VerifyPlan's rule); a plan outside it would overflow the count.
+  if (plan.splits() < 0 || plan.splits() >= plan.microbatches_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan says it was split ", plan.splits(), " times; with ", plan.microbatches_size(),
+        " microbatches it must be in [0, ", plan.microbatches_size() - 1, "]"));
+  }
   const Microbatch& mb = plan.microbatches(microbatch);
   const int n = mb.batch_index_size();
   if (n == 0 || mb.cu_seqlens_size() != n + 1 || mb.sequence_id_size() != n ||
@@ -481,10 +488,12 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   if (absl::Status s = CheckBoundaries(mb, absl::StrCat("microbatch ", microbatch)); !s.ok())
     return s;
   for (int k = 0; k < n; ++k) {
-    if (TokenBegin(mb, k) < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
-                                                     " is malformed: token_begin of sequence ", k,
-                                                     " is ", TokenBegin(mb, k)));
+    // The second half begins up to a part's length later, which must stay representable.
+    const int64_t length = mb.cu_seqlens(k + 1) - mb.cu_seqlens(k);
+    if (TokenBegin(mb, k) < 0 || TokenBegin(mb, k) > std::numeric_limits<int64_t>::max() - length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("microbatch ", microbatch, " is malformed: token_begin of sequence ", k,
+                       " is ", TokenBegin(mb, k), " and it holds ", length, " tokens"));
     }
   }
   std::vector<Part> first, second;
@@ -497,7 +506,11 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
     const int64_t total = mb.cu_seqlens(n);
     int cut = 1;
     for (int k = 2; k < n; ++k) {
-      if (std::llabs(2 * mb.cu_seqlens(k) - total) < std::llabs(2 * mb.cu_seqlens(cut) - total)) {
+      // |cu - (total - cu)|: both terms lie in [0, total], so nothing overflows.
+      auto off_half = [&](int i) {
+        return std::llabs(mb.cu_seqlens(i) - (total - mb.cu_seqlens(i)));
+      };
+      if (off_half(k) < off_half(cut)) {
         cut = k;
       }
     }

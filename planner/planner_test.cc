@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
@@ -362,6 +363,30 @@ TEST(SplitTest, RefusesMalformedBoundariesInsteadOfWritingOutOfRange) {
   EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << split.status();
   EXPECT_THAT(split.status().message(), HasSubstr("not strictly increasing"));
   EXPECT_TRUE(SplitMicrobatch(plan, 0).ok());  // the untampered plan splits
+}
+
+// Found by //planner:plan_check_fuzzer: a received plan claiming INT32_MAX splits overflowed the
+// split count.
+TEST(SplitTest, RefusesASplitCountOutsideThePlan) {
+  Plan plan = MustPlan(Lengths({40, 60}), PlanOptions::Of(100, 2));
+  for (int32_t splits : {-1, 1, std::numeric_limits<int32_t>::max()}) {
+    Plan tampered = plan;
+    tampered.set_splits(splits);
+    absl::StatusOr<Plan> split = SplitMicrobatch(tampered, 0);
+    EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << splits;
+    EXPECT_THAT(split.status().message(), HasSubstr(absl::StrCat("split ", splits, " times")));
+  }
+  EXPECT_EQ(SplitMicrobatch(plan, 0)->splits(), 1);
+}
+
+TEST(SplitTest, RefusesATokenBeginWhoseSecondHalfWouldOverflow) {
+  Plan plan = MustPlan(Lengths({100}), PlanOptions::Of(100, 2));
+  ASSERT_EQ(plan.microbatches_size(), 1);
+  Plan tampered = plan;
+  tampered.mutable_microbatches(0)->add_token_begin(std::numeric_limits<int64_t>::max() - 10);
+  absl::StatusOr<Plan> split = SplitMicrobatch(tampered, 0);
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << split.status();
+  EXPECT_THAT(split.status().message(), HasSubstr("holds 100 tokens"));
 }
 
 // A budget meaning "no limit" must not overflow the in-order count (which would silently turn
