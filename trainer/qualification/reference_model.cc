@@ -1,12 +1,17 @@
 #include "trainer/qualification/reference_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/differentiable.h"
@@ -103,7 +108,83 @@ absl::StatusOr<at::Tensor> DropoutMask(const rng::PhiloxKey& key, const at::Tens
   });
 }
 
+// Note [Deliberate nondeterminism]
+// The negative control of the variability checks needs a module that computes different bits
+// from the same inputs, as real nondeterminism does, and does so on every run, so that the
+// check's verdict under the control is itself reproducible. The broken module adds to its output
+// the rounding residue of a sum whose exact value is 0: 2R copies of each element scaled by
+// +s_k and -s_k (large, varied s_k), reduced into one slot per element. Which residue comes out
+// depends only on the order of the additions:
+//   on a CUDA device, index_add_ with deterministic algorithms switched off around it: floating-
+//     point atomics, in the order the scheduler picks (the H200's real hazard);
+//   on the CPU, a sequential float sum over the copies in an order drawn from
+//     std::random_device on every call (never from LibTorch's generators, which the checks
+//     compare): a reduction whose order differs between passes and between actors, as a thread
+//     count or a work-stealing schedule makes it differ.
+at::Tensor RoundingResidue(const at::Tensor& output) {
+  const at::Tensor flat = output.detach().reshape({-1});
+  const int64_t half = flat.is_cuda() ? 1024 : 32;
+  const at::Tensor s = 1e3 * at::sin(at::arange(half, flat.options()) * 0.7 + 0.1);
+  const at::Tensor copies = at::cat({s, -s}).unsqueeze(1) * flat.unsqueeze(0);  // [2R, m]
+  at::Tensor sum;
+  if (flat.is_cuda()) {
+    at::Context& context = at::globalContext();
+    const bool deterministic = context.deterministicAlgorithms();
+    const bool warn_only = context.deterministicAlgorithmsWarnOnly();
+    context.setDeterministicAlgorithms(false, false);
+    const at::Tensor slots =
+        at::arange(flat.numel(), flat.options().dtype(at::kLong)).repeat({2 * half});
+    sum = at::zeros_like(flat).index_add_(0, slots, copies.reshape({-1}));
+    context.setDeterministicAlgorithms(deterministic, warn_only);
+  } else {
+    // A loop of float additions: LibTorch's CPU reductions accumulate floats in double, which
+    // would round the residue away.
+    std::vector<int64_t> order(2 * half);
+    std::iota(order.begin(), order.end(), 0);
+    std::random_device entropy;
+    std::mt19937_64 shuffle(static_cast<uint64_t>(entropy()) << 32 | entropy());
+    std::shuffle(order.begin(), order.end(), shuffle);
+    const at::Tensor terms = copies.to(at::kFloat).contiguous();
+    const auto term = terms.accessor<float, 2>();
+    sum = at::zeros({flat.numel()}, terms.options());
+    auto total = sum.accessor<float, 1>();
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      float acc = 0;
+      for (int64_t k : order) acc += term[k][i];
+      total[i] = acc;
+    }
+    sum = sum.to(flat.dtype());
+  }
+  return sum.reshape(output.sizes());
+}
+
 }  // namespace
+
+std::vector<std::string> ReferenceModel::ModuleNames() {
+  std::vector<std::string> names = {"embedding"};
+  for (int b = 0; b < kBlocks; ++b) {
+    names.push_back(absl::StrCat("block", b, ".attention"));
+    names.push_back(absl::StrCat("block", b, ".mlp"));
+  }
+  return names;
+}
+
+absl::Status ReferenceModel::BreakDeterminismAt(const std::string& module) {
+  const std::vector<std::string> names = ModuleNames();
+  if (std::find(names.begin(), names.end(), module) == names.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("reference model: no module '", module,
+                                                   "' (its modules: ", absl::StrJoin(names, ", "),
+                                                   ")"));
+  }
+  broken_module_ = module;
+  return absl::OkStatus();
+}
+
+at::Tensor ReferenceModel::Exit(const std::string& module, at::Tensor output, const at::Tensor& ids,
+                                const at::Tensor& positions) {
+  if (module == broken_module_) output = output + RoundingResidue(output);
+  return taps_ != nullptr ? taps_->Exit(module, output, ids, positions) : output;
+}
 
 absl::StatusOr<ReferenceModel> ReferenceModel::Create(int tp_rank, int tp_size,
                                                       collectives::Communicator* tp_group,
@@ -175,6 +256,9 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
                                        [&] { x = x * (0.9 + 0.2 * at::rand({1}, x.options())); }));
     LOCKSTEP_RETURN_IF_ERROR(fork.Exit());
   }
+  const at::Tensor ids = work.sequence_ids(), positions = work.positions();
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward: tapping the embedding",
+                                     [&] { x = Exit("embedding", x, ids, positions); }));
   key_meta = query_meta;
   if (cp_group_ != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, cp_group_->AllGather(padded));
@@ -183,12 +267,13 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
   }
   // The block runs again in backward under activation checkpointing, after `work` is gone: it
   // captures what it needs by value.
-  const at::Tensor ids = work.sequence_ids(), positions = work.positions();
   const int64_t widest = work.widest_shard;
   for (int b = 0; b < kBlocks; ++b) {
     ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions,
                               widest](const std::vector<at::Tensor>& in) {
-      const at::Tensor& h = in[0];
+      const std::string attention = absl::StrCat("block", b, ".attention");
+      const std::string mlp = absl::StrCat("block", b, ".mlp");
+      const at::Tensor h = Enter(attention, in[0]);
       // Attention, causal within each sequence, over every key of the microbatch.
       const at::Tensor q = at::mm(h, Weight(b, kWq).t());
       const at::Tensor keys =
@@ -202,10 +287,17 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
           (at::mm(q, keys.t()) / std::sqrt(static_cast<double>(kWidth)))
               .masked_fill(at::logical_not(visible), -std::numeric_limits<double>::infinity());
       const at::Tensor attended = at::mm(at::softmax(scores, 1), values);
-      const at::Tensor after_attention = h + at::mm(attended, Weight(b, kWo).t());
+      const at::Tensor after_attention =
+          Enter(mlp, Exit(attention, h + at::mm(attended, Weight(b, kWo).t()), ids, positions));
       // The TP-split MLP with partition-invariant dropout seeded from the model stream.
       const at::Tensor in_tp = ValueOrThrow(CopyToGroup(after_attention, tp_group_));
       const at::Tensor hidden = at::gelu(at::mm(in_tp, Weight(b, kW1).t()));
+      if (!dropout_) {
+        const at::Tensor partial = at::mm(hidden, Weight(b, kW2).t());
+        return std::vector<at::Tensor>{
+            Exit(mlp, after_attention + ValueOrThrow(ReduceFromGroup(partial, tp_group_)), ids,
+                 positions)};
+      }
       const at::Tensor seed = at::randint(std::numeric_limits<int32_t>::max(), {2},
                                           at::TensorOptions().dtype(at::kLong).device(h.device()))
                                   .cpu();
@@ -217,8 +309,9 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const ShardWork& work) {
                                    begin, begin + shard, h.device()));
       const at::Tensor partial =
           at::mm(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, kW2).t());
-      return std::vector<at::Tensor>{after_attention +
-                                     ValueOrThrow(ReduceFromGroup(partial, tp_group_))};
+      return std::vector<at::Tensor>{
+          Exit(mlp, after_attention + ValueOrThrow(ReduceFromGroup(partial, tp_group_)), ids,
+               positions)};
     };
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> out, work.RunBlock(block, {x}));
     x = out[0];

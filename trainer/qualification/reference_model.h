@@ -42,6 +42,20 @@
 namespace lockstep {
 namespace trainer {
 
+// Observes the reference model's modules, in execution order: "embedding", then per block
+// "block<b>.attention" and "block<b>.mlp" (the variability checks tap them with a
+// numerics::Recorder and with per-sequence probes). Each call returns the tensor the model goes
+// on with. `sequence_ids` and `positions` (CPU int64 [n]) name the rows of the shard's tensors.
+class ModuleTaps {
+ public:
+  virtual ~ModuleTaps() = default;
+  // Before `module` runs, with its input.
+  virtual at::Tensor Enter(const std::string& module, const at::Tensor& input) = 0;
+  // After `module` ran, with its output.
+  virtual at::Tensor Exit(const std::string& module, const at::Tensor& output,
+                          const at::Tensor& sequence_ids, const at::Tensor& positions) = 0;
+};
+
 class ReferenceModel {
  public:
   static constexpr int64_t kVocab = 64;   // token ids are in [0, kVocab)
@@ -73,6 +87,24 @@ class ReferenceModel {
     named_stream_ = std::move(name);
   }
 
+  // Taps every module (see ModuleTaps) until replaced; nullptr: none (the default). Modules
+  // checkpointed with ShardWork::RunBlock are tapped again when recomputed.
+  void SetTaps(std::shared_ptr<ModuleTaps> taps) { taps_ = std::move(taps); }
+
+  // Drops dropout (every unit kept, no rescaling): what a check of numerics alone needs, since
+  // each forward draws its blocks' dropout seeds afresh and a sequence forwarded in another
+  // microbatch would otherwise get another mask. Default: dropout on.
+  void DisableDropout() { dropout_ = false; }
+
+  // The negative control of the variability checks: `module` (a ModuleTaps name) adds to its
+  // output the rounding residue of a reduction whose order changes from call to call, so the
+  // model is no longer deterministic there (Note [Deliberate nondeterminism] in
+  // reference_model.cc). kInvalidArgument for a name that is not one of the model's modules.
+  absl::Status BreakDeterminismAt(const std::string& module);
+
+  // The model's module names, in execution order.
+  static std::vector<std::string> ModuleNames();
+
   // The shard's parameters by name ("embedding", "block<b>.wq", ... "block<b>.w2").
   const numerics::NamedTensors& parameters() const { return parameters_; }
 
@@ -92,6 +124,16 @@ class ReferenceModel {
 
   std::shared_ptr<rng::RankStreams> named_streams_;
   std::string named_stream_;
+  std::shared_ptr<ModuleTaps> taps_;
+  bool dropout_ = true;
+  std::string broken_module_;
+
+  at::Tensor Enter(const std::string& module, const at::Tensor& input) const {
+    return taps_ != nullptr ? taps_->Enter(module, input) : input;
+  }
+  // Taps `module`'s output, after adding the deliberate nondeterminism if it is the broken one.
+  at::Tensor Exit(const std::string& module, at::Tensor output, const at::Tensor& ids,
+                  const at::Tensor& positions);
 
   // Block `block`'s weight `which` (the .cc's BlockWeight order: wq, wk, wv, wo, w1, w2).
   const at::Tensor& Weight(int block, int which) const;
