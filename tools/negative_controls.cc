@@ -52,6 +52,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kNoRestoreOnUnwind, "no-restore-on-unwind"},
     {NegativeControl::kStagingReplaces, "staging-replaces"},
     {NegativeControl::kResumeWithoutNamedStreams, "resume-without-named-streams"},
+    {NegativeControl::kNondeterministicOp, "nondeterministic-op"},
 };
 
 }  // namespace

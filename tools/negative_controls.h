@@ -29,6 +29,9 @@
 //   resume-without-named-streams
 //                        the trainer oracle's restart leaves its named streams fresh instead of
 //                        restoring them
+//   nondeterministic-op  one module of the reference model (trainer/qualification/variability.h's
+//                        kNondeterministicModule) reduces in an order that changes from call to
+//                        call: floating-point atomics on a GPU, a randomly ordered sum on the CPU
 // no-sync and unscoped-model-work also switch off the trainer's caller synchronization and its
 // model-stream scope in the trainer oracle.
 //
@@ -63,6 +66,7 @@ enum class NegativeControl {
   kNoRestoreOnUnwind,
   kStagingReplaces,
   kResumeWithoutNamedStreams,
+  kNondeterministicOp,
 };
 
 // The command-line name of `control` ("" for kNone).

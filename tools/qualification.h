@@ -50,8 +50,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "c10/core/Device.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
+#include "nlohmann/json.hpp"
 #include "rng/rank_streams.h"
 #include "rng/snapshot.h"
 #include "tools/negative_controls.h"
@@ -63,6 +65,9 @@ struct CheckResult {
   std::string name;
   bool passed = false;
   std::string detail;
+  // The figures behind the verdict, where a check has more than its detail (the variability
+  // checks); null otherwise. Goes into the evidence JSON and the report.
+  nlohmann::json evidence;
 
   static CheckResult Make(std::string name, bool passed, std::string detail) {
     CheckResult result;
@@ -107,6 +112,15 @@ absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup);
 absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup);
 // The trainer's oracle, under the negative control that targets it (if any).
 absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup);
+// The variability checks (trainer/qualification/variability.h): repeatability and
+// packing_invariance; with setup.ledger_dir given, also the state the actors load
+// (<dir>/actor_state) and the first actor's evidence (<dir>/actor_a), for the driver's actors
+// check.
+absl::StatusOr<std::vector<CheckResult>> CheckVariability(RankSetup& setup);
+
+// Where the trainer's checks run: the CPU, or (--device cuda) GPU rank modulo the GPUs.
+// kFailedPrecondition when cuda is asked of a build or machine without a CUDA device.
+absl::StatusOr<c10::Device> RankDevice(const RankSetup& setup);
 
 // The most failures --inject_oom may ask for (each halves a microbatch of the check's plan).
 inline constexpr int kMaxInjectedOom = 8;
@@ -141,6 +155,10 @@ class QualifyOptions {
   std::optional<absl::Duration> deadline;
   // The qualify executable the workers run. Default: this process's own executable.
   std::string executable = "/proc/self/exe";
+  // Where RunQualify writes the HTML report (tools/report): empty, nowhere. Default: empty.
+  std::string report_dir;
+  // Internal (workers): run only the second actor of the actors check. Default: false.
+  bool actor_round = false;
 
  private:
   QualifyOptions() = default;
@@ -168,6 +186,12 @@ absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
 // rank. An error when qualify itself could not run (bad options, no processes, unwritable
 // evidence path).
 absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out);
+
+// The HTML report of `evidence` (RunQualify's JSON): writes it to `dir`/evidence.json and the
+// page of tools/report/report.py (embedded in this library; run with Debian's /usr/bin/python3
+// and python3-matplotlib) to `dir`/index.html, creating `dir`. kInternal with the script's output
+// when it fails.
+absl::Status WriteReport(const nlohmann::json& evidence, const std::string& dir);
 
 // Every check above, in that order, then a barrier, as `options` ask (its control, inject_oom and
 // device; its topology is `topology`'s). The ledgers of oom_recovery go to `ledger_dir` (empty: a

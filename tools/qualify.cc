@@ -4,7 +4,7 @@
 // rank did not report; 2: bad flags or qualify could not run.
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
-//           [--inject_oom=N] [--device=cpu|cuda] [--timeout_seconds=S]
+//           [--inject_oom=N] [--device=cpu|cuda] [--timeout_seconds=S] [--report=DIR]
 
 #include <iostream>
 #include <string>
@@ -24,7 +24,8 @@ ABSL_FLAG(lockstep::OutputPath, out, lockstep::OutputPath(),
           "where to write the JSON evidence (none when not given)");
 ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
-          "aliasing-snapshot, shard-local-philox, double-counted-retry, input-inside-scope");
+          "aliasing-snapshot, shard-local-philox, double-counted-retry, input-inside-scope, "
+          "nondeterministic-op, ... (tools/negative_controls.h lists them all)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the trainer's oracle runs: cpu, or cuda (each rank on GPU rank modulo the GPUs)");
 ABSL_FLAG(int, inject_oom, 1,
@@ -34,7 +35,10 @@ ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout in the workers"
 ABSL_FLAG(int64_t, deadline_seconds, 0,
           "the whole job's limit: workers still running then are named and stopped, and qualify "
           "fails (0: 3 x timeout + 60 s)");
+ABSL_FLAG(std::string, report, "",
+          "a directory for the HTML report (index.html, self-contained) and its evidence.json");
 ABSL_FLAG(bool, worker, false, "internal: run as one rank (started by qualify itself)");
+ABSL_FLAG(bool, actor_round, false, "internal: a worker of the actors check's second actor");
 ABSL_FLAG(std::string, results_dir, "", "internal: where a worker writes its report");
 
 int main(int argc, char** argv) {
@@ -61,6 +65,8 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   options.evidence_path = absl::GetFlag(FLAGS_out).path;
+  options.report_dir = absl::GetFlag(FLAGS_report);
+  options.actor_round = absl::GetFlag(FLAGS_actor_round);
   if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
     options.deadline = absl::Seconds(deadline);
   }

@@ -7,7 +7,7 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 "$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/dp2cp2.json"
 grep -q '"passed": true' "$tmp/dp2cp2.json" || { echo "evidence does not say passed"; exit 1; }
 grep -q "\"lockstep_commit\"" "$tmp/dp2cp2.json" || { echo "evidence lacks the execution context"; exit 1; }
-for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery replica_outputs caller_draws stream_progression reference_match empty_cp_shard; do
+for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery replica_outputs caller_draws stream_progression reference_match empty_cp_shard repeatability actors packing_invariance; do
   grep -q "\"name\": \"$check\"" "$tmp/dp2cp2.json" || { echo "evidence lacks $check"; exit 1; }
 done
 
@@ -50,6 +50,17 @@ expect_fail no-sync-after-dp-forward caller_draws
 expect_fail no-restore-on-unwind exception_restoration
 expect_fail staging-replaces oom_recovery
 expect_fail resume-without-named-streams resume
+expect_fail nondeterministic-op repeatability
+# The broken module is named as the first divergence, pass to pass and actor to actor, and the
+# packing check tells it from a placement effect.
+grep -q "^repeatability *FAIL .*first divergence at block1.mlp (forward_output" "$tmp/nondeterministic-op.txt" \
+  || { echo "repeatability did not name block1.mlp"; exit 1; }
+grep -q "^actors *FAIL .*first divergence at block1.mlp" "$tmp/nondeterministic-op.txt" \
+  || { echo "actors did not fail naming block1.mlp"; exit 1; }
+grep -q "^packing_invariance *FAIL .*not reproducible" "$tmp/nondeterministic-op.txt" \
+  || { echo "packing_invariance took nondeterminism for placement"; exit 1; }
+grep -q "^reference_match *PASS" "$tmp/nondeterministic-op.txt" \
+  || { echo "nondeterministic-op broke the trainer's oracle too"; exit 1; }
 grep -q "^caller_draws *FAIL" "$tmp/no-sync.txt" || { echo "no-sync went unseen by the trainer's caller_draws"; exit 1; }
 grep -q "^stream_progression *FAIL" "$tmp/unscoped-model-work.txt" \
   || { echo "unscoped-model-work went unseen by the trainer's stream_progression"; exit 1; }
@@ -80,4 +91,5 @@ bad "--worker needs --results_dir" --worker
 bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
 bad "--inject_oom 9 is outside \[0, 8\]" --dp=1 --inject_oom=9
 bad "--device 'tpu' is neither cpu nor cuda" --dp=1 --device=tpu
+bad "cannot write the report directory '/proc/qualify-report'" --dp=1 --report=/proc/qualify-report
 echo "qualify test: ok"

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <stdexcept>
@@ -43,6 +44,7 @@
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
 #include "trainer/qualification/oracle.h"
+#include "trainer/qualification/variability.h"
 
 namespace lockstep {
 namespace qualification {
@@ -51,6 +53,67 @@ namespace {
 using collectives::Communicator;
 using collectives::Topology;
 using nlohmann::json;
+
+constexpr char kActorState[] = "/actor_state";
+constexpr char kFirstActor[] = "/actor_a";
+constexpr char kSecondActor[] = "/actor_b";
+
+// The second actor of the actors check: in processes of its own, it loads the state the first
+// round saved and runs the step (trainer/qualification/variability.h).
+absl::Status RunSecondActor(Communicator& world, const Topology& topology,
+                            const QualifyOptions& options, const std::string& results_dir) {
+  RankSetup setup(world, topology);
+  setup.device = options.device;
+  LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<trainer::VariabilityRank> rank,
+      trainer::VariabilityRank::Create(world, topology,
+                                       options.control == NegativeControl::kNondeterministicOp
+                                           ? trainer::VariabilityControl::kNondeterministicOp
+                                           : trainer::VariabilityControl::kNone,
+                                       device));
+  LOCKSTEP_RETURN_IF_ERROR(rank->RunActor(results_dir + kActorState, results_dir + kSecondActor));
+  return world.Barrier();
+}
+
+// Launches the second actor's processes and compares each rank's two actors: the "actors"
+// check's entries, one per rank (failed, with the reason, when the second actor did not run).
+std::vector<json> ActorsCheck(tools::LaunchOptions launch, const std::string& dir, int world) {
+  launch.command.push_back("--actor_round");
+  const std::string log_path = dir + "/workers.actor_b.log";
+  FILE* log = std::fopen(log_path.c_str(), "w");
+  std::string failure;
+  if (log == nullptr) {
+    failure = absl::StrCat(log_path, ": ", std::strerror(errno));
+  } else {
+    launch.output_fd = fileno(log);
+    absl::StatusOr<tools::LaunchResult> second = tools::Launch(launch);
+    std::fclose(log);
+    if (!second.ok()) {
+      failure = absl::StrCat("the second actor did not start: ", second.status().message());
+    } else if (second->exit_code != 0) {
+      failure = absl::StrCat("the second actor's processes failed: ", second->summary,
+                             " (output in ", log_path, ")");
+    }
+  }
+  std::vector<json> entries;
+  for (int r = 0; r < world; ++r) {
+    json entry = {{"name", "actors"}, {"rank", r}, {"passed", false}};
+    if (!failure.empty()) {
+      entry["detail"] = failure;
+    } else if (absl::StatusOr<trainer::VariabilityCheck> check =
+                   trainer::CompareActors(dir + kFirstActor, dir + kSecondActor, r);
+               !check.ok()) {
+      entry["detail"] = absl::StrCat("the actors' evidence: ", check.status().message());
+    } else {
+      entry["passed"] = check->passed;
+      entry["detail"] = check->detail;
+      entry["evidence"] = check->evidence;
+    }
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
 
 }  // namespace
 
@@ -72,11 +135,13 @@ absl::StatusOr<std::vector<CheckResult>> RunRankChecks(Communicator& world,
                      << (result.passed ? "PASS" : "FAIL") << " (" << result.detail << ")";
     results.push_back(std::move(result));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> trainer_checks, CheckTrainer(setup));
-  for (CheckResult& result : trainer_checks) {
-    LOCKSTEP_VLOG(1) << "rank " << world.rank() << ": " << result.name << " "
-                     << (result.passed ? "PASS" : "FAIL") << " (" << result.detail << ")";
-    results.push_back(std::move(result));
+  for (auto family : {&CheckTrainer, &CheckVariability}) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> checks, family(setup));
+    for (CheckResult& result : checks) {
+      LOCKSTEP_VLOG(1) << "rank " << world.rank() << ": " << result.name << " "
+                       << (result.passed ? "PASS" : "FAIL") << " (" << result.detail << ")";
+      results.push_back(std::move(result));
+    }
   }
   LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
   return results;
@@ -142,6 +207,9 @@ absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
 
 int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   const absl::Duration timeout = options.timeout;
+  // cuBLAS is deterministic only with a fixed workspace, set before its first call (the
+  // variability checks run in deterministic mode; an explicit setting is kept).
+  if (options.device == "cuda") setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   at::set_num_threads(1);
   json report;
   const absl::Status status = [&]() -> absl::Status {
@@ -167,10 +235,13 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
     LOCKSTEP_ASSIGN_OR_RETURN(
         Topology topo, Topology::CreateExact(world->size(), options.dp, options.tp, options.cp));
     report["rank"] = world->rank();
+    if (options.actor_round) return RunSecondActor(*world, topo, options, results_dir);
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> results,
                               RunRankChecks(*world, topo, options, results_dir));
     for (const CheckResult& r : results) {
-      report["checks"].push_back({{"name", r.name}, {"passed", r.passed}, {"detail", r.detail}});
+      json check = {{"name", r.name}, {"passed", r.passed}, {"detail", r.detail}};
+      if (!r.evidence.is_null()) check["evidence"] = r.evidence;
+      report["checks"].push_back(std::move(check));
     }
     return absl::OkStatus();
   }();
@@ -187,14 +258,10 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
 
 namespace {
 
-// Removes a directory's files and then the directory (best effort).
-void RemoveDirectory(const std::string& dir, int world) {
-  for (int r = 0; r < world; ++r) {
-    std::remove(absl::StrCat(dir, "/rank", r, ".json").c_str());
-    admission::RemoveLedgerFiles(absl::StrCat(dir, "/ledger.rank", r, ".db"));
-  }
-  std::remove(absl::StrCat(dir, "/workers.log").c_str());
-  rmdir(dir.c_str());
+// Removes the job's directory: reports, ledgers, the actors' state and evidence (best effort).
+void RemoveDirectory(const std::string& dir, int) {
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 }  // namespace
@@ -226,6 +293,15 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     if (!probe) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot write the evidence file '", options.evidence_path, "': ", std::strerror(errno)));
+    }
+  }
+  if (!options.report_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options.report_dir, error);
+    if (error || access(options.report_dir.c_str(), W_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot write the report directory '",
+                                                     options.report_dir, "'",
+                                                     error ? ": " + error.message() : ""));
     }
   }
   std::string dir = absl::StrCat(TempDir::Root(), "/qualify.XXXXXX");
@@ -304,6 +380,12 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     }
   }
 
+  // The actors check: a second round of processes, once the first saved the state they load.
+  if (errors.empty() && launched->exit_code == 0 && per_check.count("repeatability")) {
+    per_check["actors"] = ActorsCheck(launch, dir, world);
+    order.insert(std::find(order.begin(), order.end(), "repeatability") + 1, "actors");
+  }
+
   out << "transport: " << transport << "\n\n"
       << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
   bool all_passed = errors.empty() && launched->exit_code == 0 && !order.empty();
@@ -343,6 +425,13 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                        "' (per-rank reports and worker output kept in ", dir, ")"));
     }
     out << "evidence: " << options.evidence_path << "\n";
+  }
+  if (!options.report_dir.empty()) {
+    if (absl::Status s = WriteReport(evidence, options.report_dir); !s.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "the report: ", s.message(), " (per-rank reports and worker output kept in ", dir, ")"));
+    }
+    out << "report: " << options.report_dir << "/index.html\n";
   }
   if (all_passed) {
     // Keep the per-rank reports and worker log only when something needs looking into.

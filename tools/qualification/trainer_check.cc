@@ -33,15 +33,7 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
     default:
       break;
   }
-  c10::Device device(c10::kCPU);
-  if (setup.device == "cuda") {
-    if (!at::hasCUDA() || at::getNumGPUs() == 0) {
-      return absl::FailedPreconditionError(
-          "--device cuda: this build or machine has no CUDA device (build with --config=cuda)");
-    }
-    device = c10::Device(c10::kCUDA,
-                         static_cast<c10::DeviceIndex>(setup.world->rank() % at::getNumGPUs()));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::vector<trainer::OracleCheck> checks,
       trainer::RunTrainerOracle(*setup.world, setup.topology, control, device));
@@ -50,6 +42,16 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup) {
     results.push_back(CheckResult::Make(c.name, c.passed, c.detail));
   }
   return results;
+}
+
+absl::StatusOr<c10::Device> RankDevice(const RankSetup& setup) {
+  if (setup.device != "cuda") return c10::Device(c10::kCPU);
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+    return absl::FailedPreconditionError(
+        "--device cuda: this build or machine has no CUDA device (build with --config=cuda)");
+  }
+  return c10::Device(c10::kCUDA,
+                     static_cast<c10::DeviceIndex>(setup.world->rank() % at::getNumGPUs()));
 }
 
 }  // namespace qualification

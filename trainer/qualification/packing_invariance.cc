@@ -129,9 +129,8 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
   std::vector<TrainerInputs> calls;
   if (alone) {
     for (size_t i = 0; i < batch.sequences.size(); ++i) {
-      calls.push_back(TrainerInputs::Of(
-          {batch.sequences[i]},
-          batch.rows.slice(0, offsets[i], offsets[i + 1]).clone()));
+      calls.push_back(TrainerInputs::Of({batch.sequences[i]},
+                                        batch.rows.slice(0, offsets[i], offsets[i + 1]).clone()));
     }
   } else {
     calls.push_back(batch);
@@ -146,7 +145,8 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("per-sequence outputs", [&] {
       for (const MicrobatchOutput& out : step.microbatches) {
         const at::Tensor outputs = out.outputs.detach().to(at::kCPU);
-        const at::Tensor z = at::mm(out.outputs.detach(), head.detach().t()).squeeze(1).to(at::kCPU);
+        const at::Tensor z =
+            at::mm(out.outputs.detach(), head.detach().t()).squeeze(1).to(at::kCPU);
         const at::Tensor weights = out.loss_weights.to(at::kCPU);
         const at::Tensor input_rows = out.input_rows.to(at::kCPU);
         const auto row = input_rows.accessor<int64_t, 1>();
@@ -155,14 +155,16 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
           while (call_offsets[s + 1] <= row[t]) ++s;
           const int64_t id = sequences[s].id;
           at::Tensor& rows = run.outputs[id];
-          if (!rows.defined()) rows = at::zeros({sequences[s].num_tokens, outputs.size(1)}, outputs.options());
+          if (!rows.defined())
+            rows = at::zeros({sequences[s].num_tokens, outputs.size(1)}, outputs.options());
           rows[row[t] - call_offsets[s]].copy_(outputs[t]);
         }
         // The loss contribution, summed in position order whatever the packing.
         std::vector<std::pair<int64_t, double>> terms;
         for (int64_t t = 0; t < outputs.size(0); ++t) {
           const double zt = z[t].item<float>();
-          terms.emplace_back(row[t], weights[t].item<double>() * static_cast<double>(static_cast<float>(zt * zt)));
+          terms.emplace_back(
+              row[t], weights[t].item<double>() * static_cast<double>(static_cast<float>(zt * zt)));
         }
         std::sort(terms.begin(), terms.end());
         for (const auto& [r, term] : terms) {
@@ -237,8 +239,8 @@ std::string DifferenceSummary(const SequenceDifference& d, const std::string& pl
   if (d.module.empty()) return absl::StrCat(s, " differs, in no module's output");
   return absl::StrCat(
       s, " first differs at ", d.module,
-      absl::StrFormat(": max |diff| %.3g, relative L2 %.3g",
-                      d.figures.value("max_abs_diff", 0.0), d.figures.value("relative_l2", 0.0)));
+      absl::StrFormat(": max |diff| %.3g, relative L2 %.3g", d.figures.value("max_abs_diff", 0.0),
+                      d.figures.value("relative_l2", 0.0)));
 }
 
 }  // namespace
@@ -322,17 +324,22 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
                                   runs[i].ooms > 0 ? ", 1 split" : "", ")"));
   }
   if (!check.passed) {
-    check.detail = absl::StrCat("not reproducible (nondeterminism, not placement): ",
-                                unreproduced.size(), " sequence(s); first: ", unreproduced[0]);
+    check.detail =
+        absl::StrCat("not reproducible (nondeterminism, not placement): ", unreproduced.size(),
+                     " sequence(s); first: ", unreproduced[0]);
   } else if (placement_dependent.empty()) {
-    check.detail = absl::StrCat(runs[0].outputs.size(), " sequences' outputs and loss contributions bit-identical across ",
-                                runs.size(), " placements, each reproduced: ",
-                                absl::StrJoin(shapes, "; "),
-                                unsharded ? "" : (topology_.cp_size() > 1 ? "; unsharded not compared (TP > 1 reduces in another order by design)" : ""));
+    check.detail = absl::StrCat(
+        runs[0].outputs.size(), " sequences' outputs and loss contributions bit-identical across ",
+        runs.size(), " placements, each reproduced: ", absl::StrJoin(shapes, "; "),
+        unsharded ? ""
+                  : (topology_.cp_size() > 1
+                         ? "; unsharded not compared (TP > 1 reduces in another order by design)"
+                         : ""));
   } else {
-    check.detail = absl::StrCat("placement-dependent, not nondeterminism (every placement reproduces its bits): ",
-                                placement_dependent.size(), " of ", pairs, " (sequence, placement) pairs differ from alone; first: ",
-                                placement_dependent[0]);
+    check.detail = absl::StrCat(
+        "placement-dependent, not nondeterminism (every placement reproduces its bits): ",
+        placement_dependent.size(), " of ", pairs,
+        " (sequence, placement) pairs differ from alone; first: ", placement_dependent[0]);
   }
   return check;
 }

@@ -69,9 +69,10 @@ VariabilityRank::VariabilityRank(Communicator& world, const Topology& topology,
 
 VariabilityRank::~VariabilityRank() = default;
 
-absl::StatusOr<std::unique_ptr<VariabilityRank>> VariabilityRank::Create(
-    Communicator& world, const Topology& topology, VariabilityControl control,
-    c10::Device device) {
+absl::StatusOr<std::unique_ptr<VariabilityRank>> VariabilityRank::Create(Communicator& world,
+                                                                         const Topology& topology,
+                                                                         VariabilityControl control,
+                                                                         c10::Device device) {
   const int rank = world.rank();
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates me, topology.CoordinatesOf(rank));
   auto groups = std::make_unique<Groups>();
@@ -161,8 +162,9 @@ absl::StatusOr<json> RecordComparisons(const numerics::Recording& a, const numer
       records.push_back(std::move(entry));
       continue;
     }
-    LOCKSTEP_ASSIGN_OR_RETURN(numerics::TensorComparison c,
-                              numerics::CompareTensors(rb.tensor, ra.tensor, numerics::Tolerance()));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        numerics::TensorComparison c,
+        numerics::CompareTensors(rb.tensor, ra.tensor, numerics::Tolerance()));
     const json figures = numerics::ComparisonJson(c);
     for (const char* key : {"outcome", "bitwise_equal", "max_abs_diff", "max_tolerance_ratio",
                             "relative_l2", "elements"}) {
@@ -221,9 +223,9 @@ std::string DivergenceSummary(const std::optional<numerics::Divergence>& first) 
 
 absl::StatusOr<VariabilityCheck> VariabilityRank::Repeatability() {
   DeterministicMode deterministic;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Program> program,
-                            variability::MakeProgram(groups_->program,
-                                                     variability::StepPlacement(control_)));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<Program> program,
+      variability::MakeProgram(groups_->program, variability::StepPlacement(control_)));
   LOCKSTEP_ASSIGN_OR_RETURN(rng::RngResumeStateProto start,
                             rng::CaptureResumeState(*program->streams));
   std::vector<numerics::Recording> passes;
@@ -264,20 +266,19 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::Repeatability() {
                                 " module and leaf records identical");
   } else {
     const numerics::SetComparison& failed = cold_differs ? set : report.warm2_vs_warm1;
-    check.detail = absl::StrCat(cold_differs ? "warm1 vs cold" : "warm2 vs warm1", ": ",
-                                failed.failed, " of ", failed.passed + failed.failed,
-                                " outputs and gradients differ; ",
-                                variability::DivergenceSummary(verdict.first), "; ",
-                                verdict.leaves_summary);
+    check.detail =
+        absl::StrCat(cold_differs ? "warm1 vs cold" : "warm2 vs warm1", ": ", failed.failed, " of ",
+                     failed.passed + failed.failed, " outputs and gradients differ; ",
+                     variability::DivergenceSummary(verdict.first), "; ", verdict.leaves_summary);
   }
   return check;
 }
 
 absl::Status VariabilityRank::SaveActorState(const std::string& dir) {
   DeterministicMode deterministic;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Program> program,
-                            variability::MakeProgram(groups_->program,
-                                                     variability::StepPlacement(control_)));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<Program> program,
+      variability::MakeProgram(groups_->program, variability::StepPlacement(control_)));
   LOCKSTEP_RETURN_IF_ERROR(
       variability::Step(*program, variability::FixedBatch(groups_->program.dp_index)).status());
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("Adam step", [&] { program->adam->step(); }));
@@ -288,15 +289,15 @@ absl::Status VariabilityRank::SaveActorState(const std::string& dir) {
   }
   SaveOptions options;
   options.include_rng_streams = true;
-  return program->trainer->SaveState(absl::StrCat(dir, "/rank", world_.rank()),
-                                     program->parameters, program->adam.get(), options);
+  return program->trainer->SaveState(absl::StrCat(dir, "/rank", world_.rank()), program->parameters,
+                                     program->adam.get(), options);
 }
 
 absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::string& prefix) {
   DeterministicMode deterministic;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Program> program,
-                            variability::MakeProgram(groups_->program,
-                                                     variability::StepPlacement(control_)));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<Program> program,
+      variability::MakeProgram(groups_->program, variability::StepPlacement(control_)));
   const int rank = world_.rank();
   LOCKSTEP_ASSIGN_OR_RETURN(LoadReport loaded,
                             program->trainer->LoadState(absl::StrCat(state_dir, "/rank", rank),
@@ -308,7 +309,8 @@ absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::
   // What the actor holds: its weights and its optimizer's state (the parameters belong to no
   // torch::nn::Module, so the optimizer's entries are named by group and index).
   numerics::NamedTensors state;
-  for (const auto& [name, tensor] : program->parameters) state.emplace_back("weight/" + name, tensor);
+  for (const auto& [name, tensor] : program->parameters)
+    state.emplace_back("weight/" + name, tensor);
   torch::nn::Module none;
   LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors optimizer,
                             numerics::ModuleState(none, program->adam.get()));
@@ -320,8 +322,9 @@ absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::
        {"rank", absl::StrCat(rank)},
        {"device", device_.str()}});
   numerics::Recording recording({});
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors outputs,
-                            variability::RecordedStep(*program, groups_->program.dp_index, recording));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      numerics::NamedTensors outputs,
+      variability::RecordedStep(*program, groups_->program.dp_index, recording));
   numerics::NamedTensors tensors;
   for (auto& [name, tensor] : outputs) tensors.emplace_back("output/" + name, tensor);
   for (const auto& [name, tensor] : program->parameters) {
@@ -408,16 +411,16 @@ absl::StatusOr<VariabilityCheck> CompareActors(const std::string& prefix_a,
   const std::string state = absl::StrCat(a["inventory"].value("tensors", 0), " tensors, digest ",
                                          a["inventory"].value("state_digest", "").substr(0, 12));
   if (check.passed) {
-    check.detail = absl::StrCat(
-        "two actor processes loaded the same state: inventories equal (", state,
-        "), contexts equal (digest ", numerics::ContextDigest(a["context"]).substr(0, 12), "), ",
-        tensors.passed, " outputs and gradients bit-identical");
+    check.detail = absl::StrCat("two actor processes loaded the same state: inventories equal (",
+                                state, "), contexts equal (digest ",
+                                numerics::ContextDigest(a["context"]).substr(0, 12), "), ",
+                                tensors.passed, " outputs and gradients bit-identical");
   } else {
     std::vector<std::string> parts;
     if (!inventories_equal) {
-      parts.push_back(absl::StrCat(inventory_differs.size(), " inventory entries differ (first: ",
-                                   inventory_differs.empty() ? "state digest" : inventory_differs[0],
-                                   ")"));
+      parts.push_back(
+          absl::StrCat(inventory_differs.size(), " inventory entries differ (first: ",
+                       inventory_differs.empty() ? "state digest" : inventory_differs[0], ")"));
     }
     if (!context_differs.empty()) {
       parts.push_back(absl::StrCat("contexts differ in ", absl::StrJoin(context_differs, ", ")));

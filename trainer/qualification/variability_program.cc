@@ -51,21 +51,23 @@ absl::StatusOr<std::unique_ptr<Program>> MakeProgram(const ProgramGroups& groups
   const bool inject_oom = placement.inject_oom;
   LOCKSTEP_ASSIGN_OR_RETURN(
       program->trainer,
-      TrainerRank::Create(
-          config,
-          TrainerRank::Collaborators::Of(topology, placement.unsharded ? 0 : groups.world_rank,
-                                         placement.unsharded ? nullptr : groups.tp_cp,
-                                         program->streams),
-          [raw_model, raw_program, inject_oom](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-            // Every replica sees the same plan, so every one of them fails this attempt.
-            if (inject_oom && raw_program->ooms_injected == 0 &&
-                work.plan->microbatches(work.microbatch).batch_index_size() >= 2) {
-              ++raw_program->ooms_injected;
-              throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__},
-                                          "injected out of memory (packing_invariance)");
-            }
-            return raw_model->Forward(work);
-          }));
+      TrainerRank::Create(config,
+                          TrainerRank::Collaborators::Of(
+                              topology, placement.unsharded ? 0 : groups.world_rank,
+                              placement.unsharded ? nullptr : groups.tp_cp, program->streams),
+                          [raw_model, raw_program,
+                           inject_oom](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                            // Every replica sees the same plan, so every one of them fails this
+                            // attempt.
+                            if (inject_oom && raw_program->ooms_injected == 0 &&
+                                work.plan->microbatches(work.microbatch).batch_index_size() >= 2) {
+                              ++raw_program->ooms_injected;
+                              throw c10::OutOfMemoryError(
+                                  {__func__, __FILE__, __LINE__},
+                                  "injected out of memory (packing_invariance)");
+                            }
+                            return raw_model->Forward(work);
+                          }));
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   LOCKSTEP_ASSIGN_OR_RETURN(
       numerics::NamedTensors head,
@@ -98,13 +100,15 @@ TrainerInputs FixedBatch(int dp_index) {
     sequences.push_back(planner::Sequence::Of(lengths[i], 500 + 100 * dp_index + i));
     tokens += lengths[i];
   }
-  at::Tensor rows = (at::arange(tokens, at::kLong) * 17 + 5 * dp_index + 3) % ReferenceModel::kVocab;
+  at::Tensor rows =
+      (at::arange(tokens, at::kLong) * 17 + 5 * dp_index + 3) % ReferenceModel::kVocab;
   return TrainerInputs::Of(std::move(sequences), rows);
 }
 
 std::vector<int64_t> SequenceOffsets(const TrainerInputs& inputs) {
   std::vector<int64_t> offsets = {0};
-  for (const planner::Sequence& s : inputs.sequences) offsets.push_back(offsets.back() + s.num_tokens);
+  for (const planner::Sequence& s : inputs.sequences)
+    offsets.push_back(offsets.back() + s.num_tokens);
   return offsets;
 }
 
@@ -120,7 +124,8 @@ absl::StatusOr<StepResult> Step(Program& program, TrainerInputs inputs, bool bac
       if (backward) loss.backward();
       result.outputs.emplace_back(absl::StrCat("mb", out.microbatch, ".outputs"),
                                   out.outputs.detach().clone());
-      result.outputs.emplace_back(absl::StrCat("mb", out.microbatch, ".loss"), loss.detach().clone());
+      result.outputs.emplace_back(absl::StrCat("mb", out.microbatch, ".loss"),
+                                  loss.detach().clone());
     }));
   }
   return result;

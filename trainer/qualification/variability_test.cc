@@ -23,17 +23,18 @@ namespace lockstep {
 namespace trainer {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 enum class Which { kRepeatability, kPacking };
 
 absl::Status WriteCheck(const VariabilityCheck& check, const std::string& path) {
-  std::ofstream(path) << json{{"name", check.name},
-                              {"passed", check.passed},
-                              {"detail", check.detail},
-                              {"evidence", check.evidence}}
-                             .dump();
+  std::ofstream(path) << json{
+      {"name", check.name},
+      {"passed", check.passed},
+      {"detail", check.detail},
+      {"evidence",
+       check.evidence}}.dump();
   return absl::OkStatus();
 }
 
@@ -106,7 +107,7 @@ std::vector<json> RunActors(VariabilityControl control, const std::string& dir) 
   options.deadline = absl::Seconds(240);
   auto world = [&](auto body) {
     for (const absl::Status& s : collectives::RunProcessWorld(
-             options, [&](int rank, collectives::Communicator& w) -> absl::Status {
+             options, [&](int rank, collectives::Communicator&w) -> absl::Status {
                LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                                          collectives::Topology::CreateExact(w.size(), dp, tp, cp));
                LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<VariabilityRank> v,
@@ -120,8 +121,7 @@ std::vector<json> RunActors(VariabilityControl control, const std::string& dir) 
   world([&](int, VariabilityRank& v) { return v.RunActor(dir + "/state", dir + "/a"); });
   world([&](int, VariabilityRank& v) { return v.RunActor(dir + "/state", dir + "/b"); });
   world([&](int rank, VariabilityRank&) -> absl::Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(VariabilityCheck check,
-                              CompareActors(dir + "/a", dir + "/b", rank));
+    LOCKSTEP_ASSIGN_OR_RETURN(VariabilityCheck check, CompareActors(dir + "/a", dir + "/b", rank));
     return WriteCheck(check, absl::StrCat(dir, "/actors", rank, ".json"));
   });
   std::vector<json> checks;
@@ -167,7 +167,7 @@ TEST(PackingInvarianceTest, PlacementsOfTwoMemoryCapsAreComparedSequenceBySequen
     std::cout << "packing_invariance: " << check.value("detail", "") << "\n";
     const json& placements = check["evidence"]["placements"];
     ASSERT_EQ(placements.size(), 5u) << placements.dump();  // alone, 2 caps, split, unsharded
-    EXPECT_EQ(placements[0].value("microbatches", 0), 5);  // alone: one per sequence
+    EXPECT_EQ(placements[0].value("microbatches", 0), 5);   // alone: one per sequence
     EXPECT_NE(placements[1].value("microbatches", 0), placements[2].value("microbatches", 0));
     EXPECT_EQ(placements[3].value("out_of_memory_injected", 0), 1);
     EXPECT_EQ(placements[3].value("microbatches", 0), placements[1].value("microbatches", 0) + 1);
@@ -184,8 +184,8 @@ TEST(PackingInvarianceTest, PlacementsOfTwoMemoryCapsAreComparedSequenceBySequen
 
 TEST(PackingInvarianceTest, ANondeterministicModuleIsNotMistakenForPlacement) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("packing_control"));
-  for (const json& check : RunWorld(1, 1, 2, VariabilityControl::kNondeterministicOp,
-                                    Which::kPacking, dir.path())) {
+  for (const json& check :
+       RunWorld(1, 1, 2, VariabilityControl::kNondeterministicOp, Which::kPacking, dir.path())) {
     EXPECT_FALSE(check.value("passed", true));
     EXPECT_THAT(check.value("detail", ""), HasSubstr("not reproducible"));
     EXPECT_THAT(check.value("detail", ""), HasSubstr(kNondeterministicModule));
