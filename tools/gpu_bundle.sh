@@ -61,6 +61,8 @@ targets=(
   //trainer:trainer_admission_cuda_test
   //trainer:trainer_contract_cuda_test
   //trainer:trainer_rank_cuda_test
+  //trainer:variability_cuda_test
+  //trainer:variability_test
   //collectives:differentiable_test
   //collectives:adopted_communicator_test
   //trainer:trainer_benchmark

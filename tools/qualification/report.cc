@@ -31,22 +31,22 @@ absl::Status WriteReport(const nlohmann::json& evidence, const std::string& dir)
   const std::string script_path = dir + "/.report.py";
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(evidence_path, evidence.dump(1)));
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(script_path, kReportScript));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      Child child,
-      Child::Exec(ChildOptions::Output(), {"/usr/bin/python3", script_path, evidence_path, dir},
-                  {}));
+  LOCKSTEP_ASSIGN_OR_RETURN(Child child,
+                            Child::Exec(ChildOptions::Output(),
+                                        {"/usr/bin/python3", script_path, evidence_path, dir}, {}));
   std::string output;
   for (;;) {
     LOCKSTEP_ASSIGN_OR_RETURN(
-        int open, PollChannels({&child}, absl::Minutes(2),
-                               [&](size_t, absl::string_view bytes) { output.append(bytes.data(), bytes.size()); }));
+        int open, PollChannels({&child}, absl::Minutes(2), [&](size_t, absl::string_view bytes) {
+          output.append(bytes.data(), bytes.size());
+        }));
     if (open == 0) break;
   }
   child.Reap();
   std::filesystem::remove(script_path, error);
   if (!child.succeeded()) {
-    return absl::InternalError(absl::StrCat("tools/report/report.py ", child.Describe(), ": ",
-                                            output));
+    return absl::InternalError(
+        absl::StrCat("tools/report/report.py ", child.Describe(), ": ", output));
   }
   return absl::OkStatus();
 }

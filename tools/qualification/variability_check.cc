@@ -13,13 +13,12 @@ namespace qualification {
 
 absl::StatusOr<std::vector<CheckResult>> CheckVariability(RankSetup& setup) {
   LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
-  const trainer::VariabilityControl control =
-      setup.control == NegativeControl::kNondeterministicOp
-          ? trainer::VariabilityControl::kNondeterministicOp
-          : trainer::VariabilityControl::kNone;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<trainer::VariabilityRank> rank,
-                            trainer::VariabilityRank::Create(*setup.world, setup.topology,
-                                                             control, device));
+  const trainer::VariabilityControl control = setup.control == NegativeControl::kNondeterministicOp
+                                                  ? trainer::VariabilityControl::kNondeterministicOp
+                                                  : trainer::VariabilityControl::kNone;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<trainer::VariabilityRank> rank,
+      trainer::VariabilityRank::Create(*setup.world, setup.topology, control, device));
   auto result = [](trainer::VariabilityCheck check) {
     CheckResult r = CheckResult::Make(std::move(check.name), check.passed, std::move(check.detail));
     r.evidence = std::move(check.evidence);

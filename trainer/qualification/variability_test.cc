@@ -1,8 +1,12 @@
 // The variability checks (variability.h) on multi-process Gloo worlds: repeatability, actors and
 // packing invariance hold on DP1 x CP2 and DP2 x TP2; the negative control (one module made
 // nondeterministic) makes them fail naming that module. Each rank's check goes back to the test as
-// JSON in a file, since a rank is a process.
+// JSON in a file, since a rank is a process. Built twice: //trainer:variability_test on the CPU
+// and, with LOCKSTEP_VARIABILITY_ON_CUDA, //trainer:variability_cuda_test (gpu) with every rank's
+// tensors on CUDA device 0 (the processes share it), where the control's nondeterminism is
+// floating-point atomics.
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -25,6 +29,16 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
+
+#ifdef LOCKSTEP_VARIABILITY_ON_CUDA
+const c10::Device kDevice(c10::kCUDA, 0);
+#else
+const c10::Device kDevice(c10::kCPU);
+#endif
+
+// What every rank does first: cuBLAS is deterministic only with a fixed workspace, set before its
+// first call (as qualify's workers do).
+void PrepareRank() { setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0); }
 
 enum class Which { kRepeatability, kPacking };
 
@@ -50,10 +64,11 @@ std::vector<json> RunWorld(int dp, int tp, int cp, VariabilityControl control, W
   options.deadline = absl::Seconds(240);
   const std::vector<absl::Status> statuses = collectives::RunProcessWorld(
       options, [&](int rank, collectives::Communicator& world) -> absl::Status {
+        PrepareRank();
         LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                                   collectives::Topology::CreateExact(world.size(), dp, tp, cp));
         LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<VariabilityRank> v,
-                                  VariabilityRank::Create(world, topology, control));
+                                  VariabilityRank::Create(world, topology, control, kDevice));
         absl::StatusOr<VariabilityCheck> check =
             which == Which::kRepeatability ? v->Repeatability() : v->PackingInvariance();
         LOCKSTEP_RETURN_IF_ERROR(check.status());
@@ -108,10 +123,11 @@ std::vector<json> RunActors(VariabilityControl control, const std::string& dir) 
   auto world = [&](auto body) {
     for (const absl::Status& s : collectives::RunProcessWorld(
              options, [&](int rank, collectives::Communicator&w) -> absl::Status {
+               PrepareRank();
                LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                                          collectives::Topology::CreateExact(w.size(), dp, tp, cp));
                LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<VariabilityRank> v,
-                                         VariabilityRank::Create(w, topology, control));
+                                         VariabilityRank::Create(w, topology, control, kDevice));
                return body(rank, *v);
              })) {
       EXPECT_TRUE(s.ok()) << s;
