@@ -74,7 +74,7 @@ struct VariabilityCheck {
 // after: deterministic algorithms (erroring, not warning), cuDNN deterministic and not
 // benchmarking, TF32 off for cuBLAS and cuDNN. On CUDA, cuBLAS's own determinism needs
 // CUBLAS_WORKSPACE_CONFIG set before the process's first cuBLAS call: the caller's job (qualify's
-// workers set ":4096:8"). Move-only.
+// workers set ":4096:8"). Neither copyable nor movable: it lives in one scope.
 class DeterministicMode {
  public:
   DeterministicMode();
