@@ -426,11 +426,23 @@ TEST(RendezvousTest, AMissingRankIsNamedWithinTheTimeout) {
   EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kDeadlineExceeded) << rendezvous.status();
   EXPECT_THAT(rendezvous.status().message(),
               AllOf(HasSubstr(absl::StrCat("127.0.0.1:", port)), HasSubstr("of world size 2"),
-                    HasSubstr("(0)"), HasSubstr("missing rank(s) 1")));
+                    HasSubstr("(0, from host(s) "), HasSubstr("missing rank(s) 1")));
   EXPECT_LT(took, timeout + absl::Seconds(3));
   // The file store says the same.
   auto file = Rendezvous::File(absl::StrCat(::testing::TempDir(), "/alone_", port), 1, 3, timeout);
-  EXPECT_THAT(file.status().message(), AllOf(HasSubstr("(1)"), HasSubstr("missing rank(s) 0, 2")));
+  EXPECT_THAT(file.status().message(),
+              AllOf(HasSubstr("(1, from host(s) "), HasSubstr("missing rank(s) 0, 2")));
+}
+
+// With the ranks per node known (LOCAL_WORLD_SIZE), the missing ranks are named by node too: a
+// node whose launch never came.
+TEST(RendezvousTest, AMissingNodeIsNamed) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
+  auto rendezvous = Rendezvous::Tcp("127.0.0.1", port, 0, 4, absl::Seconds(1), /*local_rank=*/0,
+                                    /*local_world_size=*/2);
+  EXPECT_EQ(rendezvous.status().code(), absl::StatusCode::kDeadlineExceeded) << rendezvous.status();
+  EXPECT_THAT(rendezvous.status().message(),
+              HasSubstr("missing rank(s) 1, 2, 3 = node(s) 0, 1 of 2 (2 ranks per node)"));
 }
 
 TEST(RendezvousTest, AnUnresolvableHostIsOneClearError) {

@@ -2,11 +2,13 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -44,12 +46,19 @@ absl::Status StoreCall(const std::string& what, absl::Duration timeout, Fn&& fn)
 // Every rank announces itself in the store, then waits for the others' announcements, so that a
 // rendezvous that cannot complete fails within its timeout naming the ranks that arrived and the
 // ones that did not (instead of a store error naming neither).
-absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, absl::Duration timeout,
-                           const std::string& where) {
+// Each rank announces its host name; with `local_world_size` ranks per node (0: unknown), the
+// missing ranks are also named by node (rank / local_world_size, torchrun's numbering), since
+// a whole node missing usually means its launch never started or cannot reach the store.
+absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, int local_world_size,
+                           absl::Duration timeout, const std::string& where) {
   auto key = [](int r) { return absl::StrCat("lockstep/rendezvous/arrived/", r); };
   const absl::Time deadline = absl::Now() + timeout;
-  LOCKSTEP_RETURN_IF_ERROR(StoreCall(absl::StrCat(where, ": announcing rank ", rank), timeout,
-                                     [&] { store.set(key(rank), std::vector<uint8_t>{1}); }));
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string me = host[0] != '\0' ? host : "?";
+  LOCKSTEP_RETURN_IF_ERROR(StoreCall(absl::StrCat(where, ": announcing rank ", rank), timeout, [&] {
+    store.set(key(rank), std::vector<uint8_t>(me.begin(), me.end()));
+  }));
   std::vector<std::string> all;
   for (int r = 0; r < world_size; ++r) all.push_back(key(r));
   for (;;) {
@@ -61,15 +70,30 @@ absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, absl::D
     absl::SleepFor(absl::Milliseconds(20));
   }
   std::vector<int> arrived, missing;
+  std::set<std::string> hosts;
   for (int r = 0; r < world_size; ++r) {
     bool here = false;
     LOCKSTEP_RETURN_IF_ERROR(StoreCall(where, timeout, [&] { here = store.check({key(r)}); }));
     (here ? arrived : missing).push_back(r);
+    if (here) {
+      std::vector<uint8_t> name;
+      LOCKSTEP_RETURN_IF_ERROR(StoreCall(where, timeout, [&] { name = store.get(key(r)); }));
+      hosts.insert(std::string(name.begin(), name.end()));
+    }
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat(where, ": ", arrived.size(), " of world size ", world_size, " rank(s) arrived ",
-                   "within ", absl::FormatDuration(timeout), " (", absl::StrJoin(arrived, ", "),
-                   "); missing rank(s) ", absl::StrJoin(missing, ", ")));
+  std::string nodes;
+  if (local_world_size > 0 && world_size % local_world_size == 0) {
+    std::set<int> missing_nodes;
+    for (int r : missing) missing_nodes.insert(r / local_world_size);
+    nodes =
+        absl::StrCat(" = node(s) ", absl::StrJoin(missing_nodes, ", "), " of ",
+                     world_size / local_world_size, " (", local_world_size,
+                     " ranks per node): their launch did not start or cannot reach ", "the store");
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      where, ": ", arrived.size(), " of world size ", world_size, " rank(s) arrived ", "within ",
+      absl::FormatDuration(timeout), " (", absl::StrJoin(arrived, ", "), ", from host(s) ",
+      absl::StrJoin(hosts, ", "), "); missing rank(s) ", absl::StrJoin(missing, ", "), nodes));
 }
 
 // The address `host` resolves to, or a clear error (once, instead of c10d's retry warnings).
@@ -141,6 +165,10 @@ absl::StatusOr<LaunchEnvironment> ParseLaunchEnvironment(
   }
   absl::StatusOr<int> local = ParseInt("LOCAL_RANK", lookup("LOCAL_RANK"), 0, 1 << 20, 0);
   if (!local.ok()) return local.status();
+  absl::StatusOr<int> per_node =
+      ParseInt("LOCAL_WORLD_SIZE", lookup("LOCAL_WORLD_SIZE"), 1, 1 << 20, 0);
+  if (!per_node.ok()) return per_node.status();
+  env.local_world_size = *per_node;
   env.master_port = *port;
   env.world_size = *world;
   env.rank = *rank;
@@ -224,7 +252,8 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::File(const std::string& 
     impl->store->setTimeout(internal::ToChrono(timeout));
   });
   if (!status.ok()) return status;
-  LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size, timeout, where));
+  LOCKSTEP_RETURN_IF_ERROR(
+      AwaitArrivals(*impl->store, rank, world_size, /*local_world_size=*/0, timeout, where));
   return std::shared_ptr<Rendezvous>(
       new Rendezvous(std::move(impl), rank, world_size, /*local_rank=*/0, timeout));
 }
@@ -248,8 +277,8 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::OverStore(std::unique_pt
 
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& host, int port,
                                                             int rank, int world_size,
-                                                            absl::Duration timeout,
-                                                            int local_rank) {
+                                                            absl::Duration timeout, int local_rank,
+                                                            int local_world_size) {
   absl::Status valid;
   CheckRanks(rank, world_size, &valid);
   if (!valid.ok()) return valid;
@@ -274,7 +303,8 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
                                         c10::make_intrusive<c10d::TCPStore>(host, options);
                                   });
   if (!status.ok()) return status;
-  LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size, timeout, where));
+  LOCKSTEP_RETURN_IF_ERROR(
+      AwaitArrivals(*impl->store, rank, world_size, local_world_size, timeout, where));
   return std::shared_ptr<Rendezvous>(
       new Rendezvous(std::move(impl), rank, world_size, local_rank, timeout));
 }
@@ -283,7 +313,7 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::FromEnvironment(absl::Du
   absl::StatusOr<LaunchEnvironment> env = LaunchEnvironmentFromProcess();
   if (!env.ok()) return env.status();
   return Tcp(env->master_addr, env->master_port, env->rank, env->world_size, timeout,
-             env->local_rank);
+             env->local_rank, env->local_world_size);
 }
 
 absl::Status Rendezvous::Set(const std::string& key, absl::string_view value) {

@@ -11,10 +11,12 @@
 //   RANK         this process's global rank          (required, 0 <= RANK < WORLD_SIZE)
 //   WORLD_SIZE   number of processes                 (required, positive)
 //   LOCAL_RANK   rank on this host, selects the GPU  (optional, default 0)
-// Rank 0 serves the TCP store; every rank announces itself in the store and waits up to the
-// timeout for all the others, then fails with kDeadlineExceeded naming the address, the world
-// size, the ranks that arrived and the ones missing. An address that does not resolve is
-// kInvalidArgument at once.
+//   LOCAL_WORLD_SIZE  ranks per host                 (optional; names missing nodes)
+// Rank 0 serves the TCP store; every rank announces itself (and its host name) in the store and
+// waits up to the timeout for all the others, then fails with kDeadlineExceeded naming the
+// address, the world size, the ranks that arrived and their hosts, and the ones missing — with
+// LOCAL_WORLD_SIZE also the nodes they belong to (rank / LOCAL_WORLD_SIZE, as launch and torchrun
+// number them). An address that does not resolve is kInvalidArgument at once.
 //
 // Thread-safety: Set/Get are thread-safe (the stores are).
 //
@@ -45,6 +47,7 @@ struct LaunchEnvironment {
   int rank = 0;
   int world_size = 0;
   int local_rank = 0;
+  int local_world_size = 0;  // 0: not given
 };
 
 // Parses the variables through `lookup` (nullopt for an unset variable). kInvalidArgument names
@@ -60,11 +63,12 @@ class Rendezvous {
   // A FileStore at `path` (a file on a filesystem every rank sees; created if absent).
   static absl::StatusOr<std::shared_ptr<Rendezvous>> File(const std::string& path, int rank,
                                                           int world_size, absl::Duration timeout);
-  // A TCPStore served by rank 0 at host:port.
+  // A TCPStore served by rank 0 at host:port; `local_world_size` ranks per node (0: unknown)
+  // names the missing nodes when the rendezvous cannot complete.
   static absl::StatusOr<std::shared_ptr<Rendezvous>> Tcp(const std::string& host, int port,
                                                          int rank, int world_size,
-                                                         absl::Duration timeout,
-                                                         int local_rank = 0);
+                                                         absl::Duration timeout, int local_rank = 0,
+                                                         int local_world_size = 0);
   // Tcp() with the torchrun variables (see the top of this file).
   static absl::StatusOr<std::shared_ptr<Rendezvous>> FromEnvironment(absl::Duration timeout);
 

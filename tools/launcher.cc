@@ -66,6 +66,20 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--nproc ", options.nproc, " is not an integer in [1, ", kMaxLocalProcesses, "]"));
   }
+  if (options.nnodes < 1 || options.nnodes > kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes ", options.nnodes, " is not an integer in [1, ", kMaxNodes, "]"));
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat("--node_rank ", options.node_rank,
+                                                   " is not an integer in [0, ", options.nnodes,
+                                                   ") (--nnodes ", options.nnodes, ")"));
+  }
+  if (options.nnodes > 1 && options.master_port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master_port must be given with --nnodes ", options.nnodes,
+        ": every node's launch needs the same port, which a free local port would not be"));
+  }
   if (options.master_addr.empty()) {
     return absl::InvalidArgumentError("--master_addr is empty; give a host name or address");
   }
@@ -98,17 +112,21 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
 
   StopSignals signals;
   std::vector<Child> ranks;
+  const int first = options.node_rank * options.nproc;  // this node's first global rank
+  const int world = options.nnodes * options.nproc;
   for (int r = 0; r < options.nproc; ++r) {
     absl::StatusOr<Child> child =
         Child::Exec(ChildOptions::Output().set_own_process_group(true), options.command,
                     {{"MASTER_ADDR", options.master_addr},
                      {"MASTER_PORT", std::to_string(port)},
-                     {"RANK", std::to_string(r)},
-                     {"WORLD_SIZE", std::to_string(options.nproc)},
+                     {"RANK", std::to_string(first + r)},
+                     {"WORLD_SIZE", std::to_string(world)},
                      {"LOCAL_RANK", std::to_string(r)},
-                     {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)}});
+                     {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+                     {"GROUP_RANK", std::to_string(options.node_rank)},
+                     {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)}});
     if (!child.ok()) return child.status();  // the ranks started so far are killed with `ranks`
-    LOCKSTEP_VLOG(1) << "launch: started rank " << r << " of " << options.nproc << " as pid "
+    LOCKSTEP_VLOG(1) << "launch: started rank " << first + r << " of " << world << " as pid "
                      << child->pid() << " (port " << port << ")";
     ranks.push_back(std::move(*child));
   }
@@ -138,7 +156,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
     }
     if (absl::Now() >= deadline && result.stalled_ranks.empty() && result.failed_rank < 0) {
       for (int r = 0; r < options.nproc; ++r) {
-        if (!ranks[r].exited()) result.stalled_ranks.push_back(r);
+        if (!ranks[r].exited()) result.stalled_ranks.push_back(first + r);
       }
       result.exit_code = 124;  // timeout(1)'s convention
       result.summary = absl::StrCat("rank(s) ", absl::StrJoin(result.stalled_ranks, ", "),
@@ -152,7 +170,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
     absl::StatusOr<int> open =
         PollChannels(channels, absl::Milliseconds(100), [&](size_t r, absl::string_view bytes) {
           pending[r].append(bytes.data(), bytes.size());
-          WriteAll(options.output_fd, TakeLines(static_cast<int>(r), &pending[r], bytes.empty()));
+          WriteAll(options.output_fd,
+                   TakeLines(first + static_cast<int>(r), &pending[r], bytes.empty()));
         });
     if (!open.ok()) {
       signal_running(SIGKILL);
@@ -164,12 +183,12 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
       Child& rank = ranks[r];
       if (rank.exited() || !rank.TryReap()) continue;
       --running;
-      LOCKSTEP_VLOG(1) << "launch: rank " << r << " " << rank.Describe() << "; " << running
+      LOCKSTEP_VLOG(1) << "launch: rank " << first + r << " " << rank.Describe() << "; " << running
                        << " still running";
       if (!rank.succeeded() && result.failed_rank < 0 && result.exit_code == 0) {
-        result.failed_rank = r;
+        result.failed_rank = first + r;
         result.exit_code = rank.ExitCode();
-        result.summary = absl::StrCat("rank ", r, " ", rank.Describe());
+        result.summary = absl::StrCat("rank ", first + r, " ", rank.Describe());
         stop_others(result.summary);
       }
     }
@@ -182,15 +201,20 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
         PollChannels(channels, absl::ZeroDuration(), [&](size_t r, absl::string_view bytes) {
           read_any = true;
           pending[r].append(bytes.data(), bytes.size());
-          WriteAll(options.output_fd, TakeLines(static_cast<int>(r), &pending[r], bytes.empty()));
+          WriteAll(options.output_fd,
+                   TakeLines(first + static_cast<int>(r), &pending[r], bytes.empty()));
         });
     if (!open.ok() || *open == 0) break;
   }
   for (int r = 0; r < options.nproc; ++r) {
-    WriteAll(options.output_fd, TakeLines(r, &pending[r], /*end_of_stream=*/true));
+    WriteAll(options.output_fd, TakeLines(first + r, &pending[r], /*end_of_stream=*/true));
   }
   if (result.summary.empty()) {
-    result.summary = absl::StrCat("all ", options.nproc, " ranks exited with code 0");
+    result.summary = options.nnodes == 1
+                         ? absl::StrCat("all ", options.nproc, " ranks exited with code 0")
+                         : absl::StrCat("all ", options.nproc, " ranks of node ", options.node_rank,
+                                        " (ranks ", first, "..", first + options.nproc - 1, " of ",
+                                        world, ") exited with code 0");
   }
   return result;
 }

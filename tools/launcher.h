@@ -1,7 +1,11 @@
 // tools/launcher.h
 //
 // The library behind tools/launch: starts N local processes of one command with the torchrun
-// environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
+// environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK, GROUP_WORLD_SIZE) — the ranks of one node of a job of `nnodes` nodes, one launch
+// per node, as torchrun's static multi-node rendezvous numbers them (node K's ranks are
+// K x nproc .. K x nproc + nproc - 1; the ranks' own rendezvous joins the nodes and names the
+// ranks and nodes that never arrive) —
 // forwards their output line by line with a "[rank K] " prefix, and when one fails stops the
 // others (SIGTERM to each process group, SIGKILL after a grace period) and reports the failure.
 // SIGINT/SIGTERM sent to the launcher are forwarded to the ranks the same way. A job-level
@@ -30,15 +34,20 @@
 namespace lockstep {
 namespace tools {
 
-// The most processes launch starts on one machine.
+// The most processes launch starts on one machine, and the most nodes of one job.
 inline constexpr int kMaxLocalProcesses = 1024;
+inline constexpr int kMaxNodes = 1024;
 
 struct LaunchOptions {
-  // Number of processes; 1..kMaxLocalProcesses. Default: 1.
+  // Number of processes on this node; 1..kMaxLocalProcesses. Default: 1.
   int nproc = 1;
+  // Nodes of the job, 1..kMaxNodes, and this node's index among them. Default: 1 and 0.
+  int nnodes = 1;
+  int node_rank = 0;
   // Address of rank 0's rendezvous store. Default: the loopback address.
   std::string master_addr = "127.0.0.1";
-  // Its port; 0 picks a free one. Default: 0.
+  // Its port; 0 picks a free one (one node only: every node must be given the same port).
+  // Default: 0.
   int master_port = 0;
   // The program and its arguments; the program is looked up on PATH.
   std::vector<std::string> command;
@@ -53,17 +62,18 @@ struct LaunchOptions {
 struct LaunchResult {
   // 0 when every rank exited 0; else the first failing rank's exit code, or 128 + signal.
   int exit_code = 0;
-  // The first rank that failed, or -1.
+  // The first rank that failed (its global rank), or -1.
   int failed_rank = -1;
-  // Ranks stopped because the deadline passed (empty otherwise).
+  // Ranks (global) stopped because the deadline passed (empty otherwise).
   std::vector<int> stalled_ranks;
   // What happened, for the launcher's last line ("rank 1 exited with code 3").
   std::string summary;
 };
 
 // kInvalidArgument naming the option (as launch's flag) and its accepted range for: nproc
-// outside [1, kMaxLocalProcesses], an empty master_addr, master_port outside [0, 65535], a
-// negative grace, a non-positive deadline, an empty command.
+// outside [1, kMaxLocalProcesses], nnodes outside [1, kMaxNodes], node_rank outside
+// [0, nnodes), an empty master_addr, master_port outside [0, 65535] (or 0 with more than one
+// node), a negative grace, a non-positive deadline, an empty command.
 absl::Status ValidateLaunchOptions(const LaunchOptions& options);
 
 // Runs the processes to completion. Returns an error only when the launcher itself could not

@@ -57,6 +57,36 @@ TEST(LauncherTest, SetsTheTorchrunEnvironmentAndPrefixesOutput) {
   }
 }
 
+// One node of a multi-node job: its ranks are numbered after the earlier nodes', and know the
+// node and the job's shape (torchrun's static rendezvous numbering).
+TEST(LauncherTest, ANodeOfSeveralNumbersItsRanksAfterTheEarlierNodes) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/launch_node_", getpid());
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  LaunchOptions options;
+  options.nproc = 2;
+  options.nnodes = 3;
+  options.node_rank = 1;
+  options.master_addr = "10.0.0.1";
+  options.master_port = 29500;
+  options.command = {
+      "/bin/sh", "-c",
+      "echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node "
+      "$GROUP_RANK/$GROUP_WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT\"; exit $LOCAL_RANK"};
+  options.output_fd = fd;
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  close(fd);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("[rank 2] 2/6 local 0/2 node 1/3 at 10.0.0.1:29500"));
+  EXPECT_THAT(text.str(), HasSubstr("[rank 3] 3/6 local 1/2 node 1/3 at 10.0.0.1:29500"));
+  // The failing rank is named by its global rank.
+  EXPECT_EQ(result->failed_rank, 3);
+  EXPECT_THAT(result->summary, HasSubstr("rank 3 exited with code 1"));
+}
+
 TEST(LauncherTest, AllRanksShareOnePort) {
   auto [result, output] = RunShell(2, "echo port=$MASTER_PORT");
   const size_t a = output.find("port=");
@@ -136,6 +166,16 @@ TEST(ValidateLaunchOptionsTest, BadOptionsAreNamedWithTheirRange) {
   EXPECT_THAT(with([](LaunchOptions& o) { o.nproc = 1025; }).message(),
               HasSubstr("--nproc 1025 is not an integer in [1, 1024]"));
   EXPECT_THAT(with([](LaunchOptions& o) { o.command.clear(); }).message(), HasSubstr("no program"));
+  EXPECT_THAT(with([](LaunchOptions& o) { o.nnodes = 0; }).message(),
+              HasSubstr("--nnodes 0 is not an integer in [1, 1024]"));
+  EXPECT_THAT(with([](LaunchOptions& o) {
+                o.nnodes = 2;
+                o.node_rank = 2;
+                o.master_port = 29500;
+              }).message(),
+              HasSubstr("--node_rank 2 is not an integer in [0, 2)"));
+  EXPECT_THAT(with([](LaunchOptions& o) { o.nnodes = 2; }).message(),
+              HasSubstr("--master_port must be given with --nnodes 2"));
   EXPECT_THAT(with([](LaunchOptions& o) { o.master_port = 70000; }).message(),
               HasSubstr("--master_port 70000"));
   EXPECT_THAT(with([](LaunchOptions& o) { o.master_addr = ""; }).message(),

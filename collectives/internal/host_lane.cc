@@ -58,6 +58,7 @@ struct Control {
   std::atomic<uint64_t> done;     // the last round this member has finished
   uint32_t kind;                  // the collective of round `arrived`: kind and root
   int64_t bytes;                  // and its size
+  std::atomic<uint64_t> nonce;    // Note [Proof of sharing]
 };
 static_assert(sizeof(Control) <= kControlBytes, "control block");
 
@@ -102,8 +103,20 @@ std::string NamespaceOf(const char* link) {
   return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
 }
 
+// Note [Proof of sharing]
+// Identifiers do not prove that two processes share memory: hosts made of namespaces share a
+// kernel and so a boot id, namespace inode numbers of different machines' initial namespaces are
+// equal, and a segment name can be forged or stale (a /dev/shm of another mount namespace holding
+// a copy with the right header and token). So the identity below only rules out attempts that
+// cannot work; what decides is the mapping itself: every member that mapped the segment writes a
+// random nonce into its own control block and publishes it in the store, and then checks that
+// its mapping holds every member's published nonce. Only if every member saw every nonce — so
+// all of them map the same memory — is the lane used; otherwise every member goes without.
+void (*g_before_attach_for_testing)(const std::string& name) = nullptr;
+
 // Who may share memory with whom: same machine boot, same IPC namespace (shm_open's), same PID
-// namespace (so a peer's pid can be checked), same user (the segment is 0600).
+// namespace (so a peer's pid can be checked), same user (the segment is 0600). A pre-filter only
+// (Note [Proof of sharing]).
 std::string HostIdentity() {
   const std::string boot = ReadFirstLine("/proc/sys/kernel/random/boot_id");
   const std::string ipc = NamespaceOf("/proc/self/ns/ipc");
@@ -149,6 +162,10 @@ void* MapSegment(int fd, size_t bytes) {
 }
 
 }  // namespace
+
+void SetBeforeAttachForTesting(void (*hook)(const std::string& name)) {
+  g_before_attach_for_testing = hook;
+}
 
 absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvous,
                                                             const std::string& store_key, int rank,
@@ -200,6 +217,7 @@ absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvo
         Control& control = ControlOf(mapping, r);
         new (&control.arrived) std::atomic<uint64_t>(0);
         new (&control.done) std::atomic<uint64_t>(0);
+        new (&control.nonce) std::atomic<uint64_t>(0);
       }
       std::atomic_thread_fence(std::memory_order_release);
     }
@@ -213,6 +231,7 @@ absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvo
     const std::vector<std::string> parts = absl::StrSplit(*segment, ' ');
     if (parts.size() == 2 && absl::SimpleAtoi(parts[1], &token)) {
       name = parts[0];
+      if (g_before_attach_for_testing != nullptr) g_before_attach_for_testing(name);
       const int fd = shm_open(name.c_str(), O_RDWR, 0);
       if (fd >= 0) {
         struct stat info;
@@ -229,23 +248,50 @@ absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvo
         mapping = nullptr;
       }
     }
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        rendezvous.Set(absl::StrCat(key, "/attached/", rank), mapping != nullptr ? "1" : "0"),
-        what);
   }
-  // 3. The lane is used only if every member has it mapped; then the name can go.
-  bool everyone = mapping != nullptr;
-  for (int r = 1; r < size; ++r) {
+  // 3. Every member that mapped it leaves its nonce there and publishes it ("0": not mapped).
+  uint64_t nonce = 0;
+  if (mapping != nullptr) {
+    std::random_device entropy;
+    nonce = ((static_cast<uint64_t>(entropy()) << 32) ^ entropy()) | 1;  // never 0
+    ControlOf(mapping, rank).nonce.store(nonce, std::memory_order_release);
+  }
+  auto give_up = [&](const absl::Status& status) {
+    if (mapping != nullptr) munmap(mapping, bytes);
+    if (rank == 0 && !name.empty()) shm_unlink(name.c_str());
+    return Annotate(status, what);
+  };
+  if (absl::Status s = rendezvous.Set(absl::StrCat(key, "/attached/", rank), absl::StrCat(nonce));
+      !s.ok()) {
+    return give_up(s);
+  }
+  // 4. The name can go once every member has had its chance to map it; each member checks its
+  // mapping holds every published nonce (Note [Proof of sharing]) and says whether it does.
+  bool sees_everyone = mapping != nullptr;
+  for (int r = 0; r < size; ++r) {
     absl::StatusOr<std::string> attached = rendezvous.Get(absl::StrCat(key, "/attached/", r));
-    if (!attached.ok()) {
-      if (mapping != nullptr) munmap(mapping, bytes);
-      if (rank == 0 && !name.empty()) shm_unlink(name.c_str());
-      return Annotate(attached.status(), what);
-    }
-    everyone = everyone && *attached == "1";
+    if (!attached.ok()) return give_up(attached.status());
+    uint64_t published = 0;
+    sees_everyone = sees_everyone && absl::SimpleAtoi(*attached, &published) && published != 0 &&
+                    ControlOf(mapping, r).nonce.load(std::memory_order_acquire) == published;
   }
-  if (rank == 0 && mapping != nullptr) shm_unlink(name.c_str());
-  if (!everyone || mapping == nullptr) {
+  if (rank == 0 && !name.empty()) shm_unlink(name.c_str());
+  if (absl::Status s =
+          rendezvous.Set(absl::StrCat(key, "/verified/", rank), sees_everyone ? "1" : "0");
+      !s.ok()) {
+    if (mapping != nullptr) munmap(mapping, bytes);
+    return Annotate(s, what);
+  }
+  bool everyone = sees_everyone;
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::string> verified = rendezvous.Get(absl::StrCat(key, "/verified/", r));
+    if (!verified.ok()) {
+      if (mapping != nullptr) munmap(mapping, bytes);
+      return Annotate(verified.status(), what);
+    }
+    everyone = everyone && *verified == "1";
+  }
+  if (!everyone) {
     if (mapping != nullptr) munmap(mapping, bytes);
     return std::unique_ptr<HostLane>();
   }

@@ -9,9 +9,12 @@
 // Contract:
 // - Connect is called by every member of the group with the same store key; it returns a lane
 //   only when every member is on the same host (boot id), in the same IPC and PID namespaces, and
-//   could map the segment the first member created; otherwise nullptr on every member (the
-//   caller keeps its other path). The segment's name is unlinked once every member has it
-//   mapped, so nothing is left in /dev/shm after setup (unless the first member dies during it).
+//   proved it maps the very segment the first member created — every member reads every other
+//   member's random nonce in its own mapping (Note [Proof of sharing] in host_lane.cc), so a
+//   forged or stale segment of the same name, or identifiers that collide between hosts, never
+//   give a lane; otherwise nullptr on every member (the caller keeps its other path). The
+//   segment's name is unlinked once every member has had its chance to map it, so nothing is
+//   left in /dev/shm after setup (unless the first member dies during it).
 // - Members call the same collectives in the same order (rounds are counted on each member);
 //   each collective carries at most kMaxBytes per member and returns once this member's part
 //   is complete (its output written, its input no longer needed).
@@ -53,6 +56,10 @@
 namespace lockstep {
 namespace collectives {
 namespace internal {
+
+// Tests only: `hook` runs in a member other than the first just before it opens the segment named
+// `name` (a test replaces the segment there with a forged copy). nullptr: none (the default).
+void SetBeforeAttachForTesting(void (*hook)(const std::string& name));
 
 class HostLane {
  public:

@@ -1,6 +1,9 @@
 #include "collectives/internal/host_lane.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,7 +37,8 @@ using MemberBody = std::function<absl::Status(int rank, HostLane* lane)>;
 // Runs `body` in `size` forked processes that connect a host lane over a FileStore and returns
 // each member's status (its code and message, sent back through the child's channel).
 std::vector<absl::Status> RunMembers(const std::vector<absl::Duration>& timeouts,
-                                     const MemberBody& body) {
+                                     const MemberBody& body,
+                                     const std::function<void(int rank)>& before_connect = {}) {
   const int size = static_cast<int>(timeouts.size());
   // POSIX calls, not std::filesystem: its remove_all crashed this test's process on the GPU
   // machine's host (Ubuntu 24.04, the binary built here with GCC 12), every time, right after a
@@ -54,6 +58,7 @@ std::vector<absl::Status> RunMembers(const std::vector<absl::Duration>& timeouts
             absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous =
                 Rendezvous::File(store, rank, size, absl::Seconds(30));
             if (!rendezvous.ok()) return rendezvous.status();
+            if (before_connect) before_connect(rank);
             absl::StatusOr<std::unique_ptr<HostLane>> lane =
                 HostLane::Connect(**rendezvous, "test/group", rank, size, timeouts[rank]);
             if (!lane.ok()) return lane.status();
@@ -176,6 +181,42 @@ TEST(HostLaneSetupTest, LeavesNothingInDevShm) {
         return left.empty() ? absl::OkStatus()
                             : absl::InternalError(absl::StrCat("/dev/shm/", left, " is left"));
       });
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Replaces the segment `name` with a forged copy: the same header (magic, token, size) and
+// length in other memory, as a stale segment or another host's /dev/shm could hold.
+void ForgeSegment(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return;
+  struct stat info;
+  fstat(fd, &info);
+  std::vector<char> bytes(static_cast<size_t>(info.st_size));
+  (void)!pread(fd, bytes.data(), bytes.size(), 0);
+  close(fd);
+  shm_unlink(name.c_str());
+  const int forged = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (forged < 0) return;
+  (void)!ftruncate(forged, info.st_size);
+  (void)!pwrite(forged, bytes.data(), bytes.size(), 0);
+  close(forged);
+}
+
+// A member that maps a segment of the right name, header and token that is not the first
+// member's memory: no member gets a lane (Note [Proof of sharing]), instead of members talking
+// past each other.
+TEST(HostLaneSetupTest, AForgedSegmentOfTheRightNameGivesNoLane) {
+  const std::vector<absl::Status> statuses = RunMembers(
+      std::vector<absl::Duration>(2, absl::Seconds(10)),
+      [](int rank, HostLane* lane) -> absl::Status {
+        return lane == nullptr ? absl::OkStatus()
+                               : absl::InternalError(absl::StrCat(
+                                     "member ", rank, " got a lane over a forged segment"));
+      },
+      [](int rank) {
+        if (rank == 1) SetBeforeAttachForTesting(&ForgeSegment);
+      });
+  ASSERT_EQ(statuses.size(), 2u);
   for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
 }
 
