@@ -1,5 +1,13 @@
 #include "collectives/gloo_communicator.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +64,38 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<internal::WorldState> world,
 
 GlooCommunicator::~GlooCommunicator() = default;
 
+namespace {
+
+// The local IPv4 address a datagram to host:port would leave from (no packet is sent), or ""
+// when the store is on the loopback address, is not IPv4 or has no route (Note [Gloo's address]).
+std::string LocalAddressTowards(const std::string& host, int port) {
+  if (host.empty() || port <= 0) return "";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return "";
+  std::string address;
+  const auto* target = reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  const bool loopback = (ntohl(target->sin_addr.s_addr) >> 24) == 127;
+  const int fd = loopback ? -1 : socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      address = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return address;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
   LOCKSTEP_RETURN_IF_ERROR(internal::IgnoreSigpipeAtDefault());
@@ -65,10 +105,25 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   transport->rendezvous = rendezvous;
   transport->engine_timeout =
       options.engine_timeout > absl::ZeroDuration() ? options.engine_timeout : options.timeout;
+  // Note [Gloo's address]: which local address peers reach this rank at. The host's name is
+  // what c10d's default device binds, but on a node whose name does not resolve (a container, a
+  // namespaced host) it falls back to the loopback address, which no other host can reach. So,
+  // unless told (Options::hostname, or GLOO_SOCKET_IFNAME as in PyTorch), a rank of a TCP
+  // rendezvous whose store is not on the loopback address binds the local address its route to
+  // the store leaves from: the interface the job's hosts share.
+  std::string address = options.hostname;
+  const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+  if (address.empty() && (interface == nullptr || *interface == '\0')) {
+    address = LocalAddressTowards(rendezvous->store_host(), rendezvous->store_port());
+  }
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating Gloo's transport device", [&] {
-    transport->device = options.hostname.empty()
-                            ? c10d::ProcessGroupGloo::createDefaultDevice()
-                            : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname);
+    if (!address.empty()) {
+      transport->device = c10d::ProcessGroupGloo::createDeviceForHostname(address);
+    } else if (interface != nullptr && *interface != '\0') {
+      transport->device = c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+    } else {
+      transport->device = c10d::ProcessGroupGloo::createDefaultDevice();
+    }
   }));
   LOCKSTEP_ASSIGN_OR_RETURN(
       c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,

@@ -55,8 +55,10 @@ class GlooCommunicator : public internal::CommunicatorBase {
   struct Options {
     // How long a collective (and group creation) waits for peers. Default: 60 s.
     absl::Duration timeout = absl::Seconds(60);
-    // Address for Gloo's transport to bind. Default: empty, meaning this host's name, falling
-    // back to the loopback address when the name does not resolve.
+    // Address for Gloo's transport to bind. Default: empty, meaning the interface named by
+    // GLOO_SOCKET_IFNAME, else (a TCP rendezvous whose store is not on the loopback address) the
+    // local address of the route to the store, else this host's name, falling back to the
+    // loopback address when the name does not resolve (Note [Gloo's address]).
     std::string hostname;
     // Gloo's own timeout inside each operation, when it should differ from `timeout` (zero: the
     // same). Tests set it longer to prove that `timeout` bounds every collective by itself.

@@ -305,8 +305,11 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
   if (!status.ok()) return status;
   LOCKSTEP_RETURN_IF_ERROR(
       AwaitArrivals(*impl->store, rank, world_size, local_world_size, timeout, where));
-  return std::shared_ptr<Rendezvous>(
+  std::shared_ptr<Rendezvous> rendezvous(
       new Rendezvous(std::move(impl), rank, world_size, local_rank, timeout));
+  rendezvous->store_host_ = host;
+  rendezvous->store_port_ = port;
+  return rendezvous;
 }
 
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::FromEnvironment(absl::Duration timeout) {

@@ -77,6 +77,9 @@ class Rendezvous {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   int local_rank() const { return local_rank_; }
+  // The TCP store's host and port as given (MASTER_ADDR); empty and 0 for other stores.
+  const std::string& store_host() const { return store_host_; }
+  int store_port() const { return store_port_; }
   absl::Duration timeout() const { return timeout_; }
 
   // Stores `value` under `key` for every rank to read.
@@ -117,6 +120,8 @@ class Rendezvous {
   int world_size_;
   int local_rank_;
   absl::Duration timeout_;
+  std::string store_host_;
+  int store_port_ = 0;
 };
 
 }  // namespace collectives

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Jobs across hosts made of Linux namespaces (testing/netns/hosts.sh): two hosts of two ranks
+# each, one launch per host (torchrun's multi-node numbering), over Gloo on the hosts' network.
+#  - the job runs; the host lane connects within each host and never across them
+#  - a node that never comes is named by the others' rendezvous, within its timeout
+#  - a host killed mid-job (SIGKILL of its launch), a link cut mid-job, the store's host
+#    unreachable at start-up: every surviving rank fails with an error within its timeout, no
+#    launch hangs, no rank is left running
+#  - a slow link (tbf: 1 Mbit/s, 50 ms queue) only makes the job slower
+set -euo pipefail
+source testing/netns/hosts.sh
+hosts_require_root
+launch=$PWD/tools/launch
+probe=$PWD/collectives/multihost_probe
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+port=29400
+addr=10.77.0.1
+
+start_node() {  # host node log probe-flags...
+  local host=$1 node=$2 log=$3
+  shift 3
+  host_start "$host" "$log" "$launch" --nnodes=2 --node_rank="$node" --nproc=2 \
+    --master_addr="$addr" --master_port="$port" --grace_seconds=2 --deadline_seconds=90 \
+    -- "$probe" "$@"
+}
+# Waits for pid $1 at most $2 seconds; its exit code in $rc, 124 if it had to be killed.
+wait_for() {
+  local pid=$1 limit=$2 waited=0
+  while kill -0 "$pid" 2>/dev/null && ((waited < limit * 10)); do sleep 0.1; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; wait "$pid" 2>/dev/null || true; rc=124; return; fi
+  set +e; wait "$pid"; rc=$?; set -e
+}
+expect() { grep -q -- "$2" "$1" || { echo "FAIL: no '$2' in $1:"; cat "$1"; exit 1; }; }
+until_setup() {  # log: waits until the node's two ranks are set up
+  for _ in $(seq 300); do [[ $(grep -c "lane within node" "$1" || true) -ge 2 ]] && return; sleep 0.1; done
+  echo "FAIL: $1 never set up:"; cat "$1"; exit 1
+}
+
+hosts_up 2
+port=$((port + 1))
+
+echo "== two hosts, two ranks each"
+start_node 0 0 "$tmp/a0.log" --seconds=2; a0=$HOST_PID
+start_node 1 1 "$tmp/a1.log" --seconds=2; a1=$HOST_PID
+wait_for "$a0" 60; rc0=$rc; wait_for "$a1" 60; rc1=$rc
+cat "$tmp/a0.log" "$tmp/a1.log"
+[[ $rc0 == 0 && $rc1 == 0 ]] || { echo "FAIL: the launches exited $rc0 and $rc1"; exit 1; }
+for r in 0 1; do expect "$tmp/a0.log" "rank $r on host0: lane within node: yes; lane across nodes: no"; done
+for r in 2 3; do expect "$tmp/a1.log" "rank $r on host1: lane within node: yes; lane across nodes: no"; done
+expect "$tmp/a1.log" "rank 3: ok after"
+# The control: the same two nodes on one host do share memory across "nodes".
+port=$((port + 1))
+start_node 0 0 "$tmp/same0.log"; s0=$HOST_PID
+start_node 0 1 "$tmp/same1.log"; s1=$HOST_PID
+wait_for "$s0" 60; wait_for "$s1" 60
+expect "$tmp/same1.log" "rank 2 on host0: lane within node: yes; lane across nodes: yes"
+
+echo "== a node that never comes"
+port=$((port + 1))
+start=$SECONDS
+start_node 0 0 "$tmp/b0.log" --timeout_seconds=3; b0=$HOST_PID
+wait_for "$b0" 30
+cat "$tmp/b0.log"
+[[ $rc != 0 && $rc != 124 ]] || { echo "FAIL: a lone node exited $rc"; exit 1; }
+expect "$tmp/b0.log" "missing rank(s) 2, 3 = node(s) 1 of 2"
+echo "named the missing node in $((SECONDS - start)) s"
+
+echo "== a host killed mid-job"
+port=$((port + 1))
+start_node 0 0 "$tmp/c0.log" --seconds=60 --timeout_seconds=5; c0=$HOST_PID
+start_node 1 1 "$tmp/c1.log" --seconds=60 --timeout_seconds=5; c1=$HOST_PID
+until_setup "$tmp/c0.log"; until_setup "$tmp/c1.log"
+host_kill_command "$c1"; wait "$c1" 2>/dev/null || true
+start=$SECONDS
+wait_for "$c0" 40
+cat "$tmp/c0.log"
+[[ $rc != 0 && $rc != 124 ]] || { echo "FAIL: the surviving node exited $rc"; exit 1; }
+expect "$tmp/c0.log" "probe error"
+echo "the surviving node failed $((SECONDS - start)) s after the kill"
+
+echo "== a link cut mid-job"
+port=$((port + 1))
+start_node 0 0 "$tmp/d0.log" --seconds=60 --timeout_seconds=5; d0=$HOST_PID
+start_node 1 1 "$tmp/d1.log" --seconds=60 --timeout_seconds=5; d1=$HOST_PID
+until_setup "$tmp/d0.log"; until_setup "$tmp/d1.log"
+host_link 1 down
+start=$SECONDS
+wait_for "$d0" 40; rc0=$rc; wait_for "$d1" 40; rc1=$rc
+host_link 1 up
+cat "$tmp/d0.log" "$tmp/d1.log"
+[[ $rc0 != 0 && $rc0 != 124 && $rc1 != 0 && $rc1 != 124 ]] \
+  || { echo "FAIL: after the cut the launches exited $rc0 and $rc1"; exit 1; }
+expect "$tmp/d0.log" "probe error"; expect "$tmp/d1.log" "probe error"
+echo "both sides failed within $((SECONDS - start)) s of the cut"
+
+echo "== the store's host unreachable at start-up"
+port=$((port + 1))
+host_link 0 down
+start=$SECONDS
+start_node 1 1 "$tmp/e1.log" --timeout_seconds=3; e1=$HOST_PID
+wait_for "$e1" 40
+host_link 0 up
+cat "$tmp/e1.log"
+[[ $rc != 0 && $rc != 124 ]] || { echo "FAIL: a node without its store exited $rc"; exit 1; }
+expect "$tmp/e1.log" "joining the TCP store at $addr:$port"
+echo "failed in $((SECONDS - start)) s without the store"
+
+echo "== a slow link"
+port=$((port + 1))
+host_shape 1 1mbit 50ms
+start=$SECONDS
+start_node 0 0 "$tmp/f0.log" --seconds=3 --timeout_seconds=30; f0=$HOST_PID
+start_node 1 1 "$tmp/f1.log" --seconds=3 --timeout_seconds=30; f1=$HOST_PID
+wait_for "$f0" 90; rc0=$rc; wait_for "$f1" 90; rc1=$rc
+cat "$tmp/f0.log"
+[[ $rc0 == 0 && $rc1 == 0 ]] || { cat "$tmp/f1.log"; echo "FAIL: over the slow link the launches exited $rc0 and $rc1"; exit 1; }
+echo "passed over the slow link in $((SECONDS - start)) s"
+
+hosts_down
+left=$(ip netns list | grep -c "^$HOSTS_PREFIX-" || true)
+[[ $left == 0 ]] || { echo "FAIL: $left namespaces left"; exit 1; }
+echo "multihost test: ok"
