@@ -38,14 +38,13 @@ absl::Status Probe() {
   LOCKSTEP_ASSIGN_OR_RETURN(auto world, collectives::GlooCommunicator::Create(rendezvous, options));
   const int per_node = env.local_world_size > 0 ? env.local_world_size : env.world_size;
   const int node = env.rank / per_node, nodes = env.world_size / per_node;
+  LOCKSTEP_ASSIGN_OR_RETURN(auto within, collectives::internal::HostLane::Connect(
+                                             *rendezvous, absl::StrCat("probe/node", node),
+                                             env.local_rank, per_node, timeout));
   LOCKSTEP_ASSIGN_OR_RETURN(
-      auto within, collectives::internal::HostLane::Connect(
-                       *rendezvous, absl::StrCat("probe/node", node), env.local_rank, per_node,
-                       timeout));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      auto across, collectives::internal::HostLane::Connect(
-                       *rendezvous, absl::StrCat("probe/local", env.local_rank), node, nodes,
-                       timeout));
+      auto across,
+      collectives::internal::HostLane::Connect(
+          *rendezvous, absl::StrCat("probe/local", env.local_rank), node, nodes, timeout));
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   std::cout << "rank " << env.rank << " on " << host
@@ -61,8 +60,8 @@ absl::Status Probe() {
     LOCKSTEP_RETURN_IF_ERROR(world->AllReduceSum(t));
     const double want = env.world_size * (env.world_size + 1) / 2.0;
     if (t[0].item<double>() != want) {
-      return absl::DataLossError(absl::StrCat("all-reduce ", rounds, " gave ",
-                                              t[0].item<double>(), ", expected ", want));
+      return absl::DataLossError(
+          absl::StrCat("all-reduce ", rounds, " gave ", t[0].item<double>(), ", expected ", want));
     }
     more = t[1023].item<double>() > 0;
     ++rounds;
@@ -76,7 +75,8 @@ absl::Status Probe() {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
-  lockstep::ParseToolFlags(argc, argv, "multihost_probe [--seconds=S]: a rank of the multi-host tests");
+  lockstep::ParseToolFlags(argc, argv,
+                           "multihost_probe [--seconds=S]: a rank of the multi-host tests");
   at::set_num_threads(1);
   const absl::Status status = lockstep::Probe();
   if (!status.ok()) {

@@ -157,6 +157,15 @@ class QualifyOptions {
   std::string executable = "/proc/self/exe";
   // Where RunQualify writes the HTML report (tools/report): empty, nowhere. Default: empty.
   std::string report_dir;
+  // A job across nodes (launch's and torchrun's convention): `nnodes` nodes each running one
+  // qualify with its `node_rank`, dp x tp x cp / nnodes ranks each, meeting at
+  // master_addr:master_port (the actors check's second round at master_port + 1). Node 0 prints
+  // the table and writes the evidence and report; the others run their ranks and say how they
+  // ended. Defaults: one node, 127.0.0.1, a free port.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
   // Internal (workers): run only the second actor of the actors check. Default: false.
   bool actor_round = false;
 
@@ -170,7 +179,8 @@ absl::Duration DefaultDeadline(absl::Duration timeout);
 
 // kInvalidArgument naming the flag and the limit for a non-positive size, a world over
 // kMaxQualifyWorld (or one whose product overflows), a non-positive timeout or deadline, an
-// --inject_oom outside [0, kMaxInjectedOom], or a --device other than cpu and cuda.
+// --inject_oom outside [0, kMaxInjectedOom], a --device other than cpu and cuda, or across nodes
+// a --node_rank outside [0, nnodes), a world that nnodes does not divide, or no --master_port.
 absl::Status ValidateQualifyOptions(const QualifyOptions& options);
 
 // What a qualify worker needs of the machine: at most kProcessesPerCore workers per core, and

@@ -5,6 +5,7 @@
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
 //           [--inject_oom=N] [--device=cpu|cuda] [--timeout_seconds=S] [--report=DIR]
+//           [--nnodes=M --node_rank=K --master_addr=A --master_port=P]  (one qualify per node)
 
 #include <iostream>
 #include <string>
@@ -37,6 +38,12 @@ ABSL_FLAG(int64_t, deadline_seconds, 0,
           "fails (0: 3 x timeout + 60 s)");
 ABSL_FLAG(std::string, report, "",
           "a directory for the HTML report (index.html, self-contained) and its evidence.json");
+ABSL_FLAG(int, nnodes, 1, "nodes of a job across machines: one qualify per node");
+ABSL_FLAG(int, node_rank, 0, "this node's index, 0..nnodes-1 (node 0 prints the verdict)");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "node 0's address, where rank 0 serves the rendezvous store");
+ABSL_FLAG(int, master_port, 0,
+          "the store's port (required with --nnodes > 1; the actors check also uses port + 1)");
 ABSL_FLAG(bool, worker, false, "internal: run as one rank (started by qualify itself)");
 ABSL_FLAG(bool, actor_round, false, "internal: a worker of the actors check's second actor");
 ABSL_FLAG(std::string, results_dir, "", "internal: where a worker writes its report");
@@ -66,6 +73,10 @@ int main(int argc, char** argv) {
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   options.evidence_path = absl::GetFlag(FLAGS_out).path;
   options.report_dir = absl::GetFlag(FLAGS_report);
+  options.nnodes = absl::GetFlag(FLAGS_nnodes);
+  options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  options.master_addr = absl::GetFlag(FLAGS_master_addr);
+  options.master_port = absl::GetFlag(FLAGS_master_port);
   options.actor_round = absl::GetFlag(FLAGS_actor_round);
   if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
     options.deadline = absl::Seconds(deadline);

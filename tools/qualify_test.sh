@@ -92,4 +92,7 @@ bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
 bad "--inject_oom 9 is outside \[0, 8\]" --dp=1 --inject_oom=9
 bad "--device 'tpu' is neither cpu nor cuda" --dp=1 --device=tpu
 bad "cannot write the report directory '/proc/qualify-report'" --dp=1 --report=/proc/qualify-report
+bad "--nnodes 3 does not divide the world of 4 processes" --dp=2 --cp=2 --nnodes=3 --master_port=29500
+bad "--master_port 0 with --nnodes 2" --dp=2 --cp=2 --nnodes=2
+bad "--node_rank 2 is not an integer in \[0, 2)" --dp=2 --cp=2 --nnodes=2 --node_rank=2 --master_port=29500
 echo "qualify test: ok"

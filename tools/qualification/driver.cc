@@ -60,8 +60,9 @@ constexpr char kSecondActor[] = "/actor_b";
 
 // The second actor of the actors check: in processes of its own, it loads the state the first
 // round saved and runs the step (trainer/qualification/variability.h).
-absl::Status RunSecondActor(Communicator& world, const Topology& topology,
-                            const QualifyOptions& options, const std::string& results_dir) {
+absl::StatusOr<CheckResult> RunSecondActor(Communicator& world, const Topology& topology,
+                                           const QualifyOptions& options,
+                                           const std::string& results_dir) {
   RankSetup setup(world, topology);
   setup.device = options.device;
   LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
@@ -73,16 +74,58 @@ absl::Status RunSecondActor(Communicator& world, const Topology& topology,
                                            : trainer::VariabilityControl::kNone,
                                        device));
   LOCKSTEP_RETURN_IF_ERROR(rank->RunActor(results_dir + kActorState, results_dir + kSecondActor));
-  return world.Barrier();
+  LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
+  // Each rank compares its own two actors: both wrote their evidence on this rank's host.
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      trainer::VariabilityCheck check,
+      trainer::CompareActors(results_dir + kFirstActor, results_dir + kSecondActor, world.rank()));
+  CheckResult result = CheckResult::Make(check.name, check.passed, check.detail);
+  result.evidence = std::move(check.evidence);
+  return result;
 }
 
-// Launches the second actor's processes and compares each rank's two actors: the "actors"
-// check's entries, one per rank (failed, with the reason, when the second actor did not run).
-std::vector<json> ActorsCheck(tools::LaunchOptions launch, const std::string& dir, int world) {
+// Note [Reports across nodes]: a worker's report is a file in its node's job directory. When the
+// world spans nodes, every rank also puts its report in the rendezvous store and rank 0 (node 0)
+// writes them all into its directory, so node 0's qualify sees every rank. A rank whose report
+// never comes is named by the driver ("wrote no report").
+void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
+                   const std::string& prefix) {
+  const std::string key = absl::StrCat("qualify/report/", rendezvous.rank());
+  if (!rendezvous.Set(key, report.dump()).ok() || rendezvous.rank() != 0) return;
+  for (int r = 1; r < rendezvous.world_size(); ++r) {
+    absl::StatusOr<std::string> other = rendezvous.Get(absl::StrCat("qualify/report/", r));
+    if (other.ok()) std::ofstream(absl::StrCat(prefix, r, ".json")) << *other;
+  }
+}
+
+// The reports `prefix`<r>.json of ranks 0..world-1; an empty object (and an error naming it)
+// for a rank whose report is missing or unreadable.
+std::vector<json> ReadReports(const std::string& prefix, int world,
+                              std::vector<std::string>& errors) {
+  std::vector<json> reports;
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(absl::StrCat(prefix, r, ".json"));
+    // A rank stopped mid-write leaves an empty or truncated file: report it, do not throw.
+    json report = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+    if (!in || report.is_discarded() || !report.is_object()) {
+      errors.push_back(absl::StrCat("rank ", r, " wrote no report"));
+      report = json::object();
+    }
+    reports.push_back(std::move(report));
+  }
+  return reports;
+}
+
+// Launches the second actor's processes (on every node: the round's port is the job's port + 1,
+// so that none of them can meet the first round's store); each compares its rank's two actors.
+// The "actors" check's entries, one per rank.
+std::vector<json> ActorsCheck(tools::LaunchOptions launch, const std::string& dir, int world,
+                              std::string& failure) {
   launch.command.push_back("--actor_round");
+  if (launch.master_port != 0) ++launch.master_port;
   const std::string log_path = dir + "/workers.actor_b.log";
   FILE* log = std::fopen(log_path.c_str(), "w");
-  std::string failure;
+  failure.clear();
   if (log == nullptr) {
     failure = absl::StrCat(log_path, ": ", std::strerror(errno));
   } else {
@@ -96,19 +139,19 @@ std::vector<json> ActorsCheck(tools::LaunchOptions launch, const std::string& di
                              " (output in ", log_path, ")");
     }
   }
+  std::vector<std::string> missing;
+  const std::vector<json> reports = ReadReports(dir + "/actors.rank", world, missing);
   std::vector<json> entries;
   for (int r = 0; r < world; ++r) {
     json entry = {{"name", "actors"}, {"rank", r}, {"passed", false}};
-    if (!failure.empty()) {
-      entry["detail"] = failure;
-    } else if (absl::StatusOr<trainer::VariabilityCheck> check =
-                   trainer::CompareActors(dir + kFirstActor, dir + kSecondActor, r);
-               !check.ok()) {
-      entry["detail"] = absl::StrCat("the actors' evidence: ", check.status().message());
+    const json& report = reports[r];
+    if (report.contains("checks") && report["checks"].is_array() && !report["checks"].empty()) {
+      entry = report["checks"][0];
+      entry["rank"] = r;
+    } else if (report.contains("error") && report["error"].is_string()) {
+      entry["detail"] = report["error"].get<std::string>();
     } else {
-      entry["passed"] = check->passed;
-      entry["detail"] = check->detail;
-      entry["evidence"] = check->evidence;
+      entry["detail"] = !failure.empty() ? failure : absl::StrCat("rank ", r, " wrote no report");
     }
     entries.push_back(std::move(entry));
   }
@@ -175,6 +218,24 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--inject_oom ", options.inject_oom,
                                                    " is outside [0, ", kMaxInjectedOom, "]"));
   }
+  if (options.nnodes < 1 || options.nnodes > tools::kMaxNodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes ", options.nnodes, " is not an integer in [1, ", tools::kMaxNodes, "]"));
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--node_rank ", options.node_rank, " is not an integer in [0, ", options.nnodes, ")"));
+  }
+  if (world % options.nnodes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes ", options.nnodes, " does not divide the world of ", world,
+                     " processes (--dp x --tp x --cp); every node runs the same number of ranks"));
+  }
+  if (options.nnodes > 1 && (options.master_port < 1 || options.master_port > 65534)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master_port ", options.master_port, " with --nnodes ", options.nnodes,
+        ": give every node the same port in [1, 65534] (the actors check also uses port + 1)"));
+  }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--timeout_seconds ", absl::FormatDuration(options.timeout), " must be positive"));
@@ -190,9 +251,12 @@ absl::Duration DefaultDeadline(absl::Duration timeout) { return 3 * timeout + ab
 
 absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
                                     int64_t available_bytes) {
-  const int64_t world = int64_t{options.dp} * options.tp * options.cp;
-  const std::string flags = absl::StrCat("--dp ", options.dp, " x --tp ", options.tp, " x --cp ",
-                                         options.cp, " = ", world, " worker processes");
+  // The workers of this node.
+  const int64_t world = int64_t{options.dp} * options.tp * options.cp / std::max(options.nnodes, 1);
+  const std::string flags =
+      absl::StrCat("--dp ", options.dp, " x --tp ", options.tp, " x --cp ", options.cp,
+                   options.nnodes > 1 ? absl::StrCat(" / --nnodes ", options.nnodes) : "", " = ",
+                   world, " worker processes");
   if (world > int64_t{kProcessesPerCore} * std::max(cores, 1)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         flags, " exceed ", kProcessesPerCore, " per core on this machine's ", cores, " core(s)"));
@@ -212,8 +276,9 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   if (options.device == "cuda") setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   at::set_num_threads(1);
   json report;
+  std::shared_ptr<collectives::Rendezvous> rendezvous;
   const absl::Status status = [&]() -> absl::Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
+    LOCKSTEP_ASSIGN_OR_RETURN(rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
     std::unique_ptr<Communicator> world;
     std::string transport = "gloo";
 #if LOCKSTEP_BUILT_WITH_CUDA
@@ -235,9 +300,17 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
     LOCKSTEP_ASSIGN_OR_RETURN(
         Topology topo, Topology::CreateExact(world->size(), options.dp, options.tp, options.cp));
     report["rank"] = world->rank();
-    if (options.actor_round) return RunSecondActor(*world, topo, options, results_dir);
-    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<CheckResult> results,
-                              RunRankChecks(*world, topo, options, results_dir));
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    report["host"] = host;
+    std::vector<CheckResult> results;
+    if (options.actor_round) {
+      LOCKSTEP_ASSIGN_OR_RETURN(CheckResult actors,
+                                RunSecondActor(*world, topo, options, results_dir));
+      results.push_back(std::move(actors));
+    } else {
+      LOCKSTEP_ASSIGN_OR_RETURN(results, RunRankChecks(*world, topo, options, results_dir));
+    }
     for (const CheckResult& r : results) {
       json check = {{"name", r.name}, {"passed", r.passed}, {"detail", r.detail}};
       if (!r.evidence.is_null()) check["evidence"] = r.evidence;
@@ -247,8 +320,15 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   }();
   if (!status.ok()) report["error"] = status.ToString();
   const char* rank = std::getenv("RANK");
-  std::ofstream(absl::StrCat(results_dir, "/rank", rank != nullptr ? rank : "0", ".json"))
-      << report.dump(2);
+  const std::string prefix =
+      absl::StrCat(results_dir, options.actor_round ? "/actors.rank" : "/rank");
+  std::ofstream(absl::StrCat(prefix, rank != nullptr ? rank : "0", ".json")) << report.dump(2);
+  // Note [Reports across nodes].
+  const char* per_node = std::getenv("LOCAL_WORLD_SIZE");
+  if (rendezvous != nullptr && per_node != nullptr &&
+      std::atoi(per_node) < rendezvous->world_size()) {
+    GatherReports(*rendezvous, report, prefix);
+  }
   if (!status.ok()) {
     LOCKSTEP_LOG(ERROR) << "qualify worker: " << status;
     return 1;
@@ -317,7 +397,11 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     return error;
   }
   tools::LaunchOptions launch;
-  launch.nproc = world;
+  launch.nproc = world / options.nnodes;  // this node's ranks
+  launch.nnodes = options.nnodes;
+  launch.node_rank = options.node_rank;
+  launch.master_addr = options.master_addr;
+  launch.master_port = options.master_port;
   launch.output_fd = fileno(log);
   launch.deadline = options.deadline.value_or(DefaultDeadline(options.timeout));
   launch.command = {options.executable,
@@ -332,7 +416,14 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                     absl::StrCat("--device=", options.device)};
   const std::string topology =
       absl::StrCat("DP", options.dp, " x TP", options.tp, " x CP", options.cp);
-  out << "qualify: " << topology << " (" << world << " local processes"
+  const bool node_zero = options.node_rank == 0;
+  const std::string where =
+      options.nnodes == 1
+          ? absl::StrCat(world, " local processes")
+          : absl::StrCat(world, " processes on ", options.nnodes, " nodes; this is node ",
+                         options.node_rank, ", ranks ", options.node_rank * launch.nproc, "..",
+                         (options.node_rank + 1) * launch.nproc - 1);
+  out << "qualify: " << topology << " (" << where
       << (options.device == "cuda"
               ? "; the trainer oracle on CUDA, over NCCL when there is a GPU per rank, else Gloo"
               : " over Gloo")
@@ -356,14 +447,13 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   std::map<std::string, std::vector<json>> per_check;
   std::vector<std::string> errors;
   std::string transport = "unknown";
-  for (int r = 0; r < world; ++r) {
-    std::ifstream in(absl::StrCat(dir, "/rank", r, ".json"));
-    // A rank stopped mid-write leaves an empty or truncated file: report it, do not throw.
-    const json report = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
-    if (!in || report.is_discarded() || !report.is_object()) {
-      errors.push_back(absl::StrCat("rank ", r, " wrote no report"));
-      continue;
-    }
+  json hosts = json::array();
+  const std::vector<json> reports =
+      node_zero ? ReadReports(dir + "/rank", world, errors) : std::vector<json>();
+  for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
+    const json& report = reports[r];
+    hosts.push_back(report.value("host", "?"));
+    if (report.empty()) continue;
     if (r == 0 && report.contains("transport") && report["transport"].is_string()) {
       transport = report["transport"].get<std::string>();
     }
@@ -380,18 +470,38 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     }
   }
 
-  // The actors check: a second round of processes, once the first saved the state they load.
-  if (errors.empty() && launched->exit_code == 0 && per_check.count("repeatability")) {
-    per_check["actors"] = ActorsCheck(launch, dir, world);
+  // The actors check: a second round of processes, once the first saved the state they load
+  // (on every node; node 0 reads every rank's result).
+  std::string second_failure;
+  if (!node_zero && launched->exit_code == 0) {
+    (void)ActorsCheck(launch, dir, world, second_failure);
+  } else if (errors.empty() && launched->exit_code == 0 && per_check.count("repeatability")) {
+    per_check["actors"] = ActorsCheck(launch, dir, world, second_failure);
     order.insert(std::find(order.begin(), order.end(), "repeatability") + 1, "actors");
+  }
+  if (!node_zero) {
+    // Note [Reports across nodes]: node 0's qualify holds every rank's report and the verdict.
+    const bool ran = launched->exit_code == 0 && second_failure.empty();
+    out << "node " << options.node_rank << ": " << launched->summary
+        << (second_failure.empty() ? "" : "; " + second_failure)
+        << "; the table, the verdict and the evidence are node 0's\n";
+    if (ran)
+      RemoveDirectory(dir, world);
+    else
+      out << "worker output: " << dir << "\n";
+    return ran;
   }
 
   out << "transport: " << transport << "\n\n"
       << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
   bool all_passed = errors.empty() && launched->exit_code == 0 && !order.empty();
   json evidence;
-  evidence["topology"] = {
-      {"dp", options.dp}, {"tp", options.tp}, {"cp", options.cp}, {"world", world}};
+  evidence["topology"] = {{"dp", options.dp},
+                          {"tp", options.tp},
+                          {"cp", options.cp},
+                          {"world", world},
+                          {"nnodes", options.nnodes}};
+  evidence["hosts"] = hosts;  // rank r's host name
   evidence["negative_control"] = NegativeControlName(options.control);
   evidence["device"] = options.device;
   evidence["transport"] = transport;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# qualify across two hosts made of namespaces (testing/netns/hosts.sh): DP2 x CP2, one qualify
+# per host with two ranks each. Node 0 prints the table and writes evidence naming every rank's
+# host; node 1 says how its ranks ended. Then node 1 killed mid-run: node 0 fails, naming it,
+# within its timeouts.
+set -euo pipefail
+source testing/netns/hosts.sh
+hosts_require_root
+qualify=$PWD/tools/qualify
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+hosts_up 2
+node() {  # host port log extra-flags...
+  local k=$1 port=$2 log=$3
+  shift 3
+  host_start "$k" "$log" "$qualify" --dp=2 --tp=1 --cp=2 --nnodes=2 --node_rank="$k" \
+    --master_addr=10.77.0.1 --master_port="$port" "$@"
+}
+rc_of() { set +e; wait "$1"; rc=$?; set -e; }
+
+start=$SECONDS
+# The evidence goes to node 0's private /tmp: print it from there.
+node 0 29600 "$tmp/n0.log" --out=/tmp/evidence.json; n0=$HOST_PID
+node 1 29600 "$tmp/n1.log"; n1=$HOST_PID
+rc_of "$n0"; rc0=$rc; rc_of "$n1"; rc1=$rc
+cat "$tmp/n0.log" "$tmp/n1.log"
+[[ $rc0 == 0 && $rc1 == 0 ]] || { echo "FAIL: the nodes' qualify exited $rc0 and $rc1"; exit 1; }
+grep -q "^PASS: DP2 x TP1 x CP2" "$tmp/n0.log" || { echo "FAIL: node 0 did not pass"; exit 1; }
+grep -q "this is node 1, ranks 2..3" "$tmp/n1.log" || { echo "FAIL: node 1 did not say its ranks"; exit 1; }
+grep -q "the table, the verdict and the evidence are node 0's" "$tmp/n1.log" || exit 1
+for check in replica_agreement reference_match repeatability actors packing_invariance; do
+  grep -q "^$check *PASS *4/4" "$tmp/n0.log" || { echo "FAIL: $check did not pass on 4 ranks"; exit 1; }
+done
+host_run 0 /usr/bin/python3 -c '
+import json, sys
+e = json.load(open("/tmp/evidence.json"))
+assert e["hosts"] == ["host0", "host0", "host1", "host1"], e["hosts"]
+assert e["topology"]["nnodes"] == 2 and e["passed"], e["topology"]
+print("evidence: hosts", e["hosts"])'
+echo "qualify across two hosts passed in $((SECONDS - start)) s"
+
+# Node 1 killed while the checks run.
+node 0 29610 "$tmp/k0.log" --timeout_seconds=10; k0=$HOST_PID
+node 1 29610 "$tmp/k1.log" --timeout_seconds=10; k1=$HOST_PID
+sleep 4
+host_kill_command "$k1"
+start=$SECONDS
+rc_of "$k0"
+cat "$tmp/k0.log"
+[[ $rc == 1 ]] || { echo "FAIL: node 0 exited $rc after node 1 was killed, expected 1"; exit 1; }
+grep -q "^FAIL: DP2 x TP1 x CP2" "$tmp/k0.log" || { echo "FAIL: node 0 did not fail"; exit 1; }
+grep -Eq "rank(s)? .*(2|3).*(gone|wrote no report)|wrote no report" "$tmp/k0.log" \
+  || { echo "FAIL: node 0 did not name the lost ranks"; exit 1; }
+echo "node 0 failed $((SECONDS - start)) s after node 1 was killed"
+hosts_down
+echo "qualify multihost test: ok"
