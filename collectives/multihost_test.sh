@@ -6,7 +6,8 @@
 #  - a host killed mid-job (SIGKILL of its launch), a link cut mid-job, the store's host
 #    unreachable at start-up: every surviving rank fails with an error within its timeout, no
 #    launch hangs, no rank is left running
-#  - a slow link (tbf: 1 Mbit/s, 50 ms queue) only makes the job slower
+#  - a slow link (tbf: 1 Mbit/s, 50 ms queue) only makes the job slower, and so does a relay
+#    on the store's connections that delays them 200 ms a chunk and then stalls them for 3 s
 set -euo pipefail
 source testing/netns/hosts.sh
 hosts_require_root
@@ -115,6 +116,31 @@ wait_for "$f0" 90; rc0=$rc; wait_for "$f1" 90; rc1=$rc
 cat "$tmp/f0.log"
 [[ $rc0 == 0 && $rc1 == 0 ]] || { cat "$tmp/f1.log"; echo "FAIL: over the slow link the launches exited $rc0 and $rc1"; exit 1; }
 echo "passed over the slow link in $((SECONDS - start)) s"
+
+echo "== the store's connections through a relay that delays, then stalls, then passes"
+host_unshape 1
+port=$((port + 1))
+ctl=$tmp/relay.ctl
+echo pass >"$ctl"
+# Node 1 reaches the store through the relay on its own address (testing/netns/relay.py).
+host_start 1 "$tmp/relay.log" /usr/bin/python3 "$PWD/testing/netns/relay.py" \
+  "10.77.0.2:$port" "$addr:$port" "$ctl"
+relay=$HOST_PID
+for _ in $(seq 100); do grep -q "relay: listening" "$tmp/relay.log" && break; sleep 0.1; done
+start=$SECONDS
+start_node 0 0 "$tmp/g0.log" --seconds=10 --timeout_seconds=15; g0=$HOST_PID
+sleep 2  # rank 0 serves the store before node 1 asks the relay for it
+addr=10.77.0.2 start_node 1 1 "$tmp/g1.log" --seconds=10 --timeout_seconds=15; g1=$HOST_PID
+until_setup "$tmp/g1.log"
+echo "delay 200" >"$ctl"; sleep 2
+echo pause >"$ctl"; sleep 3
+echo pass >"$ctl"
+wait_for "$g0" 90; rc0=$rc; wait_for "$g1" 90; rc1=$rc
+cat "$tmp/g1.log" "$tmp/relay.log"
+[[ $rc0 == 0 && $rc1 == 0 ]] || { cat "$tmp/g0.log"; echo "FAIL: through the relay the launches exited $rc0 and $rc1"; exit 1; }
+expect "$tmp/relay.log" "relay: pause"
+echo "passed through a delaying and stalling relay in $((SECONDS - start)) s"
+kill -KILL "$relay" 2>/dev/null || true
 
 hosts_down
 left=$(ip netns list | grep -c "^$HOSTS_PREFIX-" || true)

@@ -12,6 +12,7 @@
 #   host_kill_command PID         SIGKILL to the command a host_start started (PID: its HOST_PID)
 #   host_link K up|down           sets host K's link on the switch up or down
 #   host_shape K RATE LATENCY     limits host K's egress with tc's token bucket (tbf)
+#   host_unshape K                removes that limit
 #   hosts_down                    kills everything in the hosts (each host's PID namespace ends
 #                                 with its first process), removes every namespace and link it
 #                                 made (also run on exit, failure included)
@@ -110,4 +111,8 @@ host_link() {
 host_shape() {
   ip netns exec "$HOSTS_PREFIX-host$1" tc qdisc replace dev eth0 root tbf rate "$2" burst 32kbit \
     latency "$3"
+}
+
+host_unshape() {
+  ip netns exec "$HOSTS_PREFIX-host$1" tc qdisc del dev eth0 root
 }
