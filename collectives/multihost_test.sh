@@ -13,7 +13,8 @@ source testing/netns/hosts.sh
 hosts_require_root
 launch=$PWD/tools/launch
 probe=$PWD/collectives/multihost_probe
-tmp=${TEST_TMPDIR:-$(mktemp -d)}
+# Not under /tmp: every host has a /tmp of its own.
+tmp=${TEST_TMPDIR:-$(mktemp -d -p /var/tmp)}
 port=29400
 addr=10.77.0.1
 
@@ -28,7 +29,9 @@ start_node() {  # host node log probe-flags...
 wait_for() {
   local pid=$1 limit=$2 waited=0
   while kill -0 "$pid" 2>/dev/null && ((waited < limit * 10)); do sleep 0.1; waited=$((waited + 1)); done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; wait "$pid" 2>/dev/null || true; rc=124; return; fi
+  if kill -0 "$pid" 2>/dev/null; then
+    host_kill_command "$pid"; kill -KILL "$pid"; wait "$pid" 2>/dev/null || true; rc=124; return
+  fi
   set +e; wait "$pid"; rc=$?; set -e
 }
 expect() { grep -q -- "$2" "$1" || { echo "FAIL: no '$2' in $1:"; cat "$1"; exit 1; }; }
@@ -63,7 +66,7 @@ start_node 0 0 "$tmp/b0.log" --timeout_seconds=3; b0=$HOST_PID
 wait_for "$b0" 30
 cat "$tmp/b0.log"
 [[ $rc != 0 && $rc != 124 ]] || { echo "FAIL: a lone node exited $rc"; exit 1; }
-expect "$tmp/b0.log" "missing rank(s) 2, 3 = node(s) 1 of 2"
+expect "$tmp/b0.log" "missing rank(s) 2, 3 (2 ranks per node, 2 nodes); node(s) 1 sent no rank"
 echo "named the missing node in $((SECONDS - start)) s"
 
 echo "== a host killed mid-job"
@@ -123,10 +126,13 @@ port=$((port + 1))
 ctl=$tmp/relay.ctl
 echo pass >"$ctl"
 # Node 1 reaches the store through the relay on its own address (testing/netns/relay.py).
-host_start 1 "$tmp/relay.log" /usr/bin/python3 "$PWD/testing/netns/relay.py" \
+# A copy outside /tmp: the source tree may be under /tmp, which the hosts do not see.
+cp "$PWD/testing/netns/relay.py" "$tmp/relay.py"
+host_start 1 "$tmp/relay.log" /usr/bin/python3 "$tmp/relay.py" \
   "10.77.0.2:$port" "$addr:$port" "$ctl"
 relay=$HOST_PID
-for _ in $(seq 100); do grep -q "relay: listening" "$tmp/relay.log" && break; sleep 0.1; done
+for _ in $(seq 200); do grep -q "relay: listening" "$tmp/relay.log" && break; sleep 0.1; done
+expect "$tmp/relay.log" "relay: listening"
 start=$SECONDS
 start_node 0 0 "$tmp/g0.log" --seconds=10 --timeout_seconds=15; g0=$HOST_PID
 sleep 2  # rank 0 serves the store before node 1 asks the relay for it

@@ -83,12 +83,26 @@ absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, int loc
   }
   std::string nodes;
   if (local_world_size > 0 && world_size % local_world_size == 0) {
-    std::set<int> missing_nodes;
-    for (int r : missing) missing_nodes.insert(r / local_world_size);
-    nodes =
-        absl::StrCat(" = node(s) ", absl::StrJoin(missing_nodes, ", "), " of ",
-                     world_size / local_world_size, " (", local_world_size,
-                     " ranks per node): their launch did not start or cannot reach ", "the store");
+    // A node none of whose ranks came is a launch that never started or cannot reach the store;
+    // one with only some ranks missing lost those ranks.
+    std::set<int> none, partly;
+    for (int r : missing) none.insert(r / local_world_size);
+    for (int r : arrived) {
+      if (none.erase(r / local_world_size) > 0) partly.insert(r / local_world_size);
+    }
+    for (int r : missing) {
+      if (none.count(r / local_world_size) == 0) partly.insert(r / local_world_size);
+    }
+    nodes = absl::StrCat(" (", local_world_size, " ranks per node, ", world_size / local_world_size,
+                         " nodes)");
+    if (!none.empty()) {
+      absl::StrAppend(&nodes, "; node(s) ", absl::StrJoin(none, ", "),
+                      " sent no rank: their launch did not start or cannot reach the store");
+    }
+    if (!partly.empty()) {
+      absl::StrAppend(&nodes, "; node(s) ", absl::StrJoin(partly, ", "),
+                      " came with ranks missing");
+    }
   }
   return absl::DeadlineExceededError(absl::StrCat(
       where, ": ", arrived.size(), " of world size ", world_size, " rank(s) arrived ", "within ",

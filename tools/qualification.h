@@ -118,7 +118,8 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup);
 // check.
 absl::StatusOr<std::vector<CheckResult>> CheckVariability(RankSetup& setup);
 
-// Where the trainer's checks run: the CPU, or (--device cuda) GPU rank modulo the GPUs.
+// Where the trainer's checks run: the CPU, or (--device cuda) the GPU of the rank's LOCAL_RANK
+// (its global rank when unset) modulo the node's GPUs.
 // kFailedPrecondition when cuda is asked of a build or machine without a CUDA device.
 absl::StatusOr<c10::Device> RankDevice(const RankSetup& setup);
 

@@ -2,6 +2,8 @@
 
 #include "tools/qualification/checks_internal.h"
 
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,11 +92,27 @@ absl::StatusOr<CheckResult> RunSecondActor(Communicator& world, const Topology& 
 // never comes is named by the driver ("wrote no report").
 void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
                    const std::string& prefix) {
-  const std::string key = absl::StrCat("qualify/report/", rendezvous.rank());
-  if (!rendezvous.Set(key, report.dump()).ok() || rendezvous.rank() != 0) return;
-  for (int r = 1; r < rendezvous.world_size(); ++r) {
-    absl::StatusOr<std::string> other = rendezvous.Get(absl::StrCat("qualify/report/", r));
-    if (other.ok()) std::ofstream(absl::StrCat(prefix, r, ".json")) << *other;
+  auto key = [](int r) { return absl::StrCat("qualify/report/", r); };
+  if (!rendezvous.Set(key(rendezvous.rank()), report.dump()).ok() || rendezvous.rank() != 0) {
+    return;
+  }
+  // One deadline for all of them (not a timeout per missing rank): a lost node's ranks must not
+  // keep rank 0 past the job's deadline.
+  const absl::Time deadline = absl::Now() + rendezvous.timeout();
+  std::vector<bool> written(rendezvous.world_size(), false);
+  written[0] = true;
+  for (int left = rendezvous.world_size() - 1; left > 0 && absl::Now() < deadline;) {
+    for (int r = 1; r < rendezvous.world_size(); ++r) {
+      if (written[r]) continue;
+      absl::StatusOr<bool> there = rendezvous.Check(key(r));
+      if (!there.ok()) return;  // the store itself is gone
+      if (!*there) continue;
+      absl::StatusOr<std::string> other = rendezvous.Get(key(r));
+      if (other.ok()) std::ofstream(absl::StrCat(prefix, r, ".json")) << *other;
+      written[r] = true;
+      --left;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
   }
 }
 
@@ -231,7 +249,8 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
         absl::StrCat("--nnodes ", options.nnodes, " does not divide the world of ", world,
                      " processes (--dp x --tp x --cp); every node runs the same number of ranks"));
   }
-  if (options.nnodes > 1 && (options.master_port < 1 || options.master_port > 65534)) {
+  if ((options.nnodes > 1 || options.master_port != 0) &&
+      (options.master_port < 1 || options.master_port > 65534)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--master_port ", options.master_port, " with --nnodes ", options.nnodes,
         ": give every node the same port in [1, 65534] (the actors check also uses port + 1)"));
@@ -283,8 +302,11 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
     std::string transport = "gloo";
 #if LOCKSTEP_BUILT_WITH_CUDA
     // --device cuda with a GPU for every rank: NCCL, one GPU per rank (its local rank).
+    const char* per_node = std::getenv("LOCAL_WORLD_SIZE");
+    const int64_t local_ranks =
+        per_node != nullptr ? std::atoi(per_node) : rendezvous->world_size();
     if (options.device == "cuda" && at::hasCUDA() &&
-        static_cast<int64_t>(at::getNumGPUs()) >= rendezvous->world_size()) {
+        static_cast<int64_t>(at::getNumGPUs()) >= local_ranks) {
       collectives::NcclCommunicator::Options nccl;
       nccl.timeout = timeout;
       LOCKSTEP_ASSIGN_OR_RETURN(world, collectives::NcclCommunicator::Create(rendezvous, nccl));
@@ -339,9 +361,13 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
 namespace {
 
 // Removes the job's directory: reports, ledgers, the actors' state and evidence (best effort).
+// POSIX calls, not std::filesystem::remove_all, which crashed a process on the GPU machine's host
+// (collectives/internal/host_lane_test.cc says more).
 void RemoveDirectory(const std::string& dir, int) {
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
+  nftw(
+      dir.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path), 0; }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,10 @@ absl::StatusOr<c10::Device> RankDevice(const RankSetup& setup) {
     return absl::FailedPreconditionError(
         "--device cuda: this build or machine has no CUDA device (build with --config=cuda)");
   }
-  return c10::Device(c10::kCUDA,
-                     static_cast<c10::DeviceIndex>(setup.world->rank() % at::getNumGPUs()));
+  // The rank's GPU on its node: its local rank (as NcclCommunicator binds it), modulo the GPUs.
+  const char* local = std::getenv("LOCAL_RANK");
+  const int rank = local != nullptr ? std::atoi(local) : setup.world->rank();
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank % at::getNumGPUs()));
 }
 
 }  // namespace qualification

@@ -128,14 +128,16 @@ at::Tensor RoundingResidue(const at::Tensor& output) {
   const at::Tensor copies = at::cat({s, -s}).unsqueeze(1) * flat.unsqueeze(0);  // [2R, m]
   at::Tensor sum;
   if (flat.is_cuda()) {
-    at::Context& context = at::globalContext();
-    const bool deterministic = context.deterministicAlgorithms();
-    const bool warn_only = context.deterministicAlgorithmsWarnOnly();
-    context.setDeterministicAlgorithms(false, false);
+    // Deterministic algorithms off for this op only, back on however it ends.
+    struct Restore {
+      bool deterministic = at::globalContext().deterministicAlgorithms();
+      bool warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
+      ~Restore() { at::globalContext().setDeterministicAlgorithms(deterministic, warn_only); }
+    } restore;
+    at::globalContext().setDeterministicAlgorithms(false, false);
     const at::Tensor slots =
         at::arange(flat.numel(), flat.options().dtype(at::kLong)).repeat({2 * half});
     sum = at::zeros_like(flat).index_add_(0, slots, copies.reshape({-1}));
-    context.setDeterministicAlgorithms(deterministic, warn_only);
   } else {
     // A loop of float additions: LibTorch's CPU reductions accumulate floats in double, which
     // would round the residue away.
