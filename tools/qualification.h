@@ -117,6 +117,10 @@ absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup);
 // (<dir>/actor_state) and the first actor's evidence (<dir>/actor_a), for the driver's actors
 // check.
 absl::StatusOr<std::vector<CheckResult>> CheckVariability(RankSetup& setup);
+// The actors check's second round (processes of their own, after CheckVariability's round): the
+// second actor loads <setup.ledger_dir>/actor_state, writes <dir>/actor_b, and each rank compares
+// its two actors. Collective.
+absl::StatusOr<CheckResult> CheckSecondActor(RankSetup& setup);
 
 // Where the trainer's checks run: the CPU, or (--device cuda) the GPU of the rank's LOCAL_RANK
 // (its global rank when unset) modulo the node's GPUs.

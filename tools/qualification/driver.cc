@@ -46,7 +46,6 @@
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
 #include "trainer/qualification/oracle.h"
-#include "trainer/qualification/variability.h"
 
 namespace lockstep {
 namespace qualification {
@@ -55,36 +54,6 @@ namespace {
 using collectives::Communicator;
 using collectives::Topology;
 using nlohmann::json;
-
-constexpr char kActorState[] = "/actor_state";
-constexpr char kFirstActor[] = "/actor_a";
-constexpr char kSecondActor[] = "/actor_b";
-
-// The second actor of the actors check: in processes of its own, it loads the state the first
-// round saved and runs the step (trainer/qualification/variability.h).
-absl::StatusOr<CheckResult> RunSecondActor(Communicator& world, const Topology& topology,
-                                           const QualifyOptions& options,
-                                           const std::string& results_dir) {
-  RankSetup setup(world, topology);
-  setup.device = options.device;
-  LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      std::unique_ptr<trainer::VariabilityRank> rank,
-      trainer::VariabilityRank::Create(world, topology,
-                                       options.control == NegativeControl::kNondeterministicOp
-                                           ? trainer::VariabilityControl::kNondeterministicOp
-                                           : trainer::VariabilityControl::kNone,
-                                       device));
-  LOCKSTEP_RETURN_IF_ERROR(rank->RunActor(results_dir + kActorState, results_dir + kSecondActor));
-  LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
-  // Each rank compares its own two actors: both wrote their evidence on this rank's host.
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      trainer::VariabilityCheck check,
-      trainer::CompareActors(results_dir + kFirstActor, results_dir + kSecondActor, world.rank()));
-  CheckResult result = CheckResult::Make(check.name, check.passed, check.detail);
-  result.evidence = std::move(check.evidence);
-  return result;
-}
 
 // Note [Reports across nodes]: a worker's report is a file in its node's job directory. When the
 // world spans nodes, every rank also puts its report in the rendezvous store and rank 0 (node 0)
@@ -134,16 +103,15 @@ std::vector<json> ReadReports(const std::string& prefix, int world,
   return reports;
 }
 
-// Launches the second actor's processes (on every node: the round's port is the job's port + 1,
-// so that none of them can meet the first round's store); each compares its rank's two actors.
-// The "actors" check's entries, one per rank.
-std::vector<json> ActorsCheck(tools::LaunchOptions launch, const std::string& dir, int world,
-                              std::string& failure) {
+// Launches this node's processes of the second actor (on every node: the round's port is the
+// job's port + 1, so that none of them can meet the first round's store); each compares its
+// rank's two actors (CheckSecondActor). Returns why the round failed, or "".
+std::string LaunchSecondActor(tools::LaunchOptions launch, const std::string& dir) {
   launch.command.push_back("--actor_round");
   if (launch.master_port != 0) ++launch.master_port;
   const std::string log_path = dir + "/workers.actor_b.log";
   FILE* log = std::fopen(log_path.c_str(), "w");
-  failure.clear();
+  std::string failure;
   if (log == nullptr) {
     failure = absl::StrCat(log_path, ": ", std::strerror(errno));
   } else {
@@ -157,6 +125,12 @@ std::vector<json> ActorsCheck(tools::LaunchOptions launch, const std::string& di
                              " (output in ", log_path, ")");
     }
   }
+  return failure;
+}
+
+// The "actors" check's entries, one per rank, from the second round's reports (or why a rank
+// has none: its error, the round's `failure`, or no report).
+std::vector<json> ActorsEntries(const std::string& dir, int world, const std::string& failure) {
   std::vector<std::string> missing;
   const std::vector<json> reports = ReadReports(dir + "/actors.rank", world, missing);
   std::vector<json> entries;
@@ -327,8 +301,11 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
     report["host"] = host;
     std::vector<CheckResult> results;
     if (options.actor_round) {
-      LOCKSTEP_ASSIGN_OR_RETURN(CheckResult actors,
-                                RunSecondActor(*world, topo, options, results_dir));
+      RankSetup setup(*world, topo);
+      setup.control = options.control;
+      setup.device = options.device;
+      setup.ledger_dir = results_dir;
+      LOCKSTEP_ASSIGN_OR_RETURN(CheckResult actors, CheckSecondActor(setup));
       results.push_back(std::move(actors));
     } else {
       LOCKSTEP_ASSIGN_OR_RETURN(results, RunRankChecks(*world, topo, options, results_dir));
@@ -500,9 +477,10 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   // (on every node; node 0 reads every rank's result).
   std::string second_failure;
   if (!node_zero && launched->exit_code == 0) {
-    (void)ActorsCheck(launch, dir, world, second_failure);
+    second_failure = LaunchSecondActor(launch, dir);
   } else if (errors.empty() && launched->exit_code == 0 && per_check.count("repeatability")) {
-    per_check["actors"] = ActorsCheck(launch, dir, world, second_failure);
+    second_failure = LaunchSecondActor(launch, dir);
+    per_check["actors"] = ActorsEntries(dir, world, second_failure);
     order.insert(std::find(order.begin(), order.end(), "repeatability") + 1, "actors");
   }
   if (!node_zero) {

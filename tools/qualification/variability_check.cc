@@ -1,4 +1,6 @@
-// The variability checks of qualify (trainer/qualification/variability.h), on every rank.
+// The variability checks of qualify (trainer/qualification/variability.h), on every rank: the
+// first round's repeatability, the actors' saved state and first actor, packing_invariance; and
+// the second round's actor, which compares its rank's two actors.
 
 #include <string>
 #include <vector>
@@ -10,32 +12,57 @@
 
 namespace lockstep {
 namespace qualification {
+namespace {
+
+constexpr char kActorState[] = "/actor_state";
+constexpr char kFirstActor[] = "/actor_a";
+constexpr char kSecondActor[] = "/actor_b";
+
+absl::StatusOr<std::unique_ptr<trainer::VariabilityRank>> VariabilityRankOf(RankSetup& setup) {
+  LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
+  return trainer::VariabilityRank::Create(*setup.world, setup.topology,
+                                          setup.control == NegativeControl::kNondeterministicOp
+                                              ? trainer::VariabilityControl::kNondeterministicOp
+                                              : trainer::VariabilityControl::kNone,
+                                          device);
+}
+
+CheckResult ResultOf(trainer::VariabilityCheck check) {
+  CheckResult r = CheckResult::Make(std::move(check.name), check.passed, std::move(check.detail));
+  r.evidence = std::move(check.evidence);
+  return r;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<CheckResult>> CheckVariability(RankSetup& setup) {
-  LOCKSTEP_ASSIGN_OR_RETURN(const c10::Device device, RankDevice(setup));
-  const trainer::VariabilityControl control = setup.control == NegativeControl::kNondeterministicOp
-                                                  ? trainer::VariabilityControl::kNondeterministicOp
-                                                  : trainer::VariabilityControl::kNone;
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      std::unique_ptr<trainer::VariabilityRank> rank,
-      trainer::VariabilityRank::Create(*setup.world, setup.topology, control, device));
-  auto result = [](trainer::VariabilityCheck check) {
-    CheckResult r = CheckResult::Make(std::move(check.name), check.passed, std::move(check.detail));
-    r.evidence = std::move(check.evidence);
-    return r;
-  };
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<trainer::VariabilityRank> rank,
+                            VariabilityRankOf(setup));
   std::vector<CheckResult> results;
   LOCKSTEP_ASSIGN_OR_RETURN(trainer::VariabilityCheck repeatability, rank->Repeatability());
-  results.push_back(result(std::move(repeatability)));
+  results.push_back(ResultOf(std::move(repeatability)));
   if (!setup.ledger_dir.empty()) {
     // The first of the two actors; the driver starts the second in processes of its own.
-    const std::string state = absl::StrCat(setup.ledger_dir, "/actor_state");
+    const std::string state = setup.ledger_dir + kActorState;
     LOCKSTEP_RETURN_IF_ERROR(rank->SaveActorState(state));
-    LOCKSTEP_RETURN_IF_ERROR(rank->RunActor(state, absl::StrCat(setup.ledger_dir, "/actor_a")));
+    LOCKSTEP_RETURN_IF_ERROR(rank->RunActor(state, setup.ledger_dir + kFirstActor));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(trainer::VariabilityCheck packing, rank->PackingInvariance());
-  results.push_back(result(std::move(packing)));
+  results.push_back(ResultOf(std::move(packing)));
   return results;
+}
+
+absl::StatusOr<CheckResult> CheckSecondActor(RankSetup& setup) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<trainer::VariabilityRank> rank,
+                            VariabilityRankOf(setup));
+  const std::string& dir = setup.ledger_dir;
+  LOCKSTEP_RETURN_IF_ERROR(rank->RunActor(dir + kActorState, dir + kSecondActor));
+  LOCKSTEP_RETURN_IF_ERROR(setup.world->Barrier());
+  // Each rank compares its own two actors: both wrote their evidence on this rank's host.
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      trainer::VariabilityCheck check,
+      trainer::CompareActors(dir + kFirstActor, dir + kSecondActor, setup.world->rank()));
+  return ResultOf(std::move(check));
 }
 
 }  // namespace qualification

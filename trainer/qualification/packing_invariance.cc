@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -150,6 +151,9 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
         const at::Tensor weights = out.loss_weights.to(at::kCPU);
         const at::Tensor input_rows = out.input_rows.to(at::kCPU);
         const auto row = input_rows.accessor<int64_t, 1>();
+        // Each token's output row, and its loss term (summed below in position order, whatever
+        // the packing).
+        std::vector<std::tuple<int64_t, int64_t, double>> terms;  // row, sequence id, term
         for (int64_t t = 0; t < outputs.size(0); ++t) {
           size_t s = 0;
           while (call_offsets[s + 1] <= row[t]) ++s;
@@ -158,20 +162,13 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
           if (!rows.defined())
             rows = at::zeros({sequences[s].num_tokens, outputs.size(1)}, outputs.options());
           rows[row[t] - call_offsets[s]].copy_(outputs[t]);
-        }
-        // The loss contribution, summed in position order whatever the packing.
-        std::vector<std::pair<int64_t, double>> terms;
-        for (int64_t t = 0; t < outputs.size(0); ++t) {
           const double zt = z[t].item<float>();
           terms.emplace_back(
-              row[t], weights[t].item<double>() * static_cast<double>(static_cast<float>(zt * zt)));
+              row[t], id,
+              weights[t].item<double>() * static_cast<double>(static_cast<float>(zt * zt)));
         }
         std::sort(terms.begin(), terms.end());
-        for (const auto& [r, term] : terms) {
-          size_t s = 0;
-          while (call_offsets[s + 1] <= r) ++s;
-          run.loss[sequences[s].id] += term;
-        }
+        for (const auto& [r, id, term] : terms) run.loss[id] += term;
       }
     }));
   }
