@@ -13,6 +13,7 @@ source testing/netns/hosts.sh
 hosts_require_root
 launch=$PWD/tools/launch
 probe=$PWD/collectives/multihost_probe
+ledger=$PWD/tools/ledger
 # Not under /tmp: every host has a /tmp of its own.
 tmp=${TEST_TMPDIR:-$(mktemp -d -p /var/tmp)}
 port=29400
@@ -35,6 +36,23 @@ wait_for() {
   set +e; wait "$pid"; rc=$?; set -e
 }
 expect() { grep -q -- "$2" "$1" || { echo "FAIL: no '$2' in $1:"; cat "$1"; exit 1; }; }
+# The ledgers of ranks $3.. (in dir $2) all verify, and every rank that reported its error in
+# the log ("probe error (rank R): ... (last committed step S)") replays to the step S it last
+# committed; at least one did (a launch stops its node's other ranks once one fails, and a
+# killed host's ranks say nothing).
+check_ledgers() {  # log dir ranks...
+  local log=$1 dir=$2 r s n=0
+  shift 2
+  for r in "$@"; do
+    "$ledger" "$dir/ledger.rank$r.db" >"$dir/replay$r.log" || { cat "$dir/replay$r.log"; echo "FAIL: rank $r's ledger refused"; exit 1; }
+    s=$(sed -n "s/.*probe error (rank $r): .*(last committed step \(-\?[0-9]*\))$/\1/p" "$log")
+    [[ -z $s ]] && continue
+    expect "$dir/replay$r.log" "dp rank $r: last committed step $s$"
+    n=$((n + 1))
+  done
+  ((n > 0)) || { echo "FAIL: no rank of $* reported its error in $log"; exit 1; }
+  echo "ledgers of ranks $*: verified; the $n that reported an error replay to the step they last committed"
+}
 until_setup() {  # log: waits until the node's two ranks are set up
   for _ in $(seq 300); do [[ $(grep -c "lane within node" "$1" || true) -ge 2 ]] && return; sleep 0.1; done
   echo "FAIL: $1 never set up:"; cat "$1"; exit 1
@@ -71,21 +89,29 @@ echo "named the missing node in $((SECONDS - start)) s"
 
 echo "== a host killed mid-job"
 port=$((port + 1))
-start_node 0 0 "$tmp/c0.log" --seconds=60 --timeout_seconds=5; c0=$HOST_PID
-start_node 1 1 "$tmp/c1.log" --seconds=60 --timeout_seconds=5; c1=$HOST_PID
+mkdir -p "$tmp/lc"
+start_node 0 0 "$tmp/c0.log" --seconds=60 --timeout_seconds=5 --ledger_dir="$tmp/lc"; c0=$HOST_PID
+start_node 1 1 "$tmp/c1.log" --seconds=60 --timeout_seconds=5 --ledger_dir="$tmp/lc"; c1=$HOST_PID
 until_setup "$tmp/c0.log"; until_setup "$tmp/c1.log"
+sleep 1  # steps committed
 host_kill_command "$c1"; wait "$c1" 2>/dev/null || true
 start=$SECONDS
 wait_for "$c0" 40
 cat "$tmp/c0.log"
 [[ $rc != 0 && $rc != 124 ]] || { echo "FAIL: the surviving node exited $rc"; exit 1; }
 expect "$tmp/c0.log" "probe error"
+expect "$tmp/c0.log" "global rank(s) \[2, 3\] gone"
+check_ledgers "$tmp/c0.log" "$tmp/lc" 0 1
+# The killed host's ledgers: intact, a SIGKILL mid-step loses only that step's open work.
+"$ledger" "$tmp/lc/ledger.rank2.db" "$tmp/lc/ledger.rank3.db" >"$tmp/lc/killed.log" \
+  || { cat "$tmp/lc/killed.log"; echo "FAIL: a killed rank's ledger refused"; exit 1; }
 echo "the surviving node failed $((SECONDS - start)) s after the kill"
 
 echo "== a link cut mid-job"
 port=$((port + 1))
-start_node 0 0 "$tmp/d0.log" --seconds=60 --timeout_seconds=5; d0=$HOST_PID
-start_node 1 1 "$tmp/d1.log" --seconds=60 --timeout_seconds=5; d1=$HOST_PID
+mkdir -p "$tmp/ld"
+start_node 0 0 "$tmp/d0.log" --seconds=60 --timeout_seconds=5 --ledger_dir="$tmp/ld"; d0=$HOST_PID
+start_node 1 1 "$tmp/d1.log" --seconds=60 --timeout_seconds=5 --ledger_dir="$tmp/ld"; d1=$HOST_PID
 until_setup "$tmp/d0.log"; until_setup "$tmp/d1.log"
 host_link 1 down
 start=$SECONDS
@@ -95,6 +121,13 @@ cat "$tmp/d0.log" "$tmp/d1.log"
 [[ $rc0 != 0 && $rc0 != 124 && $rc1 != 0 && $rc1 != 124 ]] \
   || { echo "FAIL: after the cut the launches exited $rc0 and $rc1"; exit 1; }
 expect "$tmp/d0.log" "probe error"; expect "$tmp/d1.log" "probe error"
+expect "$tmp/d0.log" "global rank(s) \[2, 3\] gone"
+grep -Eq "global rank\(s\) \[0, 1\] gone|store is unreachable for the roll call \(global rank 0" "$tmp/d1.log" \
+  || { echo "FAIL: node 1 did not name node 0's ranks"; exit 1; }
+check_ledgers "$tmp/d0.log" "$tmp/ld" 0 1; check_ledgers "$tmp/d1.log" "$tmp/ld" 2 3
+# The bound: the collective's timeout (5 s), the roll call (at most one store timeout over a
+# link that is down) and the launch's grace (2 s).
+((SECONDS - start <= 20)) || { echo "FAIL: the sides took $((SECONDS - start)) s to fail"; exit 1; }
 echo "both sides failed within $((SECONDS - start)) s of the cut"
 
 echo "== the store's host unreachable at start-up"
@@ -146,6 +179,34 @@ cat "$tmp/g1.log" "$tmp/relay.log"
 [[ $rc0 == 0 && $rc1 == 0 ]] || { cat "$tmp/g0.log"; echo "FAIL: through the relay the launches exited $rc0 and $rc1"; exit 1; }
 expect "$tmp/relay.log" "relay: pause"
 echo "passed through a delaying and stalling relay in $((SECONDS - start)) s"
+
+echo "== the relay cut while node 1 joins through it"
+kill -KILL "$relay" 2>/dev/null || true
+port=$((port + 1))
+echo pass >"$ctl"
+host_start 1 "$tmp/relay2.log" /usr/bin/python3 "$tmp/relay.py" \
+  "10.77.0.2:$port" "$addr:$port" "$ctl"
+relay=$HOST_PID
+for _ in $(seq 200); do grep -q "relay: listening" "$tmp/relay2.log" && break; sleep 0.1; done
+start_node 0 0 "$tmp/h0.log" --timeout_seconds=8; h0=$HOST_PID
+sleep 2
+echo pause >"$ctl"
+addr=10.77.0.2 start_node 1 1 "$tmp/h1.log" --timeout_seconds=8; h1=$HOST_PID
+# Both of node 1's ranks connected to the store through the relay, their requests held.
+for _ in $(seq 100); do
+  (($(grep -c "relay: connection" "$tmp/relay2.log" || true) >= 2)) && break; sleep 0.1
+done
+echo cut >"$ctl"
+start=$SECONDS
+wait_for "$h1" 40; rc1=$rc; wait_for "$h0" 40; rc0=$rc
+cat "$tmp/h0.log" "$tmp/h1.log" "$tmp/relay2.log"
+[[ $rc0 != 0 && $rc0 != 124 && $rc1 != 0 && $rc1 != 124 ]] \
+  || { echo "FAIL: after the relay's cut the launches exited $rc0 and $rc1"; exit 1; }
+expect "$tmp/relay2.log" "relay: cut"
+expect "$tmp/h1.log" "rendezvous at 10.77.0.2:$port"
+expect "$tmp/h1.log" "the connection to the rendezvous store was lost"
+expect "$tmp/h0.log" "node(s) 1 sent no rank"
+echo "both sides failed within $((SECONDS - start)) s of the cut, node 1 naming the store's link"
 kill -KILL "$relay" 2>/dev/null || true
 
 hosts_down

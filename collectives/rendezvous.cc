@@ -63,8 +63,16 @@ absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, int loc
   for (int r = 0; r < world_size; ++r) all.push_back(key(r));
   for (;;) {
     bool complete = false;
-    LOCKSTEP_RETURN_IF_ERROR(StoreCall(absl::StrCat(where, ": waiting for the other ranks"),
-                                       timeout, [&] { complete = store.check(all); }));
+    const absl::Status waited = StoreCall(absl::StrCat(where, ": waiting for the other ranks"),
+                                          timeout, [&] { complete = store.check(all); });
+    if (!waited.ok() && waited.code() != absl::StatusCode::kDeadlineExceeded) {
+      // The store answered before and fails now: its connection is gone, not a peer late.
+      return absl::UnavailableError(absl::StrCat(
+          waited.message(),
+          "; the connection to the rendezvous store was lost: global rank 0, which serves it, "
+          "is gone or the link to its host is down"));
+    }
+    LOCKSTEP_RETURN_IF_ERROR(waited);
     if (complete) return absl::OkStatus();
     if (absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(20));
