@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -513,6 +514,36 @@ TEST(RendezvousTest, FromEnvironmentSetAndGet) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("lockstep/test/never"));
   EXPECT_LT(start.Elapsed(), 2 * (*rendezvous)->timeout() + absl::Seconds(5));
+  // A key never set is a peer late, not the store lost (Note [Store lost]): the store still works.
+  EXPECT_TRUE((*rendezvous)->Set("lockstep/test/after", "1").ok());
+  EXPECT_TRUE((*rendezvous)->Check("lockstep/test/after").value_or(false));
+}
+
+// Note [Store lost]: rank 0 (which serves the store) gone, rank 1's next store call fails, and
+// every call after it fails at once naming that first failure, instead of another timeout each.
+TEST(RendezvousTest, AStoreLostOnceFailsEveryLaterCallAtOnce) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
+  const absl::Duration timeout = absl::Seconds(5);
+  absl::StatusOr<std::shared_ptr<Rendezvous>> zero, one;
+  std::thread serve([&] { zero = Rendezvous::Tcp("127.0.0.1", port, 0, 2, timeout); });
+  one = Rendezvous::Tcp("127.0.0.1", port, 1, 2, timeout);
+  serve.join();
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE((*one)->Set("lockstep/test/k", "v").ok());
+  zero->reset();  // the store's server goes with rank 0
+  absl::StatusOr<bool> first = (*one)->Check("lockstep/test/k");
+  ASSERT_FALSE(first.ok());
+  const Stopwatch start;
+  const absl::Status set = (*one)->Set("lockstep/test/k", "w");
+  const absl::StatusOr<std::string> get = (*one)->Get("lockstep/test/k");
+  const absl::StatusOr<int64_t> beats = (*one)->Heartbeat(0);
+  EXPECT_LT(start.Elapsed(), absl::Seconds(1));
+  for (const absl::Status& s : {set, get.status(), beats.status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("the rendezvous store was lost earlier"),
+                                   HasSubstr(std::string(first.status().message()))));
+  }
 }
 
 TEST(LaunchEnvironmentTest, ParsesTheTorchrunVariables) {

@@ -214,29 +214,41 @@ Rendezvous::Rendezvous(std::unique_ptr<Impl> impl, int rank, int world_size, int
       local_rank_(local_rank),
       timeout_(timeout) {}
 
-// The heartbeat thread and how to stop it.
+// The heartbeat thread and how to stop it. Shared with the thread, which also holds the store:
+// a beat blocked on a store that no longer answers must not hold up the Rendezvous's destruction
+// (a failing rank's exit) for a store timeout, so the destructor waits for it briefly and then
+// leaves it to finish on its own (Note [Store lost]).
 struct Rendezvous::Beat {
   std::mutex mu;
-  std::condition_variable stop_cv;
+  std::condition_variable cv;
   bool stop = false;
+  bool done = false;
   std::thread thread;
 };
 
 Rendezvous::~Rendezvous() {
   if (beat_ == nullptr) return;
+  bool done = false;
   {
-    std::lock_guard<std::mutex> lock(beat_->mu);
+    std::unique_lock<std::mutex> lock(beat_->mu);
     beat_->stop = true;
+    beat_->cv.notify_all();
+    done = beat_->cv.wait_for(
+        lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(4 * kHeartbeatPeriod)),
+        [this] { return beat_->done; });
   }
-  beat_->stop_cv.notify_all();
-  if (beat_->thread.joinable()) beat_->thread.join();
+  if (done) {
+    beat_->thread.join();
+  } else {
+    beat_->thread.detach();
+  }
 }
 
 void Rendezvous::StartHeartbeat() {
   if (beat_ != nullptr) return;
-  beat_ = std::make_unique<Beat>();
-  Beat* beat = beat_.get();
-  c10d::Store* store = impl_->store.get();
+  beat_ = std::make_shared<Beat>();
+  std::shared_ptr<Beat> beat = beat_;
+  c10::intrusive_ptr<c10d::Store> store = impl_->store;
   const std::string key = absl::StrCat("lockstep/heartbeat/", rank_);
   beat_->thread = std::thread([beat, store, key] {
     std::unique_lock<std::mutex> lock(beat->mu);
@@ -245,18 +257,38 @@ void Rendezvous::StartHeartbeat() {
       // A failing store (its server gone) only means no more beats.
       (void)CallTorch("heartbeat", [&] { store->add(key, 1); });
       lock.lock();
-      beat->stop_cv.wait_for(lock,
-                             std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatPeriod)),
-                             [beat] { return beat->stop; });
+      beat->cv.wait_for(lock,
+                        std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatPeriod)),
+                        [&beat] { return beat->stop; });
     }
+    beat->done = true;
+    beat->cv.notify_all();
   });
+}
+
+absl::Status Rendezvous::Guarded(bool store_only, const std::function<absl::Status()>& call) {
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    if (!lost_.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("the rendezvous store was lost earlier (", lost_.message(), ")"));
+    }
+  }
+  absl::Status status = call();
+  if (!status.ok() && store_only) {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    if (lost_.ok()) lost_ = status;
+  }
+  return status;
 }
 
 absl::StatusOr<int64_t> Rendezvous::Heartbeat(int rank) {
   int64_t beats = 0;
-  absl::Status status =
-      StoreCall(absl::StrCat("reading the heartbeat of rank ", rank), timeout_,
-                [&] { beats = impl_->store->add(absl::StrCat("lockstep/heartbeat/", rank), 0); });
+  absl::Status status = Guarded(true, [&] {
+    return StoreCall(absl::StrCat("reading the heartbeat of rank ", rank), timeout_, [&] {
+      beats = impl_->store->add(absl::StrCat("lockstep/heartbeat/", rank), 0);
+    });
+  });
   if (!status.ok()) return status;
   return beats;
 }
@@ -342,27 +374,33 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::FromEnvironment(absl::Du
 }
 
 absl::Status Rendezvous::Set(const std::string& key, absl::string_view value) {
-  return StoreCall(absl::StrCat("setting rendezvous key ", key), timeout_, [&] {
-    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  return Guarded(true, [&] {
+    return StoreCall(absl::StrCat("setting rendezvous key ", key), timeout_, [&] {
+      impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    });
   });
 }
 
 absl::StatusOr<bool> Rendezvous::Check(const std::string& key) {
   bool found = false;
-  absl::Status status = StoreCall(absl::StrCat("checking rendezvous key ", key), timeout_,
-                                  [&] { found = impl_->store->check({key}); });
+  absl::Status status = Guarded(true, [&] {
+    return StoreCall(absl::StrCat("checking rendezvous key ", key), timeout_,
+                     [&] { found = impl_->store->check({key}); });
+  });
   if (!status.ok()) return status;
   return found;
 }
 
 absl::StatusOr<std::string> Rendezvous::Get(const std::string& key) {
   std::vector<uint8_t> bytes;
-  absl::Status status = StoreCall(
-      absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key),
-      timeout_, [&] {
-        impl_->store->wait({key}, internal::ToChrono(timeout_));
-        bytes = impl_->store->get(key);
-      });
+  absl::Status status = Guarded(false, [&] {
+    return StoreCall(
+        absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key),
+        timeout_, [&] {
+          impl_->store->wait({key}, internal::ToChrono(timeout_));
+          bytes = impl_->store->get(key);
+        });
+  });
   if (!status.ok()) return status;
   return std::string(bytes.begin(), bytes.end());
 }

@@ -29,6 +29,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -88,6 +89,12 @@ class Rendezvous {
   absl::StatusOr<std::string> Get(const std::string& key);
   // Whether `key` is set, without waiting.
   absl::StatusOr<bool> Check(const std::string& key);
+  // Note [Store lost]: Set, Check and Heartbeat need no peer, only the store, so their failure
+  // means the store (rank 0's process or the link to its host) is gone. The first such failure
+  // is kept: every later Set, Check, Get and Heartbeat returns kUnavailable at once, naming it,
+  // instead of waiting out another timeout on a connection that cannot answer (a rank reporting
+  // an error after losing its store would otherwise take one timeout per store call). Get's own
+  // timeout (a key never set) is a peer late, not a store lost, and is not kept.
 
   // Liveness (Note [Roll call] in collectives/internal/communicator_base.h): once started, a
   // thread of this process adds 1 to its counter "lockstep/heartbeat/<rank>" every
@@ -115,13 +122,19 @@ class Rendezvous {
 
   struct Beat;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<Beat> beat_;
+  std::shared_ptr<Beat> beat_;
   int rank_;
   int world_size_;
   int local_rank_;
   absl::Duration timeout_;
   std::string store_host_;
   int store_port_ = 0;
+  // Note [Store lost]: the first failure of a store-only call; OK while the store answers.
+  mutable std::mutex lost_mu_;
+  absl::Status lost_;
+  // Runs `call` (a StoreCall) unless the store is already lost; keeps its failure as the loss
+  // when `store_only`.
+  absl::Status Guarded(bool store_only, const std::function<absl::Status()>& call);
 };
 
 }  // namespace collectives

@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
   const lockstep::OutputPath out = absl::GetFlag(FLAGS_out);
   if (!out.path.empty()) {
     const nlohmann::json evidence = {{"tool", "ledger"}, {"files", files}};
-    if (absl::Status s = lockstep::WriteFileAtomically(out.path, evidence.dump(2) + "\n"); !s.ok()) {
+    if (absl::Status s = lockstep::WriteFileAtomically(out.path, evidence.dump(2) + "\n");
+        !s.ok()) {
       std::cerr << "ledger: " << s.message() << std::endl;
       return lockstep::kBadInputExitCode;
     }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # qualify across two hosts made of namespaces (testing/netns/hosts.sh): DP2 x CP2, one qualify
 # per host with two ranks each. Node 0 prints the table and writes evidence naming every rank's
-# host; node 1 says how its ranks ended. Then node 1 killed mid-run: node 0 fails, naming it,
-# within its timeouts.
+# host; node 1 says how its ranks ended. Then node 1 killed mid-run, and node 1's link set down
+# mid-run: the surviving side(s) fail, naming the other's ranks, within their timeouts.
 set -euo pipefail
 source testing/netns/hosts.sh
 hosts_require_root
@@ -49,8 +49,31 @@ rc_of "$k0"
 cat "$tmp/k0.log"
 [[ $rc == 1 ]] || { echo "FAIL: node 0 exited $rc after node 1 was killed, expected 1"; exit 1; }
 grep -q "^FAIL: DP2 x TP1 x CP2" "$tmp/k0.log" || { echo "FAIL: node 0 did not fail"; exit 1; }
-grep -Eq "rank [23] wrote no report|rank\(s\) \[[23](, [23])?\] gone" "$tmp/k0.log" \
+# The fault lands in the main round (a rank's collective names the ranks gone, or their reports
+# never came) or in the second actor's (its rendezvous names the ranks missing).
+grep -Eq "rank [23] wrote no report|rank\(s\) \[[23](, [23])?\] gone|missing rank\(s\) [23]" "$tmp/k0.log" \
   || { echo "FAIL: node 0 did not name the lost ranks"; exit 1; }
 echo "node 0 failed $((SECONDS - start)) s after node 1 was killed"
+# Node 1's link set down while the checks run: both nodes fail, each naming the other's ranks
+# (or, on node 1, the store it can no longer reach), within their timeouts.
+node 0 29620 "$tmp/l0.log" --timeout_seconds=10; l0=$HOST_PID
+node 1 29620 "$tmp/l1.log" --timeout_seconds=10; l1=$HOST_PID
+sleep 3
+host_link 1 down
+start=$SECONDS
+rc_of "$l0"; rc0=$rc; t0=$((SECONDS - start))
+rc_of "$l1"; rc1=$rc; t1=$((SECONDS - start))
+host_link 1 up
+cat "$tmp/l0.log" "$tmp/l1.log"
+[[ $rc0 == 1 && $rc1 == 1 ]] || { echo "FAIL: with node 1's link down the nodes exited $rc0 and $rc1"; exit 1; }
+grep -q "^FAIL: DP2 x TP1 x CP2" "$tmp/l0.log" || { echo "FAIL: node 0 did not fail"; exit 1; }
+grep -Eq "rank [23] wrote no report|rank\(s\) \[[23](, [23])?\] gone|missing rank\(s\) [23]" "$tmp/l0.log" \
+  || { echo "FAIL: node 0 did not name node 1's ranks"; exit 1; }
+grep -Eq "^error: .*(rank\(s\) \[[01](, [01])?\] gone|store is unreachable|rendezvous store was lost|TCP store at 10.77.0.1)" "$tmp/l1.log" \
+  || { echo "FAIL: node 1 did not name node 0's ranks or the store"; exit 1; }
+# The bound: the collective's timeout, the roll call (at most one store timeout over a link
+# that is down), the launch's grace; nothing waits a third timeout (Note [Store lost]).
+((t0 <= 25 && t1 <= 25)) || { echo "FAIL: the nodes took $t0 s and $t1 s to fail"; exit 1; }
+echo "with node 1's link down, node 0 failed in $t0 s and node 1 in $t1 s"
 hosts_down
 echo "qualify multihost test: ok"

@@ -128,6 +128,25 @@ std::string LaunchSecondActor(tools::LaunchOptions launch, const std::string& di
   return failure;
 }
 
+// What this node's ranks [first, first + count) said went wrong, from their reports in `dir`
+// (the main round's, then the actors' round's): "rank R: error" lines. A node other than 0 prints
+// them, so that its own output names the cause (a peer gone, the store unreachable) when node
+// 0's table cannot be seen from it.
+std::vector<std::string> NodeErrors(const std::string& dir, int first, int count) {
+  std::vector<std::string> lines;
+  for (const char* prefix : {"/rank", "/actors.rank"}) {
+    for (int r = first; r < first + count; ++r) {
+      std::ifstream in(absl::StrCat(dir, prefix, r, ".json"));
+      const json report = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+      if (report.is_object() && report.contains("error") && report["error"].is_string()) {
+        lines.push_back(absl::StrCat(prefix[1] == 'a' ? "second actor, " : "", "rank ", r, ": ",
+                                     report["error"].get<std::string>()));
+      }
+    }
+  }
+  return lines;
+}
+
 // The "actors" check's entries, one per rank, from the second round's reports (or why a rank
 // has none: its error, the round's `failure`, or no report).
 std::vector<json> ActorsEntries(const std::string& dir, int world, const std::string& failure) {
@@ -489,6 +508,10 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     out << "node " << options.node_rank << ": " << launched->summary
         << (second_failure.empty() ? "" : "; " + second_failure)
         << "; the table, the verdict and the evidence are node 0's\n";
+    for (const std::string& line :
+         NodeErrors(dir, options.node_rank * launch.nproc, launch.nproc)) {
+      out << "error: " << line << "\n";
+    }
     if (ran)
       RemoveDirectory(dir, world);
     else
