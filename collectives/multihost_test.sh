@@ -22,7 +22,7 @@ addr=10.77.0.1
 start_node() {  # host node log probe-flags...
   local host=$1 node=$2 log=$3
   shift 3
-  host_start "$host" "$log" "$launch" --nnodes=2 --node_rank="$node" --nproc=2 \
+  host_start "$host" "$log" "$launch" --nnodes=2 --node_rank="$node" --nproc="${NPROC:-2}" \
     --master_addr="$addr" --master_port="$port" --grace_seconds=2 --deadline_seconds=90 \
     -- "$probe" "$@"
 }
@@ -72,10 +72,23 @@ for r in 2 3; do expect "$tmp/a1.log" "rank $r on host1: lane within node: yes; 
 expect "$tmp/a1.log" "rank 3: ok after"
 # The control: the same two nodes on one host do share memory across "nodes".
 port=$((port + 1))
-start_node 0 0 "$tmp/same0.log"; s0=$HOST_PID
-start_node 0 1 "$tmp/same1.log"; s1=$HOST_PID
+start_node 0 0 "$tmp/same0.log" --seconds=2; s0=$HOST_PID
+start_node 0 1 "$tmp/same1.log" --seconds=2; s1=$HOST_PID
 wait_for "$s0" 60; wait_for "$s1" 60
 expect "$tmp/same1.log" "rank 2 on host0: lane within node: yes; lane across nodes: yes"
+# The per-call cost of an all-reduce between two ranks, one per host and both on one host (one
+# rank per node: four Gloo ranks would measure this machine's two cores, not the link).
+port=$((port + 1))
+NPROC=1 start_node 0 0 "$tmp/m0.log" --seconds=2; m0=$HOST_PID
+NPROC=1 start_node 1 1 "$tmp/m1.log" --seconds=2; m1=$HOST_PID
+wait_for "$m0" 60; rc0=$rc; wait_for "$m1" 60; rc1=$rc
+port=$((port + 1))
+NPROC=1 start_node 0 0 "$tmp/o0.log" --seconds=2; o0=$HOST_PID
+NPROC=1 start_node 0 1 "$tmp/o1.log" --seconds=2; o1=$HOST_PID
+wait_for "$o0" 60; wait_for "$o1" 60
+expect "$tmp/m1.log" "rank 1: ok after"; expect "$tmp/o1.log" "rank 1: ok after"
+echo "all-reduce of 8 KiB between 2 ranks: across two hosts $(grep -o 'median [0-9.]* us' "$tmp/m1.log");" \
+  "on one host $(grep -o 'median [0-9.]* us' "$tmp/o1.log")"
 
 echo "== a node that never comes"
 port=$((port + 1))

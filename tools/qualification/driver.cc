@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -36,6 +37,7 @@
 #include "checkpoint/rng_state_saver.h"
 #include "collectives/gloo_communicator.h"
 #if LOCKSTEP_BUILT_WITH_CUDA
+#include "ATen/cuda/CUDAContext.h"
 #include "collectives/nccl_communicator.h"
 #endif
 #include "collectives/rendezvous.h"
@@ -281,6 +283,39 @@ absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
   return absl::OkStatus();
 }
 
+#if LOCKSTEP_BUILT_WITH_CUDA
+// Note [Transport across nodes]: NCCL needs a GPU of its own for every rank. A node's count of
+// GPUs cannot tell that (hosts made of namespaces, or containers, may see the same physical GPU),
+// so every rank publishes the UUID of the GPU it would use (its local rank's; "none" without
+// one) and the job takes NCCL only when all of them are present and distinct. Every rank
+// decides from the same published values, so they all take the same transport.
+absl::StatusOr<bool> EveryRankHasItsOwnGpu(collectives::Rendezvous& rendezvous,
+                                           const QualifyOptions& options) {
+  const char* per_node = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t local_ranks = per_node != nullptr ? std::atoi(per_node) : rendezvous.world_size();
+  std::string mine = "none";
+  if (options.device == "cuda" && at::hasCUDA() &&
+      static_cast<int64_t>(at::getNumGPUs()) >= local_ranks) {
+    const cudaDeviceProp* props = nullptr;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("reading the GPU's UUID", [&] {
+      props = at::cuda::getDeviceProperties(rendezvous.local_rank());
+    }));
+    mine.clear();
+    for (char byte : props->uuid.bytes) {
+      absl::StrAppend(&mine, absl::Hex(static_cast<unsigned char>(byte), absl::kZeroPad2));
+    }
+  }
+  auto key = [](int r) { return absl::StrCat("qualify/gpu/", r); };
+  LOCKSTEP_RETURN_IF_ERROR(rendezvous.Set(key(rendezvous.rank()), mine));
+  std::set<std::string> gpus;
+  for (int r = 0; r < rendezvous.world_size(); ++r) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string gpu, rendezvous.Get(key(r)));
+    if (gpu == "none" || !gpus.insert(gpu).second) return false;
+  }
+  return true;
+}
+#endif
+
 int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   const absl::Duration timeout = options.timeout;
   // cuBLAS is deterministic only with a fixed workspace, set before its first call (the
@@ -294,12 +329,10 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
     std::unique_ptr<Communicator> world;
     std::string transport = "gloo";
 #if LOCKSTEP_BUILT_WITH_CUDA
-    // --device cuda with a GPU for every rank: NCCL, one GPU per rank (its local rank).
-    const char* per_node = std::getenv("LOCAL_WORLD_SIZE");
-    const int64_t local_ranks =
-        per_node != nullptr ? std::atoi(per_node) : rendezvous->world_size();
-    if (options.device == "cuda" && at::hasCUDA() &&
-        static_cast<int64_t>(at::getNumGPUs()) >= local_ranks) {
+    // --device cuda with a GPU of its own for every rank: NCCL, one GPU per rank (its local
+    // rank's; Note [Transport across nodes]).
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool own_gpus, EveryRankHasItsOwnGpu(*rendezvous, options));
+    if (own_gpus) {
       collectives::NcclCommunicator::Options nccl;
       nccl.timeout = timeout;
       LOCKSTEP_ASSIGN_OR_RETURN(world, collectives::NcclCommunicator::Create(rendezvous, nccl));
