@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU bundle's run.sh (tools/gpu_bundle.sh puts it in .gpu-bundle/): runs every executable in
-# bin/ (or those named) on the GPU machine, against its LibTorch, CUDA and NCCL, as
+# The GPU bundle's run.sh (tools/gpu_bundle.sh puts it in .gpu-bundle/): runs every test in bin/
+# (the *_test executables; the tools and benchmarks there need arguments) or those named on the
+# GPU machine, against its LibTorch, CUDA and NCCL, as
 # ../shared/gpu-sdk/run-bundle.sh does, and also reads each GoogleTest binary's XML so that tests
 # that could not run here (GTEST_SKIP: too few GPUs, a CPU-only build's refusals) are reported as
 # not run, by name and reason, never counted as passed. Ends with
@@ -16,7 +17,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 logs=${OUT:-$here/logs}; mkdir -p "$logs"
 passed=0 failed=0 not_run=0
 not_run_lines=()
-if [[ $# -gt 0 ]]; then tests=("$@"); else tests=("$here"/bin/*); fi
+if [[ $# -gt 0 ]]; then tests=("$@"); else tests=("$here"/bin/*_test); fi
 for t in "${tests[@]}"; do
   [[ -f $t && -x $t ]] || t=$here/bin/$t
   [[ -f $t && -x $t ]] || continue
