@@ -51,6 +51,13 @@ void RatioReporter::PrintCounter(const std::string& what, const std::string& nam
   PrintLine(what, run->second.at(counter), target);
 }
 
+void RatioReporter::PrintCounterInfo(const std::string& what, const std::string& name,
+                                     const std::string& counter) const {
+  auto run = counters_.find(name);
+  if (run == counters_.end() || run->second.count(counter) == 0) return;
+  std::cout << "  " << what << ": " << run->second.at(counter) << std::endl;
+}
+
 size_t PairedSamples::count(const std::string& name) const {
   auto it = samples_.find(name);
   return it == samples_.end() ? 0 : it->second.size();

@@ -51,6 +51,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void PrintCounter(const std::string& what, const std::string& name, const std::string& counter,
                     double target);
 
+  // Prints "  <what>: <value of counter `counter` of run `name`>" with no target (a context
+  // figure beside a target's line); nothing when the run or the counter is missing.
+  void PrintCounterInfo(const std::string& what, const std::string& name,
+                        const std::string& counter) const;
+
   // Whether every run measured (none skipped with an error, which is also said on stderr) and
   // every PrintCounter found its figure.
   bool all_measured() const { return unmeasured_ == 0 && failed_runs_ == 0; }

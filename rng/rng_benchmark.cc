@@ -4,8 +4,12 @@
 //   - one model-stream scope plus Synchronize, the per-microbatch RNG cost of a TP x CP rank;
 //   - Synchronize over Gloo with 2 and 4 local processes against a bare broadcast of the same
 //     number of bytes in the same run (target: ratio <= 1.2);
-//   - partition-invariant dropout against at::dropout on the same tensor (target: <= 2x), paired
-//     in one loop, on CPU and, in CUDA builds, on the GPU.
+//   - partition-invariant dropout against torch's (at::native_dropout forward, and its backward,
+//     the mask applied to a gradient) on the same tensor, paired in one loop with a copy of the
+//     same bytes (the bandwidth reachable here): targets <= 1.0x on CUDA for 1M to 256M float32,
+//     bfloat16 and float16 elements, forward and backward; <= 1.5x on CPU for 1M and 16M float32
+//     forward (the CPU backward, a recompute of Philox against torch's read of a saved mask, is
+//     printed for context).
 // Every ratio with a target comes from a paired loop; each timed loop runs after warm-up outside
 // it; the binary exits 1 when a target figure could not be measured.
 //
@@ -216,28 +220,61 @@ void BM_GlooPaired(benchmark::State& state) {
 constexpr int kGlooIterations = 1000;
 BENCHMARK(BM_GlooPaired)->Apply(GlooArgs)->Iterations(kGlooIterations);
 
-// at::dropout and partitioned dropout of the same tensor, alternating in one loop (paired).
-void DropoutPaired(benchmark::State& state, const at::TensorOptions& options) {
+// Dropout's element types, by benchmark argument.
+at::ScalarType DropoutType(int64_t code) {
+  switch (code) {
+    case 1:
+      return at::kBFloat16;
+    case 2:
+      return at::kHalf;
+    default:
+      return at::kFloat;
+  }
+}
+const char* DropoutTypeName(int64_t code) {
+  return code == 1 ? "bfloat16" : code == 2 ? "float16" : "float32";
+}
+
+// Partitioned dropout against torch's in one loop (paired), forward (at::native_dropout, which
+// also writes its mask) or backward (at::native_dropout_backward: the mask applied to a
+// gradient, against partitioned dropout of the gradient, which recomputes its mask), with a
+// copy of the same bytes in the same loop: the memory's reachable bandwidth on this machine, so
+// that "of_copy" is the fraction of it partitioned dropout achieves (it reads and writes each
+// element once, as the copy does).
+void DropoutPaired(benchmark::State& state, const at::TensorOptions& device) {
   const int64_t n = state.range(0);
-  at::Tensor x = at::randn({n}, options);
+  const at::TensorOptions options = device.dtype(DropoutType(state.range(1)));
+  const bool backward = state.range(2) == 1;
+  constexpr double kP = 0.1;
+  at::Tensor x = at::randn({n}, options), copy = at::empty_like(x);
   auto sync = [&] {
 #if LOCKSTEP_BUILT_WITH_CUDA
     if (options.device().is_cuda()) c10::cuda::device_synchronize();
 #endif
   };
+  auto [torch_out, mask] = at::native_dropout(x, kP, /*train=*/true);
   uint32_t step = 0;
   auto partitioned = [&]() -> bool {
-    absl::StatusOr<at::Tensor> out = PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, 0.1);
+    absl::StatusOr<at::Tensor> out = PartitionedDropout(x, {7, 0, step++}, {n}, {{0, n}}, kP);
     benchmark::DoNotOptimize(out);
     sync();
     return out.ok();
   };
   auto torch_dropout = [&] {
-    benchmark::DoNotOptimize(at::dropout(x, 0.1, /*train=*/true));
+    if (backward) {
+      benchmark::DoNotOptimize(at::native_dropout_backward(x, mask, 1.0 / (1.0 - kP)));
+    } else {
+      benchmark::DoNotOptimize(at::native_dropout(x, kP, /*train=*/true));
+    }
+    sync();
+  };
+  auto copy_bytes = [&] {
+    copy.copy_(x);
     sync();
   };
   for (int warm = 0; warm < 3; ++warm) {  // first touches and kernel loads outside the timing
     torch_dropout();
+    copy_bytes();
     if (!partitioned()) {
       state.SkipWithError("partitioned dropout failed");
       return;
@@ -253,6 +290,9 @@ void DropoutPaired(benchmark::State& state, const at::TensorOptions& options) {
     torch_dropout();
     samples.Add("torch", micros(t0));
     t0 = std::chrono::steady_clock::now();
+    copy_bytes();
+    samples.Add("copy", micros(t0));
+    t0 = std::chrono::steady_clock::now();
     if (!partitioned()) {
       state.SkipWithError("partitioned dropout failed");
       return;
@@ -260,27 +300,33 @@ void DropoutPaired(benchmark::State& state, const at::TensorOptions& options) {
     samples.Add("partitioned", micros(t0));
   }
   if (!samples.Publish(state)) return;
+  const double bytes = 2.0 * static_cast<double>(x.nbytes());
   state.counters["ratio"] = samples.Median("partitioned") / samples.Median("torch");
+  state.counters["GBps"] = bytes / samples.Median("partitioned") / 1e3;
+  state.counters["of_copy"] = samples.Median("copy") / samples.Median("partitioned");
 }
 
 constexpr int kDropoutIterations = 30;
 
 void BM_DropoutPaired(benchmark::State& state) { DropoutPaired(state, at::TensorOptions()); }
+// elements, dtype (0 float32), pass (0 forward, 1 backward)
 BENCHMARK(BM_DropoutPaired)
-    ->Arg(1 << 20)
-    ->Arg(1 << 24)
-    ->ArgName("elements")
+    ->ArgsProduct({{1 << 20, 1 << 24}, {0}, {0, 1}})
+    ->ArgNames({"elements", "dtype", "backward"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(kDropoutIterations);  // fixed: every reported median has that many samples
 
 #if LOCKSTEP_BUILT_WITH_CUDA
+constexpr int64_t kCudaDropoutSizes[] = {1 << 20, 1 << 24, 1 << 28};
 void BM_DropoutPairedCuda(benchmark::State& state) {
   DropoutPaired(state, at::TensorOptions().device(at::kCUDA, 0));
 }
 BENCHMARK(BM_DropoutPairedCuda)
-    ->Arg(1 << 24)
-    ->ArgName("elements")
+    ->ArgsProduct({{kCudaDropoutSizes[0], kCudaDropoutSizes[1], kCudaDropoutSizes[2]},
+                   {0, 1, 2},
+                   {0, 1}})
+    ->ArgNames({"elements", "dtype", "backward"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->Iterations(kDropoutIterations);  // fixed: every reported median has that many samples
@@ -308,19 +354,40 @@ int main(int argc, char** argv) {
         absl::StrCat("BM_Gloo/synchronize/procs:", procs, "/real_time"),
         absl::StrCat("BM_Gloo/bare_broadcast/procs:", procs, "/real_time"));
   }
+  // Dropout targets: <= 1.0x torch's on CUDA (every size, type and pass), <= 1.5x on CPU.
+  // backward_target < 0: the backward ratio is printed for context, with no target.
+  auto dropout_rows = [&](const std::string& bench, std::initializer_list<int64_t> sizes,
+                          std::initializer_list<int> types, double target, double backward_target) {
+    const bool on_cuda = bench == "BM_DropoutPairedCuda";
+    for (int64_t n : sizes) {
+      for (int type : types) {
+        for (int backward : {0, 1}) {
+          const std::string name =
+              absl::StrCat(bench, "/elements:", n, "/dtype:", type, "/backward:", backward,
+                           "/iterations:", kDropoutIterations, "/real_time");
+          const std::string what =
+              absl::StrCat("partitioned / torch dropout", on_cuda ? " on CUDA" : "", ", ", n, " ",
+                           DropoutTypeName(type), backward ? ", backward" : ", forward");
+          if (backward && backward_target < 0) {
+            reporter.PrintCounterInfo(absl::StrCat(what,
+                                                   " (no target: torch's backward reads "
+                                                   "a saved mask, this one recomputes it)"),
+                                      name, "ratio");
+          } else {
+            reporter.PrintCounter(what, name, "ratio", backward ? backward_target : target);
+          }
+          reporter.PrintCounterInfo("its share of a copy's bandwidth", name, "of_copy");
+          reporter.PrintCounterInfo("its GB/s", name, "GBps");
+        }
+      }
+    }
+  };
 #if LOCKSTEP_BUILT_WITH_CUDA
-  reporter.PrintCounter("partitioned dropout / torch dropout on CUDA, 16777216 elements, paired",
-                        absl::StrCat("BM_DropoutPairedCuda/elements:16777216/iterations:",
-                                     kDropoutIterations, "/real_time"),
-                        "ratio", 2.0);
+  dropout_rows("BM_DropoutPairedCuda",
+               {kCudaDropoutSizes[0], kCudaDropoutSizes[1], kCudaDropoutSizes[2]}, {0, 1, 2}, 1.0,
+               1.0);
 #endif
-  for (const char* n : {"1048576", "16777216"}) {
-    reporter.PrintCounter(
-        absl::StrCat("partitioned dropout / torch dropout, ", n, " elements, paired medians"),
-        absl::StrCat("BM_DropoutPaired/elements:", n, "/iterations:", kDropoutIterations,
-                     "/real_time"),
-        "ratio", 2.0);
-  }
+  dropout_rows("BM_DropoutPaired", {1 << 20, 1 << 24}, {0}, 1.5, -1);
   benchmark::Shutdown();
   return reporter.all_measured() ? 0 : 1;
 }

@@ -227,19 +227,41 @@ TEST(PhiloxCudaTest, CudaValuesEqualCpuValuesBitForBit) {
                                   PartitionedDropoutMask(key, shape, box, 0.3, cpu));
     EXPECT_TRUE(at::equal(mask_on_gpu.cpu(), mask_on_cpu));
   }
+  // Dropout boxes: the whole tensor; whole rows from a multiple of 4 (Note [Contiguous dropout]:
+  // vector loads); a run starting at an odd global index (595) with an odd count (245); a box
+  // that is not one run (the general kernel).
+  const std::vector<std::vector<Slice>> dropout_boxes = {
+      boxes[0], {{1, 4}, {0, 40}, {0, 7}}, {{2, 3}, {5, 40}, {0, 7}}, boxes[1]};
   for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
-    at::manual_seed(1);
-    at::Tensor x = at::randn({6, 40, 7}).to(type);
-    absl::StatusOr<at::Tensor> want = PartitionedDropout(x, key, shape, boxes[0], 0.25);
-    absl::StatusOr<at::Tensor> got =
-        PartitionedDropout(x.to(at::kCUDA), key, shape, boxes[0], 0.25);
-    ASSERT_TRUE(want.ok()) << want.status();
-    ASSERT_TRUE(got.ok()) << got.status();
-    at::Tensor diff = (got->cpu().to(at::kDouble) - want->to(at::kDouble)).abs();
-    EXPECT_TRUE(at::equal(got->cpu(), *want))
-        << c10::toString(type) << ": max |diff| " << diff.max().item<double>() << " at "
-        << diff.argmax().item<int64_t>() << " of " << diff.numel() << ", "
-        << (diff > 0).sum().item<int64_t>() << " differ";
+    for (const auto& box : dropout_boxes) {
+      for (bool misaligned : {false, true}) {
+        at::manual_seed(1);
+        std::vector<int64_t> box_shape;
+        int64_t numel = 1;
+        for (const Slice& slice : box) {
+          box_shape.push_back(slice.end - slice.begin);
+          numel *= slice.end - slice.begin;
+        }
+        at::Tensor x = at::randn({numel}).to(type).reshape(box_shape);
+        // The same values one element into a CUDA buffer: no vector loads on that path.
+        at::Tensor on_gpu = x.to(at::kCUDA);
+        if (misaligned) {
+          on_gpu = at::cat({at::zeros({1}, on_gpu.options()), on_gpu.reshape({-1})})
+                       .slice(0, 1)
+                       .reshape(box_shape);
+        }
+        absl::StatusOr<at::Tensor> want = PartitionedDropout(x, key, shape, box, 0.25);
+        absl::StatusOr<at::Tensor> got = PartitionedDropout(on_gpu, key, shape, box, 0.25);
+        ASSERT_TRUE(want.ok()) << want.status();
+        ASSERT_TRUE(got.ok()) << got.status();
+        at::Tensor diff = (got->cpu().to(at::kDouble) - want->to(at::kDouble)).abs();
+        EXPECT_TRUE(at::equal(got->cpu(), *want))
+            << c10::toString(type) << " box from " << box[0].begin << "," << box[1].begin
+            << (misaligned ? " (misaligned)" : "") << ": max |diff| " << diff.max().item<double>()
+            << " at " << diff.argmax().item<int64_t>() << " of " << diff.numel() << ", "
+            << (diff > 0).sum().item<int64_t>() << " differ";
+      }
+    }
   }
 }
 

@@ -117,6 +117,60 @@ __global__ void DropoutKernel(const T* in, T* out, int64_t total, PhiloxBox box,
   });
 }
 
+// Note [Contiguous dropout]: most boxes (a CP shard of whole rows, a full tensor) are one run of
+// global indices g0 .. g0 + total - 1. Then no index decomposition is needed: a thread takes one
+// Philox block (global indices 4b .. 4b + 3), draws it once and applies its four words to the
+// elements of the block that lie in the box, with one vector load and store of four elements
+// when the block lies wholly inside and the pointers allow it. The words per element are the
+// general kernel's (element g takes word g & 3 of block g >> 2), so the bits are the same.
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
+};
+
+template <typename T>
+__global__ void ContiguousDropoutKernel(const T* in, T* out, int64_t g0, int64_t total,
+                                        PhiloxKernelKey key, uint32_t threshold,
+                                        typename Compute<T>::type scale, bool vector) {
+  using C = Compute<T>;
+  const uint64_t first_block = static_cast<uint64_t>(g0) >> 2;
+  const uint64_t last_block = static_cast<uint64_t>(g0 + total - 1) >> 2;
+  for (uint64_t b = first_block + blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+       b <= last_block; b += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    uint32_t words[4];
+    PhiloxBlock(b, key, words);
+    const int64_t base = static_cast<int64_t>(b << 2) - g0;  // output index of word 0
+    if (vector && base >= 0 && base + 4 <= total) {
+      const Four<T> x = *reinterpret_cast<const Four<T>*>(in + base);
+      Four<T> y;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        y.v[j] = (words[j] >> 8) >= threshold ? C::Out(C::In(x.v[j]) * scale) : C::Out(0);
+      }
+      *reinterpret_cast<Four<T>*>(out + base) = y;
+      continue;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t o = base + j;
+      if (o < 0 || o >= total) continue;
+      out[o] = (words[j] >> 8) >= threshold ? C::Out(C::In(in[o]) * scale) : C::Out(0);
+    }
+  }
+}
+
+// The first global index of `box` when its elements are one run of consecutive global indices
+// (Note [Contiguous dropout]), else -1: the box's indices are distinct and lie between its first
+// and its last element's, so they are consecutive exactly when that span holds `total` of them.
+int64_t ContiguousStart(const PhiloxBox& box, int64_t total) {
+  int64_t first = 0, last = 0;
+  for (int d = 0; d < box.dims; ++d) {
+    first += box.begin[d] * box.stride[d];
+    last += (box.begin[d] + box.extent[d] - 1) * box.stride[d];
+  }
+  return last - first + 1 == total ? first : -1;
+}
+
 unsigned Blocks(int64_t total) {
   const int64_t blocks = (total + 256 * kPerThread - 1) / (256 * kPerThread);
   return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
@@ -127,6 +181,19 @@ cudaError_t LaunchDropout(const void* in, void* out, int64_t total, const Philox
                           const PhiloxKernelKey& key, uint32_t threshold, double scale,
                           cudaStream_t stream) {
   if (total == 0) return cudaSuccess;
+  const int64_t g0 = ContiguousStart(box, total);
+  if (g0 >= 0) {
+    const bool vector = reinterpret_cast<uintptr_t>(in) % sizeof(Four<T>) == 0 &&
+                        reinterpret_cast<uintptr_t>(out) % sizeof(Four<T>) == 0 && g0 % 4 == 0;
+    // One thread per Philox block.
+    const int64_t philox_blocks = ((g0 + total - 1) >> 2) - (g0 >> 2) + 1;
+    const int64_t grid = (philox_blocks + 255) / 256;
+    ContiguousDropoutKernel<T>
+        <<<static_cast<unsigned>(grid < (1 << 20) ? grid : (1 << 20)), 256, 0, stream>>>(
+            static_cast<const T*>(in), static_cast<T*>(out), g0, total, key, threshold,
+            static_cast<typename Compute<T>::type>(scale), vector);
+    return cudaGetLastError();
+  }
   DropoutKernel<T><<<Blocks(total), 256, 0, stream>>>(
       static_cast<const T*>(in), static_cast<T*>(out), total, box, key, threshold,
       static_cast<typename Compute<T>::type>(scale));
