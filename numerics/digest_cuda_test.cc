@@ -29,6 +29,14 @@ TEST(DigestCudaTest, ACudaTensorHasTheDigestOfItsCpuCopy) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device, DigestTensor(view.to(at::kCUDA)));
     EXPECT_EQ(host, device) << offset;
   }
+  // Views at offsets inside a CUDA buffer: 8-byte but not 16-byte aligned, odd, 16-byte aligned
+  // (the kernel loads 16 bytes at a time: Note [Two lanes per thread]).
+  const at::Tensor on_gpu = bytes.to(at::kCUDA);
+  for (int64_t offset : {8, 1, 16, 24}) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(bytes.narrow(0, offset, 60000)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 device, DigestTensor(on_gpu.narrow(0, offset, 60000)));
+    EXPECT_EQ(host, device) << "offset " << offset << " in a CUDA buffer";
+  }
   for (at::ScalarType t : {at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kBool}) {
     const at::Tensor x = at::randn({333, 77}).to(t);
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(x));
