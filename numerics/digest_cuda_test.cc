@@ -30,7 +30,7 @@ TEST(DigestCudaTest, ACudaTensorHasTheDigestOfItsCpuCopy) {
     EXPECT_EQ(host, device) << offset;
   }
   // Views at offsets inside a CUDA buffer: 8-byte but not 16-byte aligned, odd, 16-byte aligned
-  // (the kernel loads 16 bytes at a time: Note [Two lanes per thread]).
+  // (the kernel loads 8-byte words).
   const at::Tensor on_gpu = bytes.to(at::kCUDA);
   for (int64_t offset : {8, 1, 16, 24}) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(bytes.narrow(0, offset, 60000)));

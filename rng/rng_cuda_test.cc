@@ -228,10 +228,14 @@ TEST(PhiloxCudaTest, CudaValuesEqualCpuValuesBitForBit) {
     EXPECT_TRUE(at::equal(mask_on_gpu.cpu(), mask_on_cpu));
   }
   // Dropout boxes: the whole tensor; whole rows from a multiple of 4 (Note [Contiguous dropout]:
-  // vector loads); a run starting at an odd global index (595) with an odd count (245); a box
+  // vector loads); whole rows from 308 (a multiple of 4, not of 8: 2-byte types take two blocks
+  // per thread); a run starting at an odd global index (595) with an odd count (245); a box
   // that is not one run (the general kernel).
-  const std::vector<std::vector<Slice>> dropout_boxes = {
-      boxes[0], {{1, 4}, {0, 40}, {0, 7}}, {{2, 3}, {5, 40}, {0, 7}}, boxes[1]};
+  const std::vector<std::vector<Slice>> dropout_boxes = {boxes[0],
+                                                         {{1, 4}, {0, 40}, {0, 7}},
+                                                         {{1, 2}, {4, 40}, {0, 7}},
+                                                         {{2, 3}, {5, 40}, {0, 7}},
+                                                         boxes[1]};
   for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
     for (const auto& box : dropout_boxes) {
       for (bool misaligned : {false, true}) {

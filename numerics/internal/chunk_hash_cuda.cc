@@ -17,7 +17,7 @@ namespace numerics {
 namespace internal {
 
 absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
-  // Each tensor's contiguous, 16-byte aligned bytes (kept alive until the batch's copy is done),
+  // Each tensor's contiguous, 8-byte aligned bytes (kept alive until the batch's copy is done),
   // its chunk count and its first chunk in its device's buffer.
   struct Job {
     at::Tensor bytes;
@@ -41,10 +41,7 @@ absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at
       Job& job = jobs[i];
       c10::cuda::CUDAGuard guard(tensor.device());
       job.bytes = tensor.contiguous();
-      // The kernel's 16-byte loads (Note [Two lanes per thread]) need 16-byte aligned chunks.
-      if (reinterpret_cast<uintptr_t>(job.bytes.data_ptr()) % 16 != 0) {
-        job.bytes = job.bytes.clone();
-      }
+      if (reinterpret_cast<uintptr_t>(job.bytes.data_ptr()) % 8 != 0) job.bytes = job.bytes.clone();
       job.num_bytes = static_cast<uint64_t>(job.bytes.numel()) * job.bytes.element_size();
       job.chunks = static_cast<int64_t>((job.num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
       job.first = chunks_on[tensor.device().index()];

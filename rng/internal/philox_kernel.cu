@@ -118,14 +118,18 @@ __global__ void DropoutKernel(const T* in, T* out, int64_t total, PhiloxBox box,
 }
 
 // Note [Contiguous dropout]: most boxes (a CP shard of whole rows, a full tensor) are one run of
-// global indices g0 .. g0 + total - 1. Then no index decomposition is needed: a thread takes one
-// Philox block (global indices 4b .. 4b + 3), draws it once and applies its four words to the
-// elements of the block that lie in the box, with one vector load and store of four elements
-// when the block lies wholly inside and the pointers allow it. The words per element are the
-// general kernel's (element g takes word g & 3 of block g >> 2), so the bits are the same.
+// global indices g0 .. g0 + total - 1. Then no index decomposition is needed: a thread takes
+// kBlocks consecutive Philox blocks (global indices 4b .. 4b + 4 kBlocks - 1, b a multiple of
+// kBlocks; two blocks for 2-byte types, so that each thread moves 16 bytes), draws them and
+// applies their words to the elements that lie in the box, with one vector load and store when
+// the blocks lie wholly inside and the pointers allow it. The words per element are the general
+// kernel's (element g takes word g & 3 of block g >> 2), so the bits are the same.
 template <typename T>
-struct alignas(4 * sizeof(T)) Four {
-  T v[4];
+constexpr int kBlocks = sizeof(T) == 2 ? 2 : 1;
+
+template <typename T>
+struct alignas(4 * kBlocks<T> * sizeof(T)) Lanes {
+  T v[4 * kBlocks<T>];
 };
 
 template <typename T>
@@ -133,25 +137,28 @@ __global__ void ContiguousDropoutKernel(const T* in, T* out, int64_t g0, int64_t
                                         PhiloxKernelKey key, uint32_t threshold,
                                         typename Compute<T>::type scale, bool vector) {
   using C = Compute<T>;
-  const uint64_t first_block = static_cast<uint64_t>(g0) >> 2;
+  constexpr int kB = kBlocks<T>, kN = 4 * kB;
+  const uint64_t first_block = (static_cast<uint64_t>(g0) >> 2) / kB * kB;
   const uint64_t last_block = static_cast<uint64_t>(g0 + total - 1) >> 2;
-  for (uint64_t b = first_block + blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-       b <= last_block; b += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
-    uint32_t words[4];
-    PhiloxBlock(b, key, words);
-    const int64_t base = static_cast<int64_t>(b << 2) - g0;  // output index of word 0
-    if (vector && base >= 0 && base + 4 <= total) {
-      const Four<T> x = *reinterpret_cast<const Four<T>*>(in + base);
-      Four<T> y;
+  for (uint64_t b =
+           first_block + (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) * kB;
+       b <= last_block; b += static_cast<uint64_t>(gridDim.x) * blockDim.x * kB) {
+    uint32_t words[kN];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kB; ++j) PhiloxBlock(b + j, key, words + 4 * j);
+    const int64_t base = static_cast<int64_t>(b << 2) - g0;  // output index of word 0
+    if (vector && base >= 0 && base + kN <= total) {
+      const Lanes<T> x = *reinterpret_cast<const Lanes<T>*>(in + base);
+      Lanes<T> y;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
         y.v[j] = (words[j] >> 8) >= threshold ? C::Out(C::In(x.v[j]) * scale) : C::Out(0);
       }
-      *reinterpret_cast<Four<T>*>(out + base) = y;
+      *reinterpret_cast<Lanes<T>*>(out + base) = y;
       continue;
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kN; ++j) {
       const int64_t o = base + j;
       if (o < 0 || o >= total) continue;
       out[o] = (words[j] >> 8) >= threshold ? C::Out(C::In(in[o]) * scale) : C::Out(0);
@@ -183,11 +190,14 @@ cudaError_t LaunchDropout(const void* in, void* out, int64_t total, const Philox
   if (total == 0) return cudaSuccess;
   const int64_t g0 = ContiguousStart(box, total);
   if (g0 >= 0) {
-    const bool vector = reinterpret_cast<uintptr_t>(in) % sizeof(Four<T>) == 0 &&
-                        reinterpret_cast<uintptr_t>(out) % sizeof(Four<T>) == 0 && g0 % 4 == 0;
-    // One thread per Philox block.
-    const int64_t philox_blocks = ((g0 + total - 1) >> 2) - (g0 >> 2) + 1;
-    const int64_t grid = (philox_blocks + 255) / 256;
+    constexpr int kB = kBlocks<T>;
+    const bool vector = reinterpret_cast<uintptr_t>(in) % sizeof(Lanes<T>) == 0 &&
+                        reinterpret_cast<uintptr_t>(out) % sizeof(Lanes<T>) == 0 &&
+                        g0 % (4 * kB) == 0;
+    // One thread per kBlocks Philox blocks, from the block of g0 rounded down to kBlocks.
+    const int64_t first = (g0 >> 2) / kB * kB, last = (g0 + total - 1) >> 2;
+    const int64_t threads = (last - first) / kB + 1;
+    const int64_t grid = (threads + 255) / 256;
     ContiguousDropoutKernel<T>
         <<<static_cast<unsigned>(grid < (1 << 20) ? grid : (1 << 20)), 256, 0, stream>>>(
             static_cast<const T*>(in), static_cast<T*>(out), g0, total, key, threshold,
