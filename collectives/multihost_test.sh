@@ -81,7 +81,7 @@ expect "$tmp/same1.log" "rank 2 on host0: lane within node: yes; lane across nod
 port=$((port + 1))
 NPROC=1 start_node 0 0 "$tmp/m0.log" --seconds=2; m0=$HOST_PID
 NPROC=1 start_node 1 1 "$tmp/m1.log" --seconds=2; m1=$HOST_PID
-wait_for "$m0" 60; rc0=$rc; wait_for "$m1" 60; rc1=$rc
+wait_for "$m0" 60; wait_for "$m1" 60
 port=$((port + 1))
 NPROC=1 start_node 0 0 "$tmp/o0.log" --seconds=2; o0=$HOST_PID
 NPROC=1 start_node 0 1 "$tmp/o1.log" --seconds=2; o1=$HOST_PID

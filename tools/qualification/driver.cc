@@ -89,14 +89,19 @@ void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
 
 // The reports `prefix`<r>.json of ranks 0..world-1; an empty object (and an error naming it)
 // for a rank whose report is missing or unreadable.
+// The report at `path`, or a non-object when there is none: a rank stopped mid-write leaves an
+// empty or truncated file, which is reported, not thrown.
+json ReadReport(const std::string& path) {
+  std::ifstream in(path);
+  return in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+}
+
 std::vector<json> ReadReports(const std::string& prefix, int world,
                               std::vector<std::string>& errors) {
   std::vector<json> reports;
   for (int r = 0; r < world; ++r) {
-    std::ifstream in(absl::StrCat(prefix, r, ".json"));
-    // A rank stopped mid-write leaves an empty or truncated file: report it, do not throw.
-    json report = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
-    if (!in || report.is_discarded() || !report.is_object()) {
+    json report = ReadReport(absl::StrCat(prefix, r, ".json"));
+    if (!report.is_object()) {
       errors.push_back(absl::StrCat("rank ", r, " wrote no report"));
       report = json::object();
     }
@@ -136,13 +141,13 @@ std::string LaunchSecondActor(tools::LaunchOptions launch, const std::string& di
 // 0's table cannot be seen from it.
 std::vector<std::string> NodeErrors(const std::string& dir, int first, int count) {
   std::vector<std::string> lines;
-  for (const char* prefix : {"/rank", "/actors.rank"}) {
+  const std::pair<const char*, const char*> rounds[] = {{"/rank", ""},
+                                                        {"/actors.rank", "second actor, "}};
+  for (const auto& [prefix, label] : rounds) {
     for (int r = first; r < first + count; ++r) {
-      std::ifstream in(absl::StrCat(dir, prefix, r, ".json"));
-      const json report = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+      const json report = ReadReport(absl::StrCat(dir, prefix, r, ".json"));
       if (report.is_object() && report.contains("error") && report["error"].is_string()) {
-        lines.push_back(absl::StrCat(prefix[1] == 'a' ? "second actor, " : "", "rank ", r, ": ",
-                                     report["error"].get<std::string>()));
+        lines.push_back(absl::StrCat(label, "rank ", r, ": ", report["error"].get<std::string>()));
       }
     }
   }
