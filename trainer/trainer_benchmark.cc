@@ -12,8 +12,9 @@
 //                     [--width=512] [--hidden=2048] [--iterations=30] [--target=1.05] [--ledger]
 //
 // Prints the bare forward's median (the target applies to forwards of >= 5 ms) and
-// "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; exits non-zero if it
-// could not measure.
+// "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; with a group of two or
+// more, also the hand-written peer's ratio and the gather's share of the transport's all-gather
+// bandwidth (Note [The CP peer]). Exits non-zero if it could not measure.
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -59,6 +60,15 @@ ABSL_FLAG(bool, ledger, false,
 namespace lockstep {
 namespace trainer {
 namespace {
+
+// Note [The CP peer]: a CP hand-back must all-gather the outputs; that gather is the contract,
+// not overhead. So with a group of two or more the benchmark also times, in the same paired loop,
+// the work a user writing CP by hand would do anyway (the forward on the same shard, then a plain
+// all-gather into the full tensor) and the all-gather alone on the same bytes, and holds lockstep
+// to both: the trainer at most kPeerTarget of the peer, and its time beyond the bare forward
+// moving the gathered bytes at kGatherShareTarget of the transport's own bus bandwidth or more.
+constexpr double kPeerTarget = 1.02;
+constexpr double kGatherShareTarget = 0.90;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -161,6 +171,25 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     bare_phases[3].push_back(SecondsBetween(in_hand, waited));
     return SecondsBetween(start, Clock::now());
   };
+  // The hand-written peer (Note [The CP peer]): the same forward on the same shard, then a plain
+  // all-gather of its outputs into the full tensor, as a user writing CP by hand would.
+  auto peer = [&]() -> absl::StatusOr<double> {
+    const auto start = Clock::now();
+    at::Tensor out = model(shard_rows);
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(out));
+    const at::Tensor full = at::cat(all, 0);
+    (void)LastValue(full).item<float>();
+    return SecondsBetween(start, Clock::now());
+  };
+  // The collective alone on the same bytes: what the transport's all-gather costs, the floor under
+  // any CP hand-back.
+  at::Tensor gather_input;
+  auto gather_only = [&]() -> absl::StatusOr<double> {
+    const auto start = Clock::now();
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(gather_input));
+    (void)LastValue(all.back()).item<float>();
+    return SecondsBetween(start, Clock::now());
+  };
   auto through_trainer = [&]() -> absl::StatusOr<double> {
     const auto start = Clock::now();
     LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
@@ -180,9 +209,15 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     trainer_phases[4].push_back(SecondsBetween(waited, Clock::now()));
     return SecondsBetween(start, Clock::now());
   };
+  const bool grouped = group->size() > 1;
+  gather_input = model(shard_rows).detach();
   for (int i = 0; i < 5; ++i) {  // warm-up
     bare();
     LOCKSTEP_RETURN_IF_ERROR(through_trainer().status());
+    if (grouped) {
+      LOCKSTEP_RETURN_IF_ERROR(peer().status());
+      LOCKSTEP_RETURN_IF_ERROR(gather_only().status());
+    }
   }
   for (auto& phase : bare_phases) phase.clear();
   for (auto& phase : trainer_phases) phase.clear();
@@ -191,8 +226,17 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   auto line_up = [&]() -> absl::Status {
     return group->size() > 1 ? group->AllReduceSum(start_line) : absl::OkStatus();
   };
-  std::vector<double> bare_times, trainer_times, bare_faults, trainer_faults;
+  std::vector<double> bare_times, trainer_times, bare_faults, trainer_faults, peer_times,
+      gather_times;
   for (int i = 0; i < iterations; ++i) {
+    if (grouped) {
+      LOCKSTEP_RETURN_IF_ERROR(line_up());
+      LOCKSTEP_ASSIGN_OR_RETURN(double p, peer());
+      peer_times.push_back(p);
+      LOCKSTEP_RETURN_IF_ERROR(line_up());
+      LOCKSTEP_ASSIGN_OR_RETURN(double g, gather_only());
+      gather_times.push_back(g);
+    }
     LOCKSTEP_RETURN_IF_ERROR(line_up());
     double faults = MinorFaults();
     bare_times.push_back(bare());
@@ -204,13 +248,21 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     trainer_times.push_back(t);
   }
   const double bare_median = Median(bare_times), trainer_median = Median(trainer_times);
+  const double peer_median = grouped ? Median(peer_times) : 0.0;
+  const double gather_median = grouped ? Median(gather_times) : 0.0;
   // The group's slowest rank sets the pace; report rank 0's view of the maxima.
-  at::Tensor medians = at::tensor(std::vector<double>{bare_median, trainer_median}, at::kDouble);
+  at::Tensor medians = at::tensor(
+      std::vector<double>{bare_median, trainer_median, peer_median, gather_median}, at::kDouble);
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(medians));
   if (rank == 0) {
-    double worst = 0;
+    double worst = 0, worst_of_peer = 0, slowest_gather = 0, slowest_extra = 0;
     for (const at::Tensor& m : all) {
       worst = std::max(worst, m[1].item<double>() / m[0].item<double>());
+      if (grouped) {
+        worst_of_peer = std::max(worst_of_peer, m[1].item<double>() / m[2].item<double>());
+        slowest_gather = std::max(slowest_gather, m[3].item<double>());
+        slowest_extra = std::max(slowest_extra, m[1].item<double>() - m[0].item<double>());
+      }
     }
     std::printf(
         "device %s, CP %d, %lld tokens per microbatch (%zu on this rank), width %lld, "
@@ -240,6 +292,30 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
         bare_median < 0.005 ? "forward under 5 ms, target not applicable"
         : worst <= target   ? "met"
                             : "NOT met");
+    if (grouped) {
+      // Bus bandwidth as NCCL's tests define it for an all-gather: (n - 1) / n of the gathered
+      // bytes over the time. lockstep's side charges all of its time beyond the bare forward to
+      // the gather (planning, agreement and assembly included), so its figure is a lower bound.
+      const double n = group->size();
+      const double bytes = n * static_cast<double>(gather_input.nbytes());
+      const double bus = (n - 1) / n * bytes;
+      const double transport_bw = bus / slowest_gather, lockstep_bw = bus / slowest_extra;
+      std::printf(
+          "hand-written peer (forward, then a plain all-gather into the full tensor) median %.3f "
+          "ms (rank 0)\n",
+          1e3 * peer_median);
+      std::printf(
+          "ratio trainer microbatch / hand-written peer (worst rank, paired medians): %.4f "
+          "(target <= %.2f: %s)\n",
+          worst_of_peer, kPeerTarget, worst_of_peer <= kPeerTarget ? "met" : "NOT met");
+      std::printf(
+          "all-gather of %.0f bytes: the transport alone %.3f ms, %.1f GB/s bus bandwidth; "
+          "lockstep's time beyond the bare forward %.3f ms, %.1f GB/s, %.0f%% of the "
+          "transport's (target >= %.0f%%: %s)\n",
+          bytes, 1e3 * slowest_gather, 1e-9 * transport_bw, 1e3 * slowest_extra, 1e-9 * lockstep_bw,
+          100 * lockstep_bw / transport_bw, 100 * kGatherShareTarget,
+          lockstep_bw >= kGatherShareTarget * transport_bw ? "met" : "NOT met");
+    }
     std::fflush(stdout);  // the rank's process ends without flushing stdio
   }
   return absl::OkStatus();
