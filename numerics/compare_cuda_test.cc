@@ -62,6 +62,38 @@ TEST(CompareCudaTest, NanInfAndTheFirstOffendingIndex) {
   ExpectSameFigures(at::tensor({-0.0}), at::tensor({0.0}), Tolerance::Bitwise());
 }
 
+// The kernel reads 16-byte vectors where both inputs are aligned and element by element
+// elsewhere: views at an offset (one input or both) and lengths that leave a tail give the CPU's
+// figures, the first offending index included, wherever the offending elements fall.
+TEST(CompareCudaTest, OffsetViewsAndTailsGiveTheCpuFigures) {
+  at::manual_seed(5);
+  const int64_t n = 10007;
+  const at::Tensor base = at::randn({n + 1}, at::kDouble);
+  for (at::ScalarType t : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kChar}) {
+    const at::Tensor expected = (t == at::kChar ? base * 20 : base).to(t);
+    for (std::vector<int64_t> planted : {std::vector<int64_t>{}, std::vector<int64_t>{9000, 10005},
+                                         std::vector<int64_t>{3, 10006}}) {
+      at::Tensor actual = expected.clone();
+      for (int64_t i : planted) actual.index_put_({i + 1}, expected[i + 1].item<double>() + 7.0);
+      const at::Tensor a_cuda = actual.to(at::kCUDA), b_cuda = expected.to(at::kCUDA);
+      SCOPED_TRACE(testing::Message() << t << ", " << planted.size() << " planted");
+      for (const auto& [a_view, b_view] :
+           {std::make_pair(a_cuda.narrow(0, 1, n), b_cuda.narrow(0, 1, n)),
+            std::make_pair(a_cuda.narrow(0, 1, n), b_cuda.narrow(0, 1, n).clone()),
+            std::make_pair(a_cuda.narrow(0, 0, n), b_cuda.narrow(0, 0, n))}) {
+        LOCKSTEP_ASSERT_OK_AND_ASSIGN(TensorComparison gpu,
+                                      CompareTensors(a_view, b_view, Tolerance()));
+        LOCKSTEP_ASSERT_OK_AND_ASSIGN(TensorComparison cpu,
+                                      CompareTensors(a_view.cpu(), b_view.cpu(), Tolerance()));
+        EXPECT_EQ(gpu.over_tolerance, cpu.over_tolerance);
+        EXPECT_EQ(gpu.first_offending_index, cpu.first_offending_index);
+        EXPECT_EQ(gpu.max_abs_diff, cpu.max_abs_diff);
+        EXPECT_EQ(gpu.bitwise_equal, cpu.bitwise_equal);
+      }
+    }
+  }
+}
+
 TEST(CompareCudaTest, ALargeTensorWithOneFailingElement) {
   at::Tensor b = at::randn({1 << 24}, at::TensorOptions().device(at::kCUDA));
   at::Tensor a = b.clone();

@@ -10,11 +10,13 @@ namespace {
 __constant__ uint8_t kSecret[kXxh3SecretBytes] = {LOCKSTEP_XXH3_SECRET_BYTES};
 
 constexpr int kThreadsPerBlock = 256;  // 32 chunks per block
+constexpr int kSecretWords = kXxh3SecretBytes / 8;
 
-// Word `offset` (bytes, multiple of 8) of a chunk: a plain load when the chunk is whole, else
-// the bytes that exist and zeros past them.
+// Word `offset` (bytes, multiple of 8) of a chunk: a plain load when the chunk is whole (known at
+// compile time for every chunk but a tensor's last), else the bytes that exist and zeros past them.
+template <bool kWhole>
 __device__ __forceinline__ uint64_t Load(const uint8_t* chunk, int offset, uint64_t available) {
-  if (offset + 8 <= available)
+  if (kWhole || offset + 8 <= available)
     return __ldg(reinterpret_cast<const unsigned long long*>(chunk + offset));
   uint64_t v = 0;
   for (int b = 7; b >= 0; --b) {
@@ -25,13 +27,20 @@ __device__ __forceinline__ uint64_t Load(const uint8_t* chunk, int offset, uint6
 
 // Lane `lane` (0..7) of the group of eight threads hashing the chunk at `input` (`available`
 // bytes of it exist; zeros past them) into out[0..16): lanes i and i ^ 1 swap their input words
-// through a shuffle, and lane 0 gathers the lanes to merge them.
+// through a shuffle, and lane 0 gathers the lanes to merge them. `secret` is the secret as
+// little-endian words in shared memory: the keys a lane needs sit at word offsets (s + lane), which
+// differ across the lanes of a warp, and constant memory serializes such reads.
+template <bool kWhole>
 __device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t available, int lane,
-                                          unsigned group, uint8_t* out) {
+                                          unsigned group, const uint64_t* secret, uint8_t* out) {
   uint64_t keys[kXxh3StripesPerBlock];
 #pragma unroll
-  for (int s = 0; s < kXxh3StripesPerBlock; ++s) keys[s] = Xxh3ReadLe64(kSecret + 8 * (s + lane));
-  const uint64_t scramble_key = Xxh3ReadLe64(kSecret + kXxh3ScrambleSecret + 8 * lane);
+  for (int s = 0; s < kXxh3StripesPerBlock; ++s) keys[s] = secret[s + lane];
+  const uint64_t scramble_key = secret[kXxh3ScrambleSecret / 8 + lane];
+  // The last stripe's key starts at byte 121 = word 15's second byte: the high seven bytes of
+  // word 15 + lane and the low byte of word 16 + lane.
+  static_assert(kXxh3LastStripeSecret == 8 * 15 + 1, "the last stripe's key straddles two words");
+  const uint64_t last_key = (secret[15 + lane] >> 8) | (secret[16 + lane] << 56);
   uint64_t acc = Xxh3InitialLane(lane);
 
   constexpr int kBlockBytes = 64 * kXxh3StripesPerBlock;
@@ -39,7 +48,7 @@ __device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t availab
     uint64_t words[kXxh3StripesPerBlock];
 #pragma unroll
     for (int s = 0; s < kXxh3StripesPerBlock; ++s) {
-      words[s] = Load(input, n * kBlockBytes + 64 * s + 8 * lane, available);
+      words[s] = Load<kWhole>(input, n * kBlockBytes + 64 * s + 8 * lane, available);
     }
 #pragma unroll
     for (int s = 0; s < kXxh3StripesPerBlock; ++s) {
@@ -52,7 +61,7 @@ __device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t availab
     uint64_t words[kXxh3TailStripes];
 #pragma unroll
     for (int s = 0; s < kXxh3TailStripes; ++s) {
-      words[s] = Load(input, kXxh3Blocks * kBlockBytes + 64 * s + 8 * lane, available);
+      words[s] = Load<kWhole>(input, kXxh3Blocks * kBlockBytes + 64 * s + 8 * lane, available);
     }
 #pragma unroll
     for (int s = 0; s < kXxh3TailStripes; ++s) {
@@ -60,8 +69,8 @@ __device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t availab
       acc += __shfl_xor_sync(group, words[s], 1, 8);
     }
   }
-  const uint64_t last = Load(input, kXxh3ChunkBytes - 64 + 8 * lane, available);
-  acc += Xxh3LaneProduct(last, Xxh3ReadLe64(kSecret + kXxh3LastStripeSecret + 8 * lane));
+  const uint64_t last = Load<kWhole>(input, kXxh3ChunkBytes - 64 + 8 * lane, available);
+  acc += Xxh3LaneProduct(last, last_key);
   acc += __shfl_xor_sync(group, last, 1, 8);
 
   uint64_t lanes[8];
@@ -74,6 +83,9 @@ __device__ __forceinline__ void HashChunk(const uint8_t* input, uint64_t availab
 // first chunk is at most g (a binary search over the segments, the same for the eight lanes).
 __global__ void SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments, int count,
                                          uint64_t total_chunks, uint8_t* __restrict__ out) {
+  __shared__ uint64_t secret[kSecretWords];
+  if (threadIdx.x < kSecretWords) secret[threadIdx.x] = Xxh3ReadLe64(kSecret + 8 * threadIdx.x);
+  __syncthreads();
   const uint64_t thread = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
   const uint64_t chunk = thread / 8;
   if (chunk >= total_chunks) return;  // whole groups of 8 leave together
@@ -89,8 +101,14 @@ __global__ void SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ se
   const ChunkHashSegment segment = segments[lo];
   const uint64_t local = chunk - segment.first_chunk;
   const uint64_t left = segment.num_bytes - local * kXxh3ChunkBytes;
-  HashChunk(segment.data + local * kXxh3ChunkBytes, left < kXxh3ChunkBytes ? left : kXxh3ChunkBytes,
-            threadIdx.x & 7, 0xFFu << (threadIdx.x & 24), out + 16 * chunk);
+  const uint8_t* input = segment.data + local * kXxh3ChunkBytes;
+  const int lane = threadIdx.x & 7;
+  const unsigned group = 0xFFu << (threadIdx.x & 24);
+  if (left >= kXxh3ChunkBytes) {  // the same for the eight lanes: no divergence inside a group
+    HashChunk<true>(input, kXxh3ChunkBytes, lane, group, secret, out + 16 * chunk);
+  } else {
+    HashChunk<false>(input, left, lane, group, secret, out + 16 * chunk);
+  }
 }
 
 }  // namespace

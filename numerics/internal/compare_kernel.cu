@@ -1,6 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+
 #include "numerics/internal/compare_kernel.h"
 
 namespace lockstep {
@@ -92,17 +94,53 @@ __device__ __forceinline__ void Visit(const T* a, const T* b, int64_t i,
   VisitElement(ToDouble(av), ToDouble(bv), abits == bbits, i, params, p);
 }
 
+// The elements of one 16-byte vector of each input, the vector's first element being `first`.
+template <typename T>
+__device__ __forceinline__ void VisitVector(const uint4& av, const uint4& bv, int64_t first,
+                                            const CompareParams& params, ComparePartial& p) {
+  using Bits = typename BitsOf<T>::type;
+  constexpr int kPer = sizeof(uint4) / sizeof(T);
+  T as[kPer], bs[kPer];
+  memcpy(as, &av, sizeof(uint4));
+  memcpy(bs, &bv, sizeof(uint4));
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    Bits abits, bbits;
+    memcpy(&abits, &as[k], sizeof(T));
+    memcpy(&bbits, &bs[k], sizeof(T));
+    VisitElement(ToDouble(as[k]), ToDouble(bs[k]), abits == bbits, first + k, params, p);
+  }
+}
+
 // A grid-stride pass; each thread visits its indices in increasing order, so its first failing
-// index is its smallest; blocks reduce through warp shuffles and shared memory.
+// index is its smallest; blocks reduce through warp shuffles and shared memory. Where both inputs
+// are 16-byte aligned the pass reads 16-byte vectors, two per input in flight per thread (one
+// element per load cannot keep enough bytes in flight to reach the memory's bandwidth), then the
+// elements past the last whole vector one by one.
 template <typename T>
 __global__ void CompareKernel(const T* __restrict__ a, const T* __restrict__ b, int64_t n,
                               CompareParams params, ComparePartial* __restrict__ partials) {
+  constexpr int kPer = sizeof(uint4) / sizeof(T);
   ComparePartial p;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
-    Visit(a, b, i, params, p);
+  const int64_t thread = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % sizeof(uint4)) == 0;
+  const int64_t vectors = aligned ? n / kPer : 0;
+  const uint4* av = reinterpret_cast<const uint4*>(a);
+  const uint4* bv = reinterpret_cast<const uint4*>(b);
+  for (int64_t v = thread; v < vectors; v += 2 * stride) {
+    const bool second = v + stride < vectors;
+    const uint4 a0 = __ldg(av + v), b0 = __ldg(bv + v);
+    uint4 a1 = a0, b1 = b0;
+    if (second) {
+      a1 = __ldg(av + v + stride);
+      b1 = __ldg(bv + v + stride);
+    }
+    VisitVector<T>(a0, b0, v * kPer, params, p);
+    if (second) VisitVector<T>(a1, b1, (v + stride) * kPer, params, p);
   }
+  for (int64_t i = vectors * kPer + thread; i < n; i += stride) Visit(a, b, i, params, p);
   for (int offset = 16; offset > 0; offset /= 2) MergePartial(p, Shuffle(p, offset));
   __shared__ ComparePartial warps[kThreads / 32];
   const int warp = threadIdx.x / 32;
