@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,9 +16,17 @@
 #include "base/status_macros.h"
 #include "planner/internal/cp_chunks.h"
 #include "planner/internal/key_set.h"
+#include "planner/internal/plan_wire.h"
 
 namespace lockstep {
 namespace planner {
+namespace internal {
+
+// LossWeightsDigest of a batch whose first sequence with loss weights is known (-1: none), so that
+// planning, which finds it while validating, does not scan the batch again.
+Sha256Digest LossWeightsDigestFrom(absl::Span<const Sequence> batch, int64_t first_weighted);
+
+}  // namespace internal
 namespace {
 
 // Above this many distinct length values the buckets are indexed by rank among the distinct
@@ -63,12 +72,22 @@ struct BatchSummary {
   int64_t max_length = 0;
   // Microbatches that filling in input order needs (see PackInOrder).
   int64_t in_order_bins = 0;
+  // The first sequence with per-token loss weights, or -1 (LossWeightsDigest's work).
+  int64_t first_weighted = -1;
 };
+
+// Whether first-fit-decreasing can count sequences by length during validation (Note [FFD by
+// length buckets]): a histogram indexed by length up to the budget, when the budget is short
+// compared with the batch (its lengths then are too: none exceeds the budget).
+bool CountsLengthsWhileValidating(size_t batch_size, const PlanOptions& options);
 
 // Checks every sequence and computes the loss scales (see LossNormalization): one per sequence
 // for LOSS_SEQUENCE_MEAN, else a single one shared by every sequence.
+// With CountsLengthsWhileValidating, also counts the sequences of each length into
+// length_counts[length] (budget + 1 entries), sparing first-fit-decreasing a pass over the batch.
 absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanOptions& options,
-                                   std::vector<double>& scale, BatchSummary& summary) {
+                                   std::vector<double>& scale, BatchSummary& summary,
+                                   std::vector<int32_t>& length_counts) {
   if (batch.empty()) {
     return absl::InvalidArgumentError("the batch has no sequences; a plan needs at least one");
   }
@@ -81,8 +100,10 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
   const bool per_sequence = options.loss_normalization == LOSS_SEQUENCE_MEAN;
   // Per sequence: its weight sum first, turned into its scale at the end.
   if (per_sequence) scale.resize(batch.size());
-  int64_t total_tokens = 0, max_length = 0, in_order_bins = 0, fill = budget;
+  int64_t total_tokens = 0, max_length = 0, in_order_bins = 0, fill = budget, first_weighted = -1;
   double weight_total = 0;
+  const bool count = CountsLengthsWhileValidating(batch.size(), options);
+  length_counts.assign(count ? static_cast<size_t>(budget) + 1 : 0, 0);
   for (size_t i = 0; i < batch.size(); ++i) {
     const Sequence& s = batch[i];
     if (s.num_tokens <= 0) {
@@ -101,6 +122,7 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
     }
     total_tokens += s.num_tokens;
     max_length = std::max(max_length, s.num_tokens);
+    if (count) ++length_counts[s.num_tokens];
     if (s.num_tokens > budget - fill) {  // not fill + n > budget: that can overflow
       ++in_order_bins;
       fill = 0;
@@ -110,6 +132,7 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
     if (s.loss_weights.empty()) {
       w = static_cast<double>(s.num_tokens);
     } else {
+      if (first_weighted < 0) first_weighted = static_cast<int64_t>(i);
       if (static_cast<int64_t>(s.loss_weights.size()) != s.num_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(Name(batch, i), " has ",
                                                        s.loss_weights.size(), " loss weights for ",
@@ -136,7 +159,7 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
     }
     weight_total += w;
   }
-  summary = {total_tokens, weight_total, max_length, in_order_bins};
+  summary = {total_tokens, weight_total, max_length, in_order_bins, first_weighted};
   switch (options.loss_normalization) {
     case LOSS_TOKEN_MEAN:
       if (weight_total == 0) {
@@ -217,17 +240,29 @@ struct Queued {
   int32_t index;
 };
 
+// Keys are lengths themselves (a counting sort) when the longest is short compared with the batch.
+bool DirectKeys(int64_t max_length, size_t n) {
+  return max_length <= kMaxDirectLength && max_length <= 8 * static_cast<int64_t>(n) + 4096;
+}
+
+bool CountsLengthsWhileValidating(size_t batch_size, const PlanOptions& options) {
+  return options.packing == PACKING_FIRST_FIT_DECREASING &&
+         DirectKeys(options.max_tokens_per_microbatch, batch_size);
+}
+
 // Fills first-fit-decreasing microbatches one at a time (see the Note) and passes each one's
 // parts to emit(const std::vector<Part>&). Returns false, having emitted max_bins microbatches,
-// if it would need more than max_bins. `parts` is scratch.
+// if it would need more than max_bins. `parts` is scratch. `length_counts` is what
+// ValidateBatchAndScale counted (or empty); it is consumed. Bucket positions are 32-bit (the batch
+// holds at most INT32_MAX sequences), which halves the tables the fill reads at random.
 template <typename Emit>
 bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, int64_t max_length,
                             int64_t max_bins, const std::vector<double>& scale,
-                            std::vector<Part>& parts, const Emit& emit) {
+                            std::vector<int32_t> length_counts, std::vector<Part>& parts,
+                            const Emit& emit) {
   const size_t n = batch.size();
   // Keys: the length itself, or its rank among the distinct lengths when lengths are huge.
-  const bool direct =
-      max_length <= kMaxDirectLength && max_length <= 8 * static_cast<int64_t>(n) + 4096;
+  const bool direct = DirectKeys(max_length, n);
   std::vector<int64_t> distinct;
   if (!direct) {
     distinct.reserve(n);
@@ -248,27 +283,33 @@ bool PackFirstFitDecreasing(absl::Span<const Sequence> batch, int64_t budget, in
   const int64_t keys = direct ? max_length + 1 : static_cast<int64_t>(distinct.size());
 
   // Counting sort by key, longest first, stable.
-  std::vector<int64_t> head(keys + 1, 0);
+  std::vector<int32_t> head;
   std::vector<int64_t> item_key(direct ? 0 : n);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t k = key_of(batch[i].num_tokens);
-    if (!direct) item_key[i] = k;
-    ++head[k];
+  if (direct && !length_counts.empty()) {
+    head = std::move(length_counts);  // counted while validating
+    head.resize(static_cast<size_t>(keys) + 1);
+  } else {
+    head.assign(static_cast<size_t>(keys) + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t k = key_of(batch[i].num_tokens);
+      if (!direct) item_key[i] = k;
+      ++head[k];
+    }
   }
   internal::KeySet nonempty(keys);
-  int64_t next = 0;
+  int32_t next = 0;
   for (int64_t k = keys - 1; k >= 0; --k) {
-    const int64_t count = head[k];
+    const int32_t count = head[k];
     head[k] = next;
     next += count;
     if (count > 0) nonempty.Insert(k);
   }
   // Buckets lie longest first, so bucket k ends where bucket k - 1 (the next shorter) starts.
-  std::vector<int64_t> bucket_end(keys);
-  for (int64_t k = 0; k < keys; ++k) bucket_end[k] = k == 0 ? static_cast<int64_t>(n) : head[k - 1];
+  std::vector<int32_t> bucket_end(keys);
+  for (int64_t k = 0; k < keys; ++k) bucket_end[k] = k == 0 ? static_cast<int32_t>(n) : head[k - 1];
   std::vector<Queued> order(n);
   {
-    std::vector<int64_t> fill = head;
+    std::vector<int32_t> fill = head;
     for (size_t i = 0; i < n; ++i) {
       const int64_t k = direct ? batch[i].num_tokens : item_key[i];
       order[fill[k]++] = {batch[i].id, static_cast<int32_t>(i)};
@@ -420,7 +461,10 @@ absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOption
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   std::vector<double> scale;
   BatchSummary summary;
-  if (absl::Status s = ValidateBatchAndScale(batch, options, scale, summary); !s.ok()) return s;
+  std::vector<int32_t> length_counts;
+  if (absl::Status s = ValidateBatchAndScale(batch, options, scale, summary, length_counts);
+      !s.ok())
+    return s;
   const int64_t budget = options.max_tokens_per_microbatch;
   PlanLimits& limits = *plan.mutable_limits();
   limits.set_max_tokens_per_microbatch(budget);
@@ -431,7 +475,8 @@ absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOption
   plan.set_num_tokens(summary.total_tokens);
   plan.set_loss_weight_total(summary.weight_total);
   plan.set_cp_chunk_rule(kCpChunkRule);
-  const Sha256Digest weights_digest = LossWeightsDigest(batch);
+  const Sha256Digest weights_digest =
+      internal::LossWeightsDigestFrom(batch, summary.first_weighted);
   plan.set_loss_weights_digest(weights_digest.data(), weights_digest.size());
 
   // Either policy needs at most as many microbatches as in-order filling (the default falls
@@ -448,7 +493,7 @@ absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOption
   PackingPolicy applied = options.packing;
   if (options.packing == PACKING_FIRST_FIT_DECREASING &&
       !PackFirstFitDecreasing(batch, budget, summary.max_length, summary.in_order_bins, scale,
-                              parts, emit)) {
+                              std::move(length_counts), parts, emit)) {
     // First-fit-decreasing needs more microbatches than in-order filling.
     microbatches.Clear();
     applied = PACKING_IN_ORDER;
@@ -561,31 +606,47 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   return out;
 }
 
-std::string SerializePlan(const Plan& plan) { return SerializeDeterministically(plan); }
+// Both write through Note [Plan bytes by hand] (internal/plan_wire.h); protobuf only for a plan
+// that carries unknown fields.
+std::string SerializePlan(const Plan& plan) {
+  const std::optional<internal::PlanWireSizes> sizes = internal::PlanWireSize(plan);
+  if (!sizes.has_value()) return SerializeDeterministically(plan);
+  std::string bytes;
+  bytes.reserve(sizes->total);
+  internal::WritePlanWire(plan, *sizes,
+                          [&](absl::string_view part) { bytes.append(part.data(), part.size()); });
+  return bytes;
+}
 
 Sha256Digest PlanDigest(const Plan& plan) {
   Sha256Hasher hasher;
   hasher.AppendFramed(kPlanDigestTag);
-  AppendMessageFramed(hasher, plan);
+  const std::optional<internal::PlanWireSizes> sizes = internal::PlanWireSize(plan);
+  if (sizes.has_value()) {
+    hasher.AppendLength(sizes->total);
+    internal::WritePlanWire(plan, *sizes, [&](absl::string_view part) { hasher.Append(part); });
+  } else {
+    AppendMessageFramed(hasher, plan);
+  }
   return hasher.Finish();
 }
 
-Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
+namespace internal {
+
+Sha256Digest LossWeightsDigestFrom(absl::Span<const Sequence> batch, int64_t first_weighted) {
   static_assert(std::numeric_limits<float>::is_iec559 && sizeof(float) == 4,
                 "loss weights are hashed as IEEE-754 binary32");
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                 "loss weights are hashed as their little-endian in-memory bytes");
   // A batch without per-token weights (the usual case) hashes the tag alone: computed once, not
   // per plan (on cold caches a digest is a visible part of a plan's host time: planner_benchmark).
-  const bool unweighted = std::all_of(batch.begin(), batch.end(),
-                                      [](const Sequence& s) { return s.loss_weights.empty(); });
-  if (unweighted) {
+  if (first_weighted < 0) {
     static const Sha256Digest kUnweighted = Sha256Framed({kLossWeightsDigestTag});
     return kUnweighted;
   }
   Sha256Hasher hasher;
   hasher.AppendFramed(kLossWeightsDigestTag);
-  for (size_t i = 0; i < batch.size(); ++i) {
+  for (size_t i = static_cast<size_t>(first_weighted); i < batch.size(); ++i) {
     const std::vector<float>& weights = batch[i].loss_weights;
     if (weights.empty()) continue;
     hasher.AppendLength(i);
@@ -594,6 +655,15 @@ Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
                                     weights.size() * sizeof(float)));
   }
   return hasher.Finish();
+}
+
+}  // namespace internal
+
+Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
+  const auto weighted = std::find_if(batch.begin(), batch.end(),
+                                     [](const Sequence& s) { return !s.loss_weights.empty(); });
+  return internal::LossWeightsDigestFrom(
+      batch, weighted == batch.end() ? -1 : static_cast<int64_t>(weighted - batch.begin()));
 }
 
 int64_t TokenBegin(const Microbatch& microbatch, int k) {
