@@ -4,6 +4,7 @@
 
 #include "numerics/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -74,6 +75,40 @@ TEST(CompareTest, RelativeL2AtAndPastTheBoundary) {
   // ||b|| = 0: 0 when a == b, infinite otherwise.
   EXPECT_EQ(Compare(D({0, 0}), D({0, 0}), t).relative_l2, 0);
   EXPECT_EQ(Compare(D({0, 1e-9}), D({0, 0}), t).relative_l2, kInf);
+}
+
+// Note [Dividing only for a new maximum]: the largest ratio is the one a division per element
+// gives, bit for bit, however the elements are ordered — including ratios a rounding apart,
+// allowances so small that the bound is subnormal, and exact ties.
+TEST(CompareTest, TheLargestRatioIsTheDivisionsBitForBit) {
+  at::manual_seed(3);
+  const Tolerance t = Only(1e-300, 0.016);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t n = 20000;
+    at::Tensor b = at::randn({n}, at::kDouble) * std::pow(10.0, trial % 7 - 3);
+    at::Tensor a = b + 1e-3 * at::randn({n}, at::kDouble) * b.abs();
+    if (trial % 4 == 1)
+      a = std::get<0>(a.sort()), b = std::get<0>(b.sort());  // ratios rising and falling
+    if (trial % 4 == 2) b = b * 1e-305, a = a * 1e-305;      // subnormal allowances
+    if (trial % 4 == 3) {
+      // Ratios within a rounding of each other: one difference nudged by one ulp at a time.
+      b = at::full({n}, 1.0, at::kDouble);
+      std::vector<double> values(n);
+      double x = 1.0 + 1e-3;
+      for (int64_t i = 0; i < n; ++i) values[i] = x = (i % 3 == 0 ? std::nextafter(x, 2.0) : x);
+      a = at::tensor(values, at::kDouble);
+    }
+    const double* pa = a.data_ptr<double>();
+    const double* pb = b.data_ptr<double>();
+    double expected = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double diff = std::fabs(pa[i] - pb[i]);
+      if (pa[i] == pb[i]) continue;
+      const double allowed = 1e-300 + 0.016 * std::fabs(pb[i]);
+      expected = std::max(expected, diff / allowed);
+    }
+    EXPECT_EQ(Compare(a, b, t).max_tolerance_ratio, expected) << "trial " << trial;
+  }
 }
 
 TEST(CompareTest, TheDefaultsAreTheDocumentedOnes) {

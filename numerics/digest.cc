@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "numerics/internal/chunk_hash_device.h"
@@ -63,15 +65,26 @@ void HashChunks(absl::string_view bytes, uint8_t* out) {
 
 Digest128 TensorRecordDigest(absl::string_view dtype_name, absl::Span<const int64_t> shape,
                              uint64_t num_bytes, absl::string_view chunk_hashes) {
-  std::string record("lockstep-tensor-v1", 18);
-  record.push_back('\0');
-  record.push_back(static_cast<char>(dtype_name.size()));
-  record.append(dtype_name.data(), dtype_name.size());
-  AppendU64(record, shape.size());
-  for (int64_t d : shape) AppendU64(record, static_cast<uint64_t>(d));
-  AppendU64(record, num_bytes);
-  record.append(chunk_hashes.data(), chunk_hashes.size());
-  return Xxh3Digest(record);
+  // The record's header, then the chunk hashes streamed from where they lie (a large tensor's are
+  // megabytes: no copy into one record).
+  std::string header("lockstep-tensor-v1", 18);
+  header.push_back('\0');
+  header.push_back(static_cast<char>(dtype_name.size()));
+  header.append(dtype_name.data(), dtype_name.size());
+  AppendU64(header, shape.size());
+  for (int64_t d : shape) AppendU64(header, static_cast<uint64_t>(d));
+  AppendU64(header, num_bytes);
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  LOCKSTEP_CHECK(state != nullptr) << "XXH3_createState: out of memory";
+  XXH3_128bits_reset(state.get());
+  XXH3_128bits_update(state.get(), header.data(), header.size());
+  XXH3_128bits_update(state.get(), chunk_hashes.data(), chunk_hashes.size());
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state.get()));
+  Digest128 digest;
+  std::memcpy(digest.data(), canonical.digest, 16);
+  return digest;
 }
 
 Digest128 TensorBytesDigest(absl::string_view dtype_name, absl::Span<const int64_t> shape,
@@ -139,14 +152,19 @@ absl::StatusOr<std::vector<Digest128>> DigestTensors(absl::Span<const at::Tensor
     });
   }));
   if (on_devices.empty()) return digests;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> chunk_hashes,
+  LOCKSTEP_ASSIGN_OR_RETURN(internal::ChunkHashes chunk_hashes,
                             internal::HashChunksOnDevices(on_devices));
-  for (size_t k = 0; k < on_devices.size(); ++k) {
-    const at::Tensor& t = on_devices[k];
-    digests[device_index[k]] =
-        TensorRecordDigest(dtypes[device_index[k]], t.sizes(),
-                           static_cast<uint64_t>(t.numel()) * t.element_size(), chunk_hashes[k]);
-  }
+  // The records in parallel across tensors (a large state's hashes are tens of megabytes).
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting CUDA tensors' records", [&] {
+    at::parallel_for(0, static_cast<int64_t>(on_devices.size()), 64, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const at::Tensor& t = on_devices[k];
+        digests[device_index[k]] = TensorRecordDigest(
+            dtypes[device_index[k]], t.sizes(), static_cast<uint64_t>(t.numel()) * t.element_size(),
+            chunk_hashes.of_tensor[k]);
+      }
+    });
+  }));
   return digests;
 }
 

@@ -2,6 +2,7 @@
 // of its CPU copy for every size class, dtype and layout (including unaligned views).
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -55,6 +56,12 @@ TEST(DigestCudaTest, DigestTensorsEqualsDigestTensorOfEachAcrossDevices) {
   std::vector<at::Tensor> tensors = {at::randn({0}, at::kCUDA), bytes.narrow(0, 5, 50000),
                                      at::randn({333, 77}, at::kCUDA).t(), at::randn({17}),
                                      at::randn({10000000}, at::kCUDA).to(at::kBFloat16)};
+  // Note [Digest chunks through shared memory]: views 8-byte but not 16-byte aligned, and ends
+  // inside a 16-byte piece and inside an 8-byte word, among neighbours in one block of chunks.
+  for (const auto& [offset, length] : std::vector<std::pair<int64_t, int64_t>>{
+           {8, 60003}, {24, 16390}, {16, 16384 * 2 + 9}, {0, 16384}, {40, 3}, {8, 16384 + 13}}) {
+    tensors.push_back(bytes.narrow(0, offset, length));
+  }
   for (int i = 0; i < 500; ++i) tensors.push_back(at::randn({i % 9, 100}, at::kCUDA));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<Digest128> batched, DigestTensors(tensors));
   ASSERT_EQ(batched.size(), tensors.size());

@@ -16,7 +16,7 @@ namespace lockstep {
 namespace numerics {
 namespace internal {
 
-absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
+absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
   // Each tensor's contiguous, 8-byte aligned bytes (kept alive until the batch's copy is done),
   // its chunk count and its first chunk in its device's buffer.
   struct Job {
@@ -27,7 +27,8 @@ absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at
   };
   std::vector<Job> jobs(tensors.size());
   std::map<c10::DeviceIndex, int64_t> chunks_on;  // per device: chunks so far
-  std::vector<std::string> hashes(tensors.size());
+  ChunkHashes hashes;
+  hashes.of_tensor.resize(tensors.size());
   absl::Status launched = absl::OkStatus();
   const absl::Status status = CallTorch("hashing CUDA tensors' digest chunks", [&] {
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -72,12 +73,19 @@ absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at
         launched = CudaStatus(error, "launching the batched chunk hash kernel");
         return;
       }
-      const at::Tensor host = out.cpu();  // the batch's one wait on this device
+      // Page-locked, so that the copy runs at the link's speed (the caching host allocator
+      // keeps the buffer for the next batch); the batch's one wait on this device.
+      at::Tensor host =
+          at::empty({16 * total}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      host.copy_(out, /*non_blocking=*/true);
+      c10::cuda::getCurrentCUDAStream(device).synchronize();
       const char* all = static_cast<const char*>(host.data_ptr());
       for (size_t i = 0; i < jobs.size(); ++i) {
         if (jobs[i].bytes.device().index() != device) continue;
-        hashes[i].assign(all + 16 * jobs[i].first, static_cast<size_t>(16 * jobs[i].chunks));
+        hashes.of_tensor[i] =
+            absl::string_view(all + 16 * jobs[i].first, static_cast<size_t>(16 * jobs[i].chunks));
       }
+      hashes.buffers.push_back(std::move(host));
     }
   });
   if (!status.ok()) return status;

@@ -12,19 +12,28 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace lockstep {
 namespace numerics {
 namespace internal {
 
-// The chunk hashes of each tensor (all CUDA tensors), 16 bytes per chunk of its logical
-// contiguous bytes in chunk order: one kernel per device over all of that device's tensors, on its
-// current stream, into one buffer copied back once (Note [Batched digests] in digest.cc).
-// kFailedPrecondition for a device this build cannot hash on. A non-contiguous tensor (or one at an
-// odd offset) is copied to a contiguous buffer that lives until the batch is done, so such tensors
-// cost their size in device memory meanwhile.
-absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
+// The chunk hashes of a batch of tensors, back on the host.
+struct ChunkHashes {
+  // Page-locked host buffers (one per device) that the views below point into.
+  std::vector<at::Tensor> buffers;
+  // Per tensor: 16 bytes per chunk of its logical contiguous bytes, in chunk order.
+  std::vector<absl::string_view> of_tensor;
+};
+
+// The chunk hashes of each tensor (all CUDA tensors): one kernel per device over all of that
+// device's tensors, on its current stream, into one buffer copied back once into page-locked
+// memory (Note [Batched digests] in digest.cc). kFailedPrecondition for a device this build cannot
+// hash on. A non-contiguous tensor (or one at an offset that is not a multiple of 8 bytes) is
+// copied to a contiguous buffer that lives until the batch is done, so such tensors cost their
+// size in device memory meanwhile.
+absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
 
 }  // namespace internal
 }  // namespace numerics

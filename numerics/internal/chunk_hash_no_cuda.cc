@@ -6,8 +6,8 @@ namespace lockstep {
 namespace numerics {
 namespace internal {
 
-absl::StatusOr<std::vector<std::string>> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
-  if (tensors.empty()) return std::vector<std::string>();
+absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
+  if (tensors.empty()) return ChunkHashes();
   return absl::FailedPreconditionError(
       absl::StrCat("digesting a tensor on ", tensors[0].device().str(),
                    " needs a CUDA build of lockstep (--config=cuda)"));

@@ -80,8 +80,22 @@ LOCKSTEP_COMPARE_HD inline void VisitElement(double x, double y, bool bits_equal
   const double allowed = params.atol + params.rtol * (y < 0 ? -y : y);
   p.sum_diff2 += diff * diff;
   if (diff > p.max_diff) p.max_diff = diff;
-  const double ratio = allowed > 0 ? diff / allowed : (diff > 0 ? HUGE_VAL : 0.0);
-  if (ratio > p.max_ratio) p.max_ratio = ratio;
+  if (allowed > 0) {
+    // Note [Dividing only for a new maximum]: a double division costs far more than the rest of
+    // an element's work, and once the largest ratio so far is known almost no element exceeds it.
+    // Rounding is monotonic, so diff / allowed rounds above max_ratio only if the exact ratio is
+    // above it, i.e. only if diff > max_ratio * allowed exactly; bound = max_ratio * allowed
+    // rounded is within half an ulp of that product when it is a normal double, so any diff at
+    // most bound * (1 - 2^-51) cannot set a new maximum and the division is skipped. (A subnormal
+    // or zero bound always divides.) The result is the division's, bit for bit.
+    const double bound = p.max_ratio * allowed;
+    if (!(bound >= 2.2250738585072014e-308) || diff > bound * (1 - 0x1p-51)) {
+      const double ratio = diff / allowed;
+      if (ratio > p.max_ratio) p.max_ratio = ratio;
+    }
+  } else if (diff > 0) {
+    p.max_ratio = HUGE_VAL;
+  }
   if (diff > allowed) {
     ++p.over;
     if (p.first_over < 0) p.first_over = i;
