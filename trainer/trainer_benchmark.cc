@@ -9,12 +9,15 @@
 // with --device=cuda), or with --transport=nccl (CUDA builds) one process per GPU over NCCL.
 //
 //   trainer_benchmark [--device=cpu|cuda] [--transport=gloo|nccl] [--procs=2] [--tokens=1024]
-//                     [--width=512] [--hidden=2048] [--iterations=30] [--target=1.05] [--ledger]
+//                     [--width=512] [--hidden=2048] [--iterations=30] [--added_us_target=20]
+//                     [--ledger]
 //
-// Prints the bare forward's median (the target applies to forwards of >= 5 ms) and
-// "ratio trainer microbatch / bare forward: R (target <= T: met|NOT met)"; with a group of two or
+// Prints both medians, their ratio, and "added time per microbatch (trainer median - bare
+// median, worst rank): X us (target <= T us: met|NOT met)": the target holds at every forward
+// size, so it is a ratio of <= 1.02 at a 1 ms forward and <= 1.01 at 5 ms. With a group of two or
 // more, also the hand-written peer's ratio and the gather's share of the transport's all-gather
-// bandwidth (Note [The CP peer]). Exits non-zero if it could not measure.
+// bandwidth (Note [The CP peer]); the added-time target is then not applied (the gather is the
+// contract's work, measured against the peer instead). Exits non-zero if it could not measure.
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -23,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,7 +39,10 @@
 #include "base/status_macros.h"
 #include "base/temp_dir.h"
 #include "base/tool_flags.h"
+#include "planner/planner.h"
+#include "rng/model_stream.h"
 #include "rng/rank_streams.h"
+#include "rng/snapshot.h"
 #include "testing/process_world.h"
 #include "trainer/trainer_rank.h"
 
@@ -52,7 +59,12 @@ ABSL_FLAG(int64_t, hidden, 2048, "hidden units of the two-layer MLP");
 ABSL_FLAG(std::string, dtype, "float32",
           "the model's weights, inputs and outputs: float32 or bfloat16");
 ABSL_FLAG(int, iterations, 30, "paired iterations after the warm-up");
-ABSL_FLAG(double, target, 1.05, "the ratio's target");
+ABSL_FLAG(double, added_us_target, 20,
+          "the target for the trainer's added time per microbatch (trainer median minus bare "
+          "median), in microseconds");
+ABSL_FLAG(bool, breakdown, false,
+          "also time, one at a time, the pieces a trainer call is made of (model-stream scope, "
+          "RNG snapshot, planning, plan digest), 200 calls each, rank 0");
 ABSL_FLAG(bool, ledger, false,
           "record every call in a recovery ledger per rank (admission/ledger.h, in $TMPDIR; a "
           "commit, with its fsync, per call)");
@@ -77,6 +89,9 @@ double Median(std::vector<double> v) {
 
 using Clock = std::chrono::steady_clock;
 
+// Keeps timed results alive past the optimizer.
+volatile uint8_t benchmark_sink = 0;
+
 double SecondsBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -98,9 +113,52 @@ double MinorFaults() {
   return static_cast<double>(usage.ru_minflt);
 }
 
+// The medians of the pieces a trainer call is made of, each timed alone (--breakdown): where the
+// added time of a call goes on this host.
+absl::Status Breakdown(rng::RankStreams& streams, const std::vector<planner::Sequence>& batch) {
+  constexpr int kCalls = 200;
+  auto time = [&](const char* what, const std::function<absl::Status()>& piece) -> absl::Status {
+    for (int i = 0; i < 10; ++i) LOCKSTEP_RETURN_IF_ERROR(piece());  // warm-up
+    std::vector<double> times;
+    for (int i = 0; i < kCalls; ++i) {
+      const auto start = Clock::now();
+      LOCKSTEP_RETURN_IF_ERROR(piece());
+      times.push_back(SecondsBetween(start, Clock::now()));
+    }
+    std::printf("breakdown: %-58s %7.2f us (median of %d)\n", what, 1e6 * Median(times), kCalls);
+    return absl::OkStatus();
+  };
+  LOCKSTEP_RETURN_IF_ERROR(time("model-stream scope, entered and exited", [&]() -> absl::Status {
+    LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(streams));
+    return scope.Exit();
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(time("RNG snapshot of the default generators", [&]() -> absl::Status {
+    return rng::RngSnapshot::Capture(streams.generators()).status();
+  }));
+  LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot snapshot,
+                            rng::RngSnapshot::Capture(streams.generators()));
+  LOCKSTEP_RETURN_IF_ERROR(time("RNG snapshot restored", [&] { return snapshot.Restore(); }));
+  const planner::PlanOptions options = planner::PlanOptions::Of(batch[0].num_tokens, 1);
+  LOCKSTEP_RETURN_IF_ERROR(time("planning the call's batch", [&]() -> absl::Status {
+    return planner::PlanMicrobatches(batch, options).status();
+  }));
+  LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan, planner::PlanMicrobatches(batch, options));
+  LOCKSTEP_RETURN_IF_ERROR(time("its plan digest", [&]() -> absl::Status {
+    benchmark_sink = planner::PlanDigest(plan)[0];
+    return absl::OkStatus();
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(time("a CPU tensor of the call's loss weights", [&]() -> absl::Status {
+    const std::vector<double> weights(static_cast<size_t>(batch[0].num_tokens), 1.0);
+    benchmark_sink = static_cast<uint8_t>(at::tensor(weights, at::kDouble).numel());
+    return absl::OkStatus();
+  }));
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::Status Body(int rank, collectives::Communicator& world, const std::string& device_name,
                   int device_index, int64_t tokens, int64_t width, int64_t hidden, int iterations,
-                  double target) {
+                  double added_us_target) {
   const bool cuda = device_name == "cuda";
   const c10::Device device = cuda ? c10::Device(at::kCUDA, device_index) : c10::Device(at::kCPU);
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
@@ -247,6 +305,8 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     trainer_faults.push_back(MinorFaults() - faults);
     trainer_times.push_back(t);
   }
+  if (rank == 0 && absl::GetFlag(FLAGS_breakdown))
+    LOCKSTEP_RETURN_IF_ERROR(Breakdown(*streams, batch));
   const double bare_median = Median(bare_times), trainer_median = Median(trainer_times);
   const double peer_median = grouped ? Median(peer_times) : 0.0;
   const double gather_median = grouped ? Median(gather_times) : 0.0;
@@ -255,9 +315,10 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
       std::vector<double>{bare_median, trainer_median, peer_median, gather_median}, at::kDouble);
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(medians));
   if (rank == 0) {
-    double worst = 0, worst_of_peer = 0, slowest_gather = 0, slowest_extra = 0;
+    double worst = 0, worst_added = -1, worst_of_peer = 0, slowest_gather = 0, slowest_extra = 0;
     for (const at::Tensor& m : all) {
       worst = std::max(worst, m[1].item<double>() / m[0].item<double>());
+      worst_added = std::max(worst_added, m[1].item<double>() - m[0].item<double>());
       if (grouped) {
         worst_of_peer = std::max(worst_of_peer, m[1].item<double>() / m[2].item<double>());
         slowest_gather = std::max(slowest_gather, m[3].item<double>());
@@ -285,13 +346,20 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     }
     std::printf("minor page faults per iteration (medians, rank 0): bare %.0f, trainer %.0f\n",
                 Median(bare_faults), Median(trainer_faults));
-    std::printf(
-        "ratio trainer microbatch / bare forward (worst rank, paired medians): %.4f "
-        "(target <= %.2f for forwards of >= 5 ms: %s)\n",
-        worst, target,
-        bare_median < 0.005 ? "forward under 5 ms, target not applicable"
-        : worst <= target   ? "met"
-                            : "NOT met");
+    std::printf("ratio trainer microbatch / bare forward (worst rank, paired medians): %.4f\n",
+                worst);
+    if (grouped) {
+      std::printf(
+          "added time per microbatch (trainer median - bare median, worst rank): %.1f us "
+          "(includes the all-gather of the outputs; held to the hand-written peer below)\n",
+          1e6 * worst_added);
+    } else {
+      std::printf(
+          "added time per microbatch (trainer median - bare median): %.1f us (target <= %.0f "
+          "us: %s)\n",
+          1e6 * worst_added, added_us_target,
+          1e6 * worst_added <= added_us_target ? "met" : "NOT met");
+    }
     if (grouped) {
       // Bus bandwidth as NCCL's tests define it for an all-gather: (n - 1) / n of the gathered
       // bytes over the time. lockstep's side charges all of its time beyond the bare forward to
@@ -329,7 +397,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args = lockstep::ParseToolFlags(
       argc, argv,
       "trainer_benchmark [--device=cpu|cuda] [--transport=gloo|nccl] [--procs=N] [--tokens=N] "
-      "[--width=N] [--hidden=N] [--dtype=float32|bfloat16] [--iterations=N] [--target=R]");
+      "[--width=N] [--hidden=N] [--dtype=float32|bfloat16] [--iterations=N] [--added_us_target=US] "
+      "[--ledger]");
   if (absl::Status s = lockstep::NoPositionalArguments(args); !s.ok()) {
     std::fprintf(stderr, "trainer_benchmark: %s\n", std::string(s.message()).c_str());
     return lockstep::kBadInputExitCode;
@@ -359,7 +428,7 @@ int main(int argc, char** argv) {
   const int64_t tokens = absl::GetFlag(FLAGS_tokens), width = absl::GetFlag(FLAGS_width),
                 hidden = absl::GetFlag(FLAGS_hidden);
   const int iterations = absl::GetFlag(FLAGS_iterations);
-  const double target = absl::GetFlag(FLAGS_target);
+  const double added_us_target = absl::GetFlag(FLAGS_added_us_target);
   const std::string transport = absl::GetFlag(FLAGS_transport);
   std::vector<absl::Status> results;
   if (transport == "nccl") {
@@ -373,7 +442,7 @@ int main(int argc, char** argv) {
     lockstep::collectives::NcclWorldResult nccl = lockstep::collectives::RunNcclWorld(
         {}, [&](int rank, lockstep::collectives::NcclCommunicator& world) {
           return lockstep::trainer::Body(rank, world, device, rank, tokens, width, hidden,
-                                         iterations, target);
+                                         iterations, added_us_target);
         });
     if (!nccl.skip_reason.empty()) {
       std::fprintf(stderr, "trainer_benchmark: cannot measure over NCCL: %s\n",
@@ -389,7 +458,7 @@ int main(int argc, char** argv) {
     results = lockstep::collectives::RunProcessWorld(
         options, [&](int rank, lockstep::collectives::Communicator& world) {
           return lockstep::trainer::Body(rank, world, device, 0, tokens, width, hidden, iterations,
-                                         target);
+                                         added_us_target);
         });
   } else {
     std::fprintf(stderr, "trainer_benchmark: --transport must be gloo or nccl, not '%s'\n",
