@@ -17,6 +17,7 @@ bool WriteAll(int fd, absl::string_view bytes) {
   while (done < bytes.size()) {
     const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = EIO;  // no progress and no reason: say so rather than a stale errno
     if (n <= 0) return false;
     done += static_cast<size_t>(n);
   }

@@ -19,7 +19,7 @@
 namespace lockstep {
 
 // Writes all of `bytes` to `fd`, retrying short writes and EINTR. Returns false if the descriptor
-// stops accepting bytes (closed pipe, error), after writing what it could.
+// stops accepting bytes (closed pipe, error), after writing what it could, with errno saying why.
 bool WriteAll(int fd, absl::string_view bytes);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released). Another

@@ -74,6 +74,8 @@ absl::StatusOr<Inventory> Inventory::OfFile(const SafetensorsFile& file) {
     entry.digest = TensorBytesDigest(entry.dtype, e.shape, e.bytes);
     entries.push_back(std::move(entry));
   }
+  // Digests of a file rewritten meanwhile would describe neither version.
+  LOCKSTEP_RETURN_IF_ERROR(file.CheckUnchanged());
   return Seal(std::move(entries));
 }
 

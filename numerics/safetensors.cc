@@ -122,7 +122,15 @@ absl::StatusOr<at::ScalarType> SafetensorsDtype(absl::string_view name) {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
   const absl::string_view bytes = file->bytes();
-  return Parse(std::move(file), bytes, path);
+  absl::StatusOr<SafetensorsFile> parsed = Parse(file, bytes, path);
+  // Parsing read the header (and every bool tensor): from the file as it was, or refused.
+  LOCKSTEP_RETURN_IF_ERROR(file->CheckUnchanged());
+  if (parsed.ok()) parsed->mapped_ = std::move(file);
+  return parsed;
+}
+
+absl::Status SafetensorsFile::CheckUnchanged() const {
+  return mapped_ == nullptr ? absl::OkStatus() : mapped_->CheckUnchanged();
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::FromBytes(std::string bytes, std::string what) {
@@ -253,14 +261,26 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
   ordered.reserve(ranges.size());
   for (const Range& range : ranges) ordered.push_back(std::move(file.entries_[range.entry]));
   file.entries_ = std::move(ordered);
+  file.index_.reserve(file.entries_.size());
+  for (size_t i = 0; i < file.entries_.size(); ++i) file.index_.emplace(file.entries_[i].name, i);
   return file;
 }
 
 const SafetensorsEntry* SafetensorsFile::Find(absl::string_view name) const {
-  for (const SafetensorsEntry& entry : entries_) {
-    if (entry.name == name) return &entry;
-  }
-  return nullptr;
+  const auto found = index_.find(std::string(name));
+  return found == index_.end() ? nullptr : &entries_[found->second];
+}
+
+absl::StatusOr<at::Tensor> SafetensorsFile::Copy(const SafetensorsEntry& entry) const {
+  at::Tensor tensor;
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch(absl::StrCat("reading tensor '", entry.name, "' of ", what_), [&] {
+        tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
+        if (!entry.bytes.empty()) {
+          std::memcpy(tensor.data_ptr(), entry.bytes.data(), entry.bytes.size());
+        }
+      }));
+  return tensor;
 }
 
 absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(absl::string_view name) const {
@@ -268,22 +288,19 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(absl::string_view name) const
   if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat(what_, " has no tensor '", name, "'"));
   }
-  at::Tensor tensor;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("reading tensor '", name, "' of ", what_), [&] {
-    tensor = at::empty(entry->shape, at::TensorOptions().dtype(entry->dtype));
-    if (!entry->bytes.empty()) {
-      std::memcpy(tensor.data_ptr(), entry->bytes.data(), entry->bytes.size());
-    }
-  }));
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor tensor, Copy(*entry));
+  LOCKSTEP_RETURN_IF_ERROR(CheckUnchanged());
   return tensor;
 }
 
 absl::StatusOr<NamedTensors> SafetensorsFile::Tensors() const {
   NamedTensors tensors;
+  tensors.reserve(entries_.size());
   for (const SafetensorsEntry& entry : entries_) {
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor tensor, Tensor(entry.name));
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor tensor, Copy(entry));
     tensors.emplace_back(entry.name, std::move(tensor));
   }
+  LOCKSTEP_RETURN_IF_ERROR(CheckUnchanged());
   return tensors;
 }
 

@@ -11,7 +11,9 @@
 // size do not overflow; ranges that match that size and together tile the buffer from 0 to its
 // end with no hole or overlap (as the format requires); bool bytes 0 or 1. A corrupt or hostile
 // file gets kInvalidArgument naming the file, the tensor and the value, and nothing past the
-// mapping is ever read.
+// mapping is ever read. Entries are found by name in constant time (a header may name millions).
+// A file that changes while it is read (truncated or rewritten in place) is kAborted naming it,
+// never a crash (base/file_io.h).
 //
 // Writing takes CPU or CUDA tensors in any layout and stores their logical contiguous bytes
 // (little-endian), in the order given, with the header padded by spaces to a multiple of 8 bytes
@@ -33,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -83,13 +86,22 @@ class SafetensorsFile {
   // Every tensor, copied, in buffer order.
   absl::StatusOr<NamedTensors> Tensors() const;
 
+  // OK unless the file changed while it was read (MappedFile::CheckUnchanged: kAborted naming
+  // it). Tensor, Tensors and Open check it themselves; a caller reading entries' bytes directly
+  // checks it once it has read them.
+  absl::Status CheckUnchanged() const;
+
  private:
   SafetensorsFile() = default;
   static absl::StatusOr<SafetensorsFile> Parse(std::shared_ptr<const void> owner,
                                                absl::string_view bytes, std::string what);
+  // A CPU tensor with a copy of `entry`'s bytes.
+  absl::StatusOr<at::Tensor> Copy(const SafetensorsEntry& entry) const;
 
   std::string what_;
-  std::shared_ptr<const void> owner_;  // keeps the mapped or owned bytes alive
+  std::shared_ptr<const void> owner_;              // keeps the mapped or owned bytes alive
+  std::shared_ptr<const MappedFile> mapped_;       // the mapping, for a file that was opened
+  std::unordered_map<std::string, size_t> index_;  // name -> position in entries_
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };

@@ -38,7 +38,9 @@ bool Exists(const std::string& path) {
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
-  return std::string(file->bytes());
+  std::string bytes(file->bytes());
+  LOCKSTEP_RETURN_IF_ERROR(file->CheckUnchanged());
+  return bytes;
 }
 
 // The optimizer's state as torch::save writes it, in memory.

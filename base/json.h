@@ -1,0 +1,67 @@
+// base/json.h
+//
+// The one way lockstep reads and writes JSON (nlohmann/json, wrapped once), so that no file or
+// environment a tool meets can crash it:
+// - ParseJson refuses, as kInvalidArgument naming the input and the byte, text that is not JSON,
+//   nests deeper than kMaxJsonDepth (nlohmann's writer, comparison and copy recurse: a 200 KB file
+//   of brackets would overflow the stack), or repeats a key within an object (nlohmann keeps the
+//   last silently). No exception escapes.
+// - DumpJson never throws: a string or key that is not UTF-8 (a Linux path is bytes, so is an
+//   environment value) is written with each byte that is not part of valid UTF-8 as the four
+//   characters \xXX (Utf8Escaped; the JSON text shows them as "\\xXX"), so the output is valid
+//   JSON and the bytes can be read back by eye; a value nested deeper than kMaxJsonDepth (only a
+//   caller's own construction can make one) is cut there, with a string saying so.
+// - The Json* accessors read a member of an object with its type checked: kInvalidArgument
+//   naming the input, the member and the type found.
+//
+// Thread-safety: stateless.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json record, ParseJson(text, path));
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::string digest, JsonString(record, "state_digest", path));
+//   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(out, DumpJson(evidence, 2) + "\n"));
+
+#ifndef LOCKSTEP_BASE_JSON_H_
+#define LOCKSTEP_BASE_JSON_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace lockstep {
+
+// Deeper than any of lockstep's own formats nests (they stay under 10 levels).
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text` (see the top of this file); `what` names it in errors.
+absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text, absl::string_view what);
+
+// `value` as JSON text, `indent` spaces per level (-1: one line). Never throws.
+std::string DumpJson(const nlohmann::json& value, int indent = -1);
+
+// `text` if it is valid UTF-8, otherwise with every byte outside a valid sequence as "\xXX".
+std::string Utf8Escaped(absl::string_view text);
+
+// The member `key` of `object`, of the type asked for. kInvalidArgument naming `what`, the key
+// and the type found, for a missing member, a wrong type, or an `object` that is not an object.
+absl::StatusOr<std::string> JsonString(const nlohmann::json& object, absl::string_view key,
+                                       absl::string_view what);
+absl::StatusOr<int64_t> JsonInt(const nlohmann::json& object, absl::string_view key,
+                                absl::string_view what);
+absl::StatusOr<double> JsonNumber(const nlohmann::json& object, absl::string_view key,
+                                  absl::string_view what);
+absl::StatusOr<bool> JsonBool(const nlohmann::json& object, absl::string_view key,
+                              absl::string_view what);
+// An object or array member, by pointer into `object` (valid while it is).
+absl::StatusOr<const nlohmann::json*> JsonObject(const nlohmann::json& object,
+                                                 absl::string_view key, absl::string_view what);
+absl::StatusOr<const nlohmann::json*> JsonArray(const nlohmann::json& object, absl::string_view key,
+                                                absl::string_view what);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_BASE_JSON_H_
