@@ -59,9 +59,11 @@ absl::StatusOr<RecoveryLoop> RecoveryLoop::Begin(const RecoveryCollaborators& co
         AdmitWaves(plan, *collaborators.model, collaborators.cap_bytes, options.admission);
     admitted = admission.status();
     if (admission.ok()) waves = std::move(admission->waves);
-    execution = absl::StrCat("waves under ", collaborators.cap_bytes, " bytes by ",
-                             collaborators.model->Serialize(), ": ",
-                             admitted.ok() ? "admitted" : admitted.ToString());
+    if (Others(collaborators.group) != nullptr) {  // what the group agrees on; alone, nothing
+      execution = absl::StrCat("waves under ", collaborators.cap_bytes, " bytes by ",
+                               collaborators.model->Serialize(), ": ",
+                               admitted.ok() ? "admitted" : admitted.ToString());
+    }
   } else {
     for (int m = 0; m < plan.microbatches_size(); ++m) {
       Wave wave;
@@ -121,15 +123,17 @@ absl::StatusOr<WaveWork> RecoveryLoop::RunNext(const AttemptHooks& hooks) {
       const absl::Status thrown = CallTorch(name, [&] { local = hooks.attempt(work); });
       if (!thrown.ok()) local = thrown;
       // The attempt's records follow its local part, off the path before it.
-      if (wave.after_failure) {
-        LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(LedgerEventKind::kRetried, id, work.ranges));
+      if (ledger_.recording()) {  // the records' strings are built only for a ledger
+        if (wave.after_failure) {
+          LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(LedgerEventKind::kRetried, id, work.ranges));
+        }
+        LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(
+            LedgerEventKind::kAdmitted, id, work.ranges,
+            c_.model == nullptr ? "no memory model"
+                                : absl::StrCat("predicted ", FormatBytes(work.predicted_bytes),
+                                               " of ", FormatBytes(c_.cap_bytes))));
+        LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(LedgerEventKind::kStarted, id, work.ranges));
       }
-      LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(
-          LedgerEventKind::kAdmitted, id, work.ranges,
-          c_.model == nullptr ? "no memory model"
-                              : absl::StrCat("predicted ", FormatBytes(work.predicted_bytes),
-                                             " of ", FormatBytes(c_.cap_bytes))));
-      LOCKSTEP_RETURN_IF_ERROR(ledger_.Record(LedgerEventKind::kStarted, id, work.ranges));
 
       absl::StatusOr<collectives::GroupOutcome> agreed =
           collectives::AgreeOnOutcome(Others(c_.group), local);
