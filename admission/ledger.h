@@ -30,14 +30,23 @@
 //   written (its error is then every later call's). Destroying the ledger writes what is queued;
 //   a failure only seen then is logged, so callers that must know call AwaitDurable first.
 // - Integrity: every event row carries a SHA-256 chain over its fields and the previous row's
-//   chain. Opening (writer or replay) checks the file is a lockstep ledger of this schema version
-//   (PRAGMA application_id, user_version), runs PRAGMA integrity_check, verifies the chain and
-//   that the derived tables are exactly what the events imply. Any failure is kDataLoss naming the
-//   path and what is wrong: a corrupt, truncated or edited ledger is never silently used.
+//   chain, starting from a value bound to the ledger's identity (a random id made at creation and
+//   its DP rank), so events of another ledger or rank never verify in it. Opening (writer or
+//   replay) checks the file is a lockstep ledger of this schema version (PRAGMA application_id,
+//   user_version) whose tables and triggers are exactly this build's, runs PRAGMA
+//   integrity_check, verifies the chain and that the derived tables are exactly what the events
+//   imply, and checks the database against the ledger's head record (`<path>-head`, Note [The
+//   ledger's head record] in internal/ledger_head.h): the same identity, and the last durable
+//   commit it names present with its chain value. So a WAL left by another ledger, a damaged WAL
+//   frame or a missing WAL is found; nothing is checkpointed or removed before the file is
+//   verified, and a refused file is left as found. Any failure is kDataLoss naming the path and
+//   what is wrong: a corrupt, truncated, edited, foreign or shortened ledger is never silently
+//   used. A path that is not a regular file (a directory, a link loop) is kInvalidArgument.
 // - One writer per ledger: OpenWriter holds an exclusive flock on the file for the writer's life;
 //   a second writer (any process, or the same one) gets kFailedPrecondition. Replay may run while
 //   a writer is open.
-// - Failure atomicity: an operation that returns an error has written nothing.
+// - Failure atomicity: an operation that returns an error has written nothing. Creating a ledger
+//   publishes a complete empty one or nothing (a full disk included).
 //
 // Schema (version 1; inspect with `sqlite3 ledger.db`):
 //   events(seq INTEGER PRIMARY KEY,    -- 1, 2, ... in recording order
@@ -88,6 +97,7 @@ namespace lockstep {
 namespace admission {
 
 namespace internal {
+class LedgerHeadWriter;
 class SerialWriter;
 class SqliteDb;
 }  // namespace internal
@@ -286,7 +296,8 @@ class Ledger {
 
  private:
   Ledger(std::string path, LedgerOptions options, int lock_fd,
-         std::unique_ptr<internal::SqliteDb> db, std::string chain, int64_t next_seq);
+         std::unique_ptr<internal::SqliteDb> db, std::string ledger_id, std::string chain,
+         int64_t next_seq, std::unique_ptr<internal::LedgerHeadWriter> head);
   absl::StatusOr<int64_t> Append(const LedgerEvent& event);
   // The file-free checks of BeginStep: the planned tokens per sequence, or the refusal.
   absl::StatusOr<std::map<int32_t, int64_t>> CheckPlan(
@@ -313,6 +324,10 @@ class Ledger {
   bool FsyncsAtCommit() const { return options_.fsync_at_commit && !options_.fsync_every_event; }
   // Fsyncs the WAL (and once its directory).
   absl::Status SyncWal();
+  // Note [The ledger's head record]: moves the head to the commit event `seq` with chain value
+  // `chain`, once that commit is durable. A failure leaves the head behind (allowed: it may lag),
+  // and is logged, not returned: the commit itself stands.
+  void AdvanceHead(int64_t seq, const std::string& chain);
   // The sticky error of a failed queued write or background fsync (OK if none), without waiting.
   absl::Status QueuedError();
   // Queues `write` for the writer thread; the sticky error if there is one.
@@ -322,6 +337,8 @@ class Ledger {
   LedgerOptions options_;
   int lock_fd_;
   std::unique_ptr<internal::SqliteDb> db_;
+  std::string ledger_id_;
+  std::unique_ptr<internal::LedgerHeadWriter> head_;
   // Chain value of the last event, and the seq the next event gets (the writing thread's).
   std::string chain_;
   int64_t next_seq_;

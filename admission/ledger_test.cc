@@ -318,9 +318,20 @@ TEST(LedgerTest, EditsBehindTheTriggersAreDetected) {
     const char* expected;
   };
   const std::vector<Edit> edits = {
+      // Triggers dropped: the schema is not this build's.
       {"DROP TRIGGER events_no_update; UPDATE events SET detail = 'x' WHERE seq = 3;",
+       "schema lacks trigger events_no_update"},
+      {"DROP TRIGGER contribution_counted_once;", "schema lacks trigger contribution_counted_once"},
+      {"CREATE INDEX extra ON events(step);", "has index extra, which a ledger does not"},
+      // Dropped, used, and put back word for word: the chain still tells.
+      {"DROP TRIGGER events_no_update; UPDATE events SET detail = 'x' WHERE seq = 3; "
+       "CREATE TRIGGER events_no_update BEFORE UPDATE ON events\n"
+       "BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;",
        "does not match its chain"},
-      {"DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq = 2;", "is missing"},
+      {"DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq = 2; "
+       "CREATE TRIGGER events_no_delete BEFORE DELETE ON events\n"
+       "BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;",
+       "is missing"},
       {"DELETE FROM contributions WHERE step = 1;", "contributions disagrees"},
       {"DELETE FROM commits WHERE step = 2;", "commits disagrees"},
       {"UPDATE planned SET num_tokens = 99 WHERE step = 0 AND batch_index = 0;",

@@ -4,13 +4,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "admission/internal/ledger_head.h"
 #include "admission/internal/sqlite.h"
 #include "base/file_io.h"
+#include "base/logging.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 
@@ -22,6 +25,14 @@ namespace {
 constexpr absl::string_view kChainTag = "lockstep/admission/ledger-event/v1";
 
 constexpr absl::string_view kSchema = R"sql(
+CREATE TABLE identity(
+  only INTEGER PRIMARY KEY CHECK (only = 1),
+  ledger_id TEXT NOT NULL CHECK (length(ledger_id) = 32),
+  dp_rank INTEGER NOT NULL CHECK (dp_rank >= 0));
+CREATE TRIGGER identity_no_update BEFORE UPDATE ON identity
+BEGIN SELECT RAISE(ABORT, 'a ledger''s identity never changes'); END;
+CREATE TRIGGER identity_no_delete BEFORE DELETE ON identity
+BEGIN SELECT RAISE(ABORT, 'a ledger''s identity never changes'); END;
 CREATE TABLE events(
   seq INTEGER PRIMARY KEY,
   step INTEGER NOT NULL CHECK (step >= 0),
@@ -76,6 +87,20 @@ BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 constexpr absl::string_view kKindNames[kNumKinds] = {
     "planned", "admitted", "started", "completed", "failed", "split", "retried", "step_committed"};
 
+// The schema's entries by name: their type, table and statement.
+absl::Status ReadSchema(SqliteDb& db, std::map<std::string, std::string>& rows) {
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      SqliteStatement query,
+      db.Prepare("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"));
+  while (true) {
+    LOCKSTEP_ASSIGN_OR_RETURN(bool row, query.Step());
+    if (!row) break;
+    rows[absl::StrCat(query.ColumnText(0), " ", query.ColumnText(1))] =
+        absl::StrCat(query.ColumnText(2), "\n", query.ColumnText(3));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool ParseKind(absl::string_view name, LedgerEventKind* kind) {
@@ -119,23 +144,72 @@ std::string ChainOf(absl::string_view previous, const LedgerEvent& e, absl::stri
   return std::string(reinterpret_cast<const char*>(digest.data()), digest.size());
 }
 
-absl::Status CreateLedgerFile(const std::string& path) {
-  const std::string temp = absl::StrCat(path, ".creating.", getpid());
-  unlink(temp.c_str());
-  absl::Status status = [&]() -> absl::Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(temp, true));
-    LOCKSTEP_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
-    LOCKSTEP_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=FULL"));
-    LOCKSTEP_RETURN_IF_ERROR(db->Exec("BEGIN IMMEDIATE"));
-    absl::Status schema = db->Exec(kSchema);
-    if (schema.ok()) schema = db->Exec(absl::StrCat("PRAGMA application_id=", kApplicationId));
-    if (schema.ok()) schema = db->Exec(absl::StrCat("PRAGMA user_version=", kSchemaVersion));
-    if (!schema.ok()) {
-      db->Exec("ROLLBACK").IgnoreError();
-      return schema;
+absl::Status VerifySchema(SqliteDb& db) {
+  // What this build's schema statements make, read back from a database that holds nothing else.
+  static const auto* const expected = [] {
+    auto* rows = new std::map<std::string, std::string>();
+    absl::StatusOr<std::unique_ptr<SqliteDb>> memory = SqliteDb::Open(":memory:", true);
+    LOCKSTEP_CHECK(memory.ok() && (*memory)->Exec(kSchema).ok())
+        << "the ledger schema does not build: " << memory.status();
+    LOCKSTEP_CHECK(ReadSchema(**memory, *rows).ok());
+    return rows;
+  }();
+  std::map<std::string, std::string> found;
+  LOCKSTEP_RETURN_IF_ERROR(ReadSchema(db, found));
+  for (const auto& [name, sql] : *expected) {
+    const auto it = found.find(name);
+    if (it == found.end()) {
+      return absl::DataLossError(
+          absl::StrCat("ledger ", db.path(), " is not intact: its schema lacks ", name));
     }
-    LOCKSTEP_RETURN_IF_ERROR(db->Exec("COMMIT"));
-    db.reset();  // closing checkpoints the WAL into the file and removes it
+    if (it->second != sql) {
+      return absl::DataLossError(absl::StrCat("ledger ", db.path(), " is not intact: its schema's ",
+                                              name, " differs from this build's (edited)"));
+    }
+  }
+  for (const auto& [name, sql] : found) {
+    if (expected->count(name) == 0) {
+      return absl::DataLossError(absl::StrCat("ledger ", db.path(),
+                                              " is not intact: its schema has ", name,
+                                              ", which a ledger does not"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CreateLedgerFile(const std::string& path, int dp_rank) {
+  const std::string temp = absl::StrCat(path, ".creating.", getpid(), ".", NewLedgerId());
+  const std::string ledger_id = NewLedgerId();
+  absl::Status status = [&]() -> absl::Status {
+    {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(temp, true));
+      // A rollback journal while creating: once COMMIT returns, the file itself holds everything
+      // (a WAL would hold it until a checkpoint that can still fail, on a full disk, at close).
+      LOCKSTEP_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=DELETE"));
+      LOCKSTEP_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=FULL"));
+      LOCKSTEP_RETURN_IF_ERROR(db->Exec("BEGIN IMMEDIATE"));
+      absl::Status schema = db->Exec(kSchema);
+      if (schema.ok()) schema = db->Exec(absl::StrCat("PRAGMA application_id=", kApplicationId));
+      if (schema.ok()) schema = db->Exec(absl::StrCat("PRAGMA user_version=", kSchemaVersion));
+      if (schema.ok()) {
+        schema =
+            db->Exec(absl::StrCat("INSERT INTO identity(only, ledger_id, dp_rank) VALUES (1, '",
+                                  ledger_id, "', ", dp_rank, ")"));
+      }
+      if (schema.ok()) schema = db->Exec("COMMIT");
+      if (!schema.ok()) {
+        db->Exec("ROLLBACK").IgnoreError();
+        return schema;
+      }
+    }
+    // Read back before it is published: a file that does not hold all of it is never linked.
+    {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(temp, false));
+      LOCKSTEP_RETURN_IF_ERROR(VerifySchema(*db));
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t rows, db->QueryInt("SELECT COUNT(*) FROM identity"));
+      if (rows != 1)
+        return absl::DataLossError(absl::StrCat("creating ledger ", path, ": no identity"));
+    }
     LOCKSTEP_RETURN_IF_ERROR(SyncPath(temp));
     if (link(temp.c_str(), path.c_str()) != 0) {
       // link, not rename: never replace a ledger another writer created meanwhile.
@@ -145,10 +219,19 @@ absl::Status CreateLedgerFile(const std::string& path) {
       }
       return absl::InternalError(absl::StrCat("creating ledger ", path, ": ", strerror(errno)));
     }
-    return SyncParentDirectory(path);
+    LOCKSTEP_RETURN_IF_ERROR(SyncParentDirectory(path));
+    // The head after the link: the ledger that won a race of creators is the one it names. A
+    // crash before it leaves a ledger without events and without a head, which the next open
+    // gives its head (Note [The ledger's head record]).
+    LedgerHead head;
+    head.ledger_id = ledger_id;
+    head.dp_rank = dp_rank;
+    head.chain = GenesisChain(ledger_id, dp_rank);
+    return CreateLedgerHead(path, head);
   }();
   RemoveLedgerFiles(temp);
-  return status;
+  if (!status.ok()) return status;
+  return ledger_id;
 }
 
 }  // namespace internal

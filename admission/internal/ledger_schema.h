@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "admission/internal/sqlite.h"
 #include "admission/ledger.h"
 
 namespace lockstep {
@@ -24,7 +26,8 @@ namespace internal {
 
 // "LkSt" in the database header, so that another SQLite file is not mistaken for a ledger.
 inline constexpr int64_t kApplicationId = 0x4C6B5374;
-inline constexpr int64_t kSchemaVersion = 1;
+// Version 2: a ledger knows its identity (table identity; Note [The ledger's head record]).
+inline constexpr int64_t kSchemaVersion = 2;
 inline constexpr int kNumKinds = 8;
 
 // The kind named `name` (the schema's kind column); false for an unknown name.
@@ -39,11 +42,18 @@ std::string RangeText(const TokenRange& r);
 // The chain value of event `e` (its ranges column `ranges`) after the chain value `previous`.
 std::string ChainOf(absl::string_view previous, const LedgerEvent& e, absl::string_view ranges);
 
-// Creates an empty ledger at `path` atomically: the schema is built in a temporary file beside
-// it, which is closed (so nothing remains in its WAL), fsynced and linked into place (never
-// replacing a ledger another writer created meanwhile: kFailedPrecondition), and the directory is
-// fsynced, so a crash leaves either no ledger or a complete empty one.
-absl::Status CreateLedgerFile(const std::string& path);
+// kDataLoss naming the first difference unless `db`'s schema (tables, indexes, triggers, with
+// their statements) is exactly this build's: a ledger whose triggers were edited would accept
+// what exactly-once forbids.
+absl::Status VerifySchema(SqliteDb& db);
+
+// Creates an empty ledger of DP rank `dp_rank` at `path` atomically and returns its new identity:
+// the schema and identity are committed to a temporary file beside it (a rollback journal, so the
+// file holds everything once committed), read back and verified, fsynced and linked into place
+// (never replacing a ledger another writer created meanwhile: kFailedPrecondition), the directory
+// is fsynced, and then the head is written. A crash or a full disk leaves either no ledger or a
+// complete empty one.
+absl::StatusOr<std::string> CreateLedgerFile(const std::string& path, int dp_rank);
 
 }  // namespace internal
 }  // namespace admission

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "admission/internal/ledger_head.h"
 #include "admission/internal/ledger_schema.h"
 #include "base/status_macros.h"
 
@@ -55,7 +56,7 @@ std::vector<TokenRange> Missing(const std::map<int32_t, int64_t>& planned,
   return missing;
 }
 
-absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db) {
+absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db, int64_t head_seq) {
   const std::string& path = db.path();
   LOCKSTEP_ASSIGN_OR_RETURN(int64_t application_id, db.QueryInt("PRAGMA application_id"));
   LOCKSTEP_ASSIGN_OR_RETURN(int64_t version, db.QueryInt("PRAGMA user_version"));
@@ -68,6 +69,7 @@ absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db) {
                                                       version, "; this build reads version ",
                                                       kSchemaVersion));
   }
+  LOCKSTEP_RETURN_IF_ERROR(VerifySchema(db));
   {
     LOCKSTEP_ASSIGN_OR_RETURN(SqliteStatement check, db.Prepare("PRAGMA integrity_check(4)"));
     std::vector<std::string> problems;
@@ -82,6 +84,21 @@ absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db) {
   }
 
   Verified verified;
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(SqliteStatement rows,
+                              db.Prepare("SELECT ledger_id, dp_rank FROM identity"));
+    int count = 0;
+    while (true) {
+      LOCKSTEP_ASSIGN_OR_RETURN(bool row, rows.Step());
+      if (!row) break;
+      ++count;
+      verified.ledger_id = rows.ColumnText(0);
+      verified.dp_rank = static_cast<int>(rows.ColumnInt(1));
+    }
+    if (count != 1) return Corrupt(path, absl::StrCat(count, " identity rows, not one"));
+  }
+  verified.chain = GenesisChain(verified.ledger_id, verified.dp_rank);
+  if (head_seq == 0) verified.head_chain = verified.chain;
   std::map<StepKey, std::map<int32_t, int64_t>> planned;
   std::map<StepKey, std::vector<TokenRange>> completed;
   std::map<StepKey, int64_t> commits;
@@ -103,6 +120,10 @@ absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db) {
       e.microbatch = rows.ColumnText(4);
       e.detail = rows.ColumnText(6);
       const std::string where = absl::StrCat("event ", e.seq);
+      if (e.dp_rank != verified.dp_rank) {
+        return Corrupt(path, absl::StrCat(where, " is of DP rank ", e.dp_rank,
+                                          "; the ledger is DP rank ", verified.dp_rank, "'s"));
+      }
       if (e.seq != verified.next_seq) {
         return Corrupt(
             path, absl::StrCat("event ", verified.next_seq, " is missing (next is ", e.seq, ")"));
@@ -117,6 +138,7 @@ absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db) {
                                           ") does not match its chain: edited or damaged"));
       }
       verified.chain = chain;
+      if (e.seq == head_seq) verified.head_chain = chain;
       ++verified.next_seq;
 
       const StepKey key{e.step, e.dp_rank};

@@ -33,15 +33,22 @@ std::vector<TokenRange> Merged(std::vector<TokenRange> ranges);
 std::vector<TokenRange> Missing(const std::map<int32_t, int64_t>& planned,
                                 const std::vector<TokenRange>& completed);
 
-// A verified ledger: its replay, and where a writer goes on (the last chain value, the next seq).
+// A verified ledger: its identity, its replay, and where a writer goes on (the last chain value,
+// the next seq).
 struct Verified {
+  std::string ledger_id;
+  int dp_rank = 0;
   LedgerReplay replay;
   std::string chain;
   int64_t next_seq = 1;
+  // The chain value after event `head_seq` (the genesis chain for 0), or empty if the ledger does
+  // not reach it: what the head is checked against.
+  std::string head_chain;
 };
 
-// Reads every table of `db`, checks the ledger's invariants and builds its replay.
-absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db);
+// Reads every table of `db`, checks the ledger's invariants (this schema, exactly; one identity;
+// every event of its DP rank and chained from its genesis) and builds its replay.
+absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db, int64_t head_seq);
 
 }  // namespace internal
 }  // namespace admission

@@ -56,12 +56,19 @@ absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path
     return status;
   }
   sqlite3_extended_result_codes(db, 1);
+  // Note [The ledger's head record]: nothing is checkpointed or deleted at close until the
+  // ledger has verified the file (SetCheckpointOnClose).
+  sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
   return std::unique_ptr<SqliteDb>(new SqliteDb(db, path));
 }
 
 SqliteDb::~SqliteDb() {
   for (auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
   sqlite3_close(db_);
+}
+
+void SqliteDb::SetCheckpointOnClose(bool checkpoint) {
+  sqlite3_db_config(db_, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, checkpoint ? 0 : 1, nullptr);
 }
 
 void SqliteDb::Release(std::string sql, sqlite3_stmt* stmt) {

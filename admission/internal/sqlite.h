@@ -33,8 +33,13 @@ class SqliteStatement;
 class SqliteDb {
  public:
   // Opens `path` read-write; `create` also creates a missing file. kNotFound for a missing file
-  // when not creating.
+  // when not creating. Closing the connection neither checkpoints nor removes the WAL until
+  // SetCheckpointOnClose(true): a file opened to be verified is left exactly as found.
   static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path, bool create);
+
+  // Whether closing the connection checkpoints the WAL into the file and removes it (SQLite's
+  // default, and what a writer of a verified ledger wants).
+  void SetCheckpointOnClose(bool checkpoint);
 
   ~SqliteDb();
   SqliteDb(const SqliteDb&) = delete;
