@@ -226,7 +226,9 @@ constexpr double kDeviceTarget = 2.5e12;  // bytes of input per second
 // bytes per second; a run that did not measure is said and counted.
 bool PrintThroughput(const benchmarking::RatioReporter& reporter, const std::string& what,
                      const std::string& run, double bytes, double copy_rate) {
-  const std::optional<double> seconds = reporter.Seconds(run);
+  // The reporter keeps each run's time in its unit: milliseconds here.
+  std::optional<double> seconds = reporter.Seconds(run);
+  if (seconds.has_value()) *seconds *= 1e-3;
   if (!seconds.has_value() || *seconds <= 0) {
     std::fprintf(stderr, "numerics_benchmark: %s: %s did not measure\n", what.c_str(), run.c_str());
     return false;
@@ -240,8 +242,8 @@ bool PrintThroughput(const benchmarking::RatioReporter& reporter, const std::str
 
 bool PrintTargets(const benchmarking::RatioReporter& reporter) {
   const double gib = 1024.0 * kMiB;
-  const std::optional<double> copy = reporter.Seconds("BM_Copy/cuda/1024/real_time");
-  const double copy_rate = copy.has_value() && *copy > 0 ? gib / *copy : 0.0;
+  const std::optional<double> copy_ms = reporter.Seconds("BM_Copy/cuda/1024/real_time");
+  const double copy_rate = copy_ms.has_value() && *copy_ms > 0 ? gib / (1e-3 * *copy_ms) : 0.0;
   bool measured = true;
   measured &= PrintThroughput(reporter, "digest of one 1 GiB tensor",
                               "BM_Digest/cuda/1024/real_time", gib, copy_rate);

@@ -135,6 +135,11 @@ absl::Status Breakdown(rng::RankStreams& streams, const std::vector<planner::Seq
   LOCKSTEP_RETURN_IF_ERROR(time("RNG snapshot of the default generators", [&]() -> absl::Status {
     return rng::RngSnapshot::Capture(streams.generators()).status();
   }));
+  if (streams.generators().has_cuda()) {
+    LOCKSTEP_RETURN_IF_ERROR(time("  of which the CPU generator alone", [&]() -> absl::Status {
+      return rng::RngSnapshot::Capture(rng::DefaultGenerators::CpuOnly()).status();
+    }));
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(rng::RngSnapshot snapshot,
                             rng::RngSnapshot::Capture(streams.generators()));
   LOCKSTEP_RETURN_IF_ERROR(time("RNG snapshot restored", [&] { return snapshot.Restore(); }));

@@ -278,6 +278,42 @@ TEST(TrainerContractTest, TheModelStreamAgreesWhateverTheCallerDrawsAfterCreate)
   }
 }
 
+// Note [Planning draws nothing]: beginning a call (planning, agreement, admission) leaves the
+// caller's generators and the model stream exactly as they were, and the microbatches' draws
+// then come from the model stream as before.
+absl::Status PlanningDrawsNothingBody(int rank, collectives::Communicator& world) {
+  RigOptions options;
+  options.admission = true;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Rig> rig, MakeRig(rank, world, options));
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor caller_before, CallerDigest(*rig->streams));
+  const std::optional<rng::RngSnapshot> model_before = rig->streams->model().state();
+  LOCKSTEP_RETURN_IF_ERROR(Expect(model_before.has_value(), "no model stream after Create"));
+  LOCKSTEP_ASSIGN_OR_RETURN(MicrobatchStream stream,
+                            rig->trainer->ForwardMicrobatches(TrainerInputs::Of(Batch(), Rows())));
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor caller_after, CallerDigest(*rig->streams));
+  LOCKSTEP_RETURN_IF_ERROR(
+      Expect(at::equal(caller_before, caller_after), "ForwardMicrobatches moved the caller's RNG"));
+  const std::optional<rng::RngSnapshot> model_after = rig->streams->model().state();
+  LOCKSTEP_RETURN_IF_ERROR(
+      Expect(model_after.has_value() && model_after->cpu_state() == model_before->cpu_state(),
+             "ForwardMicrobatches moved the model stream"));
+  // The first microbatch draws its mask from the model stream where it stood.
+  LOCKSTEP_ASSIGN_OR_RETURN(std::optional<MicrobatchOutput> first, stream.Next());
+  LOCKSTEP_RETURN_IF_ERROR(Expect(first.has_value(), "no microbatch"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      Expect(rig->streams->model().state()->cpu_state() != model_before->cpu_state(),
+             "the microbatch's dropout did not draw from the model stream"));
+  LOCKSTEP_ASSIGN_OR_RETURN(bool agree, ModelStreamsAgree(*rig->group, *rig->streams));
+  return Expect(agree, "the model streams differ across the replicas");
+}
+
+TEST(TrainerContractTest, BeginningACallLeavesBothStreamsWhereTheyWere) {
+  for (const absl::Status& s : collectives::RunProcessWorld(collectives::ProcessWorldOptions::Of(2),
+                                                            PlanningDrawsNothingBody)) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 // A model stream set before Create on each replica from its own state (an earlier scope) cannot
 // be made to agree by Create: refused on every replica, naming the cause, instead of replicas
 // drawing different masks.

@@ -43,11 +43,16 @@ MicrobatchStream::~MicrobatchStream() = default;
 
 const planner::Plan& MicrobatchStream::plan() const { return state_->loop.plan(); }
 
+// Note [Planning draws nothing]: a call's step begins (planning, the plan's agreement, admission,
+// the ledger's begin record) without swapping in the model stream: none of it draws a random
+// number or runs the caller's code, so the caller's generators and the model stream are what they
+// were either way, and the swap (two captures and two restores of the default generators) would
+// be pure cost on the path before the first forward. Where the caller's code runs (the forward,
+// the memory probe), MicrobatchStream::Next enters the scope. trainer_contract_test holds both
+// streams unchanged across ForwardMicrobatches.
 absl::StatusOr<MicrobatchStream> TrainerRank::ForwardMicrobatches(TrainerInputs inputs) {
   LOCKSTEP_RETURN_IF_ERROR(CallerStateLive(*core_, "ForwardMicrobatches"));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::optional<rng::ModelStreamScope> scope, core_->EnterModelStream());
   absl::StatusOr<admission::RecoveryLoop> loop = core_->BeginStep(inputs, false);
-  LOCKSTEP_RETURN_IF_ERROR(scope.has_value() ? scope->Exit() : absl::OkStatus());
   if (!loop.ok()) return loop.status();
   return MicrobatchStream(std::make_unique<internal::StreamState>(
       internal::StreamState{core_, *std::move(loop), std::move(inputs), false}));
@@ -71,7 +76,8 @@ absl::StatusOr<std::optional<MicrobatchOutput>> MicrobatchStream::Next() {
       return core->HandBack(internal::HandBackPoint::kMicrobatch,
                             absl::StrCat("after a microbatch of step ", s.loop.step()));
     };
-    absl::StatusOr<internal::RanMicrobatch> run = core->RunNext(s.loop, s.inputs, hand_back);
+    absl::StatusOr<internal::RanMicrobatch> run =
+        core->RunNext(s.loop, s.inputs, hand_back, /*scope_fresh=*/true);
     LOCKSTEP_RETURN_IF_ERROR(scope.has_value() ? scope->Exit()
                                                : absl::OkStatus());  // no-op if ended
     if (!run.ok()) return run.status();
@@ -100,7 +106,7 @@ absl::StatusOr<std::vector<MicrobatchOutput>> TrainerRank::ForwardAllMicrobatche
       LOCKSTEP_ASSIGN_OR_RETURN(loop, core_->BeginStep(inputs, /*held_until_the_end=*/true));
       while (!loop->done()) {
         LOCKSTEP_ASSIGN_OR_RETURN(internal::RanMicrobatch one,
-                                  core_->RunNext(*loop, inputs, nullptr));
+                                  core_->RunNext(*loop, inputs, nullptr, /*scope_fresh=*/false));
         ran.push_back(std::move(one));
       }
       return absl::OkStatus();

@@ -149,8 +149,9 @@ class TrainerRank {
   TrainerRank(const TrainerRank&) = delete;
   TrainerRank& operator=(const TrainerRank&) = delete;
 
-  // Plans `inputs` (inside the model-stream scope), checks the plan and its admission agree
-  // across the group and returns the stream of its microbatches. kFailedPrecondition while a
+  // Plans `inputs` (drawing no random numbers: Note [Planning draws nothing] in trainer_rank.cc;
+  // the microbatches' work runs inside the model-stream scope), checks the plan and its admission
+  // agree across the group and returns the stream of its microbatches. kFailedPrecondition while a
   // scope or fork is active; with admission, kResourceExhausted naming a microbatch that cannot
   // fit alone under the cap.
   absl::StatusOr<MicrobatchStream> ForwardMicrobatches(TrainerInputs inputs);

@@ -249,12 +249,19 @@ absl::Status TrainerCore::RunAttempt(const admission::WaveWork& wave, const Trai
 
 absl::StatusOr<RanMicrobatch> TrainerCore::RunNext(
     admission::RecoveryLoop& loop, const TrainerInputs& inputs,
-    const std::function<absl::Status()>& before_gather) {
+    const std::function<absl::Status()>& before_gather, bool scope_fresh) {
   std::optional<Attempt> attempt;
+  // Where this call's attempts begin: a failed attempt rewinds the model stream to it, so every
+  // attempt of the call begins there. In a fresh scope it is the state the scope installed.
+  std::optional<rng::RngSnapshot> start;
+  if (scope_fresh && seams_.model_stream_scope) start = streams().model().state();
   admission::AttemptHooks hooks;
   hooks.attempt = [&](const admission::WaveWork& wave) -> absl::Status {
     attempt.emplace();
-    LOCKSTEP_ASSIGN_OR_RETURN(attempt->before, rng::RngSnapshot::Capture(streams().generators()));
+    if (!start.has_value()) {
+      LOCKSTEP_ASSIGN_OR_RETURN(start, rng::RngSnapshot::Capture(streams().generators()));
+    }
+    attempt->before = *start;
     return RunAttempt(wave, inputs, *attempt);
   };
   hooks.on_failure = [&](const admission::WaveWork&) {

@@ -92,9 +92,10 @@ class TrainerCore {
   // The model-stream scope (none when the negative control turns it off).
   absl::StatusOr<std::optional<rng::ModelStreamScope>> EnterModelStream();
 
-  // Inside the model-stream scope: plans `inputs`, then begins the step's recovery loop (the
-  // group's agreement on the plan and its admission, the ledger step). `held_until_the_end`:
-  // every microbatch's outputs are handed back at once (admission adds what they keep held).
+  // Plans `inputs` (Note [Planning draws nothing] in trainer_rank.cc), then begins the step's
+  // recovery loop (the group's agreement on the plan and its admission, the ledger step).
+  // `held_until_the_end`: every microbatch's outputs are handed back at once (admission adds what
+  // they keep held).
   absl::StatusOr<admission::RecoveryLoop> BeginStep(const TrainerInputs& inputs,
                                                     bool held_until_the_end);
 
@@ -102,9 +103,12 @@ class TrainerCore {
   // on its outcome across the group (Note [Outcome agreement] in collectives/outcome.h), then
   // runs `before_gather` (if set) and gathers the full outputs. A failure on any replica fails
   // every replica promptly, with the model stream rewound to where the attempt began; out of
-  // memory with admission is recovered by the loop. Precondition: !loop.done().
+  // memory with admission is recovered by the loop. `scope_fresh`: the scope was entered for this
+  // call and nothing drew since, so the live model stream is the one the scope stored (no capture
+  // of the generators is needed to know where the attempt began). Precondition: !loop.done().
   absl::StatusOr<RanMicrobatch> RunNext(admission::RecoveryLoop& loop, const TrainerInputs& inputs,
-                                        const std::function<absl::Status()>& before_gather);
+                                        const std::function<absl::Status()>& before_gather,
+                                        bool scope_fresh);
 
   // Synchronizes the caller's RNG across the group, unless the negative control for `point`
   // turns it off (Note [Hand-back rule]).
