@@ -2,6 +2,8 @@
 # Builds lockstep's GPU tests and benchmarks against the LibTorch 2.11 + CUDA 13 SDK
 # (../shared/gpu-sdk) with --config=cuda, and packs them into .gpu-bundle/ for the H200:
 #   tools/gpu_bundle.sh            then, on the device:  ./.gpu-bundle/run.sh
+#   tools/gpu_bundle.sh //trainer:trainer_benchmark ...   builds and packs only those targets
+#                                  (no Python package, no example), for a quick measurement.
 # The CPU tests of rng/collectives/base/checkpoint/tools are included too, so the 2.11 build of
 # the CPU paths runs there as well.
 set -euo pipefail
@@ -71,6 +73,11 @@ targets=(
   //tools:compare
   //examples:train
 )
+subset=0
+if (($# > 0)); then
+  targets=("$@")
+  subset=1
+fi
 # The Python package for the device's Python 3.12 and torch 2.11 (third_party/python/h200): its
 # headers, and a link stub of its libtorch_python beside the SDK's other stubs.
 python_headers=/tmp/lockstep-python3.12-include
@@ -85,14 +92,17 @@ if [[ ! -f $sdk/lib/libtorch_python.so ]]; then
     "$sdk/lib/torch_python.s"
   rm -f "$sdk/lib/libtorch_python.so.syms" "$sdk/lib/torch_python.s"
 fi
+extra=(//python:package)
+((subset)) && extra=()
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" \
-  --repo_env=PYTHON_INCLUDE="$python_headers/python3.12" "${targets[@]}" //python:package
+  --repo_env=PYTHON_INCLUDE="$python_headers/python3.12" "${targets[@]}" "${extra[@]}"
 bins=()
 for t in "${targets[@]}"; do bins+=("bazel-bin/$(sed 's|^//||; s|:|/|' <<<"$t")"); done
 rm -rf .gpu-bundle
 SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
 # Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named, never counted.
 cp tools/gpu_run.sh .gpu-bundle/run.sh
+if ((!subset)); then
 # The Python package and its pytest suites, run there by python/gpu_run.sh.
 mkdir -p .gpu-bundle/python
 cp -r bazel-bin/python/pkg .gpu-bundle/python/ && chmod -R u+w .gpu-bundle/python
@@ -100,8 +110,12 @@ cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
 cp -r examples/lm/train_test.sh examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
+fi
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).
 rm -rf .gpu-bundle/bin/*.runfiles
-grep -qx '/.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu-bundle/' >> .git/info/exclude
+# In a second worktree .git is a file; git names the exclude file of either kind.
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu-bundle/' "$exclude" 2>/dev/null || echo '/.gpu-bundle/' >> "$exclude"
 du -sh .gpu-bundle
