@@ -1,22 +1,33 @@
 #include "collectives/gloo_communicator.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/posix_io.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
 #include "base/stopwatch.h"
+#include "base/subprocess.h"
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
@@ -544,6 +555,273 @@ TEST(RendezvousTest, AStoreLostOnceFailsEveryLaterCallAtOnce) {
     EXPECT_THAT(s.message(), AllOf(HasSubstr("the rendezvous store was lost earlier"),
                                    HasSubstr(std::string(first.status().message()))));
   }
+}
+
+// A peer at MASTER_PORT that is not a working c10d store, on 127.0.0.1 in a thread of the test:
+//   kSilent:  accepts every connection and never sends a byte;
+//   kGarbage: accepts and sends what no store sends: a length prefix of 2^64 - 1, then noise;
+//   kStalls:  forwards every connection to a real store at `upstream`, but passes back only the
+//             first 8 bytes the store answers (one reply), then nothing: a store that answered
+//             once and then stopped (its process stopped, its host overloaded).
+class HostilePeer {
+ public:
+  enum class Mode { kSilent, kGarbage, kStalls };
+
+  static absl::StatusOr<std::unique_ptr<HostilePeer>> Start(Mode mode, int upstream = 0) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = 0;
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    socklen_t length = sizeof(address);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        listen(fd, 16) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      if (fd >= 0) close(fd);
+      return absl::InternalError(absl::StrCat("hostile peer: ", std::strerror(errno)));
+    }
+    std::unique_ptr<HostilePeer> peer(new HostilePeer(mode, fd, ntohs(address.sin_port), upstream));
+    peer->thread_ = std::thread([p = peer.get()] { p->Serve(); });
+    return peer;
+  }
+
+  ~HostilePeer() {
+    stop_ = true;
+    thread_.join();
+    close(listener_);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  HostilePeer(Mode mode, int listener, int port, int upstream)
+      : mode_(mode), listener_(listener), port_(port), upstream_(upstream) {}
+
+  static int ConnectUpstream(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  void Serve() {
+    // Each connection: the client's descriptor and, when stalling, the store's.
+    std::vector<std::pair<int, int>> links;
+    size_t replies_left = 8;
+    while (!stop_) {
+      std::vector<pollfd> fds = {{listener_, POLLIN, 0}};
+      for (const auto& [client, store] : links) {
+        fds.push_back({client, POLLIN, 0});
+        fds.push_back({store, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), 50) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        const int client = accept(listener_, nullptr, nullptr);
+        if (client >= 0) {
+          if (mode_ == Mode::kGarbage) {
+            std::string noise(8, '\xff');  // a length prefix of 2^64 - 1
+            for (int i = 0; i < 4096; ++i) noise.push_back(static_cast<char>(i * 37 + 11));
+            (void)WriteAll(client, noise);
+          }
+          links.push_back({client, mode_ == Mode::kStalls ? ConnectUpstream(upstream_) : -1});
+        }
+      }
+      for (size_t i = 0; i < links.size(); ++i) {
+        char buffer[4096];
+        if (fds[1 + 2 * i].revents & POLLIN) {  // the client sent: the store gets it (if any)
+          const ssize_t n = read(links[i].first, buffer, sizeof(buffer));
+          if (n > 0 && links[i].second >= 0) {
+            (void)WriteAll(links[i].second, absl::string_view(buffer, n));
+          }
+        }
+        if (links[i].second >= 0 && (fds[2 + 2 * i].revents & POLLIN)) {  // the store answered
+          const ssize_t n = read(links[i].second, buffer, sizeof(buffer));
+          const size_t passed = n > 0 ? std::min(replies_left, static_cast<size_t>(n)) : 0;
+          (void)WriteAll(links[i].first, absl::string_view(buffer, passed));
+          replies_left -= passed;
+        }
+      }
+    }
+    for (const auto& [client, store] : links) {
+      close(client);
+      if (store >= 0) close(store);
+    }
+  }
+
+  const Mode mode_;
+  const int listener_;
+  const int port_;
+  const int upstream_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Runs `body` in a forked child and returns its status. An abort, a crash or a hang past `bound`
+// comes back as a status saying so ("... was killed by signal 6 (Aborted)"), so that the test
+// observes it instead of losing its own process.
+absl::Status InChild(absl::Duration bound, const std::function<absl::Status()>& body) {
+  absl::StatusOr<Child> child = Child::Fork(ChildOptions::Reporting(), [&](int channel) {
+    const absl::Status status = body();
+    (void)WriteAll(channel, absl::StrCat(static_cast<int>(status.code()), " ", status.message()));
+    return 0;
+  });
+  if (!child.ok()) return child.status();
+  std::string report;
+  const Stopwatch clock;
+  bool open = true;
+  while (open && clock.Elapsed() < bound) {
+    absl::StatusOr<int> still_open = PollChannels(
+        {&*child}, bound - clock.Elapsed(),
+        [&](size_t, absl::string_view bytes) { report.append(bytes.data(), bytes.size()); });
+    open = still_open.ok() && *still_open > 0;
+  }
+  if (open) {
+    child->Signal(SIGKILL);
+    child->Reap();
+    return absl::InternalError(
+        absl::StrCat("the child was still running after ", absl::FormatDuration(bound)));
+  }
+  child->Reap();
+  const std::vector<std::string> parts = absl::StrSplit(report, absl::MaxSplits(' ', 1));
+  int code = -1;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &code)) {
+    return absl::InternalError(absl::StrCat("the child ", child->Describe(), " without a report"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), parts[1]);
+}
+
+// Rank 1's rendezvous against `peer` in a child, with `timeout`: its status and how long it took.
+absl::Status RankOneAgainst(int port, absl::Duration timeout, absl::Duration* took) {
+  const Stopwatch clock;
+  const absl::Status status = InChild(timeout + absl::Seconds(10), [&] {
+    return Rendezvous::Tcp("127.0.0.1", port, 1, 2, timeout).status();
+  });
+  *took = clock.Elapsed();
+  return status;
+}
+
+// Note [Bounded start-up]: a listener at MASTER_PORT that accepts and never answers fails the
+// rendezvous within its timeout, naming the address and what was being waited for.
+TEST(RendezvousTest, ASilentListenerFailsWithinTheTimeout) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto peer, HostilePeer::Start(HostilePeer::Mode::kSilent));
+  const absl::Duration timeout = absl::Seconds(2);
+  absl::Duration took;
+  const absl::Status status = RankOneAgainst(peer->port(), timeout, &took);
+  EXPECT_THAT(status.code(),
+              AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kUnavailable))
+      << status;
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(absl::StrCat("127.0.0.1:", peer->port())),
+                                      HasSubstr("did not answer a store query within 2s")));
+  EXPECT_LT(took, timeout + absl::Seconds(3));
+}
+
+// Note [Bounded start-up]: a store that answered once (the first query) and then stopped: the
+// wait inside LibTorch's store calls is bounded too.
+TEST(RendezvousTest, AStoreThatStopsAnsweringFailsWithinTheTimeout) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int store_port, FreeLoopbackPort());
+  const absl::Duration timeout = absl::Seconds(3);
+  // Rank 0 serves a real store for a world of 3 whose rank 2 never comes.
+  absl::StatusOr<std::shared_ptr<Rendezvous>> zero;
+  std::thread serve([&] { zero = Rendezvous::Tcp("127.0.0.1", store_port, 0, 3, timeout); });
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto peer,
+                                HostilePeer::Start(HostilePeer::Mode::kStalls, store_port));
+  const Stopwatch clock;
+  const absl::Status status = InChild(timeout + absl::Seconds(10), [&] {
+    return Rendezvous::Tcp("127.0.0.1", peer->port(), 1, 3, timeout).status();
+  });
+  const absl::Duration took = clock.Elapsed();
+  serve.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  // Given up by lockstep's own deadline, or by a receive timeout LibTorch set on its socket.
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(absl::StrCat("127.0.0.1:", peer->port())),
+                    AnyOf(HasSubstr("did not answer within 3s"), HasSubstr("within 3s"))));
+  EXPECT_LT(took, timeout + absl::Seconds(4));
+}
+
+// A listener at MASTER_PORT that answers with bytes no store sends (a length prefix of 2^64 - 1):
+// an error naming the address, not an abort on one of LibTorch's threads.
+TEST(RendezvousTest, AListenerAnsweringGarbageIsAnErrorNotAnAbort) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto peer, HostilePeer::Start(HostilePeer::Mode::kGarbage));
+  absl::Duration took;
+  const absl::Status status = RankOneAgainst(peer->port(), absl::Seconds(2), &took);
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("127.0.0.1:", peer->port(),
+                                                       " did not answer as a c10d store")))
+      << status;
+  EXPECT_LT(took, absl::Seconds(5));
+}
+
+// RANK=1 given to two processes of a world of 2 (threads here, each with its own Rendezvous):
+// the second claimant always fails naming the rank and both claimants; the others fail the same
+// way unless their rendezvous completed before the second claim (then only it can know).
+TEST(RendezvousTest, ARankGivenTwiceIsNamed) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
+  const absl::Duration timeout = absl::Seconds(3);
+  std::vector<absl::Status> results(3);
+  const Stopwatch clock;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Rendezvous::Tcp("127.0.0.1", port, i == 0 ? 0 : 1, 2, timeout).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_LT(clock.Elapsed(), timeout + absl::Seconds(3));
+  int named = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (results[i].ok()) continue;
+    EXPECT_EQ(results[i].code(), absl::StatusCode::kFailedPrecondition) << results[i];
+    EXPECT_THAT(results[i].message(),
+                AllOf(HasSubstr("rank 1 is claimed by 2 processes"), HasSubstr(" pid ")))
+        << "process " << i;
+    ++named;
+  }
+  EXPECT_GE(named, 1) << "nobody noticed rank 1 given twice";
+}
+
+// Two processes with RANK=1 while rank 0 has not come (the file store needs no server, so the
+// order is certain): both learn of the duplicate at once, long before the timeout.
+TEST(RendezvousTest, ARankGivenTwiceIsNamedToEveryProcessStillWaiting) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/twice_", getpid());
+  const absl::Duration timeout = absl::Seconds(5);
+  const Stopwatch clock;
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] { results[i] = Rendezvous::File(path, 1, 2, timeout).status(); });
+  }
+  for (std::thread& t : threads) t.join();
+  unlink(path.c_str());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(results[i].code(), absl::StatusCode::kFailedPrecondition)
+        << "process " << i << ": " << results[i];
+    EXPECT_THAT(results[i].message(),
+                AllOf(HasSubstr("rank 1 is claimed by 2 processes"), HasSubstr(" pid ")))
+        << "process " << i;
+  }
+  EXPECT_LT(clock.Elapsed(), absl::Seconds(3));
+}
+
+TEST(LaunchEnvironmentTest, LocalRankMustBeBelowLocalWorldSize) {
+  std::map<std::string, std::string> vars = {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                                             {"RANK", "3"},        {"WORLD_SIZE", "4"},
+                                             {"LOCAL_RANK", "2"},  {"LOCAL_WORLD_SIZE", "2"}};
+  const absl::Status status = ParseLaunchEnvironment(Env(vars)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"));
+  vars["LOCAL_RANK"] = "1";
+  EXPECT_TRUE(ParseLaunchEnvironment(Env(vars)).ok());
+  // Without LOCAL_WORLD_SIZE there is no limit to check against.
+  vars.erase("LOCAL_WORLD_SIZE");
+  vars["LOCAL_RANK"] = "7";
+  EXPECT_TRUE(ParseLaunchEnvironment(Env(vars)).ok());
 }
 
 TEST(LaunchEnvironmentTest, ParsesTheTorchrunVariables) {

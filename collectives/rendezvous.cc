@@ -1,7 +1,6 @@
 #include "collectives/rendezvous.h"
 
 #include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -9,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -19,6 +19,7 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/internal/store.h"
+#include "collectives/internal/store_probe.h"
 #include "torch/csrc/distributed/c10d/FileStore.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 
@@ -26,6 +27,81 @@ namespace lockstep {
 namespace collectives {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Note [Bounded start-up]: every wait of Tcp() and File() ends within the caller's timeout (plus
+// kStartUpGrace) whatever the peer at the store's address does, since a wait that never ends
+// hangs a whole job at launch with nothing to say why. Two parts:
+//  - Before LibTorch's TCPStore client touches MASTER_ADDR:MASTER_PORT, a rank other than 0
+//    probes it with one store query of its own over a plain socket, every step under the deadline
+//    (internal::ProbeStore, store_probe.h). LibTorch cannot be trusted with that first contact:
+//    its 1.13 client waits for replies without any bound, and its background callback thread reads
+//    whatever the peer sends and lets the exception from a garbage length prefix (std::bad_alloc)
+//    end the process — no CallTorch can catch it there. A peer that never answers is
+//    kDeadlineExceeded; one that answers something else is kFailedPrecondition ("did not answer as
+//    a c10d store").
+//  - A peer that answered the probe can still stop answering later (its process stopped, its
+//    host overloaded), and LibTorch's store calls (1.13's check(), its connects) take no deadline.
+//    So the store's construction and the arrivals run on a helper thread (RunStartUp) that the
+//    caller waits for until the deadline plus kStartUpGrace, then gives up on: the thread is
+//    detached, holding (through a shared_ptr) the store and everything else it touches, and ends
+//    on its own when its call returns or fails. The leak is one blocked thread and one socket
+//    per abandoned start-up, in a process that is about to report the failure and exit.
+constexpr absl::Duration kStartUpGrace = absl::Seconds(2);
+
+// What a start-up thread is doing, and then what it produced (Note [Bounded start-up]).
+struct StartUp {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string phase = "starting";
+  bool done = false;
+  absl::StatusOr<std::unique_ptr<Rendezvous::Impl>> result;
+
+  void Enter(std::string what) {
+    std::lock_guard<std::mutex> lock(mu);
+    phase = std::move(what);
+  }
+};
+
+// Runs `work` on a helper thread and returns its result, or gives up on it once `deadline` plus
+// kStartUpGrace has passed: kDeadlineExceeded naming `store` and the phase the work was in. The
+// grace lets the work report a timeout of its own (which names the missing ranks) first. `work`
+// must own (capture by value) whatever it uses besides the StartUp it is given.
+absl::StatusOr<std::unique_ptr<Rendezvous::Impl>> RunStartUp(
+    const std::string& where, const std::string& store, absl::Duration timeout,
+    Clock::time_point deadline,
+    std::function<absl::StatusOr<std::unique_ptr<Rendezvous::Impl>>(StartUp&)> work) {
+  auto state = std::make_shared<StartUp>();
+  std::thread thread;
+  try {
+    thread = std::thread([state, work = std::move(work)] {
+      absl::StatusOr<std::unique_ptr<Rendezvous::Impl>> result = work(*state);
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->result = std::move(result);
+      state->done = true;
+      state->cv.notify_all();
+    });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(where, ": cannot start the rendezvous thread: ", e.what()));
+  }
+  std::unique_lock<std::mutex> lock(state->mu);
+  if (!state->cv.wait_until(lock, deadline + absl::ToChronoMilliseconds(kStartUpGrace),
+                            [&state] { return state->done; })) {
+    const std::string phase = state->phase;
+    lock.unlock();
+    thread.detach();
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": the store at ", store, " did not answer within ", absl::FormatDuration(timeout),
+        " while ", phase,
+        "; its server (global rank 0) is stopped or overloaded, or the link to it is down"));
+  }
+  absl::StatusOr<std::unique_ptr<Rendezvous::Impl>> result = std::move(state->result);
+  lock.unlock();
+  thread.join();
+  return result;
+}
 
 // Runs a store operation through the exception boundary. A failure of the transport or of the
 // store (kUnavailable, or kInternal where the store throws plain errors, as LibTorch 1.13's do)
@@ -43,28 +119,88 @@ absl::Status StoreCall(const std::string& what, absl::Duration timeout, Fn&& fn)
   return status;
 }
 
+// Note [Rank claims]: two processes given the same RANK would otherwise both announce it and
+// the rendezvous would complete, wrongly, with one process too many. Each process therefore adds
+// 1 to its rank's claim counter (the store's add() is atomic) and records who it is under its
+// claim's number. The first claimant announces the rank; a later one publishes a marker naming
+// the rank and fails. Every rank checks the marker while it waits and once more when all ranks
+// are there, so every process still waiting when the second claim comes fails too; a claim that
+// comes after the others completed can only fail itself.
+std::string ClaimsKey(int rank) { return absl::StrCat("lockstep/rendezvous/claims/", rank); }
+std::string ClaimKey(int rank, int64_t n) {
+  return absl::StrCat("lockstep/rendezvous/claim/", rank, "/", n);
+}
+constexpr char kDuplicateKey[] = "lockstep/rendezvous/duplicate";
+
+// Note [Rank claims]: the error naming the rank given twice (as the marker says) and its
+// claimants.
+absl::Status DuplicateRankError(c10d::Store& store, absl::Duration timeout,
+                                const std::string& where) {
+  std::vector<uint8_t> marker;
+  LOCKSTEP_RETURN_IF_ERROR(StoreCall(where, timeout, [&] { marker = store.get(kDuplicateKey); }));
+  int rank = -1;
+  if (!absl::SimpleAtoi(std::string(marker.begin(), marker.end()), &rank)) {
+    return absl::InternalError(absl::StrCat(where, ": the duplicate-rank marker is malformed"));
+  }
+  int64_t claims = 0;
+  LOCKSTEP_RETURN_IF_ERROR(
+      StoreCall(where, timeout, [&] { claims = store.add(ClaimsKey(rank), 0); }));
+  std::vector<std::string> claimants;
+  for (int64_t n = 1; n <= claims; ++n) {
+    bool recorded = false;
+    std::vector<uint8_t> who;
+    LOCKSTEP_RETURN_IF_ERROR(StoreCall(where, timeout, [&] {
+      recorded = store.check({ClaimKey(rank, n)});
+      if (recorded) who = store.get(ClaimKey(rank, n));
+    }));
+    claimants.push_back(recorded ? std::string(who.begin(), who.end()) : "one not yet recorded");
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, ": rank ", rank, " is claimed by ", claims, " processes (",
+      absl::StrJoin(claimants, "; "),
+      "); every process of a job needs a RANK of its own: check the launch's ranks, and that no "
+      "process of an earlier run (or its file store) is left"));
+}
+
 // Every rank announces itself in the store, then waits for the others' announcements, so that a
-// rendezvous that cannot complete fails within its timeout naming the ranks that arrived and the
-// ones that did not (instead of a store error naming neither).
+// rendezvous that cannot complete fails by `deadline` naming the ranks that arrived and the ones
+// that did not (instead of a store error naming neither).
 // Each rank announces its host name; with `local_world_size` ranks per node (0: unknown), the
 // missing ranks are also named by node (rank / local_world_size, torchrun's numbering), since
 // a whole node missing usually means its launch never started or cannot reach the store.
+// A rank given to two processes is named (Note [Rank claims]).
 absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, int local_world_size,
-                           absl::Duration timeout, const std::string& where) {
+                           absl::Duration timeout, Clock::time_point deadline,
+                           const std::string& where, StartUp& progress) {
   auto key = [](int r) { return absl::StrCat("lockstep/rendezvous/arrived/", r); };
-  const absl::Time deadline = absl::Now() + timeout;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   const std::string me = host[0] != '\0' ? host : "?";
+  const std::string identity = absl::StrCat("host ", me, " pid ", getpid());
+  progress.Enter(absl::StrCat("announcing rank ", rank));
+  int64_t claim = 0;
   LOCKSTEP_RETURN_IF_ERROR(StoreCall(absl::StrCat(where, ": announcing rank ", rank), timeout, [&] {
-    store.set(key(rank), std::vector<uint8_t>(me.begin(), me.end()));
+    claim = store.add(ClaimsKey(rank), 1);
+    store.set(ClaimKey(rank, claim), std::vector<uint8_t>(identity.begin(), identity.end()));
+    if (claim == 1) {
+      store.set(key(rank), std::vector<uint8_t>(me.begin(), me.end()));
+    } else {
+      const std::string marker = std::to_string(rank);
+      store.set(kDuplicateKey, std::vector<uint8_t>(marker.begin(), marker.end()));
+    }
   }));
+  if (claim > 1) return DuplicateRankError(store, timeout, where);
   std::vector<std::string> all;
   for (int r = 0; r < world_size; ++r) all.push_back(key(r));
+  progress.Enter("waiting for the other ranks to arrive");
   for (;;) {
     bool complete = false;
-    const absl::Status waited = StoreCall(absl::StrCat(where, ": waiting for the other ranks"),
-                                          timeout, [&] { complete = store.check(all); });
+    bool duplicate = false;
+    const absl::Status waited =
+        StoreCall(absl::StrCat(where, ": waiting for the other ranks"), timeout, [&] {
+          complete = store.check(all);
+          duplicate = store.check({kDuplicateKey});  // after: none, once all are there
+        });
     if (!waited.ok() && waited.code() != absl::StatusCode::kDeadlineExceeded) {
       // The store answered before and fails now: its connection is gone, not a peer late.
       return absl::UnavailableError(absl::StrCat(
@@ -73,10 +209,12 @@ absl::Status AwaitArrivals(c10d::Store& store, int rank, int world_size, int loc
           "is gone or the link to its host is down"));
     }
     LOCKSTEP_RETURN_IF_ERROR(waited);
+    if (duplicate) return DuplicateRankError(store, timeout, where);
     if (complete) return absl::OkStatus();
-    if (absl::Now() >= deadline) break;
+    if (Clock::now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
+  progress.Enter("reading which ranks arrived");
   std::vector<int> arrived, missing;
   std::set<std::string> hosts;
   for (int r = 0; r < world_size; ++r) {
@@ -190,6 +328,11 @@ absl::StatusOr<LaunchEnvironment> ParseLaunchEnvironment(
   absl::StatusOr<int> per_node =
       ParseInt("LOCAL_WORLD_SIZE", lookup("LOCAL_WORLD_SIZE"), 1, 1 << 20, 0);
   if (!per_node.ok()) return per_node.status();
+  if (*per_node > 0 && *local >= *per_node) {
+    return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK=", *local,
+                                                   " is not below LOCAL_WORLD_SIZE=", *per_node,
+                                                   " (LOCAL_RANK picks this process's GPU)"));
+  }
   env.local_world_size = *per_node;
   env.master_port = *port;
   env.world_size = *world;
@@ -299,17 +442,27 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::File(const std::string& 
   absl::Status valid;
   CheckRanks(rank, world_size, &valid);
   if (!valid.ok()) return valid;
-  auto impl = std::make_unique<Impl>();
   const std::string where = absl::StrCat("rendezvous through the file store ", path);
-  absl::Status status = StoreCall(absl::StrCat("opening the file store ", path), timeout, [&] {
-    impl->store = c10::make_intrusive<c10d::FileStore>(path, world_size);
-    impl->store->setTimeout(internal::ToChrono(timeout));
-  });
-  if (!status.ok()) return status;
-  LOCKSTEP_RETURN_IF_ERROR(
-      AwaitArrivals(*impl->store, rank, world_size, /*local_world_size=*/0, timeout, where));
+  const Clock::time_point deadline = Clock::now() + absl::ToChronoMilliseconds(timeout);
+  absl::StatusOr<std::unique_ptr<Impl>> impl =
+      RunStartUp(where, path, timeout, deadline,
+                 [path, rank, world_size, timeout, deadline,
+                  where](StartUp& progress) -> absl::StatusOr<std::unique_ptr<Impl>> {
+                   progress.Enter("opening it");
+                   auto impl = std::make_unique<Impl>();
+                   LOCKSTEP_RETURN_IF_ERROR(
+                       StoreCall(absl::StrCat("opening the file store ", path), timeout, [&] {
+                         impl->store = c10::make_intrusive<c10d::FileStore>(path, world_size);
+                         impl->store->setTimeout(internal::ToChrono(timeout));
+                       }));
+                   LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size,
+                                                          /*local_world_size=*/0, timeout, deadline,
+                                                          where, progress));
+                   return impl;
+                 });
+  if (!impl.ok()) return impl.status();
   return std::shared_ptr<Rendezvous>(
-      new Rendezvous(std::move(impl), rank, world_size, /*local_rank=*/0, timeout));
+      new Rendezvous(std::move(*impl), rank, world_size, /*local_rank=*/0, timeout));
 }
 
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::OverStore(std::unique_ptr<Impl> impl,
@@ -340,27 +493,41 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
     return absl::InvalidArgumentError(absl::StrCat("port ", port, " is outside [1, 65535]"));
   }
   LOCKSTEP_RETURN_IF_ERROR(CheckResolvable(host, port));
-  auto impl = std::make_unique<Impl>();
+  const Clock::time_point deadline = Clock::now() + absl::ToChronoMilliseconds(timeout);
+  const std::string address = absl::StrCat(host, ":", port);
   const std::string where =
-      absl::StrCat("rendezvous at ", host, ":", port, " as rank ", rank, " of ", world_size);
-  absl::Status status = StoreCall(absl::StrCat("joining the TCP store at ", host, ":", port,
-                                               " as rank ", rank, " of ", world_size),
-                                  timeout, [&] {
-                                    c10d::TCPStoreOptions options;
-                                    options.port = static_cast<uint16_t>(port);
-                                    options.isServer = rank == 0;
-                                    options.numWorkers = world_size;
-                                    // Arrivals are awaited below, naming who is missing.
-                                    options.waitWorkers = false;
-                                    options.timeout = internal::ToChrono(timeout);
-                                    impl->store =
-                                        c10::make_intrusive<c10d::TCPStore>(host, options);
-                                  });
-  if (!status.ok()) return status;
-  LOCKSTEP_RETURN_IF_ERROR(
-      AwaitArrivals(*impl->store, rank, world_size, local_world_size, timeout, where));
+      absl::StrCat("rendezvous at ", address, " as rank ", rank, " of ", world_size);
+  const std::string joining =
+      absl::StrCat("joining the TCP store at ", address, " as rank ", rank, " of ", world_size);
+  if (rank != 0) {  // Note [Bounded start-up]: rank 0 serves the store itself
+    const absl::Status probed = internal::ProbeStore(host, port, timeout, deadline);
+    if (!probed.ok()) {
+      return absl::Status(probed.code(), absl::StrCat(where, ": ", probed.message()));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Impl>> impl = RunStartUp(
+      where, address, timeout, deadline,
+      [host, port, rank, world_size, local_world_size, timeout, deadline, where,
+       joining](StartUp& progress) -> absl::StatusOr<std::unique_ptr<Impl>> {
+        progress.Enter(rank == 0 ? "starting it" : "connecting to it");
+        auto impl = std::make_unique<Impl>();
+        LOCKSTEP_RETURN_IF_ERROR(StoreCall(joining, timeout, [&] {
+          c10d::TCPStoreOptions options;
+          options.port = static_cast<uint16_t>(port);
+          options.isServer = rank == 0;
+          options.numWorkers = world_size;
+          // Arrivals are awaited below, naming who is missing.
+          options.waitWorkers = false;
+          options.timeout = internal::ToChrono(timeout);
+          impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
+        }));
+        LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size, local_world_size,
+                                               timeout, deadline, where, progress));
+        return impl;
+      });
+  if (!impl.ok()) return impl.status();
   std::shared_ptr<Rendezvous> rendezvous(
-      new Rendezvous(std::move(impl), rank, world_size, local_rank, timeout));
+      new Rendezvous(std::move(*impl), rank, world_size, local_rank, timeout));
   rendezvous->store_host_ = host;
   rendezvous->store_port_ = port;
   return rendezvous;

@@ -10,13 +10,27 @@
 //   MASTER_PORT  its port, 1..65535                  (required)
 //   RANK         this process's global rank          (required, 0 <= RANK < WORLD_SIZE)
 //   WORLD_SIZE   number of processes                 (required, positive)
-//   LOCAL_RANK   rank on this host, selects the GPU  (optional, default 0)
+//   LOCAL_RANK   rank on this host, selects the GPU  (optional, default 0;
+//                                                     below LOCAL_WORLD_SIZE when that is given)
 //   LOCAL_WORLD_SIZE  ranks per host                 (optional; names missing nodes)
 // Rank 0 serves the TCP store; every rank announces itself (and its host name) in the store and
 // waits up to the timeout for all the others, then fails with kDeadlineExceeded naming the
 // address, the world size, the ranks that arrived and their hosts, and the ones missing — with
 // LOCAL_WORLD_SIZE also the nodes they belong to (rank / LOCAL_WORLD_SIZE, as launch and torchrun
 // number them). An address that does not resolve is kInvalidArgument at once.
+//
+// Hostile or broken peers (Note [Bounded start-up] in rendezvous.cc):
+//  - Tcp() and File() return within the timeout plus 2 s whatever the store's peer does: a
+//    listener at MASTER_PORT that never answers, or a store that stops answering midway, is
+//    kDeadlineExceeded naming host:port and what was being waited for. A call into LibTorch that
+//    blocks past that is abandoned on a helper thread, which ends on its own later.
+//  - A rank other than 0 checks with one store query of its own that host:port answers as a c10d
+//    store before LibTorch's client touches it; anything else there (wrong service, garbage) is
+//    kFailedPrecondition "... host:port did not answer as a c10d store", never an abort.
+//  - The same rank claimed by two processes (Note [Rank claims]) is kFailedPrecondition naming the
+//    rank and each claimant's host and pid, for the second claimant always and for every process
+//    still waiting in the rendezvous when the second claim comes (one whose rendezvous had
+//    already completed cannot learn of it here).
 //
 // Thread-safety: Set/Get are thread-safe (the stores are).
 //
@@ -52,7 +66,8 @@ struct LaunchEnvironment {
 };
 
 // Parses the variables through `lookup` (nullopt for an unset variable). kInvalidArgument names
-// the variable, its value and the expected range.
+// the variable, its value and the expected range (for RANK and LOCAL_RANK, also the variable they
+// must stay below).
 absl::StatusOr<LaunchEnvironment> ParseLaunchEnvironment(
     const std::function<std::optional<std::string>(const char*)>& lookup);
 
@@ -61,7 +76,8 @@ absl::StatusOr<LaunchEnvironment> LaunchEnvironmentFromProcess();
 
 class Rendezvous {
  public:
-  // A FileStore at `path` (a file on a filesystem every rank sees; created if absent).
+  // A FileStore at `path` (a file on a filesystem every rank sees; created if absent). A file
+  // left by an earlier run of the job makes its ranks look claimed twice: use a fresh path.
   static absl::StatusOr<std::shared_ptr<Rendezvous>> File(const std::string& path, int rank,
                                                           int world_size, absl::Duration timeout);
   // A TCPStore served by rank 0 at host:port; `local_world_size` ranks per node (0: unknown)

@@ -5,7 +5,8 @@
 // Every rank joins from the torchrun environment, builds its TP, CP, TP x CP and DP groups, and
 // checks that each collective moves the right values: a world all-reduce, a broadcast from
 // each group's leader (its global rank, not assumed 0), a DP all-gather and an agreement check
-// over the TP x CP group. Prints one line per rank; exits 1 on any wrong value or error.
+// over the TP x CP group. Prints one line per rank; exits 2 for flags or a launch environment that
+// cannot run (before any rendezvous), 1 on any wrong value or error.
 
 #include <iostream>
 #include <string>
@@ -91,8 +92,21 @@ int main(int argc, char** argv) {
     std::cerr << "collectives_demo: " << s.message() << std::endl;
     return lockstep::kBadInputExitCode;
   }
-  absl::StatusOr<std::string> line =
-      lockstep::Run(absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp));
+  // Input that cannot run is refused before any rendezvous (exit 2): the launch environment, and
+  // TP and CP sizes that do not split its world.
+  const int tp = absl::GetFlag(FLAGS_tp);
+  const int cp = absl::GetFlag(FLAGS_cp);
+  absl::StatusOr<lockstep::collectives::LaunchEnvironment> environment =
+      lockstep::collectives::LaunchEnvironmentFromProcess();
+  absl::Status runnable = environment.status();
+  if (runnable.ok()) {
+    runnable = lockstep::collectives::Topology::Create(environment->world_size, tp, cp).status();
+  }
+  if (!runnable.ok()) {
+    std::cerr << "collectives_demo: " << runnable.message() << std::endl;
+    return lockstep::kBadInputExitCode;
+  }
+  absl::StatusOr<std::string> line = lockstep::Run(tp, cp);
   if (!line.ok()) {
     std::cerr << "FAILED: " << line.status() << std::endl;
     return 1;

@@ -64,6 +64,13 @@ expect_bad "bogus" "$launch" --bogus=1 -- true
 expect_bad "nproc" "$launch" --nproc=abc -- true
 expect_bad "no program given" "$launch" --nproc=2
 expect_bad "unexpected argument extra" "$demo" extra
+# TP and CP sizes that cannot split the world, and a launch environment that cannot run, are bad
+# input (exit 2) found before any rendezvous: a rank alone, whose store would never come, exits
+# at once.
+alone() { env MASTER_ADDR=127.0.0.1 MASTER_PORT=9 RANK=1 WORLD_SIZE=4 "$@"; }
+expect_bad "does not divide" alone timeout 20 "$demo" --tp=3
+expect_bad "TP size 0" alone timeout 20 "$demo" --tp=0
+expect_bad "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2" alone LOCAL_RANK=2 LOCAL_WORLD_SIZE=2 timeout 20 "$demo"
 # --help lists the flags and the logging settings.
 "$launch" --help >"$bad" 2>&1 || true
 grep -q "nproc" "$bad" && grep -q "GLOG_v" "$bad" || { cat "$bad"; exit 1; }
