@@ -13,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/logging.h"
 
 namespace lockstep {
@@ -27,16 +28,18 @@ void ExitAsBadInput() {
   if (parsing.load()) _exit(kBadInputExitCode);
 }
 
+// Whether the command line asks for usage (--help, --helpfull, --version, --helpon=X, ...): the
+// flag's name exactly, with one or two dashes. A flag that merely starts like one (--helpfoo) is
+// an unknown flag, bad input like any other.
 bool AsksForUsage(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
+    absl::string_view arg = argv[i];
     if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    const absl::string_view name = arg.substr(0, arg.find('='));
     for (const char* usage : {"help", "helpfull", "helpshort", "helppackage", "version",
                               "only_check_args", "helpon", "helpmatch"}) {
-      if (absl::StartsWith(arg, absl::StrCat("--", usage)) ||
-          absl::StartsWith(arg, absl::StrCat("-", usage))) {
-        return true;
-      }
+      if (name == usage) return true;
     }
   }
   return false;

@@ -10,6 +10,7 @@
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "nlohmann/json.hpp"
@@ -69,13 +70,13 @@ absl::StatusOr<Record> RecordFromJson(const json& j) {
       !j["kind"].is_string() || !j.contains("dtype") || !j["dtype"].is_string() ||
       !j.contains("shape") || !j["shape"].is_array() || !j.contains("digest") ||
       !j["digest"].is_string() || !j.contains("summary") || !j["summary"].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("a record is malformed: ", j.dump()));
+    return absl::InvalidArgumentError(absl::StrCat("a record is malformed: ", DumpJson(j)));
   }
   r.index = j["index"].get<int64_t>();
   r.module = j["module"].get<std::string>();
   std::optional<RecordKind> kind = KindFromName(j["kind"].get<std::string>());
   if (!kind)
-    return absl::InvalidArgumentError(absl::StrCat("unknown record kind ", j["kind"].dump()));
+    return absl::InvalidArgumentError(absl::StrCat("unknown record kind ", DumpJson(j["kind"])));
   r.kind = *kind;
   r.dtype = j["dtype"].get<std::string>();
   for (const json& d : j["shape"]) {
@@ -261,7 +262,7 @@ absl::Status Recording::Save(const std::string& path) const {
     records.push_back(RecordJson(r));
     if (r.tensor.defined()) kept.emplace_back(TensorName(r), r.tensor);
   }
-  return WriteSafetensors(path, kept, {{kRecordingMetadataKey, records.dump()}});
+  return WriteSafetensors(path, kept, {{kRecordingMetadataKey, DumpJson(records)}});
 }
 
 absl::StatusOr<Recording> Recording::Load(const std::string& path) {
@@ -271,9 +272,10 @@ absl::StatusOr<Recording> Recording::Load(const std::string& path) {
   };
   const auto found = file.metadata().find(kRecordingMetadataKey);
   if (found == file.metadata().end()) return invalid("no lockstep.recording metadata");
-  const json records = json::parse(found->second, nullptr, /*allow_exceptions=*/false);
-  if (records.is_discarded() || !records.is_array())
-    return invalid("its records are not a JSON array");
+  absl::StatusOr<json> parsed = ParseJson(found->second, "its lockstep.recording metadata");
+  if (!parsed.ok()) return invalid(parsed.status().message());
+  const json records = *std::move(parsed);
+  if (!records.is_array()) return invalid("its records are not a JSON array");
   std::vector<Record> out;
   for (const json& j : records) {
     absl::StatusOr<Record> r = RecordFromJson(j);

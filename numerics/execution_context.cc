@@ -8,6 +8,7 @@
 
 #include "ATen/Context.h"
 #include "ATen/Parallel.h"
+#include "base/json.h"
 #include "numerics/digest.h"
 #include "numerics/internal/build_info.h"
 #include "numerics/internal/device_context.h"
@@ -84,21 +85,19 @@ json CaptureExecutionContext(const std::map<std::string, std::string>& caller) {
 
 std::string ContextDigest(const json& context) {
   const json stable = context.contains("stable") ? context["stable"] : json::object();
-  return DigestHex128(Xxh3Digest(stable.dump()));
+  return DigestHex128(Xxh3Digest(DumpJson(stable)));
 }
 
 std::map<std::string, std::string> ContextMetadata(const json& context) {
-  return {{kContextMetadataKey, context.dump()}};
+  return {{kContextMetadataKey, DumpJson(context)}};
 }
 
 std::optional<json> ContextFromMetadata(const std::map<std::string, std::string>& metadata) {
   const auto found = metadata.find(kContextMetadataKey);
   if (found == metadata.end()) return std::nullopt;
-  json record = json::parse(found->second, nullptr, /*allow_exceptions=*/false);
-  if (record.is_discarded() || !record.is_object() || !record.contains("stable")) {
-    return std::nullopt;
-  }
-  return record;
+  absl::StatusOr<json> record = ParseJson(found->second, kContextMetadataKey);
+  if (!record.ok() || !record->is_object() || !record->contains("stable")) return std::nullopt;
+  return *std::move(record);
 }
 
 std::vector<std::string> ContextDifferences(const json& a, const json& b) {

@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/file_io.h"
+#include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "nlohmann/json.hpp"
@@ -56,7 +57,7 @@ absl::Status Invalid(absl::string_view what, absl::string_view detail) {
 absl::StatusOr<uint64_t> Unsigned(const json& value, absl::string_view field) {
   if (!value.is_number_unsigned()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " is ", value.dump(), ", not a non-negative integer"));
+        absl::StrCat(field, " is ", DumpJson(value), ", not a non-negative integer"));
   }
   return value.get<uint64_t>();
 }
@@ -202,7 +203,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
     }
     const uint64_t item = c10::elementSize(entry.dtype);
     if (overflow || elements > std::numeric_limits<uint64_t>::max() / item) {
-      return Invalid(what, absl::StrCat(where, ": shape ", shape.dump(), " overflows 64 bits"));
+      return Invalid(what, absl::StrCat(where, ": shape ", DumpJson(shape), " overflows 64 bits"));
     }
     const json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2) {
@@ -222,7 +223,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
     if (*end - *begin != elements * item) {
       return Invalid(what,
                      absl::StrCat(where, ": data_offsets [", *begin, ", ", *end, ") hold ",
-                                  *end - *begin, " bytes; shape ", shape.dump(), " of ",
+                                  *end - *begin, " bytes; shape ", DumpJson(shape), " of ",
                                   value["dtype"].get<std::string>(), " needs ", elements * item));
     }
     entry.bytes = buffer.substr(*begin, *end - *begin);
@@ -306,12 +307,25 @@ absl::StatusOr<NamedTensors> SafetensorsFile::Tensors() const {
 
 absl::StatusOr<std::string> SerializeSafetensors(
     const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  // The header is JSON text: a name or metadata string that is not UTF-8 cannot be written as it
+  // is (DumpJson would escape it, and the file would read back under another name).
+  auto not_utf8 = [](absl::string_view what, const std::string& text) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the safetensors header cannot be written: ", what, " '", Utf8Escaped(text),
+                     "' is not UTF-8 (the header is JSON text)"));
+  };
+  for (const auto& [key, value] : metadata) {
+    if (Utf8Escaped(key) != key) return not_utf8("the metadata key", key);
+    if (Utf8Escaped(value) != value)
+      return not_utf8(absl::StrCat("metadata '", key, "''s value"), value);
+  }
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> contiguous;
   uint64_t offset = 0;
   std::set<std::string> names;
   for (const auto& [name, tensor] : tensors) {
+    if (Utf8Escaped(name) != name) return not_utf8("the tensor name", name);
     if (name.empty() || name == "__metadata__" || !names.insert(name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor name '", name,
@@ -333,13 +347,7 @@ absl::StatusOr<std::string> SerializeSafetensors(
     offset += size;
     contiguous.push_back(std::move(bytes));
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const json::exception& e) {  // a name or metadata string that is not UTF-8
-    return absl::InvalidArgumentError(
-        absl::StrCat("the safetensors header cannot be written: ", e.what()));
-  }
+  std::string text = DumpJson(header);
   // The buffer 8-byte aligned: pad the header with spaces (the format allows trailing ones).
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out;

@@ -174,7 +174,11 @@ TEST(SafetensorsTest, WritingRefusesWhatTheFormatCannotHold) {
               HasSubstr("has no safetensors name"));
   EXPECT_THAT(
       SerializeSafetensors({{std::string("\xff\xfe", 2), at::ones({1})}}).status().message(),
-      HasSubstr("cannot be written"));
+      HasSubstr("the tensor name '\\xff\\xfe' is not UTF-8"));
+  EXPECT_THAT(SerializeSafetensors({{"a", at::ones({1})}}, {{"k", std::string("\xc3", 1)}})
+                  .status()
+                  .message(),
+              HasSubstr("metadata 'k''s value '\\xc3' is not UTF-8"));
   const absl::Status unwritable =
       WriteSafetensors("/nonexistent-dir/x.safetensors", {{"a", at::ones({1})}});
   EXPECT_EQ(unwritable.code(), absl::StatusCode::kNotFound);

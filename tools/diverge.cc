@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
+#include "base/json.h"
 #include "base/tool_flags.h"
 #include "nlohmann/json.hpp"
 #include "numerics/divergence.h"
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
       {"divergence", numerics::DivergenceJson(d)},
       {"context", numerics::CaptureExecutionContext()}};
   if (const std::string out = absl::GetFlag(FLAGS_out).path; !out.empty()) {
-    if (absl::Status s = lockstep::WriteFileAtomically(out, evidence.dump(2) + "\n"); !s.ok()) {
+    if (absl::Status s = lockstep::WriteFileAtomically(out, lockstep::DumpJson(evidence, 2) + "\n");
+        !s.ok()) {
       return Fail(s);
     }
   }

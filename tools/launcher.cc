@@ -20,21 +20,49 @@ volatile sig_atomic_t g_stop_signal = 0;
 
 void OnStopSignal(int signal) { g_stop_signal = signal; }
 
-// Moves the complete lines of `pending` (all of it at end of stream) into the returned text,
-// each prefixed with the rank.
-std::string TakeLines(int rank, std::string* pending, bool end_of_stream) {
+// A rank's output is forwarded a line at a time, each line prefixed with the rank. A line ends at
+// '\n' or at '\r' (progress a rank redraws in place: each state is shown as it is written, and a
+// terminal still draws it over the last), or after kMaxPendingLine bytes without either (forwarded
+// then with a '\n', so that a rank writing without line ends costs the launcher bounded memory).
+// "\r\n" ends one line, also when the '\n' comes in a later read than the '\r'.
+constexpr size_t kMaxPendingLine = size_t{64} << 10;
+
+// One rank's output between reads.
+struct PendingOutput {
+  std::string line;       // the unfinished line: it holds no line end
+  bool after_cr = false;  // the last line forwarded ended with a '\r'
+};
+
+// Appends `bytes` to the rank's unfinished line and moves the lines it completes (all of it at
+// end of stream) into the returned text, each prefixed with the rank. Only the new bytes are
+// searched, so the work is linear in the output.
+std::string TakeLines(int rank, PendingOutput* pending, absl::string_view bytes,
+                      bool end_of_stream) {
   std::string out;
+  if (pending->after_cr && !bytes.empty() && bytes.front() == '\n') {
+    out = "\n";  // the end of a "\r\n" whose '\r' was forwarded already
+    bytes.remove_prefix(1);
+  }
+  if (!bytes.empty()) pending->after_cr = false;
+  std::string& line = pending->line;
+  const size_t search = line.size();
+  line.append(bytes.data(), bytes.size());
   size_t start = 0;
-  for (size_t nl = pending->find('\n'); nl != std::string::npos; nl = pending->find('\n', start)) {
-    absl::StrAppend(&out, "[rank ", rank, "] ",
-                    absl::string_view(*pending).substr(start, nl + 1 - start));
-    start = nl + 1;
+  auto emit = [&](size_t end, absl::string_view ending) {
+    absl::StrAppend(&out, "[rank ", rank, "] ", absl::string_view(line).substr(start, end - start),
+                    ending);
+    start = end;
+  };
+  for (size_t end = line.find_first_of("\r\n", search); end != std::string::npos;
+       end = line.find_first_of("\r\n", start)) {
+    if (line[end] == '\r' && end + 1 < line.size() && line[end + 1] == '\n') ++end;
+    pending->after_cr = line[end] == '\r';
+    emit(end + 1, "");
   }
-  if (end_of_stream && start < pending->size()) {
-    absl::StrAppend(&out, "[rank ", rank, "] ", absl::string_view(*pending).substr(start), "\n");
-    start = pending->size();
-  }
-  pending->erase(0, start);
+  if (start < line.size()) pending->after_cr = false;  // bytes follow the '\r' in this line
+  while (line.size() - start > kMaxPendingLine) emit(start + kMaxPendingLine, "\n");
+  if (end_of_stream && start < line.size()) emit(line.size(), "\n");
+  line.erase(0, start);
   return out;
 }
 
@@ -132,7 +160,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   }
   std::vector<Child*> channels;
   for (Child& rank : ranks) channels.push_back(&rank);
-  std::vector<std::string> pending(options.nproc);
+  std::vector<PendingOutput> pending(options.nproc);
 
   LaunchResult result;
   const absl::Time deadline = absl::Now() + options.deadline;
@@ -169,9 +197,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
     // Also the period at which exits are reaped and signals noticed.
     absl::StatusOr<int> open =
         PollChannels(channels, absl::Milliseconds(100), [&](size_t r, absl::string_view bytes) {
-          pending[r].append(bytes.data(), bytes.size());
           WriteAll(options.output_fd,
-                   TakeLines(first + static_cast<int>(r), &pending[r], bytes.empty()));
+                   TakeLines(first + static_cast<int>(r), &pending[r], bytes, bytes.empty()));
         });
     if (!open.ok()) {
       signal_running(SIGKILL);
@@ -200,14 +227,13 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
     absl::StatusOr<int> open =
         PollChannels(channels, absl::ZeroDuration(), [&](size_t r, absl::string_view bytes) {
           read_any = true;
-          pending[r].append(bytes.data(), bytes.size());
           WriteAll(options.output_fd,
-                   TakeLines(first + static_cast<int>(r), &pending[r], bytes.empty()));
+                   TakeLines(first + static_cast<int>(r), &pending[r], bytes, bytes.empty()));
         });
     if (!open.ok() || *open == 0) break;
   }
   for (int r = 0; r < options.nproc; ++r) {
-    WriteAll(options.output_fd, TakeLines(first + r, &pending[r], /*end_of_stream=*/true));
+    WriteAll(options.output_fd, TakeLines(first + r, &pending[r], {}, /*end_of_stream=*/true));
   }
   if (result.summary.empty()) {
     result.summary = options.nnodes == 1

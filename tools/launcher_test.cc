@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -69,10 +71,15 @@ TEST(LauncherTest, ANodeOfSeveralNumbersItsRanksAfterTheEarlierNodes) {
   options.node_rank = 1;
   options.master_addr = "10.0.0.1";
   options.master_port = 29500;
+  // Local rank 1 fails, which stops the others: it waits until local rank 0 has written its line.
+  const std::string printed = path + ".printed";
   options.command = {
       "/bin/sh", "-c",
-      "echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node "
-      "$GROUP_RANK/$GROUP_WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT\"; exit $LOCAL_RANK"};
+      absl::StrCat("echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node "
+                   "$GROUP_RANK/$GROUP_WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT\"; "
+                   "if [ $LOCAL_RANK = 0 ]; then touch '",
+                   printed, "'; else while [ ! -f '", printed,
+                   "' ]; do sleep 0.01; done; fi; exit $LOCAL_RANK")};
   options.output_fd = fd;
   absl::StatusOr<LaunchResult> result = Launch(options);
   close(fd);
@@ -85,6 +92,71 @@ TEST(LauncherTest, ANodeOfSeveralNumbersItsRanksAfterTheEarlierNodes) {
   // The failing rank is named by its global rank.
   EXPECT_EQ(result->failed_rank, 3);
   EXPECT_THAT(result->summary, HasSubstr("rank 3 exited with code 1"));
+}
+
+// Progress a rank redraws with '\r' is forwarded as it is written, not held until a '\n' that never
+// comes: the rank waits until the launcher's output shows its first state. A "\r\n" split over two
+// writes still ends one line.
+TEST(LauncherTest, ProgressWithCarriageReturnsIsShownAsItIsWritten) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/launch_progress_", getpid());
+  const std::string shown = path + ".shown";
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  LaunchOptions options;
+  options.nproc = 1;
+  options.output_fd = fd;
+  options.deadline = absl::Seconds(60);
+  options.command = {"/bin/sh", "-c",
+                     absl::StrCat("printf 'step 1\\r'; i=0; while [ ! -f '", shown,
+                                  "' ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; "
+                                  "printf 'step 2\\r'; sleep 0.1; printf '\\nend'")};
+  absl::StatusOr<LaunchResult> result;
+  std::thread launcher([&] { result = Launch(options); });
+  bool seen = false;
+  for (int i = 0; i < 500 && !seen; ++i) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    seen = text.str().find("[rank 0] step 1\r") != std::string::npos;
+    if (!seen) absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::ofstream(shown) << "";
+  launcher.join();
+  close(fd);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(seen) << "the first progress state was not forwarded while the rank ran";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "[rank 0] step 1\r[rank 0] step 2\r\n[rank 0] end\n");
+}
+
+// A rank that writes megabytes without a line end is forwarded in bounded pieces, every byte kept.
+TEST(LauncherTest, OutputWithoutLineEndsIsForwardedInBoundedPieces) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/launch_long_", getpid());
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  LaunchOptions options;
+  options.nproc = 1;
+  options.output_fd = fd;
+  options.command = {"/bin/sh", "-c", "head -c 4194304 /dev/zero | tr '\\0' x"};
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  close(fd);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::ifstream in(path);
+  std::string line;
+  int64_t bytes = 0, pieces = 0;
+  size_t longest = 0;
+  while (std::getline(in, line)) {
+    ASSERT_EQ(line.rfind("[rank 0] ", 0), 0u) << line.substr(0, 40);
+    const size_t n = line.size() - 9;
+    bytes += n;
+    longest = std::max(longest, n);
+    ++pieces;
+  }
+  EXPECT_EQ(bytes, 4194304);
+  EXPECT_EQ(longest, size_t{64} << 10);
+  EXPECT_EQ(pieces, 64);
 }
 
 TEST(LauncherTest, AllRanksShareOnePort) {

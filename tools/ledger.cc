@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "admission/ledger.h"
 #include "base/file_io.h"
+#include "base/json.h"
 #include "base/tool_flags.h"
 #include "nlohmann/json.hpp"
 
@@ -89,7 +90,8 @@ int main(int argc, char** argv) {
   const lockstep::OutputPath out = absl::GetFlag(FLAGS_out);
   if (!out.path.empty()) {
     const nlohmann::json evidence = {{"tool", "ledger"}, {"files", files}};
-    if (absl::Status s = lockstep::WriteFileAtomically(out.path, evidence.dump(2) + "\n");
+    if (absl::Status s =
+            lockstep::WriteFileAtomically(out.path, lockstep::DumpJson(evidence, 2) + "\n");
         !s.ok()) {
       std::cerr << "ledger: " << s.message() << std::endl;
       return lockstep::kBadInputExitCode;

@@ -95,4 +95,30 @@ bad "cannot write the report directory '/proc/qualify-report'" --dp=1 --report=/
 bad "--nnodes 3 does not divide the world of 4 processes" --dp=2 --cp=2 --nnodes=3 --master_port=29500
 bad "--master_port 0 with --nnodes 2" --dp=2 --cp=2 --nnodes=2
 bad "--node_rank 2 is not an integer in \[0, 2)" --dp=2 --cp=2 --nnodes=2 --node_rank=2 --master_port=29500
+# A flag that merely starts like a usage flag is an unknown flag, not usage (exit 0 or 1).
+bad "helpfoo" --helpfoo
+# What the reference model or this build cannot run is refused before any worker starts.
+bad "--tp 3 does not divide the reference model's 16 hidden units.*use --tp 1, 2, 4, 8, 16" --dp=1 --tp=3
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  bad "--device cuda: \(this qualify was built without CUDA\|no CUDA device is visible\)" --dp=1 --device=cuda
+fi
+# An unwritable evidence path is found before the job: nothing is created, no worker started.
+bad "cannot write the evidence file '/proc/qualify.json'" --dp=1 --out=/proc/qualify.json
+grep -q "working directory" "$tmp/bad.out" && { echo "a worker directory was made for bad input"; exit 1; }
+
+# A qualify killed outright leaves the previous evidence whole (nothing half-written under its
+# name) and has said where its working directory is, under TMPDIR.
+mkdir -p "$tmp/killed_tmp"
+echo '{"previous": true}' >"$tmp/killed.json"
+cp "$tmp/killed.json" "$tmp/previous.json"
+env -u TEST_TMPDIR TMPDIR="$tmp/killed_tmp" "$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/killed.json" >"$tmp/killed.txt" 2>&1 &
+pid=$!
+for _ in $(seq 200); do grep -q "^working directory: " "$tmp/killed.txt" && break; sleep 0.05; done
+sleep 1  # the workers running
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+cmp "$tmp/killed.json" "$tmp/previous.json" || { echo "a killed qualify changed the evidence"; exit 1; }
+workdir=$(sed -n 's/^working directory: \([^ ]*\) .*/\1/p' "$tmp/killed.txt")
+[[ $workdir == "$tmp/killed_tmp/"* && -d $workdir ]] \
+  || { echo "the working directory '$workdir' is not the one named under TMPDIR"; cat "$tmp/killed.txt"; exit 1; }
 echo "qualify test: ok"

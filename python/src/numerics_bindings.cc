@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/json.h"
 #include "nlohmann/json.hpp"
 #include "numerics/compare.h"
 #include "numerics/digest.h"
@@ -45,9 +46,8 @@ void BindNumerics(py::module_& m) {
          double rtol, double relative_l2, bool nan_equal, bool bitwise) {
         const numerics::Tolerance tolerance =
             ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
-        return numerics::ComparisonJson(
-                   ValueOrThrow(numerics::CompareTensors(actual, expected, tolerance, name)))
-            .dump();
+        return DumpJson(numerics::ComparisonJson(
+            ValueOrThrow(numerics::CompareTensors(actual, expected, tolerance, name))));
       },
       py::arg("actual"), py::arg("expected"), py::arg("name"), py::arg("atol") = defaults.atol(),
       py::arg("rtol") = defaults.rtol(), py::arg("relative_l2") = defaults.relative_l2(),
@@ -58,19 +58,18 @@ void BindNumerics(py::module_& m) {
          double rtol, double relative_l2, bool nan_equal, bool bitwise) {
         const numerics::Tolerance tolerance =
             ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
-        return numerics::SetComparisonJson(
-                   ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance)))
-            .dump();
+        return DumpJson(numerics::SetComparisonJson(
+            ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance))));
       },
       py::arg("actual"), py::arg("expected"), py::arg("atol") = defaults.atol(),
       py::arg("rtol") = defaults.rtol(), py::arg("relative_l2") = defaults.relative_l2(),
       py::arg("nan_equal") = defaults.nan_equal(), py::arg("bitwise") = defaults.bitwise());
   m.def("_inventory", [](const numerics::NamedTensors& tensors) {
-    return numerics::InventoryJson(ValueOrThrow(numerics::Inventory::Of(tensors))).dump();
+    return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::Of(tensors))));
   });
   m.def("_inventory_of_file", [](const std::string& path) {
     const numerics::SafetensorsFile file = ValueOrThrow(numerics::SafetensorsFile::Open(path));
-    return numerics::InventoryJson(ValueOrThrow(numerics::Inventory::OfFile(file))).dump();
+    return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::OfFile(file))));
   });
   m.def("tensor_digest", [](const at::Tensor& tensor) {
     return numerics::DigestHex128(ValueOrThrow(numerics::DigestTensor(tensor)));

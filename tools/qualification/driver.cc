@@ -29,6 +29,8 @@
 #include "admission/memory_model.h"
 #include "admission/qualification/toy_objective.h"
 #include "admission/recovery.h"
+#include "base/file_io.h"
+#include "base/json.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/temp_dir.h"
@@ -48,6 +50,7 @@
 #include "rng/synchronize.h"
 #include "tools/launcher.h"
 #include "trainer/qualification/oracle.h"
+#include "trainer/qualification/reference_model.h"
 
 namespace lockstep {
 namespace qualification {
@@ -64,7 +67,7 @@ using nlohmann::json;
 void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
                    const std::string& prefix) {
   auto key = [](int r) { return absl::StrCat("qualify/report/", r); };
-  if (!rendezvous.Set(key(rendezvous.rank()), report.dump()).ok() || rendezvous.rank() != 0) {
+  if (!rendezvous.Set(key(rendezvous.rank()), DumpJson(report)).ok() || rendezvous.rank() != 0) {
     return;
   }
   // One deadline for all of them (not a timeout per missing rank): a lost node's ranks must not
@@ -79,7 +82,13 @@ void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
       if (!there.ok()) return;  // the store itself is gone
       if (!*there) continue;
       absl::StatusOr<std::string> other = rendezvous.Get(key(r));
-      if (other.ok()) std::ofstream(absl::StrCat(prefix, r, ".json")) << *other;
+      if (other.ok()) {
+        const std::string path = absl::StrCat(prefix, r, ".json");
+        if (absl::Status s = WriteFileAtomically(path, *other, WriteOptions{/*durable=*/false});
+            !s.ok()) {
+          LOCKSTEP_LOG(ERROR) << "qualify: rank " << r << "'s report: " << s;
+        }
+      }
       written[r] = true;
       --left;
     }
@@ -87,15 +96,20 @@ void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
   }
 }
 
-// The reports `prefix`<r>.json of ranks 0..world-1; an empty object (and an error naming it)
-// for a rank whose report is missing or unreadable.
-// The report at `path`, or a non-object when there is none: a rank stopped mid-write leaves an
-// empty or truncated file, which is reported, not thrown.
+// The largest report a rank writes: its checks' details and evidence, far below this.
+constexpr size_t kMaxReportBytes = size_t{64} << 20;
+
+// The report at `path`, or a non-object when there is none or it is not one (a rank stopped
+// before writing leaves none; reports are written whole, so a part is never seen).
 json ReadReport(const std::string& path) {
-  std::ifstream in(path);
-  return in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+  absl::StatusOr<std::string> text = ReadFileToString(path, kMaxReportBytes);
+  if (!text.ok()) return json();
+  absl::StatusOr<json> report = ParseJson(*text, path);
+  return report.ok() ? *std::move(report) : json();
 }
 
+// The reports `prefix`<r>.json of ranks 0..world-1; an empty object (and an error naming it)
+// for a rank whose report is missing or unreadable.
 std::vector<json> ReadReports(const std::string& prefix, int world,
                               std::vector<std::string>& errors) {
   std::vector<json> reports;
@@ -378,7 +392,13 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   const char* rank = std::getenv("RANK");
   const std::string prefix =
       absl::StrCat(results_dir, options.actor_round ? "/actors.rank" : "/rank");
-  std::ofstream(absl::StrCat(prefix, rank != nullptr ? rank : "0", ".json")) << report.dump(2);
+  // Whole or absent (a rank killed while writing leaves no part of a report).
+  const std::string report_path = absl::StrCat(prefix, rank != nullptr ? rank : "0", ".json");
+  if (absl::Status s =
+          WriteFileAtomically(report_path, DumpJson(report, 2), WriteOptions{/*durable=*/false});
+      !s.ok()) {
+    LOCKSTEP_LOG(ERROR) << "qualify worker: its report: " << s;
+  }
   // Note [Reports across nodes].
   const char* per_node = std::getenv("LOCAL_WORLD_SIZE");
   if (rendezvous != nullptr && per_node != nullptr &&
@@ -422,17 +442,44 @@ int64_t AvailableMemory() {
 
 }  // namespace
 
+namespace {
+
+// What the flags ask that this build, this machine or the reference model cannot run, found
+// before any worker starts (bad input: exit 2), not after the rendezvous.
+absl::Status CheckRunnable(const QualifyOptions& options) {
+  constexpr int64_t kHidden = trainer::ReferenceModel::kHidden;
+  if (kHidden % options.tp != 0) {
+    std::vector<int> sizes;
+    for (int tp = 1; tp <= kHidden; ++tp) {
+      if (kHidden % tp == 0) sizes.push_back(tp);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp ", options.tp, " does not divide the reference model's ", kHidden,
+                     " hidden units, which the trainer's oracle splits over TP (use --tp ",
+                     absl::StrJoin(sizes, ", "), ")"));
+  }
+  if (options.device == "cuda" && (!at::hasCUDA() || at::getNumGPUs() == 0)) {
+    return absl::InvalidArgumentError(
+        LOCKSTEP_BUILT_WITH_CUDA
+            ? "--device cuda: no CUDA device is visible to this process"
+            : "--device cuda: this qualify was built without CUDA (build with --config=cuda)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out) {
   LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyOptions(options));
   LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyMachine(
       options, static_cast<int>(std::thread::hardware_concurrency()), AvailableMemory()));
   const int world = options.dp * options.tp * options.cp;
+  LOCKSTEP_RETURN_IF_ERROR(CheckRunnable(options));
   if (!options.evidence_path.empty()) {
-    // Fail before the job runs, not after it.
-    std::ofstream probe(options.evidence_path, std::ios::app);
-    if (!probe) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot write the evidence file '", options.evidence_path, "': ", std::strerror(errno)));
+    // Fail before the job runs, not after it, creating nothing under the evidence's name.
+    if (absl::Status s = CheckWritable(options.evidence_path); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot write the evidence file '",
+                                                     options.evidence_path, "': ", s.message()));
     }
   }
   if (!options.report_dir.empty()) {
@@ -491,6 +538,10 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
       << (options.control == NegativeControl::kNone
               ? ""
               : "  negative control: " + NegativeControlName(options.control))
+      << std::endl;
+  // Named before anything runs, so that a qualify killed outright has said where its workers'
+  // output is; removed at the end when there is nothing in it to look into.
+  out << "working directory: " << dir << " (removed at the end unless something fails)"
       << std::endl;
   LOCKSTEP_VLOG(1) << "qualify: launching " << world << " workers; their output goes to "
                    << log_path;
@@ -592,12 +643,12 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   evidence["passed"] = all_passed;
   out << "\n" << (all_passed ? "PASS" : "FAIL") << ": " << topology << "\n";
   if (!options.evidence_path.empty()) {
-    std::ofstream file(options.evidence_path, std::ios::trunc);
-    file << evidence.dump(2) << "\n";
-    if (!file) {
-      return absl::InternalError(
-          absl::StrCat("cannot write the evidence file '", options.evidence_path,
-                       "' (per-rank reports and worker output kept in ", dir, ")"));
+    // The previous evidence stays whole until the new one is complete (file_io.h).
+    if (absl::Status s = WriteFileAtomically(options.evidence_path, DumpJson(evidence, 2) + "\n");
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat("cannot write the evidence file: ", s.message(),
+                                              " (per-rank reports and worker output kept in ", dir,
+                                              ")"));
     }
     out << "evidence: " << options.evidence_path << "\n";
   }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/file_io.h"
+#include "base/json.h"
 #include "base/status_macros.h"
 #include "base/subprocess.h"
 #include "tools/qualification.h"
@@ -32,7 +33,7 @@ absl::Status WriteReport(const nlohmann::json& evidence, const std::string& dir)
   }
   const std::string evidence_path = dir + "/evidence.json";
   const std::string script_path = dir + "/.report.py";
-  LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(evidence_path, evidence.dump(1)));
+  LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(evidence_path, DumpJson(evidence, 1)));
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomically(script_path, kReportScript));
   absl::StatusOr<Child> started = Child::Exec(
       ChildOptions::Output(), {"/usr/bin/python3", script_path, evidence_path, dir}, {});

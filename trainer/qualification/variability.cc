@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
+#include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "numerics/compare.h"
@@ -335,20 +336,28 @@ absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::
   LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors(base + ".safetensors", tensors,
                                                       numerics::ContextMetadata(context)));
   const json record = {{"inventory", numerics::InventoryJson(inventory)}, {"context", context}};
-  return WriteFileAtomically(base + ".json", record.dump(1));
+  return WriteFileAtomically(base + ".json", DumpJson(record, 1));
 }
 
 namespace {
 
+// An actor's evidence is small (an inventory and a context); far below this.
+constexpr size_t kMaxActorEvidenceBytes = size_t{256} << 20;
+
 absl::StatusOr<json> ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("no actor evidence at '", path, "'"));
-  json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("inventory") ||
-      !parsed.contains("context")) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not an actor's evidence"));
+  absl::StatusOr<std::string> text = ReadFileToString(path, kMaxActorEvidenceBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat("no actor evidence at '", path, "'"));
   }
-  return parsed;
+  LOCKSTEP_RETURN_IF_ERROR(text.status());
+  absl::StatusOr<json> parsed = ParseJson(*text, path);
+  if (!parsed.ok() || !parsed->is_object() || !parsed->contains("inventory") ||
+      !parsed->contains("context")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is not an actor's evidence",
+                     parsed.ok() ? "" : absl::StrCat(": ", parsed.status().message())));
+  }
+  return *std::move(parsed);
 }
 
 // The names whose digests differ between two inventories' JSON, or that only one holds.
