@@ -9,7 +9,8 @@
 //     for a set time); the seeds are written into the corpus directory named by
 //     $LOCKSTEP_FUZZ_SEED_DIR before the search starts;
 //   - `<name>_replay_test`: with the default compiler, a test that runs every seed, every seed
-//     with each byte flipped (masks 0x01, 0x80, 0xff) and cuts of every seed
+//     with each byte flipped (masks 0x01, 0x80, 0xff; 16 evenly spaced
+//     positions of a seed over 4 KiB) and cuts of every seed
 //     (base/fuzz_replay_main), so that CI exercises the oracle on every change without clang. Given
 //     files or directories it replays those instead (a crash found by the fuzzer, or a corpus under
 //     valgrind), and --write_seeds=DIR writes the seeds.

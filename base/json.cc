@@ -1,6 +1,5 @@
 #include "base/json.h"
 
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -133,6 +132,79 @@ size_t Utf8SequenceAt(absl::string_view text, size_t i) {
   return length;
 }
 
+// Builds the parsed value through nlohmann's SAX interface. nlohmann's callback parser (the only
+// one of its parsers that shows keys) rescans the enclosing object at the end of every object,
+// which made a header of n tensors cost O(n^2); this builder is linear. A key repeated within
+// one object stops the parse (nlohmann's own parsers keep the last silently).
+class DomBuilder {
+ public:
+  bool null() { return Add(json(nullptr)); }
+  bool boolean(bool v) { return Add(json(v)); }
+  bool number_integer(json::number_integer_t v) { return Add(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return Add(json(v)); }
+  bool number_float(json::number_float_t v, const std::string&) { return Add(json(v)); }
+  bool string(std::string& v) { return Add(json(std::move(v))); }
+  bool binary(json::binary_t& v) { return Add(json::binary(std::move(v))); }
+  bool start_object(std::size_t) { return Open(json::object()); }
+  bool start_array(std::size_t) { return Open(json::array()); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool key(std::string& k) {
+    if (open_.back()->contains(k)) {
+      duplicate_ = k;
+      return false;
+    }
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t byte, const std::string&, const nlohmann::detail::exception& e) {
+    error_byte_ = byte;
+    error_ = e.what();
+    return false;
+  }
+
+  json Take() { return std::move(root_); }
+  const std::string& duplicate() const { return duplicate_; }
+  const std::string& error() const { return error_; }
+  size_t error_byte() const { return error_byte_; }
+
+ private:
+  // Places `v` where the parse is (the root, the end of the open array, or the open object's
+  // key) and returns where it now lives.
+  json* Place(json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    return &(parent[key_] = std::move(v));
+  }
+  bool Add(json v) {
+    Place(std::move(v));
+    return true;
+  }
+  // An open container's address stays valid: its parent grows only after it closes.
+  bool Open(json v) {
+    open_.push_back(Place(std::move(v)));
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  json root_;
+  std::vector<json*> open_;
+  std::string key_;
+  std::string duplicate_;
+  std::string error_;
+  size_t error_byte_ = 0;
+};
+
 }  // namespace
 
 std::string Utf8Escaped(absl::string_view text) {
@@ -160,43 +232,24 @@ absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": JSON nested deeper than ",
                                                    kMaxJsonDepth, " levels (at byte ", at, ")"));
   }
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string duplicate;
-  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.empty() && parsed.is_string() &&
-            !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  json value;
+  DomBuilder builder;
+  bool parsed = false;
   try {
-    value = json::parse(text.begin(), text.end(), callback);
-  } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not valid JSON (at byte ", e.byte, "): ", e.what()));
-  } catch (const json::exception& e) {
+    parsed = json::sax_parse(text.begin(), text.end(), &builder);
+  } catch (const json::exception& e) {  // not expected from the SAX path; never let it escape
     return absl::InvalidArgumentError(absl::StrCat(what, ": not valid JSON: ", e.what()));
   } catch (const std::exception& e) {  // allocation
     return absl::ResourceExhaustedError(absl::StrCat(what, ": cannot parse: ", e.what()));
   }
-  if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": key '", Utf8Escaped(duplicate), "' appears twice in one object"));
+  if (!parsed) {
+    if (!builder.duplicate().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": key '", Utf8Escaped(builder.duplicate()), "' appears twice in one object"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not valid JSON (at byte ",
+                                                   builder.error_byte(), "): ", builder.error()));
   }
-  return value;
+  return builder.Take();
 }
 
 std::string DumpJson(const json& value, int indent) {

@@ -3,6 +3,9 @@
 
 #include "numerics/execution_context.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
 #include "base/status_testutil.h"
@@ -59,6 +62,29 @@ TEST(ExecutionContextTest, DifferencesAreNamedAndTravelInSafetensorsMetadata) {
   EXPECT_EQ(*read, a);
   EXPECT_FALSE(ContextFromMetadata({{kContextMetadataKey, "not json"}}).has_value());
   EXPECT_FALSE(ContextFromMetadata({}).has_value());
+}
+
+// Environment values and caller fields are bytes (a path, a variable set by a launcher): ones that
+// are not UTF-8 are recorded escaped, and the record is still written, digested and read back.
+TEST(ExecutionContextTest, ValuesThatAreNotUtf8AreRecordedEscapedNeverThrown) {
+  const char* const saved = std::getenv("OMP_NUM_THREADS");
+  const std::string saved_value = saved == nullptr ? "" : saved;
+  ASSERT_EQ(setenv("OMP_NUM_THREADS", "4\xff\xfe", 1), 0);
+  const nlohmann::json context = CaptureExecutionContext({{"data", "/data/\xc3("}});
+  if (saved == nullptr) {
+    unsetenv("OMP_NUM_THREADS");
+  } else {
+    setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
+  }
+  EXPECT_EQ(ContextDigest(context), context["digest"]);
+
+  const std::string path = testing::TempDir() + "/not_utf8.safetensors";
+  LOCKSTEP_ASSERT_OK(WriteSafetensors(path, {{"x", at::ones({2})}}, ContextMetadata(context)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(SafetensorsFile file, SafetensorsFile::Open(path));
+  const std::optional<nlohmann::json> read = ContextFromMetadata(file.metadata());
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ((*read)["stable"]["threads"]["omp_num_threads"], "4\\xff\\xfe");
+  EXPECT_EQ((*read)["stable"]["caller"]["data"], "/data/\\xc3(");
 }
 
 }  // namespace

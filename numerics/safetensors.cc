@@ -64,32 +64,8 @@ absl::StatusOr<uint64_t> Unsigned(const json& value, absl::string_view field) {
 
 // Parses the header, refusing a duplicate key at any depth (nlohmann keeps the last silently).
 absl::StatusOr<json> ParseHeader(absl::string_view text) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string duplicate;
-  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.empty() && parsed.is_string() &&
-            !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  json header = json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/false);
-  if (header.is_discarded()) return absl::InvalidArgumentError("the header is not valid JSON");
-  if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the header has key '", duplicate, "' twice"));
-  }
+  // base/json.h: linear, depth-bounded, duplicate keys refused.
+  LOCKSTEP_ASSIGN_OR_RETURN(json header, ParseJson(text, "the header"));
   if (!header.is_object()) return absl::InvalidArgumentError("the header is not a JSON object");
   return header;
 }

@@ -12,10 +12,22 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/fuzz_target.h"
+#include "base/json.h"
 #include "numerics/inventory.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
+
+namespace {
+
+// A file of `header` (JSON text) and `buffer`, as the format lays them out.
+std::string Raw(const std::string& header, const std::string& buffer) {
+  const uint64_t size = header.size();
+  std::string bytes(reinterpret_cast<const char*>(&size), 8);
+  return bytes + header + buffer;
+}
+
+}  // namespace
 
 std::vector<std::string> FuzzSeeds() {
   at::manual_seed(9);
@@ -32,6 +44,29 @@ std::vector<std::string> FuzzSeeds() {
     absl::StatusOr<std::string> bytes = numerics::SerializeSafetensors(set, {{"k", "v"}});
     LOCKSTEP_FUZZ_CHECK(bytes.ok(), bytes.status().ToString());
     seeds.push_back(*bytes);
+  }
+  // Many tensors: the header's size and count limits are reached by mutating this one.
+  numerics::NamedTensors many;
+  for (int i = 0; i < 2000; ++i) {
+    many.emplace_back(absl::StrCat("layers.", i, ".w"), at::full({1 + i % 3}, i % 256, at::kByte));
+  }
+  absl::StatusOr<std::string> bytes = numerics::SerializeSafetensors(many, {{"step", "7"}});
+  LOCKSTEP_FUZZ_CHECK(bytes.ok(), bytes.status().ToString());
+  seeds.push_back(*bytes);
+  // Nesting at the JSON reader's limit and one past it, where a shape and the metadata are.
+  for (const int depth : {kMaxJsonDepth - 2, kMaxJsonDepth + 1}) {
+    std::string open, close;
+    for (int i = 0; i < depth; ++i) {
+      open += "[";
+      close += "]";
+    }
+    seeds.push_back(Raw(absl::StrCat(R"({"w":{"dtype":"U8","shape":)", open, "1", close,
+                                     R"(,"data_offsets":[0,1]}})"),
+                        "\x01"));
+    seeds.push_back(
+        Raw(absl::StrCat(R"({"__metadata__":{"k":)", open, close, R"(},"w":{"dtype":"U8",)",
+                         R"("shape":[1],"data_offsets":[0,1]}})"),
+            "\x01"));
   }
   return seeds;
 }

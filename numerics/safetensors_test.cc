@@ -115,10 +115,13 @@ TEST(SafetensorsTest, HostileFilesAreRefusedNamingWhatIsWrong) {
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                      eight),
-                "key 'a' twice");
+                "key 'a' appears twice");
   ExpectRefused(
       File(R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
-      "key 'dtype' twice");
+      "key 'dtype' appears twice");
+  // Nesting past the JSON reader's limit (200 KB of brackets overflowed the stack once).
+  ExpectRefused(File(std::string(100000, '[') + std::string(100000, ']'), ""),
+                "nested deeper than 64 levels");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2]}})", eight), "exactly dtype, shape");
   ExpectRefused(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", eight),
                 "exactly dtype, shape");

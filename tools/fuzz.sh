@@ -26,6 +26,9 @@ fuzz_dir=${FUZZ_DIR:-$HOME/.cache/lockstep-fuzz}
 # .bazelrc is shared, so a fresh clone still reuses earlier compilations.
 output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/lockstep-fuzz-output-base/$(pwd | md5sum | cut -c1-12)}
 mkdir -p "$fuzz_dir"
+# Inputs up to 1 MiB: large enough to reach the nesting and tensor-count limits the seeds sit
+# at (libFuzzer's default follows the largest seed and starts at 4 KiB).
+max_len=${FUZZ_MAX_LEN:-1048576}
 
 bazel --output_base="$output_base" build --config=fuzz "${targets[@]}"
 bazel build "${targets[@]}"  # the replay binaries, for valgrind
@@ -47,7 +50,7 @@ for target in "${targets[@]}"; do
   echo "fuzz: $name for ${seconds}s (corpus $work/corpus)"
   set +e
   (cd "$work" && LOCKSTEP_FUZZ_SEED_DIR="$work/corpus" ASAN_OPTIONS=alloc_dealloc_mismatch=0 \
-    "$fuzz_bin/$path" -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 \
+    "$fuzz_bin/$path" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=4096 -timeout=30 \
     -print_final_stats=1 corpus >"$work/fuzz.log" 2>&1)
   rc=$?
   set -e

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# compare, inventory and diverge as a user runs them on hostile files and outputs: each case is a
+# class of defect an outside probe found (a crash, a hang, a file replaced or lost). A tool must
+# end with exit 2 (bad input) and a message naming what is wrong, never a signal, an uncaught
+# exception, a hang or a "0 bytes" report; what it writes replaces regular files atomically and
+# writes through everything else.
+set -euo pipefail
+compare=tools/compare
+inventory=tools/inventory
+diverge=tools/diverge
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+def raw(path, header_text, buf=b""):
+    text = header_text.encode() if isinstance(header_text, str) else header_text
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + buf)
+def write(path, tensors, metadata=None):
+    header, buf = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(buf), len(buf) + len(data)]}
+        buf += data
+    raw(path, json.dumps(header), buf)
+w = ("w", "F32", [4], struct.pack("<4f", 1, 2, 3, 4))
+write(d + "/a.safetensors", [w])
+# 200 KB of brackets in a tensor's shape: nlohmann's recursive walks overflowed the stack.
+raw(d + "/deep_header.safetensors",
+    '{"w":{"dtype":"F32","shape":' + "[" * 100000 + "]" * 100000 + ',"data_offsets":[0,0]}}')
+# The same inside lockstep's own metadata (a recording's records).
+write(d + "/deep_recording.rec", [w], {"lockstep.recording": "[" * 100000 + "]" * 100000})
+# A metadata field of the wrong JSON type: a record whose index is a string.
+write(d + "/wrong_type.rec", [w], {"lockstep.recording": json.dumps(
+    [{"index": "zero", "module": "m", "kind": "forward", "dtype": "float32", "shape": [4]}])})
+# 200,000 tensors: header parsing was quadratic (20,000 took 16 s, so this one would take about
+# half an hour, past the test's timeout); linear parsing takes seconds.
+n = 200000
+header = {"t%06d" % i: {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(n)}
+raw(d + "/many.safetensors", json.dumps(header), bytes(i % 256 for i in range(n)))
+PY
+
+expect() {  # want-exit command...
+  local want=$1
+  shift
+  set +e
+  timeout 120 "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
+  local rc=$?
+  set -e
+  [[ $rc == "$want" ]] || { echo "$* exited $rc, expected $want"; cat "$tmp/out.txt" "$tmp/err.txt"; exit 1; }
+}
+says() {  # text: the last command's output names it
+  grep -qF -- "$1" "$tmp/out.txt" "$tmp/err.txt" || {
+    echo "the output does not say '$1':"; cat "$tmp/out.txt" "$tmp/err.txt"; exit 1; }
+}
+json_check() {  # file python-expression
+  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert $2, j" "$1" \
+    || { echo "JSON check failed: $2"; exit 1; }
+}
+
+# Deep nesting: refused with the depth named, not a stack overflow.
+expect 2 "$compare" "$tmp/deep_header.safetensors" "$tmp/a.safetensors"
+says "nest"
+expect 2 "$inventory" "$tmp/deep_header.safetensors"
+says "nest"
+expect 2 "$diverge" "$tmp/deep_recording.rec" "$tmp/deep_recording.rec"
+says "nest"
+# A field of the wrong type: an error naming the field, not an uncaught exception.
+expect 2 "$diverge" "$tmp/wrong_type.rec" "$tmp/wrong_type.rec"
+says "index"
+
+# Many tensors: read whole, in linear time (the test's timeout is the bound).
+expect 0 "$inventory" "$tmp/many.safetensors" --out="$tmp/many.json"
+json_check "$tmp/many.json" "j['files'][0]['tensors'] == 200000"
+expect 0 "$compare" "$tmp/many.safetensors" "$tmp/many.safetensors"
+
+# Inputs that are not regular files: refused before a read can block, never "0 bytes".
+mkfifo "$tmp/fifo"
+expect 2 "$compare" "$tmp/fifo" "$tmp/a.safetensors"
+says "not a regular file"
+expect 2 "$inventory" "$tmp/fifo"
+says "not a regular file"
+for special in /dev/zero /proc/self/status; do
+  expect 2 "$inventory" "$special"
+  says "not a regular file"
+done
+expect 2 "$inventory" "$tmp"
+says "not a regular file"
+
+# A file name that is not UTF-8 (Linux paths are bytes): read, and written into the JSON escaped.
+odd=$'\xff\xfe.safetensors'
+cp "$tmp/a.safetensors" "$tmp/$odd"
+expect 0 "$inventory" "$tmp/$odd" --out="$tmp/odd.json"
+json_check "$tmp/odd.json" "j['files'][0]['path'].endswith('\\\\xff\\\\xfe.safetensors')"
+expect 0 "$compare" "$tmp/$odd" "$tmp/a.safetensors" --out="$tmp/odd_compare.json"
+json_check "$tmp/odd_compare.json" "j['comparison']['all_passed'] and j['inputs'][0]['path'].endswith('\\\\xff\\\\xfe.safetensors')"
+
+# Outputs. A FIFO is written into, and stays a FIFO.
+mkfifo "$tmp/out_fifo"
+cat "$tmp/out_fifo" >"$tmp/from_fifo.json" &
+reader=$!
+expect 0 "$inventory" "$tmp/a.safetensors" --out="$tmp/out_fifo"
+wait "$reader"
+[[ -p $tmp/out_fifo ]] || { echo "the output FIFO was replaced"; exit 1; }
+json_check "$tmp/from_fifo.json" "j['files'][0]['entries'][0]['name'] == 'w'"
+# A symlink is written through: the link stays, its target gets the document.
+echo "old" >"$tmp/target.json"
+ln -s target.json "$tmp/link.json"
+expect 0 "$inventory" "$tmp/a.safetensors" --out="$tmp/link.json"
+[[ -L $tmp/link.json ]] || { echo "the output symlink was replaced by a file"; exit 1; }
+json_check "$tmp/target.json" "j['files'][0]['entries'][0]['name'] == 'w'"
+# A name of 250 bytes (NAME_MAX is 255) is writable: the temporary beside it fits.
+long=$(printf 'n%.0s' {1..245}).json
+expect 0 "$inventory" "$tmp/a.safetensors" --out="$tmp/$long"
+json_check "$tmp/$long" "j['files'][0]['entries'][0]['name'] == 'w'"
+[[ $(find "$tmp" -maxdepth 1 -name '*.tmp*' | wc -l) == 0 ]] || { echo "a temporary was left"; exit 1; }
+# A full device: an error naming it, and the device stays a device.
+expect 2 "$inventory" "$tmp/a.safetensors" --out=/dev/full
+says "/dev/full"
+[[ -c /dev/full ]] || { echo "/dev/full was replaced"; exit 1; }
+# An output that cannot be written is found before any work: nothing is created.
+expect 2 "$inventory" "$tmp/a.safetensors" --out="$tmp/no/such/dir/inv.json"
+[[ ! -e $tmp/no ]] || { echo "something was created under the output's path"; exit 1; }
+echo "every hostile input and output was handled"
