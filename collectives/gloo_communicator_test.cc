@@ -777,6 +777,15 @@ TEST(RendezvousTest, ARankGivenTwiceIsNamed) {
   int named = 0;
   for (int i = 0; i < 3; ++i) {
     if (results[i].ok()) continue;
+    // A claimant that reaches the store only after rank 0 has named the duplicate and left (the
+    // store lives in rank 0) cannot learn more than that the store is gone: it fails naming the
+    // store, within the timeout. Every process still waiting when the duplicate is found is
+    // told (ARankGivenTwiceIsNamedToEveryProcessStillWaiting).
+    if (i != 0 && !absl::IsFailedPrecondition(results[i]) &&
+        absl::StrContains(results[i].message(),
+                          absl::StrCat("joining the TCP store at 127.0.0.1:", port))) {
+      continue;
+    }
     EXPECT_EQ(results[i].code(), absl::StatusCode::kFailedPrecondition) << results[i];
     EXPECT_THAT(results[i].message(),
                 AllOf(HasSubstr("rank 1 is claimed by 2 processes"), HasSubstr(" pid ")))
