@@ -6,6 +6,8 @@ Example:
                          deps = [":plan_check"])
 """
 
+load("//third_party:labels.bzl", "lockstep_label")
+
 def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
     """Declares `name` (the fuzzer; libFuzzer under --config=fuzz) and `name + "_replay_test"`.
 
@@ -15,9 +17,9 @@ def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
     native.cc_binary(
         name = name,
         srcs = srcs,
-        deps = deps + ["//base:fuzz_target"] + select({
-            "//base:fuzzing": ["//base:fuzz_seed_init", "//third_party:libfuzzer"],
-            "//conditions:default": ["//base:fuzz_replay_main"],
+        deps = deps + [lockstep_label("//base:fuzz_target")] + select({
+            lockstep_label("//base:fuzzing"): [lockstep_label("//base:fuzz_seed_init"), lockstep_label("//third_party:libfuzzer")],
+            "//conditions:default": [lockstep_label("//base:fuzz_replay_main")],
         }),
         tags = ["fuzz"],
     )
@@ -27,5 +29,5 @@ def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
         srcs = srcs,
         data = regressions,
         args = ["--seeds"] + ["$(location %s)" % r for r in regressions],
-        deps = deps + ["//base:fuzz_target", "//base:fuzz_replay_main"],
+        deps = deps + [lockstep_label("//base:fuzz_target"), lockstep_label("//base:fuzz_replay_main")],
     )

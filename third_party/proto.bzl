@@ -11,6 +11,8 @@ A .proto file imports others by their path from the workspace root
 (`import "rng/state.proto";`); list the cc_proto targets that own them in `deps`.
 """
 
+load("//third_party:labels.bzl", "lockstep_label", "lockstep_repository_root")
+
 def cc_proto(name, srcs, deps = [], visibility = None, testonly = False):
     """Declares `name`, a cc_library with the generated code of `srcs`.
 
@@ -20,6 +22,8 @@ def cc_proto(name, srcs, deps = [], visibility = None, testonly = False):
         if not src.endswith(".proto"):
             fail("cc_proto %s: %s is not a .proto file" % (name, src))
     stems = [src[:-len(".proto")] for src in srcs]
+    protoc = lockstep_label("//third_party:protoc")
+    root = lockstep_repository_root()
     native.filegroup(
         name = name + "_files",
         srcs = srcs + [dep + "_files" for dep in deps],
@@ -30,16 +34,22 @@ def cc_proto(name, srcs, deps = [], visibility = None, testonly = False):
         name = name + "_generate",
         srcs = [":" + name + "_files"],
         outs = [stem + ".pb.h" for stem in stems] + [stem + ".pb.cc" for stem in stems],
-        cmd = "$(location //third_party:protoc) --proto_path=. --cpp_out=$(GENDIR) " +
-              " ".join(["%s/%s" % (native.package_name(), src) for src in srcs]),
-        tools = ["//third_party:protoc"],
+        # Paths from the root of the repository that holds the .proto files (lockstep's own, or
+        # lockstep as a consumer's external repository), so imports read as they are written.
+        cmd = "$(location %s) --proto_path=%s --cpp_out=$(GENDIR)/%s %s" % (
+            protoc,
+            root,
+            root,
+            " ".join(["%s/%s/%s" % (root, native.package_name(), src) for src in srcs]),
+        ),
+        tools = [protoc],
         testonly = testonly,
     )
     native.cc_library(
         name = name,
         srcs = [stem + ".pb.cc" for stem in stems],
         hdrs = [stem + ".pb.h" for stem in stems],
-        deps = deps + ["//third_party:protobuf"],
+        deps = deps + [lockstep_label("//third_party:protobuf")],
         visibility = visibility,
         testonly = testonly,
     )

@@ -7,6 +7,8 @@ any LibTorch tree with the pip/zip layout (`DIR/include`, `DIR/lib`), such as th
   @libtorch//:torch_cuda  libtorch_cuda, libc10_cuda (only in trees that have them)
 """
 
+load("//third_party:labels.bzl", "lockstep_label")
+
 _DEBIAN_HEADER_DIRS = ["ATen", "c10", "caffe2", "torch"]
 _SHADOWING_HEADER_DIRS = ["google"]
 _CORE_LIBS = ["libtorch.so", "libtorch_cpu.so", "libc10.so"]
@@ -43,6 +45,12 @@ def _libtorch_repository_impl(ctx):
     # A LibTorch built with glog (Debian's) includes glog's headers from c10/util/Logging.h.
     macros = ctx.path("include/c10/macros/cmake_macros.h")
     uses_glog = macros.exists and "#define C10_USE_GLOG" in ctx.read(macros)
+    # The C++ ABI the tree was built with (std::string and friends are different types under
+    # each): code that includes LibTorch's headers must match it, so the define travels with the
+    # target rather than with a .bazelrc a consumer would have to copy. Read from libc10's
+    # symbols: the new ABI's names live in std::__cxx11.
+    c10 = ctx.path("lib/libc10.so")
+    abi = 1 if ctx.execute(["grep", "-q", "_ZNSt7__cxx11", str(c10.realpath)]).return_code == 0 else 0
     ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
 
@@ -50,6 +58,7 @@ cc_library(
     name = "torch",
     hdrs = glob(["include/**"], exclude = ["include/**/*.cpp", "include/**/*.cu"]),
     includes = ["include", "include/torch/csrc/api/include"],
+    defines = ["_GLIBCXX_USE_CXX11_ABI={abi}"],
     srcs = [{core}],
     # libtorch registers operators from static initializers: keep it even if no symbol is used.
     linkopts = ["-Wl,--no-as-needed", "-lpthread"],
@@ -64,7 +73,8 @@ cc_library(
 )
 """.format(
         core = ", ".join(['"lib/%s"' % l for l in _CORE_LIBS]),
-        glog = '"@//third_party:glog"' if uses_glog else "",
+        glog = '"%s"' % lockstep_label("//third_party:glog") if uses_glog else "",
+        abi = abi,
         cuda = ", ".join(['"lib/%s"' % l for l in _CUDA_LIBS]) if has_cuda else "",
     ))
 
