@@ -133,17 +133,7 @@ TEST(LauncherTest, ProgressWithCarriageReturnsIsShownAsItIsWritten) {
 
 // A rank that writes megabytes without a line end is forwarded in bounded pieces, every byte kept.
 TEST(LauncherTest, OutputWithoutLineEndsIsForwardedInBoundedPieces) {
-  const std::string path = absl::StrCat(testing::TempDir(), "/launch_long_", getpid());
-  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
-  ASSERT_GE(fd, 0);
-  LaunchOptions options;
-  options.nproc = 1;
-  options.output_fd = fd;
-  options.command = {"/bin/sh", "-c", "head -c 4194304 /dev/zero | tr '\\0' x"};
-  absl::StatusOr<LaunchResult> result = Launch(options);
-  close(fd);
-  ASSERT_TRUE(result.ok()) << result.status();
-  std::ifstream in(path);
+  std::istringstream in(RunShell(1, "head -c 4194304 /dev/zero | tr '\\0' x").second);
   std::string line;
   int64_t bytes = 0, pieces = 0;
   size_t longest = 0;
