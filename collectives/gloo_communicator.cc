@@ -22,7 +22,6 @@ namespace lockstep {
 namespace collectives {
 
 struct GlooCommunicator::Transport {
-  std::shared_ptr<Rendezvous> rendezvous;
   std::shared_ptr<::gloo::transport::Device> device;
   absl::Duration engine_timeout;  // Gloo's own, inside each operation
 };
@@ -34,21 +33,30 @@ struct GlooCommunicator::Group {
 
 namespace {
 
-// A process group over `identity`'s members, meeting under its store key.
+// A process group over `identity`'s members, meeting under its store key. A failure to connect
+// (a member gone, or the link to its host down) names the members that did not answer the roll
+// call (Note [Roll call]): Gloo's own error names only a socket address.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroupGloo>> MakeProcessGroup(
-    const internal::GroupIdentity& identity, const std::shared_ptr<Rendezvous>& rendezvous,
+    const internal::WorldState& world, const internal::GroupIdentity& identity,
     const std::shared_ptr<::gloo::transport::Device>& device, absl::Duration timeout) {
   // `timeout` here is Gloo's own (Options::engine_timeout, else the communicator's).
   c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group;
-  LOCKSTEP_RETURN_IF_ERROR(
+  absl::Status status =
       CallTorch(absl::StrCat("creating ", identity.name, " as its rank ", identity.rank), [&] {
         auto options = c10d::ProcessGroupGloo::Options::create(internal::ToChrono(timeout));
         options->devices = {device};
-        auto store =
-            c10::make_intrusive<c10d::PrefixStore>(identity.store_key, rendezvous->impl().store);
+        auto store = c10::make_intrusive<c10d::PrefixStore>(identity.store_key,
+                                                            world.rendezvous->impl().store);
         process_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
             store, identity.rank, static_cast<int>(identity.global_ranks.size()), options);
-      }));
+      });
+  // A store's wait timeout arrives as a plain c10::Error (kInternal) from LibTorch versions
+  // without c10::DistError, so every failure but a bad argument or memory gets the roll call.
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kResourceExhausted) {
+    return internal::RollCall(world, identity, "create", std::move(status));
+  }
+  if (!status.ok()) return status;
   return process_group;
 }
 
@@ -102,7 +110,6 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   LOCKSTEP_ASSIGN_OR_RETURN(internal::NewWorld world,
                             internal::StartWorld("gloo", rendezvous, options.timeout));
   auto transport = std::make_shared<Transport>();
-  transport->rendezvous = rendezvous;
   transport->engine_timeout =
       options.engine_timeout > absl::ZeroDuration() ? options.engine_timeout : options.timeout;
   // Note [Gloo's address]: which local address peers reach this rank at. The host's name is
@@ -127,7 +134,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }));
   LOCKSTEP_ASSIGN_OR_RETURN(
       c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,
-      MakeProcessGroup(world.identity, rendezvous, transport->device, transport->engine_timeout));
+      MakeProcessGroup(*world.state, world.identity, transport->device, transport->engine_timeout));
   auto group = std::make_unique<Group>(internal::ProcessGroupCalls(
       std::move(process_group), world.identity.global_ranks, std::nullopt, options.timeout));
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
@@ -136,9 +143,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(
     internal::GroupIdentity identity) {
-  LOCKSTEP_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,
-                            MakeProcessGroup(identity, transport_->rendezvous, transport_->device,
-                                             transport_->engine_timeout));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,
+      MakeProcessGroup(*world_state(), identity, transport_->device, transport_->engine_timeout));
   auto group = std::make_unique<Group>(internal::ProcessGroupCalls(
       std::move(process_group), identity.global_ranks, std::nullopt, timeout()));
   return std::unique_ptr<Communicator>(

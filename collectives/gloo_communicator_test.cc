@@ -257,6 +257,33 @@ TEST(GlooCommunicatorTest, EverySurvivorNamesTheRankThatDied) {
   }
 }
 
+// Creating a group after a member died: Gloo's connection fails naming only an address; the
+// roll call under the round "create" names the member gone.
+TEST(GlooCommunicatorTest, AGroupCreatedAfterAMemberDiedNamesIt) {
+  collectives::ProcessWorldOptions options = World(3);
+  options.collective_timeout = absl::Seconds(3);
+  std::vector<absl::Status> results =
+      collectives::RunProcessWorld(options, [](int rank, Communicator& world) -> absl::Status {
+        LOCKSTEP_RETURN_IF_ERROR(world.Barrier());
+        if (rank == 2) _exit(3);
+        const Stopwatch start;
+        absl::StatusOr<std::unique_ptr<Communicator>> group = world.NewGroup({0, 1, 2});
+        if (group.ok()) return absl::InternalError("a group with a dead member was created");
+        const absl::Duration bound = 2 * world.timeout() + absl::Seconds(5);
+        if (start.Elapsed() > bound) {
+          return absl::InternalError(absl::StrCat("took ", absl::FormatDuration(start.Elapsed()),
+                                                  ", more than ", absl::FormatDuration(bound)));
+        }
+        return group.status();
+      });
+  for (int r : {0, 1}) {
+    EXPECT_FALSE(results[r].ok());
+    EXPECT_THAT(results[r].message(), AllOf(HasSubstr("creating gloo group [0, 1, 2]"),
+                                            HasSubstr("global rank(s) [2] gone")))
+        << "rank " << r << ": " << results[r];
+  }
+}
+
 // SIGPIPE's handler and disposition as sigaction reports them.
 void (*SigpipeHandler())(int) {
   struct sigaction current;

@@ -94,19 +94,19 @@ absl::Status CommunicatorBase::Collective(absl::string_view op,
   }
   if (status.code() == absl::StatusCode::kUnavailable ||
       status.code() == absl::StatusCode::kDeadlineExceeded) {
-    status = RollCall(std::move(status));
+    status = RollCall(*world_, identity_, absl::StrCat(collectives_ - 1), std::move(status));
   }
   LOCKSTEP_VLOG(1) << What(op) << " failed; the communicator is now unusable: " << status;
   first_error_ = status;
   return status;
 }
 
-absl::Status CommunicatorBase::RollCall(absl::Status status) {
-  Rendezvous* store = world_->rendezvous.get();
-  if (store == nullptr || identity_.global_ranks.size() < 2) return status;
-  const std::string prefix =
-      absl::StrCat(identity_.store_key, "/roll-call/", collectives_ - 1, "/");
-  const int me = identity_.global_ranks[identity_.rank];
+absl::Status RollCall(const WorldState& world, const GroupIdentity& identity,
+                      absl::string_view round, absl::Status status) {
+  Rendezvous* store = world.rendezvous.get();
+  if (store == nullptr || identity.global_ranks.size() < 2) return status;
+  const std::string prefix = absl::StrCat(identity.store_key, "/roll-call/", round, "/");
+  const int me = identity.global_ranks[identity.rank];
   const std::string unreachable =
       "the rendezvous store is unreachable for the roll call (global rank 0 serves it and may be "
       "the one gone)";
@@ -114,7 +114,7 @@ absl::Status CommunicatorBase::RollCall(absl::Status status) {
     return Annotate(status, unreachable);
   }
   std::map<int, int64_t> beats_before;
-  for (int r : identity_.global_ranks) {
+  for (int r : identity.global_ranks) {
     if (r == me) continue;
     absl::StatusOr<int64_t> beats = store->Heartbeat(r);
     if (!beats.ok()) return Annotate(status, unreachable);
@@ -122,7 +122,7 @@ absl::Status CommunicatorBase::RollCall(absl::Status status) {
   }
   // Wait for the others' answers, long enough to see a live process's heartbeat advance.
   const absl::Time now = absl::Now();
-  const absl::Time deadline = now + std::max(std::min(absl::Seconds(2), world_->timeout / 2),
+  const absl::Time deadline = now + std::max(std::min(absl::Seconds(2), world.timeout / 2),
                                              5 * Rendezvous::kHeartbeatPeriod);
   std::vector<int> silent;
   for (;;) {

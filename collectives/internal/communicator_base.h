@@ -19,7 +19,8 @@
 //     "gone" when its process's heartbeat (Rendezvous::StartHeartbeat, a counter a thread of
 //     every process advances) stopped too — dead or stopped — and "late" when it is alive but
 //     still inside the collective. Only on the failure path; the error comes at most that wait
-//     after the failure was seen.
+//     after the failure was seen. Creating a communicator (its transport's connections, made
+//     through the store) calls the same roll call on failure, under the round "create".
 //
 // Thread-safety: as Communicator (one thread per communicator; the registry is thread-safe).
 
@@ -86,6 +87,12 @@ absl::StatusOr<NewWorld> StartWorld(absl::string_view backend,
                                     const std::shared_ptr<Rendezvous>& rendezvous,
                                     absl::Duration timeout);
 
+// Note [Roll call]: `status` (a failure `identity`'s member saw in `round`, a key no other round
+// of the group uses) annotated with the members that did not report the same failure. `status`
+// unchanged for a world without a rendezvous or a group of one.
+absl::Status RollCall(const WorldState& world, const GroupIdentity& identity,
+                      absl::string_view round, absl::Status status);
+
 class CommunicatorBase : public Communicator {
  public:
   int rank() const final { return identity_.rank; }
@@ -118,9 +125,6 @@ class CommunicatorBase : public Communicator {
   absl::Status Collective(absl::string_view op, const std::function<absl::Status()>& body);
 
  private:
-  // Note [Roll call]: `status` annotated with the members that did not report the failure.
-  absl::Status RollCall(absl::Status status);
-
   std::shared_ptr<WorldState> world_;
   GroupIdentity identity_;
   absl::Status first_error_;
