@@ -6,6 +6,7 @@ Example:
                          deps = [":plan_check"])
 """
 
+load("//third_party:cc.bzl", "cc_binary", "cc_test")
 load("//third_party:labels.bzl", "lockstep_label")
 
 def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
@@ -14,7 +15,7 @@ def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
     `regressions`: input files that once failed (kept beside the target); the replay test runs
     them after the seeds.
     """
-    native.cc_binary(
+    cc_binary(
         name = name,
         srcs = srcs,
         deps = deps + [lockstep_label("//base:fuzz_target")] + select({
@@ -23,7 +24,7 @@ def lockstep_fuzz_target(name, srcs, deps, size = "small", regressions = []):
         }),
         tags = ["fuzz"],
     )
-    native.cc_test(
+    cc_test(
         name = name + "_replay_test",
         size = size,
         srcs = srcs,

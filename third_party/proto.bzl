@@ -11,6 +11,7 @@ A .proto file imports others by their path from the workspace root
 (`import "rng/state.proto";`); list the cc_proto targets that own them in `deps`.
 """
 
+load("//third_party:cc.bzl", "cc_library")
 load("//third_party:labels.bzl", "lockstep_label", "lockstep_repository_root")
 
 def cc_proto(name, srcs, deps = [], visibility = None, testonly = False):
@@ -45,7 +46,7 @@ def cc_proto(name, srcs, deps = [], visibility = None, testonly = False):
         tools = [protoc],
         testonly = testonly,
     )
-    native.cc_library(
+    cc_library(
         name = name,
         srcs = [stem + ".pb.cc" for stem in stems],
         hdrs = [stem + ".pb.h" for stem in stems],
