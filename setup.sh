@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(
   bazel-bootstrap            # Bazel 4.2.3, offline with the WORKSPACE's local rule stand-ins
   g++ git python3 xz-utils clang-format
+  cmake make patchelf        # //install: the CMake consumer (consumers/cmake); run paths of the libraries
   libtorch-dev               # LibTorch 1.13 (CPU) with c10d and Gloo
   libgloo-dev                # Gloo headers, included by c10d's ProcessGroupGloo.hpp
   libabsl-dev

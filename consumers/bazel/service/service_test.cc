@@ -148,8 +148,7 @@ void RunRank(int rank, int port, RankWorld& kept) {
   // Differently seeded and advanced: unsynchronized, the ranks draw different numbers.
   at::manual_seed(1000 + rank);
   (void)at::rand({rank + 1});
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> unsynced,
-                                world->AllGather(at::rand({64})));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> unsynced, world->AllGather(at::rand({64})));
   ASSERT_EQ(unsynced.size(), 2u);
   EXPECT_FALSE(at::equal(unsynced[0], unsynced[1])) << "the negative control drew equal numbers";
 
