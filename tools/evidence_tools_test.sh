@@ -26,19 +26,7 @@ raw = open(d + "/a.safetensors", "rb").read()
 open(d + "/cut.safetensors", "wb").write(raw[:-3])
 PY
 
-expect() {  # want-exit command...
-  local want=$1
-  shift
-  set +e
-  "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc == "$want" ]] || { echo "$* exited $rc, expected $want"; cat "$tmp/out.txt" "$tmp/err.txt"; exit 1; }
-}
-json_check() {  # file python-expression
-  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert $2, j" "$1" \
-    || { echo "JSON check failed: $2"; exit 1; }
-}
+source testing/shell/expect.sh
 
 # compare
 expect 0 "$compare" "$tmp/a.safetensors" "$tmp/same.safetensors" --out="$tmp/same.json"

@@ -41,23 +41,7 @@ header = {"t%06d" % i: {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]}
 raw(d + "/many.safetensors", json.dumps(header), bytes(i % 256 for i in range(n)))
 PY
 
-expect() {  # want-exit command...
-  local want=$1
-  shift
-  set +e
-  timeout 120 "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc == "$want" ]] || { echo "$* exited $rc, expected $want"; cat "$tmp/out.txt" "$tmp/err.txt"; exit 1; }
-}
-says() {  # text: the last command's output names it
-  grep -qF -- "$1" "$tmp/out.txt" "$tmp/err.txt" || {
-    echo "the output does not say '$1':"; cat "$tmp/out.txt" "$tmp/err.txt"; exit 1; }
-}
-json_check() {  # file python-expression
-  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert $2, j" "$1" \
-    || { echo "JSON check failed: $2"; exit 1; }
-}
+source testing/shell/expect.sh
 
 # Deep nesting: refused with the depth named, not a stack overflow.
 expect 2 "$compare" "$tmp/deep_header.safetensors" "$tmp/a.safetensors"
