@@ -28,9 +28,10 @@ namespace service {
 absl::StatusOr<lockstep::planner::Plan> PlanStep(absl::Span<const int64_t> lengths,
                                                  int64_t token_budget, int cp_size = 1);
 
-// `n` uniform numbers drawn on the rank's model stream; the caller's default generators are
-// left exactly as they were.
-absl::StatusOr<at::Tensor> ModelNoise(lockstep::rng::RankStreams& streams, int64_t n);
+// `n` uniform numbers drawn on the rank's model stream, on `device` (the CPU, or the CUDA device
+// `streams` were created with); the caller's default generators are left exactly as they were.
+absl::StatusOr<at::Tensor> ModelNoise(lockstep::rng::RankStreams& streams, int64_t n,
+                                      c10::Device device = c10::Device(c10::kCPU));
 
 // Makes `group`'s default RNG state group rank 0's (rng::Synchronize), then draws `n` uniform
 // numbers from it: the same numbers on every member. A null group is a group of one.

@@ -118,6 +118,29 @@ TEST(ModelNoiseTest, LeavesTheCallersGeneratorExactlyAsItWas) {
   EXPECT_FALSE(at::equal(more_noise, noise));
 }
 
+// The same on the GPU (skipped without one): the caller's CUDA generator is left exactly as it
+// was, the model stream advances. Built against a CUDA LibTorch, it runs the CUDA parts of
+// lockstep's RNG streams from the consumer's side.
+TEST(ModelNoiseTest, OnTheGpuLeavesTheCallersCudaGeneratorExactlyAsItWas) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only LibTorch)";
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<RankStreams> streams,
+                                RankStreams::Create(DefaultGenerators::WithCudaDevice(0)));
+  const c10::Device cuda(c10::kCUDA, 0);
+  at::manual_seed(42);
+  (void)at::rand({5}, at::device(cuda));
+  const at::Tensor callers_next = at::rand({8}, at::device(cuda));
+  at::manual_seed(42);
+  (void)at::rand({5}, at::device(cuda));
+
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor noise, ModelNoise(*streams, 1000, cuda));
+  EXPECT_TRUE(noise.is_cuda());
+  EXPECT_TRUE(streams->caller_state_live());
+  ExpectBitwiseEqual(at::rand({8}, at::device(cuda)).cpu(), callers_next.cpu());
+  EXPECT_FALSE(at::equal(noise.slice(0, 0, 8).cpu(), callers_next.cpu()));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor more_noise, ModelNoise(*streams, 1000, cuda));
+  EXPECT_FALSE(at::equal(more_noise.cpu(), noise.cpu()));
+}
+
 // --- 3. Synchronized draws in two processes over Gloo ----------------------------------------
 
 // The second process is this test binary again, run with only this test and these variables.
