@@ -27,11 +27,11 @@ absl::StatusOr<planner::Plan> PlanStep(absl::Span<const int64_t> lengths, int64_
 
 absl::StatusOr<at::Tensor> ModelNoise(rng::RankStreams& streams, int64_t n, c10::Device device) {
   LOCKSTEP_ASSIGN_OR_RETURN(rng::ModelStreamScope scope, rng::ModelStreamScope::Enter(streams));
-  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor noise,
-                            lockstep::CallTorch("drawing model noise",
-                                                [&]() -> absl::StatusOr<at::Tensor> {
-                                                  return at::rand({n}, at::device(device));
-                                                }));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      at::Tensor noise,
+      lockstep::CallTorch("drawing model noise", [&]() -> absl::StatusOr<at::Tensor> {
+        return at::rand({n}, at::device(device));
+      }));
   LOCKSTEP_RETURN_IF_ERROR(scope.Exit());
   return noise;
 }
