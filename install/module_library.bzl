@@ -101,7 +101,8 @@ def _module_library_impl(ctx):
         ),
         linking_contexts = [linking_context],
         output_type = "dynamic_library",
-        user_link_flags = ["-Wl,-soname," + soname, "-Wl,--no-undefined"],
+        user_link_flags = ["-Wl,-soname," + soname] +
+                          ([] if ctx.attr.python_extension else ["-Wl,--no-undefined"]),
     )
     library = linked.library_to_link.resolved_symlink_dynamic_library or linked.library_to_link.dynamic_library
     return [
@@ -129,6 +130,9 @@ lockstep_module_library = rule(
         "roots": attr.label_list(providers = [CcInfo], doc = "the module's public libraries"),
         "module_deps": attr.label_list(providers = [ModuleLibraryInfo]),
         "cmake_deps": attr.string_list(doc = "CMake targets outside lockstep its consumers link"),
+        "python_extension": attr.bool(
+            doc = "a CPython extension: the interpreter's symbols stay undefined (no libpython)",
+        ),
         "_cc_toolchain": attr.label(default = Label("@bazel_tools//tools/cpp:current_cc_toolchain")),
     },
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],

@@ -26,10 +26,10 @@ TEST(PlanOnlyTest, PlansAndDigestsWithoutLibTorch) {
   EXPECT_EQ(plan->microbatches_size(), 2);
   EXPECT_EQ(plan->num_tokens(), 2048);
   // The same batch plans to the same digest; another batch to another.
-  const auto again = planner::PlanMicrobatches(Batch({700, 324, 700, 324}),
-                                               planner::PlanOptions::Of(1024, 2));
-  const auto other = planner::PlanMicrobatches(Batch({700, 324, 700, 323}),
-                                               planner::PlanOptions::Of(1024, 2));
+  const auto again =
+      planner::PlanMicrobatches(Batch({700, 324, 700, 324}), planner::PlanOptions::Of(1024, 2));
+  const auto other =
+      planner::PlanMicrobatches(Batch({700, 324, 700, 323}), planner::PlanOptions::Of(1024, 2));
   ASSERT_TRUE(again.ok() && other.ok());
   EXPECT_EQ(planner::PlanDigest(*plan), planner::PlanDigest(*again));
   EXPECT_NE(planner::PlanDigest(*plan), planner::PlanDigest(*other));
