@@ -1,0 +1,70 @@
+// numerics/deterministic_mode.h
+//
+// lockstep's deterministic mode: one call that makes a process's LibTorch, cuBLAS and NCCL run
+// the same computation the same way every time, and proves it did. Call it once per process,
+// before any CUDA work (a cuBLAS handle reads its workspace setting when it is created):
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(numerics::DeterministicSettings mode,
+//                             numerics::EnforceDeterministicMode());
+//
+// What it sets, and why each matters:
+//   - deterministic algorithms, as errors (torch.use_deterministic_algorithms(True)): an
+//     operator without a deterministic implementation (atomics in a CUDA index_add_, put_
+//     without accumulation) fails instead of running; under CallTorch the failure is a status
+//     naming the operator, never an abort.
+//   - cuDNN deterministic on, benchmark off: benchmark mode times candidate kernels at run time
+//     and may pick another one in the next process; a deterministic choice fixes it.
+//   - CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8, which NVIDIA documents as equivalent): with
+//     cuBLAS's default workspace, split-K reductions may run in any order across streams.
+//   - NCCL_ALGO=Ring and NCCL_PROTO=Simple: lockstep's collectives reduce floating-point values
+//     over NCCL (AllReduceSum); NCCL picks its algorithm (ring, tree, NVLS) and protocol by
+//     message size and topology, and each sums in another order. Pinned, the order depends only
+//     on the ranks and the size. (Gloo's ring all-reduce has one order already.)
+//
+// Nothing is silently overridden: a setting the caller already made that contradicts the mode
+// (one of the variables set to another value, warn-only deterministic algorithms, cuDNN
+// benchmark on) is refused with kFailedPrecondition naming it, its value and the value the mode
+// requires. A variable that is unset is set; one already at the required value is kept.
+//
+// Thread-safety: process-wide settings; call from one thread while no other uses LibTorch.
+
+#ifndef LOCKSTEP_NUMERICS_DETERMINISTIC_MODE_H_
+#define LOCKSTEP_NUMERICS_DETERMINISTIC_MODE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lockstep {
+namespace numerics {
+
+// The settings the mode requires, and those it found in force when it returned.
+struct DeterministicSettings {
+  bool deterministic_algorithms = true;
+  bool deterministic_algorithms_warn_only = false;
+  bool cudnn_deterministic = true;
+  bool cudnn_benchmark = false;
+  std::string cublas_workspace_config = ":4096:8";
+  std::string nccl_algo = "Ring";
+  std::string nccl_proto = "Simple";
+};
+
+// Sets and then verifies the mode (see the top of this file). kFailedPrecondition for a
+// contradicting setting, or for CUBLAS_WORKSPACE_CONFIG unset once CUDA work has started (too
+// late to take effect: set it in the environment, or call this first). On error nothing was
+// changed. Idempotent.
+absl::StatusOr<DeterministicSettings> EnforceDeterministicMode();
+
+// Whether every setting of the mode is in force now: OK, or kFailedPrecondition naming the
+// first that is not (its value and the required one).
+absl::Status VerifyDeterministicMode();
+
+// Whether EnforceDeterministicMode succeeded in this process (the execution-context record
+// reports it).
+bool DeterministicModeEnforced();
+
+}  // namespace numerics
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NUMERICS_DETERMINISTIC_MODE_H_
