@@ -9,6 +9,7 @@
 #include "ATen/Context.h"
 #include "ATen/Parallel.h"
 #include "base/json.h"
+#include "numerics/deterministic_mode.h"
 #include "numerics/digest.h"
 #include "numerics/internal/build_info.h"
 #include "numerics/internal/device_context.h"
@@ -65,7 +66,13 @@ json CaptureExecutionContext(const std::map<std::string, std::string>& caller) {
         {"tf32_cublas", context.allowTF32CuBLAS()},
         {"tf32_cudnn", context.allowTF32CuDNN()},
         {"float32_matmul_precision", MatmulPrecision()},
-        {"cublas_workspace_config", Env("CUBLAS_WORKSPACE_CONFIG")}}},
+        {"cublas_workspace_config", Env("CUBLAS_WORKSPACE_CONFIG")},
+        {"nccl_algo", Env("NCCL_ALGO")},
+        {"nccl_proto", Env("NCCL_PROTO")},
+        // Whether lockstep's deterministic mode was enforced (numerics/deterministic_mode.h),
+        // and whether it still holds now.
+        {"mode_enforced", DeterministicModeEnforced()},
+        {"mode_holds", VerifyDeterministicMode().ok()}}},
       {"threads",
        {{"intra_op", at::get_num_threads()},
         {"inter_op", at::get_num_interop_threads()},

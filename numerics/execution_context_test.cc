@@ -11,6 +11,7 @@
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "numerics/deterministic_mode.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
@@ -85,6 +86,24 @@ TEST(ExecutionContextTest, ValuesThatAreNotUtf8AreRecordedEscapedNeverThrown) {
   ASSERT_TRUE(read.has_value());
   EXPECT_EQ((*read)["stable"]["threads"]["omp_num_threads"], "4\\xff\\xfe");
   EXPECT_EQ((*read)["stable"]["caller"]["data"], "/data/\\xc3(");
+}
+
+// Last in this file: the mode, once enforced, stays enforced for the process.
+TEST(ExecutionContextTest, SaysWhetherDeterministicModeWasEnforcedAndHolds) {
+  const nlohmann::json before = CaptureExecutionContext()["stable"]["determinism"];
+  EXPECT_EQ(before["mode_enforced"], false);
+  const bool algorithms = at::globalContext().deterministicAlgorithms();
+  LOCKSTEP_ASSERT_OK(EnforceDeterministicMode().status());
+  const nlohmann::json enforced = CaptureExecutionContext()["stable"]["determinism"];
+  EXPECT_EQ(enforced["mode_enforced"], true);
+  EXPECT_EQ(enforced["mode_holds"], true);
+  EXPECT_EQ(enforced["nccl_algo"], "Ring");
+  EXPECT_EQ(enforced["nccl_proto"], "Simple");
+  EXPECT_EQ(enforced["cublas_workspace_config"], ":4096:8");
+  // Undone afterwards: the record says it no longer holds.
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  EXPECT_EQ(CaptureExecutionContext()["stable"]["determinism"]["mode_holds"], false);
+  at::globalContext().setDeterministicAlgorithms(algorithms, false);
 }
 
 }  // namespace
