@@ -48,9 +48,9 @@ bool Accepts(const Variable& v, const std::string& value) {
 
 absl::Status Contradiction(absl::string_view setting, absl::string_view value,
                            absl::string_view required) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "deterministic mode: ", setting, " is ", value, " but the mode requires ", required,
-      "; the mode overrides nothing the caller set: change or unset it"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("deterministic mode: ", setting, " is ", value, " but the mode requires ",
+                   required, "; the mode overrides nothing the caller set: change or unset it"));
 }
 
 // Whether this process has started CUDA work (a primary context on any device).

@@ -107,19 +107,18 @@ TEST_P(ContradictingVariable, IsRefusedNamingItsValueAndNothingChanges) {
   setenv(c.variable, c.value, 1);
   const absl::Status status = EnforceDeterministicMode().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_THAT(status.message(),
-              AllOf(HasSubstr(absl::StrCat(c.variable, " is '", c.value, "'")),
-                    HasSubstr(absl::StrCat("requires '", c.required, "'"))));
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(absl::StrCat(c.variable, " is '", c.value, "'")),
+                                      HasSubstr(absl::StrCat("requires '", c.required, "'"))));
   EXPECT_EQ(Env(c.variable), c.value);  // not overridden
   unsetenv(c.variable);
   ExpectUnchanged();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EachVariable, ContradictingVariable,
-    ::testing::Values(Contradicting{"CUBLAS_WORKSPACE_CONFIG", ":0:0", ":4096:8"},
-                      Contradicting{"NCCL_ALGO", "Tree", "Ring"},
-                      Contradicting{"NCCL_PROTO", "LL128", "Simple"}));
+INSTANTIATE_TEST_SUITE_P(EachVariable, ContradictingVariable,
+                         ::testing::Values(Contradicting{"CUBLAS_WORKSPACE_CONFIG", ":0:0",
+                                                         ":4096:8"},
+                                           Contradicting{"NCCL_ALGO", "Tree", "Ring"},
+                                           Contradicting{"NCCL_PROTO", "LL128", "Simple"}));
 
 TEST_F(DeterministicModeTest, WarnOnlyDeterministicAlgorithmsAreRefused) {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -163,9 +162,8 @@ TEST_F(DeterministicModeTest, ANondeterministicOperatorIsAStatusNamingIt) {
   LOCKSTEP_ASSERT_OK(EnforceDeterministicMode().status());
   const absl::Status status = PutWithoutAccumulation();
   EXPECT_FALSE(status.ok());
-  EXPECT_THAT(status.message(),
-              AllOf(HasSubstr("put_ under test"), HasSubstr("put_"),
-                    HasSubstr("does not have a deterministic implementation")));
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("put_ under test"), HasSubstr("put_"),
+                                      HasSubstr("does not have a deterministic implementation")));
 }
 
 }  // namespace

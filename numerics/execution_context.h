@@ -5,8 +5,9 @@
 // compiler and lockstep's build commit; the determinism settings (deterministic algorithms and
 // their warn-only mode, cuDNN deterministic/benchmark, TF32 for cuBLAS and cuDNN, float32 matmul
 // precision, CUBLAS_WORKSPACE_CONFIG, NCCL_ALGO and NCCL_PROTO, and whether lockstep's
-// deterministic mode was enforced and still holds: numerics/deterministic_mode.h); LibTorch's intra- and inter-op thread counts and
-// OMP_NUM_THREADS; and the caller's own fields (seeds, topology).
+// deterministic mode was enforced and still holds: numerics/deterministic_mode.h); LibTorch's
+// intra- and inter-op thread counts and OMP_NUM_THREADS; and the caller's own fields (seeds,
+// topology).
 //
 // The record is JSON: {"stable": {...}, "volatile": {...}, "digest": hex}. "stable" holds what
 // must match for two runs to be expected to match (everything above); "volatile" what may differ

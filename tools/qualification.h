@@ -173,6 +173,10 @@ class QualifyOptions {
   int master_port = 0;
   // Internal (workers): run only the second actor of the actors check. Default: false.
   bool actor_round = false;
+  // Enforce lockstep's deterministic mode (numerics/deterministic_mode.h) in every worker before
+  // its first CUDA work; the variability checks' evidence says whether it held. A contradicting
+  // setting in the environment fails the worker naming it. Default: false.
+  bool deterministic = false;
 
  private:
   QualifyOptions() = default;

@@ -5,6 +5,7 @@
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
 //           [--inject_oom=N] [--device=cpu|cuda] [--timeout_seconds=S] [--report=DIR]
+//           [--deterministic]
 //           [--nnodes=M --node_rank=K --master_addr=A --master_port=P]  (one qualify per node)
 
 #include <iostream>
@@ -33,6 +34,9 @@ ABSL_FLAG(int, inject_oom, 1,
           "out-of-memory failures the oom_recovery check injects on one replica of each TP x CP "
           "group (0..8)");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout in the workers");
+ABSL_FLAG(bool, deterministic, false,
+          "enforce lockstep's deterministic mode in every worker (numerics/deterministic_mode.h); "
+          "a contradicting CUBLAS_WORKSPACE_CONFIG, NCCL_ALGO or NCCL_PROTO fails the run");
 ABSL_FLAG(int64_t, deadline_seconds, 0,
           "the whole job's limit: workers still running then are named and stopped, and qualify "
           "fails (0: 3 x timeout + 60 s)");
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   options.master_addr = absl::GetFlag(FLAGS_master_addr);
   options.master_port = absl::GetFlag(FLAGS_master_port);
   options.actor_round = absl::GetFlag(FLAGS_actor_round);
+  options.deterministic = absl::GetFlag(FLAGS_deterministic);
   if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
     options.deadline = absl::Seconds(deadline);
   }

@@ -12,6 +12,28 @@ for check in replica_agreement dp_workers_independent model_stream exception_res
 done
 
 "$qualify" --dp 2 --tp 2 --cp 1 --out "$tmp/dp2tp2.json"
+
+# --deterministic: every worker enforces lockstep's deterministic mode and the variability
+# checks' evidence says it held; a contradicting setting in the environment fails every rank,
+# naming it, and is not overridden.
+"$qualify" --dp=2 --tp=1 --cp=2 --deterministic --out="$tmp/deterministic.json" >/dev/null
+/usr/bin/python3 - "$tmp/deterministic.json" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))
+assert e["passed"], "qualify --deterministic did not pass"
+for check in e["checks"]:
+    if check["name"] in ("repeatability", "actors"):
+        for rank in check["ranks"]:
+            mode = rank["evidence"]["deterministic_mode"]
+            assert mode["enforced"] and mode["holds"], (check["name"], mode)
+PY
+set +e
+NCCL_ALGO=Tree "$qualify" --dp=2 --tp=1 --cp=2 --deterministic >"$tmp/contradiction.txt" 2>&1
+status=$?
+set -e
+[[ $status == 1 ]] || { echo "--deterministic with NCCL_ALGO=Tree: exit $status, expected 1"; exit 1; }
+grep -q "NCCL_ALGO is 'Tree' but the mode requires 'Ring'" "$tmp/contradiction.txt" \
+  || { echo "the contradiction is not named:"; cat "$tmp/contradiction.txt"; exit 1; }
 # Three injected failures (two split levels) on one replica of each group; the ledger summary is
 # shown.
 "$qualify" --dp=1 --tp=2 --cp=2 --inject_oom 3 >"$tmp/oom3.txt"

@@ -40,6 +40,7 @@
 #include "collectives/topology.h"
 #include "examples/lm/corpus.h"
 #include "examples/lm/model.h"
+#include "numerics/deterministic_mode.h"
 #include "numerics/safetensors.h"
 #include "rng/philox.h"
 #include "rng/rank_streams.h"
@@ -74,6 +75,9 @@ ABSL_FLAG(bool, mask_before_hand_back, false,
           "negative control: draw the token mask's seed before the step's first hand-back, where "
           "the replicas' caller states differ (the leader drew a sample), instead of after it");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout");
+ABSL_FLAG(bool, deterministic, false,
+          "enforce lockstep's deterministic mode first (numerics/deterministic_mode.h): "
+          "deterministic algorithms, cuDNN, cuBLAS workspace, NCCL algorithm and protocol");
 
 namespace lockstep {
 namespace examples {
@@ -240,6 +244,10 @@ absl::Status Train() {
   if (!cuda && absl::GetFlag(FLAGS_device) != "cpu") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", absl::GetFlag(FLAGS_device), "' is neither cpu nor cuda"));
+  }
+  // Before any CUDA work: cuBLAS reads its workspace setting when its first handle is made.
+  if (absl::GetFlag(FLAGS_deterministic)) {
+    LOCKSTEP_RETURN_IF_ERROR(numerics::EnforceDeterministicMode().status());
   }
   const int max_tokens = absl::GetFlag(FLAGS_max_tokens);
   const int per_step = absl::GetFlag(FLAGS_sequences_per_step);

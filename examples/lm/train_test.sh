@@ -84,4 +84,27 @@ width, height = struct.unpack(">II", data[16:24])
 assert (width, height) == (800, 450), (width, height)
 print(f"loss curve: {width} x {height} PNG, {len(data)} bytes")
 PY
+
+# 6. --deterministic: the DP2 x CP2 run under lockstep's deterministic mode trains to the same
+#    losses, bit for bit, as its first steps without it (CPU kernels have one order already; on
+#    the GPU the mode may pick other kernels, so there the losses are only checked to be finite);
+#    a contradicting setting in the environment fails the run, naming it.
+few=(--steps=10 --log_every=5 --cp=2)
+"$launch" --nproc=4 --deadline_seconds=300 -- "$train" "${few[@]}" --deterministic \
+  --log_csv="$tmp/deterministic.csv" "${extra[@]+"${extra[@]}"}" >"$tmp/deterministic.out" 2>&1 \
+  || { cat "$tmp/deterministic.out"; echo "the --deterministic run failed"; exit 1; }
+if [[ " ${extra[*]+"${extra[*]}"} " != *" --device=cuda "* ]]; then
+  head -n 11 "$tmp/dp2_cp2.csv" | cut -d, -f1,2 >"$tmp/plain_10.txt"
+  cut -d, -f1,2 "$tmp/deterministic.csv" >"$tmp/deterministic_10.txt"
+  cmp "$tmp/plain_10.txt" "$tmp/deterministic_10.txt" \
+    || { echo "--deterministic changed the CPU losses"; paste "$tmp/plain_10.txt" "$tmp/deterministic_10.txt"; exit 1; }
+fi
+set +e
+NCCL_PROTO=LL "$launch" --nproc=1 --deadline_seconds=120 -- "$train" --steps=1 --deterministic \
+  "${extra[@]+"${extra[@]}"}" >"$tmp/contradiction.out" 2>&1
+status=$?
+set -e
+[[ $status != 0 ]] && grep -q "NCCL_PROTO is 'LL' but the mode requires 'Simple'" "$tmp/contradiction.out" \
+  || { cat "$tmp/contradiction.out"; echo "NCCL_PROTO=LL under --deterministic: exit $status, not named"; exit 1; }
+echo "deterministic mode: the losses of 10 steps unchanged on CPU; a contradicting NCCL_PROTO refused"
 echo "PASS"

@@ -44,6 +44,7 @@
 #endif
 #include "collectives/rendezvous.h"
 #include "nlohmann/json.hpp"
+#include "numerics/deterministic_mode.h"
 #include "numerics/execution_context.h"
 #include "planner/planner.h"
 #include "rng/philox.h"
@@ -344,6 +345,10 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   json report;
   std::shared_ptr<collectives::Rendezvous> rendezvous;
   const absl::Status status = [&]() -> absl::Status {
+    // First, before any CUDA work (a contradicting setting fails the rank, naming it).
+    report["deterministic_mode"] = options.deterministic;
+    if (options.deterministic)
+      LOCKSTEP_RETURN_IF_ERROR(numerics::EnforceDeterministicMode().status());
     LOCKSTEP_ASSIGN_OR_RETURN(rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
     std::unique_ptr<Communicator> world;
     std::string transport = "gloo";
@@ -521,6 +526,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                     absl::StrCat("--negative_control=", NegativeControlName(options.control)),
                     absl::StrCat("--inject_oom=", options.inject_oom),
                     absl::StrCat("--device=", options.device)};
+  if (options.deterministic) launch.command.push_back("--deterministic");
   const std::string topology =
       absl::StrCat("DP", options.dp, " x TP", options.tp, " x CP", options.cp);
   const bool node_zero = options.node_rank == 0;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "numerics/deterministic_mode.h"
 #include "tools/qualification.h"
 #include "trainer/qualification/variability.h"
 
@@ -27,9 +28,23 @@ absl::StatusOr<std::unique_ptr<trainer::VariabilityRank>> VariabilityRankOf(Rank
                                           device);
 }
 
+// The check's result, saying whether lockstep's deterministic mode was enforced in this process
+// (qualify --deterministic) and still held when the check ended: without it the checks run
+// under the qualification's own scoped settings (trainer::DeterministicMode).
 CheckResult ResultOf(trainer::VariabilityCheck check) {
-  CheckResult r = CheckResult::Make(std::move(check.name), check.passed, std::move(check.detail));
+  const bool enforced = numerics::DeterministicModeEnforced();
+  const absl::Status holds = numerics::VerifyDeterministicMode();
+  if (enforced) {
+    absl::StrAppend(&check.detail, holds.ok() ? "; lockstep's deterministic mode enforced"
+                                              : "; lockstep's deterministic mode NO LONGER HOLDS");
+  }
+  CheckResult r = CheckResult::Make(
+      std::move(check.name), check.passed && (!enforced || holds.ok()), std::move(check.detail));
   r.evidence = std::move(check.evidence);
+  if (!r.evidence.is_object()) r.evidence = nlohmann::json::object();
+  r.evidence["deterministic_mode"] = {{"enforced", enforced},
+                                      {"holds", holds.ok()},
+                                      {"why_not", holds.ok() ? "" : std::string(holds.message())}};
   return r;
 }
 
