@@ -41,6 +41,7 @@ targets=(
   //checkpoint:checkpoint_benchmark
   //tools:qualification_cuda_test
   //numerics:digest_cuda_test
+  //numerics:deterministic_mode_cuda_test
   //numerics:compare_cuda_test
   //numerics:numerics_benchmark
   //numerics:compare_test
