@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The cost of lockstep's deterministic mode on the example's training step: the example
+# (DP1 x TP1 x CP1 on one device, by default the GPU) run in pairs, without and with
+# --deterministic, alternating; each run's throughput is the median of its progress lines'
+# tokens/s after the first (warm-up); the cost is the median over pairs of plain / deterministic
+# (1.10: the mode makes a step 10% slower). Run by hand (on the H200 from the GPU bundle):
+#   examples/lm/deterministic_cost.sh [PAIRS] [-- extra train flags]
+# LM_BIN names the folder of launch and train (default: bazel-bin's). Exits non-zero when it
+# cannot measure (a run failed or printed too few progress lines).
+set -euo pipefail
+pairs=${1:-5}
+shift || true
+[[ ${1:-} == -- ]] && shift
+bin=${LM_BIN:-}
+launch=${bin:-bazel-bin/tools}/launch
+train=${bin:-bazel-bin/examples}/train
+device=${LM_DEVICE:-cuda}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+throughput() {  # log: the median tokens/s of its progress lines after the first
+  grep -o 'tokens/s [0-9]*' "$1" | awk 'NR > 1 {print $2}' | sort -n |
+    awk '{v[NR] = $1} END {if (NR < 3) exit 1; print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'
+}
+run() {  # name flags...
+  local name=$1
+  shift
+  "$launch" --nproc=1 --deadline_seconds=600 -- "$train" --device="$device" --steps=120 \
+    --log_every=20 --checkpoint_blocks=true "$@" >"$tmp/$name.log" 2>&1 ||
+    { cat "$tmp/$name.log"; echo "deterministic_cost: the $name run failed" >&2; exit 1; }
+  throughput "$tmp/$name.log" ||
+    { cat "$tmp/$name.log"; echo "deterministic_cost: $name printed too few progress lines" >&2; exit 1; }
+}
+ratios=()
+for ((p = 1; p <= pairs; p++)); do
+  plain=$(run "plain$p" "$@")
+  det=$(run "deterministic$p" --deterministic "$@")
+  ratio=$(awk -v a="$plain" -v b="$det" 'BEGIN {printf "%.4f", a / b}')
+  echo "pair $p: plain $plain tokens/s, deterministic $det tokens/s, cost ${ratio}x"
+  ratios+=("$ratio")
+done
+printf '%s\n' "${ratios[@]}" | sort -n | awk -v device="$device" '{v[NR] = $1} END {
+  m = (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)
+  printf "deterministic mode cost on the example step (%s, median of %d pairs): %.3fx\n", device, NR, m }'
