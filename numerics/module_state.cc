@@ -57,22 +57,10 @@ void* StateKey(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 #endif
 
-}  // namespace
-
-absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
-                                         const torch::optim::Optimizer* optimizer) {
-  NamedTensors out;
-  std::map<const void*, std::string> path_of;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value());
-    path_of[item.value().unsafeGetTensorImpl()] = item.key();
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value());
-  }
-  if (optimizer == nullptr) return out;
-  const auto& states = optimizer->state();
-  const auto& groups = optimizer->param_groups();
+absl::Status AppendOptimizerState(const std::map<const void*, std::string>& path_of,
+                                  const torch::optim::Optimizer& optimizer, NamedTensors& out) {
+  const auto& states = optimizer.state();
+  const auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& params = groups[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -90,6 +78,33 @@ absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
       }
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
+                                         const torch::optim::Optimizer* optimizer) {
+  NamedTensors out;
+  std::map<const void*, std::string> path_of;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    out.emplace_back(item.key(), item.value());
+    path_of[item.value().unsafeGetTensorImpl()] = item.key();
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    out.emplace_back(item.key(), item.value());
+  }
+  if (optimizer == nullptr) return out;
+  if (absl::Status s = AppendOptimizerState(path_of, *optimizer, out); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<NamedTensors> OptimizerState(const NamedTensors& parameters,
+                                            const torch::optim::Optimizer& optimizer) {
+  NamedTensors out;
+  std::map<const void*, std::string> path_of;
+  for (const auto& [name, tensor] : parameters) path_of[tensor.unsafeGetTensorImpl()] = name;
+  if (absl::Status s = AppendOptimizerState(path_of, optimizer, out); !s.ok()) return s;
   return out;
 }
 

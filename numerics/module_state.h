@@ -33,6 +33,12 @@ namespace numerics {
 absl::StatusOr<NamedTensors> ModuleState(const torch::nn::Module& module,
                                          const torch::optim::Optimizer* optimizer = nullptr);
 
+// The optimizer part of that set for parameters that are not a module's: each parameter of
+// `optimizer` found in `parameters` (by identity) under its name there, the others as
+// "optimizer/group<g>/param<i>/<field>". The same error for an unknown state kind.
+absl::StatusOr<NamedTensors> OptimizerState(const NamedTensors& parameters,
+                                            const torch::optim::Optimizer& optimizer);
+
 }  // namespace numerics
 }  // namespace lockstep
 

@@ -44,7 +44,9 @@
 #include "numerics/safetensors.h"
 #include "rng/philox.h"
 #include "rng/rank_streams.h"
+#include "rng/resume_state.h"
 #include "torch/optim/adamw.h"
+#include "trainer/state_capture.h"
 #include "trainer/trainer_rank.h"
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDACachingAllocator.h"
@@ -71,6 +73,14 @@ ABSL_FLAG(int, save_every, 0, "steps between saved states (0: none)");
 ABSL_FLAG(std::string, save_dir, "", "where saved states go: <save_dir>/step<k>/rank<r>");
 ABSL_FLAG(std::string, resume, "", "a saved state to continue from: <save_dir>/step<k>");
 ABSL_FLAG(std::string, final_state, "", "save the final state here: <final_state>/rank<r>");
+ABSL_FLAG(std::string, capture_dir, "",
+          "capture every rank's complete state after each step's update here, for the "
+          "state-replay protocol (trainer/state_capture.h, tools/replay): "
+          "<capture_dir>/step<k>/rank<r>");
+ABSL_FLAG(std::string, resume_omit, "",
+          "negative control of the state-replay protocol: resume (--resume) without restoring "
+          "one part of the saved state: rng (every stream stays as this process seeded it), "
+          "optimizer (a fresh AdamW) or data (the data cursor starts from the first batch)");
 ABSL_FLAG(bool, mask_before_hand_back, false,
           "negative control: draw the token mask's seed before the step's first hand-back, where "
           "the replicas' caller states differ (the leader drew a sample), instead of after it");
@@ -304,14 +314,31 @@ absl::Status Train() {
           trainer::TrainerRank::Collaborators::Of(groups.topology, rank, groups.tp_cp, streams),
           [&](const trainer::ShardWork& work) { return model.Forward(work, step); }));
   int first_step = 0;
+  int64_t data_position = 0;  // batches consumed: the data cursor a resume must restore
+  const std::string omit = absl::GetFlag(FLAGS_resume_omit);
+  if (!omit.empty() && omit != "rng" && omit != "optimizer" && omit != "data") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume_omit '", omit, "' is none of rng, optimizer, data"));
+  }
   if (const std::string resume = absl::GetFlag(FLAGS_resume); !resume.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(first_step, StepOf(resume));
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        trainer::LoadReport loaded,
-        trainer->LoadState(absl::StrCat(resume, "/rank", rank), named, adam.get()));
-    if (!loaded.optimizer || !loaded.rng_streams) {
+    data_position = omit == "data" ? 0 : first_step;
+    // The broken resume that omits the RNG puts back the streams this process had before loading.
+    std::optional<rng::RngResumeStateProto> fresh_streams;
+    if (omit == "rng") {
+      LOCKSTEP_ASSIGN_OR_RETURN(fresh_streams, rng::CaptureResumeState(*streams));
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(trainer::LoadReport loaded,
+                              trainer->LoadState(absl::StrCat(resume, "/rank", rank), named,
+                                                 omit == "optimizer" ? nullptr : adam.get()));
+    if ((!loaded.optimizer && omit != "optimizer") || !loaded.rng_streams) {
       return absl::DataLossError(absl::StrCat(resume, ": the saved state is not complete"));
     }
+    if (fresh_streams.has_value()) {
+      LOCKSTEP_RETURN_IF_ERROR(rng::RestoreResumeState(*fresh_streams, *streams));
+    }
+  } else if (!omit.empty()) {
+    return absl::InvalidArgumentError("--resume_omit needs --resume");
   }
   // The TP x CP group's leader logs a sample now and then: a draw from its RNG that its replicas
   // do not make. The next hand-back makes their states agree again.
@@ -328,12 +355,13 @@ absl::Status Train() {
   for (step = first_step; step < absl::GetFlag(FLAGS_steps); ++step) {
     // (5) The DP-local batch and the global token count the loss is divided by.
     int64_t global_targets = 0;
-    for (const Sequence& s : corpus.GlobalBatch(step, per_step)) {
+    const int64_t batch_index = data_position++;
+    for (const Sequence& s : corpus.GlobalBatch(batch_index, per_step)) {
       global_targets += static_cast<int64_t>(s.tokens.size()) - 1;
       tokens_since += static_cast<int64_t>(s.tokens.size());
     }
-    LOCKSTEP_ASSIGN_OR_RETURN(StepBatch batch,
-                              MakeBatch(corpus.DpBatch(step, per_step, me.dp, dp_size), device));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        StepBatch batch, MakeBatch(corpus.DpBatch(batch_index, per_step, me.dp, dp_size), device));
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("zeroing the gradients", [&] { adam->zero_grad(); }));
     // (6) The stream of this step's microbatches.
     std::optional<uint64_t> mask_seed;
@@ -394,6 +422,18 @@ absl::Status Train() {
     if (Communicator* dp = OrNone(groups.dp.get()))
       LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("AdamW's step", [&] { adam->step(); }));
+    if (const std::string captures = absl::GetFlag(FLAGS_capture_dir); !captures.empty()) {
+      trainer::CaptureComponents state;
+      state.weights = named;
+      state.optimizer = adam.get();
+      state.streams = streams.get();
+      state.data_position = data_position;
+      state.absent["ledger"] =
+          "examples/lm keeps no recovery ledger (it does not use admission's out-of-memory "
+          "recovery)";
+      LOCKSTEP_RETURN_IF_ERROR(
+          trainer::WriteStateCapture(captures, step + 1, rank, groups.world->size(), state));
+    }
     const double loss = step_loss.item<double>();
     losses.push_back(loss);
     // (9) Progress, the log, saved states.
