@@ -3,7 +3,11 @@
 # (DP1 x TP1 x CP1 on one device, by default the GPU) run in pairs, without and with
 # --deterministic, alternating; each run's throughput is the median of its progress lines'
 # tokens/s after the first (warm-up); the cost is the median over pairs of plain / deterministic
-# (1.10: the mode makes a step 10% slower). Run by hand (on the H200 from the GPU bundle):
+# (1.10: the mode makes a step 10% slower). Each pair also runs a third, plain run with only the
+# cuBLAS workspace setting (CUBLAS_WORKSPACE_CONFIG=:4096:8 in its environment), which splits the
+# cost into cuBLAS's part and deterministic algorithms' part. Extra train flags scale the model
+# (--width, --hidden, --blocks, --max_tokens): the default model is tiny, its step bound by
+# kernel launches. Run by hand (on the H200 from the GPU bundle):
 #   examples/lm/deterministic_cost.sh [PAIRS] [-- extra train flags]
 # LM_BIN names the folder of launch and train (default: bazel-bin's). Exits non-zero when it
 # cannot measure (a run failed or printed too few progress lines).
@@ -30,14 +34,20 @@ run() {  # name flags...
   throughput "$tmp/$name.log" ||
     { cat "$tmp/$name.log"; echo "deterministic_cost: $name printed too few progress lines" >&2; exit 1; }
 }
+median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 ratios=()
+cublas_ratios=()
 for ((p = 1; p <= pairs; p++)); do
   plain=$(run "plain$p" "$@")
+  cublas=$(CUBLAS_WORKSPACE_CONFIG=:4096:8 run "cublas$p" "$@")
   det=$(run "deterministic$p" --deterministic "$@")
   ratio=$(awk -v a="$plain" -v b="$det" 'BEGIN {printf "%.4f", a / b}')
-  echo "pair $p: plain $plain tokens/s, deterministic $det tokens/s, cost ${ratio}x"
+  cublas_ratio=$(awk -v a="$plain" -v b="$cublas" 'BEGIN {printf "%.4f", a / b}')
+  echo "pair $p: plain $plain tokens/s, cuBLAS setting only $cublas (${cublas_ratio}x)," \
+    "deterministic $det tokens/s, cost ${ratio}x"
   ratios+=("$ratio")
+  cublas_ratios+=("$cublas_ratio")
 done
-printf '%s\n' "${ratios[@]}" | sort -n | awk -v device="$device" '{v[NR] = $1} END {
-  m = (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)
-  printf "deterministic mode cost on the example step (%s, median of %d pairs): %.3fx\n", device, NR, m }'
+echo "deterministic mode cost on the example step ($device, $*, median of $pairs pairs):" \
+  "$(printf '%s\n' "${ratios[@]}" | median)x; the cuBLAS setting alone:" \
+  "$(printf '%s\n' "${cublas_ratios[@]}" | median)x"

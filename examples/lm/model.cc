@@ -65,6 +65,11 @@ absl::StatusOr<TinyLm> TinyLm::Create(const TinyLmConfig& config, int tp_rank, i
                                                    " does not split ", config.hidden,
                                                    " hidden units"));
   }
+  if (config.width < 1 || config.hidden < 1 || config.blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("TinyLm: width ", config.width, ", hidden ",
+                                                   config.hidden, " and blocks ", config.blocks,
+                                                   " must each be at least 1"));
+  }
   if (config.heads < 1 || config.width % config.heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TinyLm: width ", config.width, " does not split over ", config.heads, " heads"));

@@ -8,7 +8,8 @@
 #   3. a capture from another build (its execution context's lockstep_commit changed, the
 #      completion record re-sealed to match): exit 2, naming the field;
 #   4. a normal run that differs (one weight byte flipped, re-sealed): exit 1, naming the step,
-#      rank, path, byte and element.
+#      rank, path, byte and element;
+# and the report's page (tools/report) of the passing run shows the verdict and the differences.
 # REPLAY_BIN names the folder of replay and train (the GPU bundle); REPLAY_TRAIN_FLAGS adds flags
 # to every launch (--device=cuda --deterministic on the H200).
 set -euo pipefail
@@ -43,6 +44,20 @@ for name, prefix in want.items():
     print(f"{name}: step {d['step']} rank {d['rank']} {d['path']} byte {d['byte_offset']} "
           f"element {d['element_index']} ({d['a']} vs {d['b']})")
 PY
+
+# The report's page (tools/report): the verdict and each broken resume's first difference.
+report=${REPLAY_REPORT:-tools/report/report}
+if [[ -x $report ]]; then
+  MPLCONFIGDIR="$tmp/mpl" "$report" "$tmp/run/report.json" "$tmp/page" >/dev/null \
+    || fail "report could not render report.json"
+  for text in "<p class='verdict'>PASS (exit 0)" "<td>broken-rng</td>" "<td>rng/caller/cpu</td>" \
+    "<td>data/position</td>"; do
+    grep -qF "$text" "$tmp/page/index.html" || fail "the replay page lacks $text"
+  done
+  echo "report page: $tmp/page/index.html ($(wc -c <"$tmp/page/index.html") bytes)"
+else
+  echo "report page: NOT RUN (no $report here)"
+fi
 
 # Evidence damaged in a copy of the run; the tool re-compares without launching (--compare_only).
 damaged() {  # name: a fresh copy of the run's launches, report removed

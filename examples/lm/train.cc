@@ -58,6 +58,10 @@ ABSL_FLAG(int, cp, 1, "context-parallel size");
 ABSL_FLAG(int, steps, 300, "training steps (optimizer updates)");
 ABSL_FLAG(int, sequences_per_step, 8, "sequences in the global batch of a step");
 ABSL_FLAG(int, max_tokens, 64, "the longest sequence and the token budget of a microbatch");
+ABSL_FLAG(int, width, 32, "the model's width (a multiple of --heads)");
+ABSL_FLAG(int, heads, 2, "attention heads");
+ABSL_FLAG(int, hidden, 64, "MLP hidden units (a multiple of --tp)");
+ABSL_FLAG(int, blocks, 2, "transformer blocks");
 ABSL_FLAG(double, lr, 3e-3, "AdamW's learning rate");
 ABSL_FLAG(int, seed, 1, "every rank's seed (weights, dropout, the caller's RNG)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda (the GPU local_rank modulo the GPUs)");
@@ -288,6 +292,10 @@ absl::Status Train() {
   TinyLmConfig config;
   config.max_positions = max_tokens;
   config.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  config.width = absl::GetFlag(FLAGS_width);
+  config.heads = absl::GetFlag(FLAGS_heads);
+  config.hidden = absl::GetFlag(FLAGS_hidden);
+  config.blocks = absl::GetFlag(FLAGS_blocks);
   LOCKSTEP_ASSIGN_OR_RETURN(
       TinyLm model, TinyLm::Create(config, me.tp, groups.topology.tp_size(),
                                    OrNone(groups.tp.get()), OrNone(groups.cp.get()), device));

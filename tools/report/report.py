@@ -1,14 +1,19 @@
 #!/usr/bin/python3
-"""report: qualify's evidence JSON as one self-contained HTML page.
+"""report: qualify's evidence JSON, or a state replay's report.json, as one self-contained page.
 
     report EVIDENCE.json OUT_DIR     writes OUT_DIR/index.html (qualify --report=DIR runs it too)
+    report REPLAY/report.json OUT_DIR   the state-replay protocol's page (tools/replay.cc)
 
 The page has no scripts and loads nothing: the plots are SVG drawn by matplotlib and inlined.
 It holds the check table; the two actors' execution contexts side by side, differing fields
 highlighted; relative L2 and max tolerance ratio of every module record in execution order,
 forward and backward, for the repeatability and actors checks (the first divergence marked);
 a histogram of the per-tensor tolerance ratios; and the packing-invariance placements.
-Exit 0 written, 1 the evidence is not qualify's, 2 bad usage.
+The replay page holds the verdict, the launches, and per comparison (independent, resumed and
+each broken resume against the reference) what was expected, what was found and where the
+captures first differ: step, rank, state path, byte offset, element index, both values, and
+every differing path of that step.
+Exit 0 written, 1 the evidence is neither qualify's nor a replay's, 2 bad usage.
 """
 
 import html
@@ -206,6 +211,49 @@ def render(evidence):
     return "\n".join(parts)
 
 
+REPLAY_FORMAT = "lockstep.replay_report/1"
+
+
+def replay_render(report):
+    verdict = {"pass": "PASS", "mismatch": "FAIL", "evidence": "NO VERDICT"}.get(
+        report.get("verdict"), "?")
+    program = " ".join(str(a) for a in report.get("program", []))
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>replay {verdict}</title><style>{STYLE}</style></head><body>",
+        f"<h1>State replay: {report.get('nproc')} ranks, {report.get('steps')} steps, "
+        f"resumed at step {report.get('resume_step')}</h1>",
+        f"<p class='verdict'>{verdict} (exit {report.get('exit_code')})</p>",
+        f"<p>program: <code>{html.escape(program)}</code></p>",
+        "<h2>Launches</h2><table><tr><th>launch</th><th>exit</th><th>seconds</th>"
+        "<th>log</th></tr>"]
+    for launch in report.get("launches", []):
+        failed = "error" in launch
+        parts.append(
+            f"<tr class='{'fail' if failed else 'pass'}'><td>{html.escape(str(launch.get('name')))}"
+            f"</td><td>{html.escape(str(launch.get('exit_code', launch.get('error', ''))))}</td>"
+            f"<td>{number(launch.get('seconds', 0)):.1f}</td>"
+            f"<td>{html.escape(str(launch.get('log', '')))}</td></tr>")
+    parts.append("</table><h2>Comparisons against the reference, byte for byte</h2><table><tr>"
+                 "<th>run</th><th>steps</th><th>expected</th><th>verdict</th><th>first step</th>"
+                 "<th>rank</th><th>state path</th><th>byte</th><th>element</th><th>reference</th>"
+                 "<th>this run</th><th>differing paths of that step</th></tr>")
+    for c in report.get("comparisons", []):
+        d = c.get("first_difference") or {}
+        bad = c.get("verdict") != "as_expected"
+        cells = [c.get("name"), "%s..%s" % tuple(c.get("steps", ["?", "?"])), c.get("expected"),
+                 c.get("error") if c.get("verdict") == "evidence" else c.get("verdict"),
+                 d.get("step", ""), d.get("rank", ""), d.get("path", "match"),
+                 d.get("byte_offset", ""), d.get("element_index", ""), d.get("a", ""),
+                 d.get("b", ""), ", ".join(d.get("differing_paths", [])[:12])
+                 + (" ..." if len(d.get("differing_paths", [])) > 12 else "")]
+        row_class = "fail" if bad else ("differs" if d else "pass")
+        parts.append(f"<tr class='{row_class}'>"
+                     + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
+    parts.append("</table></body></html>")
+    return "\n".join(parts)
+
+
 def main(argv):
     if len(argv) != 3:
         print("usage: report EVIDENCE.json OUT_DIR", file=sys.stderr)
@@ -216,13 +264,15 @@ def main(argv):
     except (OSError, ValueError) as e:
         print(f"report: cannot read {argv[1]}: {e}", file=sys.stderr)
         return 1
-    if not isinstance(evidence, dict) or "checks" not in evidence:
-        print(f"report: {argv[1]} is not qualify's evidence (no 'checks')", file=sys.stderr)
+    replay = isinstance(evidence, dict) and evidence.get("format") == REPLAY_FORMAT
+    if not replay and (not isinstance(evidence, dict) or "checks" not in evidence):
+        print(f"report: {argv[1]} is not qualify's evidence (no 'checks') nor a replay's report",
+              file=sys.stderr)
         return 1
     os.makedirs(argv[2], exist_ok=True)
     path = os.path.join(argv[2], "index.html")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(render(evidence))
+        f.write(replay_render(evidence) if replay else render(evidence))
     os.replace(path + ".tmp", path)
     print(f"report: {path}")
     return 0
