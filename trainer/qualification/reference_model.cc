@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/differentiable.h"
+#include "numerics/shuffled_sum.h"
 #include "rng/philox.h"
 
 namespace lockstep {
@@ -117,10 +116,10 @@ absl::StatusOr<at::Tensor> DropoutMask(const rng::PhiloxKey& key, const at::Tens
 // depends only on the order of the additions:
 //   on a CUDA device, index_add_ with deterministic algorithms switched off around it: floating-
 //     point atomics, in the order the scheduler picks (the H200's real hazard);
-//   on the CPU, a sequential float sum over the copies in an order drawn from
-//     std::random_device on every call (never from LibTorch's generators, which the checks
-//     compare): a reduction whose order differs between passes and between actors, as a thread
-//     count or a work-stealing schedule makes it differ.
+//   on the CPU, lockstep_controls::shuffled_sum (numerics/shuffled_sum.h): a sequential float
+//     sum over the copies in an order drawn from std::random_device on every call, a reduction
+//     whose order differs between passes and between actors, as a thread count or a
+//     work-stealing schedule makes it differ.
 at::Tensor RoundingResidue(const at::Tensor& output) {
   const at::Tensor flat = output.detach().reshape({-1});
   const int64_t half = flat.is_cuda() ? 1024 : 32;
@@ -139,22 +138,9 @@ at::Tensor RoundingResidue(const at::Tensor& output) {
         at::arange(flat.numel(), flat.options().dtype(at::kLong)).repeat({2 * half});
     sum = at::zeros_like(flat).index_add_(0, slots, copies.reshape({-1}));
   } else {
-    // A loop of float additions: LibTorch's CPU reductions accumulate floats in double, which
-    // would round the residue away.
-    std::vector<int64_t> order(2 * half);
-    std::iota(order.begin(), order.end(), 0);
-    std::random_device entropy;
-    std::mt19937_64 shuffle(static_cast<uint64_t>(entropy()) << 32 | entropy());
-    std::shuffle(order.begin(), order.end(), shuffle);
-    const at::Tensor terms = copies.to(at::kFloat).contiguous();
-    const auto term = terms.accessor<float, 2>();
-    sum = at::zeros({flat.numel()}, terms.options());
-    auto total = sum.accessor<float, 1>();
-    for (int64_t i = 0; i < flat.numel(); ++i) {
-      float acc = 0;
-      for (int64_t k : order) acc += term[k][i];
-      total[i] = acc;
-    }
+    // A loop of float additions (LibTorch's CPU reductions accumulate floats in double, which
+    // would round the residue away), as a dispatcher operator: the operator recorder names it.
+    sum = numerics::controls::ShuffledSum(copies.to(at::kFloat).contiguous());
     sum = sum.to(flat.dtype());
   }
   return sum.reshape(output.sizes());

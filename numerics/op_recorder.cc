@@ -1,0 +1,534 @@
+// numerics/op_recorder.cc: the operator recorder (op_recorder.h).
+//
+// Note [RecordFunction and NDEBUG]
+// LibTorch is built with NDEBUG, this file may not be. Without NDEBUG, RecordFunction::inputs()
+// asserts a debug-only flag that the library never sets, so every call's inputs() would throw.
+// RecordFunction is parsed here as the library was built; the flag sits in padding, so the
+// layout is the same either way. No other file of lockstep calls inputs().
+#ifndef NDEBUG
+#define NDEBUG
+#include "ATen/record_function.h"
+#undef NDEBUG
+#else
+#include "ATen/record_function.h"
+#endif
+
+#include "numerics/op_recorder.h"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "ATen/core/dispatch/Dispatcher.h"
+#include "ATen/core/function_schema.h"
+#include "ATen/core/grad_mode.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/json.h"
+#include "base/status_macros.h"
+#include "base/torch_boundary.h"
+#include "nlohmann/json.hpp"
+#include "numerics/safetensors.h"
+
+namespace lockstep {
+namespace numerics {
+
+using json = nlohmann::json;
+
+namespace {
+
+// A value's tensor as captured: a private copy (undefined for every other kind).
+struct Captured {
+  OperatorValue value;
+  at::Tensor copy;
+};
+
+struct Pending {
+  OperatorRecord record;
+  std::vector<at::Tensor> input_copies;  // parallel to record.inputs
+  std::vector<at::Tensor> output_copies;
+  std::vector<const void*> input_storages;  // of the inputs' tensors (uninitialized tracking)
+  bool done = false;
+};
+
+// Operators whose output's contents are not written yet (Note [Operator digests]).
+bool LeavesUninitialized(absl::string_view op) {
+  return op == "aten::empty" || op == "aten::empty_like" || op == "aten::empty_strided" ||
+         op == "aten::new_empty" || op == "aten::new_empty_strided" || op == "aten::resize_" ||
+         op == "aten::resize_as_";
+}
+
+const void* StorageKey(const at::Tensor& t) {
+  return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+}  // namespace
+
+struct OperatorRecorder::State {
+  OperatorRecorderOptions options;
+  std::string path;
+  std::atomic<int> scopes_open{0};
+  at::CallbackHandle handle = 0;
+
+  mutable std::mutex mu;
+  std::ofstream out;
+  bool closed = false;
+  std::vector<std::string> labels;
+  int64_t next_index = 0;
+  int64_t completed_unwritten = 0;
+  std::map<int64_t, Pending> pending;
+  std::unordered_set<const void*> uninitialized;
+  absl::Status status;
+
+  void KeepError(const absl::Status& s) {
+    if (status.ok() && !s.ok()) status = s;
+  }
+  // Computes the digests of the completed calls, in index order, and writes them.
+  // `all`: every completed call, not only those before the first open one. Holds mu.
+  absl::Status FlushLocked(bool all);
+  // The value of `v` and its copy, for a tensor. Holds mu.
+  // `out_arg`: the schema's out= argument (written, not read: structure only).
+  Captured Capture(const c10::IValue& v, int arg, int item, bool is_output, bool out_arg,
+                   absl::string_view op, std::vector<const void*>* storages);
+  // `out_args[i]`: whether argument i is an out= argument (empty: none is).
+  void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
+                  const std::vector<bool>& out_args, absl::string_view op,
+                  std::vector<OperatorValue>* out, std::vector<at::Tensor>* copies,
+                  std::vector<const void*>* storages);
+};
+
+namespace {
+
+std::mutex g_mu;                                   // guards g_state's replacement
+std::shared_ptr<OperatorRecorder::State> g_state;  // read with std::atomic_load
+thread_local bool t_inside = false;                // this thread is in one of our callbacks
+thread_local std::vector<int64_t> t_open;          // this thread's open calls (indices)
+
+// Our own ATen calls (copies, digests, summaries) are neither recorded nor re-entered.
+class InsideCallback {
+ public:
+  InsideCallback() : record_function_off_(false) { t_inside = true; }
+  ~InsideCallback() { t_inside = false; }
+
+ private:
+  at::RecordFunctionGuard record_function_off_;
+  at::NoGradGuard no_grad_;
+};
+
+struct CallContext : public at::ObserverContext {
+  std::shared_ptr<OperatorRecorder::State> state;
+  int64_t index = 0;
+};
+
+std::string ScalarText(const c10::IValue& v) {
+  if (v.isDouble()) return absl::StrFormat("%.17g", v.toDouble());
+  if (v.isInt()) return absl::StrCat(v.toInt());
+  if (v.isBool()) return v.toBool() ? "true" : "false";
+  if (v.isString()) return v.toStringRef();
+  if (v.isIntList()) return absl::StrCat("[", absl::StrJoin(v.toIntVector(), ","), "]");
+  if (v.isDoubleList()) {
+    std::vector<std::string> parts;
+    for (double d : v.toDoubleVector()) parts.push_back(absl::StrFormat("%.17g", d));
+    return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
+  }
+  if (v.isBoolList()) {
+    std::vector<std::string> parts;
+    for (bool b : v.toBoolList()) parts.push_back(b ? "true" : "false");
+    return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
+  }
+  return "";
+}
+
+bool IsScalarLike(const c10::IValue& v) {
+  return v.isDouble() || v.isInt() || v.isBool() || v.isString() || v.isIntList() ||
+         v.isDoubleList() || v.isBoolList();
+}
+
+}  // namespace
+
+Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int item, bool is_output,
+                                          bool out_arg, absl::string_view op,
+                                          std::vector<const void*>* storages) {
+  Captured c;
+  c.value.arg = arg;
+  c.value.item = item;
+  if (v.isNone()) {
+    c.value.kind = "none";
+    return c;
+  }
+  if (!v.isTensor()) {
+    if (IsScalarLike(v)) {
+      c.value.kind = "scalar";
+      c.value.value = ScalarText(v);
+    } else {
+      c.value.kind = "other";
+      c.value.value = v.tagKind();
+    }
+    return c;
+  }
+  const at::Tensor& t = v.toTensor();
+  if (!t.defined()) {
+    c.value.kind = "undefined";
+    return c;
+  }
+  c.value.shape = t.sizes().vec();
+  absl::StatusOr<std::string> dtype = SafetensorsDtypeName(t.scalar_type());
+  if (!dtype.ok() || t.layout() != at::kStrided || !(t.is_cpu() || t.is_cuda())) {
+    c.value.kind = "opaque";
+    c.value.dtype = std::string(c10::toString(t.scalar_type()));
+    return c;
+  }
+  c.value.dtype = *dtype;
+  const void* storage = StorageKey(t);
+  if (storages != nullptr && storage != nullptr) storages->push_back(storage);
+  if (out_arg) {
+    c.value.kind = "out";
+    return c;
+  }
+  if ((is_output && LeavesUninitialized(op)) ||
+      (!is_output && storage != nullptr && uninitialized.count(storage) > 0)) {
+    c.value.kind = "uninitialized";
+    return c;
+  }
+  c.value.kind = "tensor";
+  at::Tensor kept = t.detach();
+  if (const std::optional<RowWindow>& window = options.row_window()) {
+    for (int64_t dim = 0; dim < kept.dim(); ++dim) {
+      if (kept.size(dim) != window->rows) continue;
+      kept = kept.narrow(dim, window->begin, window->end - window->begin);
+      c.value.window_dims.push_back(static_cast<int>(dim));
+      c.value.window_begin = window->begin;
+      c.value.window_end = window->end;
+    }
+  }
+  c.copy = kept.clone(at::MemoryFormat::Contiguous);
+  return c;
+}
+
+void OperatorRecorder::State::CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
+                                         const std::vector<bool>& out_args, absl::string_view op,
+                                         std::vector<OperatorValue>* out,
+                                         std::vector<at::Tensor>* copies,
+                                         std::vector<const void*>* storages) {
+  for (size_t arg = 0; arg < values.size(); ++arg) {
+    const c10::IValue& v = values[arg];
+    const bool out_arg = arg < out_args.size() && out_args[arg];
+    std::vector<Captured> captured;
+    if (v.isTensorList()) {
+      const c10::List<at::Tensor> list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        captured.push_back(Capture(c10::IValue(list.get(i)), static_cast<int>(arg),
+                                   static_cast<int>(i), is_output, out_arg, op, storages));
+      }
+    } else if (v.isList() && !IsScalarLike(v)) {
+      const c10::List<c10::IValue> list = v.toList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        captured.push_back(Capture(list.get(i), static_cast<int>(arg), static_cast<int>(i),
+                                   is_output, out_arg, op, storages));
+      }
+    } else {
+      captured.push_back(Capture(v, static_cast<int>(arg), -1, is_output, out_arg, op, storages));
+    }
+    for (Captured& c : captured) {
+      out->push_back(std::move(c.value));
+      copies->push_back(std::move(c.copy));
+    }
+  }
+}
+
+namespace {
+
+// Which of the call's arguments are out= arguments, from its schema (cached per overload).
+const std::vector<bool>& OutArguments(const at::RecordFunction& fn) {
+  static const std::vector<bool> kNone;
+  thread_local std::unordered_map<std::string, std::vector<bool>> cache;
+  const c10::optional<c10::OperatorName> name = fn.operator_name();
+  if (!name) return kNone;
+  const std::string key = absl::StrCat(name->name, ".", name->overload_name);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  std::vector<bool>& out_args = cache[key];
+  if (const c10::optional<c10::FunctionSchema> schema = fn.operator_schema()) {
+    for (const c10::Argument& a : schema->arguments()) out_args.push_back(a.is_out());
+  }
+  return out_args;
+}
+
+std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
+  if (t_inside) return nullptr;
+  std::shared_ptr<OperatorRecorder::State> state = std::atomic_load(&g_state);
+  if (state == nullptr || state->scopes_open.load(std::memory_order_acquire) == 0) return nullptr;
+  InsideCallback inside;
+  auto context = std::make_unique<CallContext>();
+  context->state = state;
+  std::lock_guard<std::mutex> lock(state->mu);
+  if (state->closed || state->labels.empty()) return nullptr;
+  Pending p;
+  p.record.op = fn.name();
+  try {
+    state->CaptureAll(fn.inputs(), /*is_output=*/false, OutArguments(fn), p.record.op,
+                      &p.record.inputs, &p.input_copies, &p.input_storages);
+  } catch (const std::exception& e) {
+    state->KeepError(
+        absl::InternalError(absl::StrCat("recording the inputs of ", p.record.op, ": ", e.what())));
+    return nullptr;
+  }
+  p.record.index = state->next_index++;
+  p.record.module = state->labels.back();
+  p.record.parent = t_open.empty() ? -1 : t_open.back();
+  p.record.depth = static_cast<int>(t_open.size());
+  context->index = p.record.index;
+  state->pending.emplace(p.record.index, std::move(p));
+  t_open.push_back(context->index);
+  return context;
+}
+
+void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
+  if (raw == nullptr || t_inside) return;
+  auto* context = static_cast<CallContext*>(raw);
+  OperatorRecorder::State& state = *context->state;
+  InsideCallback inside;
+  if (!t_open.empty() && t_open.back() == context->index) t_open.pop_back();
+  std::lock_guard<std::mutex> lock(state.mu);
+  auto found = state.pending.find(context->index);
+  if (found == state.pending.end()) return;  // dropped by Close
+  Pending& p = found->second;
+  std::vector<const void*> output_storages;
+  try {
+    const std::vector<c10::IValue>& outputs = fn.outputs();
+    state.CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
+                     /*is_output=*/true, {}, p.record.op, &p.record.outputs, &p.output_copies,
+                     &output_storages);
+  } catch (const std::exception& e) {
+    state.KeepError(absl::InternalError(
+        absl::StrCat("recording the outputs of ", p.record.op, ": ", e.what())));
+  }
+  // Whatever this call took or produced has been written, unless it only allocated.
+  for (const void* s : p.input_storages) state.uninitialized.erase(s);
+  for (const void* s : output_storages) {
+    if (LeavesUninitialized(p.record.op)) {
+      state.uninitialized.insert(s);
+    } else {
+      state.uninitialized.erase(s);
+    }
+  }
+  p.done = true;
+  if (++state.completed_unwritten >= state.options.flush_every()) {
+    state.KeepError(state.FlushLocked(/*all=*/false));
+  }
+}
+
+}  // namespace
+
+// Note [Deferred digests]
+// A callback runs inside every operator call of the step, on the thread that makes it. Digesting
+// there would cost a host synchronization per call on CUDA (DigestTensor copies its chunk hashes
+// back) and a pass over the bytes on the CPU. A callback instead clones what it must keep (the
+// inputs before an in-place operator overwrites them, the outputs before a later call does): one
+// asynchronous device copy per tensor. FlushLocked then digests every clone of the flushed calls
+// in one DigestTensors call (one kernel and one copy back per device) and stacks every output
+// summary into one tensor per device, copied back once.
+absl::Status OperatorRecorder::State::FlushLocked(bool all) {
+  // The completed calls to write now: in index order, up to the first still open (or all).
+  std::vector<Pending*> ready;
+  for (auto it = pending.begin(); it != pending.end(); ++it) {
+    if (!it->second.done) {
+      if (!all) break;
+      continue;
+    }
+    ready.push_back(&it->second);
+  }
+  if (ready.empty()) return absl::OkStatus();
+  std::vector<at::Tensor> to_digest;
+  std::vector<at::Tensor> to_summarize;
+  for (Pending* p : ready) {
+    for (const at::Tensor& t : p->input_copies) {
+      if (t.defined()) to_digest.push_back(t);
+    }
+    for (const at::Tensor& t : p->output_copies) {
+      if (t.defined()) {
+        to_digest.push_back(t);
+        to_summarize.push_back(t);
+      }
+    }
+  }
+  std::vector<Digest128> digests;
+  if (!to_digest.empty()) {
+    absl::StatusOr<std::vector<Digest128>> computed = DigestTensors(to_digest);
+    if (!computed.ok()) {
+      return Annotate(computed.status(), "digesting the operator calls' tensors");
+    }
+    digests = *std::move(computed);
+  }
+  // Every summary on its device, then one copy back (Note [Deferred digests]).
+  at::Tensor summaries;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("summarizing the operator calls' outputs", [&] {
+    std::vector<at::Tensor> rows;
+    for (const at::Tensor& t : to_summarize) {
+      const at::Tensor d = t.to(at::kDouble);
+      rows.push_back(t.numel() == 0 ? at::zeros({2}, d.options())
+                                    : at::stack({d.sum(), d.abs().max()}));
+    }
+    std::vector<at::Tensor> on_cpu;
+    // Stacked per device: a single copy from each.
+    std::map<std::string, std::vector<at::Tensor>> by_device;
+    for (const at::Tensor& r : rows) by_device[r.device().str()].push_back(r);
+    std::map<std::string, at::Tensor> copied;
+    for (auto& [device, list] : by_device) copied[device] = at::stack(list).cpu();
+    std::map<std::string, int64_t> taken;
+    std::vector<at::Tensor> ordered;
+    for (const at::Tensor& r : rows) {
+      const std::string device = r.device().str();
+      ordered.push_back(copied[device][taken[device]++]);
+    }
+    summaries = ordered.empty() ? at::zeros({0, 2}, at::kDouble) : at::stack(ordered);
+  }));
+  const auto figure = summaries.accessor<double, 2>();
+  size_t next_digest = 0;
+  int64_t next_summary = 0;
+  for (Pending* p : ready) {
+    OperatorRecord& r = p->record;
+    std::vector<Digest128> side(r.inputs.size());
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      if (p->input_copies[i].defined()) side[i] = digests[next_digest++];
+    }
+    r.inputs_digest = OperatorSideDigest(r.inputs, side);
+    side.assign(r.outputs.size(), Digest128{});
+    for (size_t i = 0; i < r.outputs.size(); ++i) {
+      if (!p->output_copies[i].defined()) continue;
+      side[i] = digests[next_digest++];
+      r.outputs[i].sum = figure[next_summary][0];
+      r.outputs[i].max_abs = figure[next_summary][1];
+      ++next_summary;
+    }
+    r.outputs_digest = OperatorSideDigest(r.outputs, side);
+    out << DumpJson(OperatorRecordJson(r)) << "\n";
+  }
+  out.flush();
+  if (!out) {
+    return absl::InternalError(
+        absl::StrCat("writing the operator recording '", path, "': ", std::strerror(errno)));
+  }
+  for (Pending* p : ready) {
+    completed_unwritten -= 1;
+    pending.erase(p->record.index);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<OperatorRecorder>> OperatorRecorder::Create(
+    const std::string& path, OperatorRecorderOptions options) {
+  if (options.flush_every() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "operator recorder: flush_every is ", options.flush_every(), "; it must be at least 1"));
+  }
+  if (const auto& w = options.row_window();
+      w && (w->begin < 0 || w->end <= w->begin || w->end > w->rows)) {
+    return absl::InvalidArgumentError(absl::StrCat("operator recorder: row window [", w->begin,
+                                                   ", ", w->end, ") of ", w->rows,
+                                                   " rows is empty or out of range"));
+  }
+  std::lock_guard<std::mutex> global(g_mu);
+  if (std::atomic_load(&g_state) != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("operator recorder for '", path, "': another one is recording (",
+                     std::atomic_load(&g_state)->path, "); one at a time per process"));
+  }
+  auto state = std::make_shared<State>();
+  state->options = options;
+  state->path = path;
+  state->out.open(path, std::ios::out | std::ios::trunc);
+  if (!state->out) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("opening the operator recording '", path, "'"));
+  }
+  json header = {{kOperatorRecordingKey, kOperatorRecordingVersion}, {"rank", options.rank()}};
+  if (options.row_window()) {
+    header["row_window"] = {options.row_window()->rows, options.row_window()->begin,
+                            options.row_window()->end};
+  }
+  state->out << DumpJson(header) << "\n";
+  state->out.flush();
+  if (!state->out) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("writing the operator recording '", path, "'"));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("adding the operator recorder's callback", [&] {
+    state->handle = at::addGlobalCallback(at::RecordFunctionCallback(OnStart, OnEnd)
+                                              .needsInputs(true)
+                                              .needsOutputs(true)
+                                              .scopes({at::RecordScope::FUNCTION}));
+  }));
+  std::atomic_store(&g_state, state);
+  return std::unique_ptr<OperatorRecorder>(new OperatorRecorder(std::move(state)));
+}
+
+OperatorRecorder::~OperatorRecorder() { Close().IgnoreError(); }
+
+OperatorRecorder::Scope::Scope(OperatorRecorder& recorder, std::string label)
+    : recorder_(recorder) {
+  std::lock_guard<std::mutex> lock(recorder_.state_->mu);
+  recorder_.state_->labels.push_back(std::move(label));
+  recorder_.state_->scopes_open.fetch_add(1, std::memory_order_release);
+}
+
+OperatorRecorder::Scope::~Scope() {
+  std::lock_guard<std::mutex> lock(recorder_.state_->mu);
+  if (!recorder_.state_->labels.empty()) recorder_.state_->labels.pop_back();
+  recorder_.state_->scopes_open.fetch_sub(1, std::memory_order_release);
+}
+
+absl::Status OperatorRecorder::Flush() {
+  InsideCallback inside;  // the flush's own ATen calls are not recorded
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->closed) state_->KeepError(state_->FlushLocked(/*all=*/false));
+  return state_->status;
+}
+
+absl::Status OperatorRecorder::Close() {
+  {
+    std::lock_guard<std::mutex> global(g_mu);
+    if (std::atomic_load(&g_state) == state_) {
+      at::removeCallback(state_->handle);
+      std::atomic_store(&g_state, std::shared_ptr<State>());
+    }
+  }
+  InsideCallback inside;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->closed) return state_->status;
+  state_->KeepError(state_->FlushLocked(/*all=*/true));
+  if (!state_->pending.empty()) {
+    state_->KeepError(absl::FailedPreconditionError(
+        absl::StrCat("operator recording '", state_->path, "': ", state_->pending.size(),
+                     " calls started inside a scope never ended (first: ",
+                     state_->pending.begin()->second.record.op, ", call ",
+                     state_->pending.begin()->first, ")")));
+    state_->pending.clear();
+  }
+  state_->out.close();
+  if (state_->out.fail()) {
+    state_->KeepError(
+        absl::InternalError(absl::StrCat("closing the operator recording '", state_->path, "'")));
+  }
+  state_->closed = true;
+  return state_->status;
+}
+
+absl::Status OperatorRecorder::status() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->status;
+}
+
+int64_t OperatorRecorder::recorded() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->next_index;
+}
+
+}  // namespace numerics
+}  // namespace lockstep

@@ -1,0 +1,134 @@
+// numerics/op_recorder.h
+//
+// OperatorRecorder taps every ATen operator call through LibTorch's RecordFunction callbacks (one
+// global callback, so autograd's backward threads are seen too) while a Scope is open, and writes
+// an operator recording (op_recording.h), incrementally: per call, in execution order, its index,
+// operator name (aten::mm, lockstep_controls::shuffled_sum, ...), the label of the innermost open
+// Scope (the module it ran in), the enclosing call (parent) and nesting depth on its thread, each
+// input and output (tensors, tensors inside lists, scalars, None), a digest of its inputs taken
+// when the call starts (before an in-place operator mutates them) and one of its outputs when it
+// ends, and for each output tensor its sum and max |x|. FirstOperatorDivergence (op_divergence.h)
+// compares two recordings.
+//
+// Cost (Note [Deferred digests] in op_recorder.cc): a call's callback only clones its tensors (a
+// device copy, no host synchronization); digests (DigestTensors, on the tensors' device, batched)
+// and summaries are computed and copied back at Flush, which runs every flush_every completed
+// calls and at Close. On CUDA the copies stay on the device until then: memory grows by the bytes
+// of up to flush_every calls' tensors. //numerics:op_recorder_benchmark measures it.
+//
+// Errors: a callback never throws; its first error is kept and returned by status(), Flush() and
+// Close(). Only one OperatorRecorder may exist at a time in a process (its callback is global).
+//
+// Thread-safety: Scopes are opened and closed by one thread at a time, LIFO; while one is open,
+// operator calls are recorded from every thread, in the order they start. Flush, Close and
+// status may be called from any thread.
+//
+// Example:
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<numerics::OperatorRecorder> recorder,
+//                             numerics::OperatorRecorder::Create("ops.rank0.jsonl"));
+//   {
+//     numerics::OperatorRecorder::Scope step(*recorder, "step");
+//     ... forward, loss.backward() ...
+//   }
+//   LOCKSTEP_RETURN_IF_ERROR(recorder->Close());
+
+#ifndef LOCKSTEP_NUMERICS_OP_RECORDER_H_
+#define LOCKSTEP_NUMERICS_OP_RECORDER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "numerics/op_recording.h"
+
+namespace lockstep {
+namespace numerics {
+
+// Digest only [begin, end) along every dimension of size `rows` (the whole tensor where none
+// has that size): one sequence's rows among the `rows` tokens of a packed microbatch, and its
+// columns of a token-by-token matrix (attention scores). Precondition: no other dimension of the
+// recorded tensors has size `rows` (choose a token count unlike the model's widths).
+struct RowWindow {
+  int64_t rows = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+class OperatorRecorderOptions {
+ public:
+  OperatorRecorderOptions() = default;
+  // Completed calls between flushes (digests computed, lines written). Default: 256.
+  OperatorRecorderOptions& set_flush_every(int n) {
+    flush_every_ = n;
+    return *this;
+  }
+  int flush_every() const { return flush_every_; }
+  // See RowWindow. Default: none (whole tensors).
+  OperatorRecorderOptions& set_row_window(RowWindow window) {
+    row_window_ = window;
+    return *this;
+  }
+  const std::optional<RowWindow>& row_window() const { return row_window_; }
+  // The rank written in the recording's header line. Default: 0.
+  OperatorRecorderOptions& set_rank(int rank) {
+    rank_ = rank;
+    return *this;
+  }
+  int rank() const { return rank_; }
+
+ private:
+  int flush_every_ = 256;
+  std::optional<RowWindow> row_window_;
+  int rank_ = 0;
+};
+
+class OperatorRecorder {
+ public:
+  // Starts recording into `path` (a JSON-lines file: a header line, then one line per call).
+  // kFailedPrecondition while another OperatorRecorder exists; kInvalidArgument for flush_every
+  // < 1 or an empty row window; file errors as the file system reports them.
+  static absl::StatusOr<std::unique_ptr<OperatorRecorder>> Create(
+      const std::string& path, OperatorRecorderOptions options = OperatorRecorderOptions());
+  OperatorRecorder(const OperatorRecorder&) = delete;
+  OperatorRecorder& operator=(const OperatorRecorder&) = delete;
+  // Removes the callback and writes what is complete; errors are dropped (call Close to see them).
+  ~OperatorRecorder();
+
+  // While open, operator calls are recorded under `label` (the innermost open scope's label).
+  // Non-copyable, non-movable; scopes nest LIFO.
+  class Scope {
+   public:
+    Scope(OperatorRecorder& recorder, std::string label);
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope();
+
+   private:
+    OperatorRecorder& recorder_;
+  };
+
+  // Computes the pending digests and writes every completed call. The first error so far.
+  absl::Status Flush();
+  // Stops recording, flushes and closes the file. kFailedPrecondition when calls that started
+  // never ended (a scope closed while another thread ran an operator); the first error so far.
+  absl::Status Close();
+  // The first error of a callback or flush, or OK.
+  absl::Status status() const;
+  // Calls recorded so far (started inside a scope).
+  int64_t recorded() const;
+
+  struct State;  // implementation (op_recorder.cc)
+
+ private:
+  explicit OperatorRecorder(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace numerics
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NUMERICS_OP_RECORDER_H_

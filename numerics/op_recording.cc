@@ -1,0 +1,249 @@
+// numerics/op_recording.cc: the operator recording's format (op_recording.h).
+
+#include "numerics/op_recording.h"
+
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/json.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace lockstep {
+namespace numerics {
+
+using json = nlohmann::json;
+
+json FiniteOrNamed(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+std::vector<int64_t> DigestedShape(const OperatorValue& v) {
+  std::vector<int64_t> shape = v.shape;
+  for (int dim : v.window_dims) {
+    if (dim >= 0 && dim < static_cast<int>(shape.size()))
+      shape[dim] = v.window_end - v.window_begin;
+  }
+  return shape;
+}
+
+// Note [Operator digests]
+// A side's digest is XXH3-128 over each value in order: its argument and item position, kind,
+// dtype and shape as digested (a window's extent, wherever the window sits: one sequence alone
+// and packed among others compare), then the 16 bytes of its tensor digest (kind "tensor") or its
+// text (a scalar by value, another value's type name). Two calls' inputs (or outputs) match when
+// their digests do; the values' structure is also compared, so a report can say which.
+// Uninitialized contents (aten::empty's output, until some call took that storage) and out=
+// arguments (written by the call, not read) are structure only: a caching allocator hands out
+// memory holding whatever was there.
+Digest128 OperatorSideDigest(const std::vector<OperatorValue>& values,
+                             const std::vector<Digest128>& tensor_digests) {
+  std::string bytes;
+  auto field = [&bytes](absl::string_view s) { absl::StrAppend(&bytes, s.size(), ":", s, ";"); };
+  for (size_t i = 0; i < values.size(); ++i) {
+    const OperatorValue& v = values[i];
+    field(absl::StrCat(v.arg, ",", v.item));
+    field(v.kind);
+    field(v.dtype);
+    field(absl::StrJoin(DigestedShape(v), ","));
+    if (v.kind == "tensor") {
+      field(absl::string_view(reinterpret_cast<const char*>(tensor_digests[i].data()), 16));
+    } else {
+      field(v.value);
+    }
+  }
+  return Xxh3Digest(bytes);
+}
+
+namespace {
+
+double FromNumber(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  const std::string s = v.is_string() ? v.get<std::string>() : "nan";
+  if (s == "inf") return std::numeric_limits<double>::infinity();
+  if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+json ValueJson(const OperatorValue& v, bool is_output) {
+  json j = {{"arg", v.arg}, {"kind", v.kind}};
+  if (v.item >= 0) j["item"] = v.item;
+  if (!v.dtype.empty()) j["dtype"] = v.dtype;
+  if (v.kind == "tensor" || v.kind == "uninitialized" || v.kind == "opaque") j["shape"] = v.shape;
+  if (!v.window_dims.empty()) {
+    j["window"] = {v.window_begin, v.window_end};
+    j["window_dims"] = v.window_dims;
+  }
+  if (!v.value.empty()) j["value"] = v.value;
+  if (is_output && v.kind == "tensor") {
+    j["sum"] = FiniteOrNamed(v.sum);
+    j["max_abs"] = FiniteOrNamed(v.max_abs);
+  }
+  return j;
+}
+
+absl::StatusOr<OperatorValue> ValueFromJson(const json& j) {
+  OperatorValue v;
+  if (!j.is_object() || !j.contains("arg") || !j["arg"].is_number_integer() ||
+      !j.contains("kind") || !j["kind"].is_string()) {
+    return absl::InvalidArgumentError("a value needs an integer 'arg' and a string 'kind'");
+  }
+  v.arg = j["arg"].get<int>();
+  v.kind = j["kind"].get<std::string>();
+  if (j.contains("item")) {
+    if (!j["item"].is_number_integer()) return absl::InvalidArgumentError("'item' not an integer");
+    v.item = j["item"].get<int>();
+  }
+  if (j.contains("dtype")) {
+    if (!j["dtype"].is_string()) return absl::InvalidArgumentError("'dtype' not a string");
+    v.dtype = j["dtype"].get<std::string>();
+  }
+  if (j.contains("shape")) {
+    if (!j["shape"].is_array()) return absl::InvalidArgumentError("'shape' not an array");
+    for (const json& d : j["shape"]) {
+      if (!d.is_number_integer()) return absl::InvalidArgumentError("'shape' not integers");
+      v.shape.push_back(d.get<int64_t>());
+    }
+  }
+  if (j.contains("window")) {
+    const json& w = j["window"];
+    if (!w.is_array() || w.size() != 2 || !w[0].is_number_integer() || !w[1].is_number_integer()) {
+      return absl::InvalidArgumentError("'window' not two integers");
+    }
+    v.window_begin = w[0].get<int64_t>();
+    v.window_end = w[1].get<int64_t>();
+    if (!j.contains("window_dims") || !j["window_dims"].is_array() || j["window_dims"].empty()) {
+      return absl::InvalidArgumentError("a 'window' needs its 'window_dims'");
+    }
+    for (const json& d : j["window_dims"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 ||
+          d.get<int64_t>() >= static_cast<int64_t>(v.shape.size())) {
+        return absl::InvalidArgumentError("'window_dims' not dimensions of 'shape'");
+      }
+      v.window_dims.push_back(d.get<int>());
+    }
+  }
+  if (j.contains("value")) {
+    if (!j["value"].is_string()) return absl::InvalidArgumentError("'value' not a string");
+    v.value = j["value"].get<std::string>();
+  }
+  if (j.contains("sum")) v.sum = FromNumber(j["sum"]);
+  if (j.contains("max_abs")) v.max_abs = FromNumber(j["max_abs"]);
+  return v;
+}
+
+absl::StatusOr<Digest128> DigestFromHex(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat("no string '", key, "'"));
+  }
+  const std::string hex = j[key].get<std::string>();
+  const std::string bytes = absl::HexStringToBytes(hex);
+  if (hex.size() != 32 || bytes.size() != 16 || absl::BytesToHexString(bytes) != hex) {
+    return absl::InvalidArgumentError(absl::StrCat("'", key, "' is not 32 hex digits"));
+  }
+  Digest128 d;
+  std::copy(bytes.begin(), bytes.end(), d.begin());
+  return d;
+}
+
+absl::StatusOr<OperatorRecord> RecordFromJson(const json& j) {
+  OperatorRecord r;
+  if (!j.is_object() || !j.contains("index") || !j["index"].is_number_integer() ||
+      !j.contains("op") || !j["op"].is_string() || !j.contains("module") ||
+      !j["module"].is_string() || !j.contains("inputs") || !j["inputs"].is_array() ||
+      !j.contains("outputs") || !j["outputs"].is_array()) {
+    return absl::InvalidArgumentError(
+        "a record needs 'index', 'op', 'module', 'inputs' and 'outputs'");
+  }
+  r.index = j["index"].get<int64_t>();
+  r.op = j["op"].get<std::string>();
+  r.module = j["module"].get<std::string>();
+  if (j.contains("parent") && j["parent"].is_number_integer())
+    r.parent = j["parent"].get<int64_t>();
+  if (j.contains("depth") && j["depth"].is_number_integer()) r.depth = j["depth"].get<int>();
+  for (const char* side : {"inputs", "outputs"}) {
+    for (const json& v : j[side]) {
+      absl::StatusOr<OperatorValue> value = ValueFromJson(v);
+      if (!value.ok()) return Annotate(value.status(), absl::StrCat("in '", side, "'"));
+      (std::string(side) == "inputs" ? r.inputs : r.outputs).push_back(*std::move(value));
+    }
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(r.inputs_digest, DigestFromHex(j, "inputs_digest"));
+  LOCKSTEP_ASSIGN_OR_RETURN(r.outputs_digest, DigestFromHex(j, "outputs_digest"));
+  return r;
+}
+
+}  // namespace
+
+json OperatorRecordJson(const OperatorRecord& r) {
+  json inputs = json::array(), outputs = json::array();
+  for (const OperatorValue& v : r.inputs) inputs.push_back(ValueJson(v, false));
+  for (const OperatorValue& v : r.outputs) outputs.push_back(ValueJson(v, true));
+  return {{"index", r.index},
+          {"op", r.op},
+          {"module", r.module},
+          {"parent", r.parent},
+          {"depth", r.depth},
+          {"inputs", std::move(inputs)},
+          {"outputs", std::move(outputs)},
+          {"inputs_digest", DigestHex128(r.inputs_digest)},
+          {"outputs_digest", DigestHex128(r.outputs_digest)}};
+}
+
+bool OperatorRecording::LooksLikeOne(const std::string& path) {
+  std::ifstream in(path);
+  std::string first;
+  if (!in || !std::getline(in, first)) return false;
+  absl::StatusOr<json> header = ParseJson(first, path);
+  return header.ok() && header->is_object() && header->contains(kOperatorRecordingKey);
+}
+
+absl::StatusOr<OperatorRecording> OperatorRecording::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("opening the operator recording '", path, "'"));
+  }
+  auto invalid = [&](int64_t line, absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ":", line, ": not a lockstep operator recording: ", why));
+  };
+  std::string text;
+  if (!std::getline(in, text)) return invalid(1, "the file is empty");
+  absl::StatusOr<json> header = ParseJson(text, "its header line");
+  if (!header.ok()) return invalid(1, header.status().message());
+  if (!header->is_object() || !header->contains(kOperatorRecordingKey) ||
+      !(*header)[kOperatorRecordingKey].is_number_integer()) {
+    return invalid(1, absl::StrCat("the header line has no integer '", kOperatorRecordingKey, "'"));
+  }
+  if ((*header)[kOperatorRecordingKey].get<int>() != kOperatorRecordingVersion) {
+    return invalid(1, absl::StrCat("format version ", DumpJson((*header)[kOperatorRecordingKey]),
+                                   "; this build reads version ", kOperatorRecordingVersion));
+  }
+  const int rank = header->value("rank", 0);
+  std::vector<OperatorRecord> records;
+  int64_t line = 1;
+  while (std::getline(in, text)) {
+    ++line;
+    if (text.empty()) continue;
+    absl::StatusOr<json> parsed = ParseJson(text, "the line");
+    if (!parsed.ok()) return invalid(line, parsed.status().message());
+    absl::StatusOr<OperatorRecord> r = RecordFromJson(*parsed);
+    if (!r.ok()) return invalid(line, r.status().message());
+    if (r->index != static_cast<int64_t>(records.size())) {
+      return invalid(line, absl::StrCat("record ", records.size(), " has index ", r->index));
+    }
+    records.push_back(*std::move(r));
+  }
+  if (in.bad()) return invalid(line, "a read error");
+  return OperatorRecording(rank, std::move(records));
+}
+
+}  // namespace numerics
+}  // namespace lockstep
