@@ -22,7 +22,6 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -51,15 +50,59 @@ struct Captured {
   at::Tensor copy;
 };
 
+// What a call does with a tensor value, from its schema (Note [Unwritten storage]).
+enum class Role {
+  kRead,        // an input the call reads
+  kViewed,      // an input a returned view aliases (Tensor(a)): not read by a view
+  kWritten,     // an input the call writes in place (Tensor(a!)), out= arguments aside
+  kOut,         // an out= argument
+  kOutput,      // an output
+  kViewOutput,  // an output aliasing an input without writing it (Tensor(a)): a view
+};
+
+// A tensor's storage as a call used it (Note [Unwritten storage]).
+struct StorageUse {
+  const void* storage = nullptr;
+  Role role = Role::kRead;
+  bool whole = false;  // the tensor covers every byte of its storage
+};
+
+// A call's schema facts, by argument and return position.
+struct SchemaFacts {
+  bool known = false;  // the call has a schema (autograd's own records, "detach", do not)
+  std::vector<Role> arguments;
+  std::vector<Role> returns;
+};
+
 struct Pending {
   OperatorRecord record;
   std::vector<at::Tensor> input_copies;  // parallel to record.inputs
   std::vector<at::Tensor> output_copies;
-  std::vector<const void*> input_storages;  // of the inputs' tensors (uninitialized tracking)
+  std::vector<StorageUse> input_storages;  // of the inputs' tensors
+  bool known_schema = false;
   bool done = false;
 };
 
-// Operators whose output's contents are not written yet (Note [Operator digests]).
+// Note [Unwritten storage]
+// Memory from a caching allocator holds whatever was there: a digest of it would be taken for
+// nondeterminism. The recorder therefore follows, per storage, whether an operator has written it
+// since an allocation operator (aten::empty and its kin) made it, and digests only its structure
+// (kind "uninitialized") where a call cannot have relied on its contents:
+//   - the allocation's output itself;
+//   - a view of it (a return the schema marks Tensor(a), aliasing without writing: narrow, slice,
+//     as_strided), and it as the argument the view aliases; a view leaves the storage unwritten;
+//   - an argument the call writes in place (Tensor(a!): copy_, fill_, index_put_), whose old
+//     contents a write-only call ignores.
+// Any other call that takes or produces the whole storage makes it data: its later digests
+// cover the contents. A part written or read (a narrow view copied into, as a gather into a
+// padded buffer does row block by row block) leaves the rest unwritten. A call that reads an
+// unwritten storage (not through the cases above) has its contents digested: either the caller
+// wrote it outside the operators (through a data pointer), and a difference is real, or the program
+// reads uninitialized memory, which is nondeterminism to find. A call that reads and writes an
+// unwritten argument in place (add_) is taken for write-only. Entries are weak references: a freed
+// storage's address cannot be reused while it is listed.
+
+// Operators whose output's contents are not written yet (Note [Unwritten storage]).
 bool LeavesUninitialized(absl::string_view op) {
   return op == "aten::empty" || op == "aten::empty_like" || op == "aten::empty_strided" ||
          op == "aten::new_empty" || op == "aten::new_empty_strided" || op == "aten::resize_" ||
@@ -85,8 +128,15 @@ struct OperatorRecorder::State {
   int64_t next_index = 0;
   int64_t completed_unwritten = 0;
   std::map<int64_t, Pending> pending;
-  std::unordered_set<const void*> uninitialized;
+  // Note [Unwritten storage]: storages no operator has written since they were allocated, held
+  // weakly so that a freed one's address is not taken by another storage while it is listed.
+  std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> unwritten;
   absl::Status status;
+
+  bool Unwritten(const void* storage) const {
+    auto it = unwritten.find(storage);
+    return it != unwritten.end() && !it->second.expired();
+  }
 
   void KeepError(const absl::Status& s) {
     if (status.ok() && !s.ok()) status = s;
@@ -95,14 +145,13 @@ struct OperatorRecorder::State {
   // `all`: every completed call, not only those before the first open one. Holds mu.
   absl::Status FlushLocked(bool all);
   // The value of `v` and its copy, for a tensor. Holds mu.
-  // `out_arg`: the schema's out= argument (written, not read: structure only).
-  Captured Capture(const c10::IValue& v, int arg, int item, bool is_output, bool out_arg,
-                   absl::string_view op, std::vector<const void*>* storages);
-  // `out_args[i]`: whether argument i is an out= argument (empty: none is).
+  Captured Capture(const c10::IValue& v, int arg, int item, Role role, absl::string_view op,
+                   std::vector<StorageUse>* storages);
+  // `roles[i]`: what the call does with value i (kRead, or kOutput for outputs, past the end).
   void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
-                  const std::vector<bool>& out_args, absl::string_view op,
+                  const std::vector<Role>& roles, absl::string_view op,
                   std::vector<OperatorValue>* out, std::vector<at::Tensor>* copies,
-                  std::vector<const void*>* storages);
+                  std::vector<StorageUse>* storages);
 };
 
 namespace {
@@ -154,9 +203,8 @@ bool IsScalarLike(const c10::IValue& v) {
 
 }  // namespace
 
-Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int item, bool is_output,
-                                          bool out_arg, absl::string_view op,
-                                          std::vector<const void*>* storages) {
+Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int item, Role role,
+                                          absl::string_view op, std::vector<StorageUse>* storages) {
   Captured c;
   c.value.arg = arg;
   c.value.item = item;
@@ -188,13 +236,24 @@ Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int ite
   }
   c.value.dtype = *dtype;
   const void* storage = StorageKey(t);
-  if (storages != nullptr && storage != nullptr) storages->push_back(storage);
-  if (out_arg) {
+  if (storages != nullptr && storage != nullptr) {
+    const bool whole = t.storage_offset() == 0 && t.is_contiguous() &&
+                       t.numel() * static_cast<int64_t>(t.itemsize()) ==
+                           static_cast<int64_t>(t.storage().nbytes());
+    storages->push_back({storage, role, whole});
+  }
+  if (role == Role::kOut) {
     c.value.kind = "out";
     return c;
   }
-  if ((is_output && LeavesUninitialized(op)) ||
-      (!is_output && storage != nullptr && uninitialized.count(storage) > 0)) {
+  // Note [Unwritten storage]
+  if (role == Role::kOutput && LeavesUninitialized(op)) {
+    if (storage != nullptr) unwritten.insert_or_assign(storage, t.storage().getWeakStorageImpl());
+    c.value.kind = "uninitialized";
+    return c;
+  }
+  if ((role == Role::kViewOutput || role == Role::kViewed || role == Role::kWritten) &&
+      Unwritten(storage)) {
     c.value.kind = "uninitialized";
     return c;
   }
@@ -214,28 +273,28 @@ Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int ite
 }
 
 void OperatorRecorder::State::CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
-                                         const std::vector<bool>& out_args, absl::string_view op,
+                                         const std::vector<Role>& roles, absl::string_view op,
                                          std::vector<OperatorValue>* out,
                                          std::vector<at::Tensor>* copies,
-                                         std::vector<const void*>* storages) {
+                                         std::vector<StorageUse>* storages) {
   for (size_t arg = 0; arg < values.size(); ++arg) {
     const c10::IValue& v = values[arg];
-    const bool out_arg = arg < out_args.size() && out_args[arg];
+    const Role role = arg < roles.size() ? roles[arg] : (is_output ? Role::kOutput : Role::kRead);
     std::vector<Captured> captured;
     if (v.isTensorList()) {
       const c10::List<at::Tensor> list = v.toTensorList();
       for (size_t i = 0; i < list.size(); ++i) {
         captured.push_back(Capture(c10::IValue(list.get(i)), static_cast<int>(arg),
-                                   static_cast<int>(i), is_output, out_arg, op, storages));
+                                   static_cast<int>(i), role, op, storages));
       }
     } else if (v.isList() && !IsScalarLike(v)) {
       const c10::List<c10::IValue> list = v.toList();
       for (size_t i = 0; i < list.size(); ++i) {
-        captured.push_back(Capture(list.get(i), static_cast<int>(arg), static_cast<int>(i),
-                                   is_output, out_arg, op, storages));
+        captured.push_back(
+            Capture(list.get(i), static_cast<int>(arg), static_cast<int>(i), role, op, storages));
       }
     } else {
-      captured.push_back(Capture(v, static_cast<int>(arg), -1, is_output, out_arg, op, storages));
+      captured.push_back(Capture(v, static_cast<int>(arg), -1, role, op, storages));
     }
     for (Captured& c : captured) {
       out->push_back(std::move(c.value));
@@ -246,20 +305,32 @@ void OperatorRecorder::State::CaptureAll(c10::ArrayRef<const c10::IValue> values
 
 namespace {
 
-// Which of the call's arguments are out= arguments, from its schema (cached per overload).
-const std::vector<bool>& OutArguments(const at::RecordFunction& fn) {
-  static const std::vector<bool> kNone;
-  thread_local std::unordered_map<std::string, std::vector<bool>> cache;
+// What the call does with each argument and return, from its schema (cached per overload).
+const SchemaFacts& Facts(const at::RecordFunction& fn) {
+  static const SchemaFacts kUnknown;
+  thread_local std::unordered_map<std::string, SchemaFacts> cache;
   const c10::optional<c10::OperatorName> name = fn.operator_name();
-  if (!name) return kNone;
+  if (!name) return kUnknown;
   const std::string key = absl::StrCat(name->name, ".", name->overload_name);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
-  std::vector<bool>& out_args = cache[key];
-  if (const c10::optional<c10::FunctionSchema> schema = fn.operator_schema()) {
-    for (const c10::Argument& a : schema->arguments()) out_args.push_back(a.is_out());
+  SchemaFacts& facts = cache[key];
+  const c10::optional<c10::FunctionSchema> schema = fn.operator_schema();
+  if (!schema) return facts;
+  facts.known = true;
+  for (const c10::Argument& a : schema->arguments()) {
+    const bool written = a.alias_info() != nullptr && a.alias_info()->isWrite();
+    const bool viewed = a.alias_info() != nullptr && !written;
+    facts.arguments.push_back(a.is_out() ? Role::kOut
+                              : written  ? Role::kWritten
+                              : viewed   ? Role::kViewed
+                                         : Role::kRead);
   }
-  return out_args;
+  for (const c10::Argument& r : schema->returns()) {
+    const bool view = r.alias_info() != nullptr && !r.alias_info()->isWrite();
+    facts.returns.push_back(view ? Role::kViewOutput : Role::kOutput);
+  }
+  return facts;
 }
 
 std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
@@ -274,7 +345,9 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   Pending p;
   p.record.op = fn.name();
   try {
-    state->CaptureAll(fn.inputs(), /*is_output=*/false, OutArguments(fn), p.record.op,
+    const SchemaFacts& facts = Facts(fn);
+    p.known_schema = facts.known;
+    state->CaptureAll(fn.inputs(), /*is_output=*/false, facts.arguments, p.record.op,
                       &p.record.inputs, &p.input_copies, &p.input_storages);
   } catch (const std::exception& e) {
     state->KeepError(
@@ -301,23 +374,26 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
   auto found = state.pending.find(context->index);
   if (found == state.pending.end()) return;  // dropped by Close
   Pending& p = found->second;
-  std::vector<const void*> output_storages;
+  std::vector<StorageUse> output_storages;
   try {
     const std::vector<c10::IValue>& outputs = fn.outputs();
     state.CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
-                     /*is_output=*/true, {}, p.record.op, &p.record.outputs, &p.output_copies,
-                     &output_storages);
+                     /*is_output=*/true, Facts(fn).returns, p.record.op, &p.record.outputs,
+                     &p.output_copies, &output_storages);
   } catch (const std::exception& e) {
     state.KeepError(absl::InternalError(
         absl::StrCat("recording the outputs of ", p.record.op, ": ", e.what())));
   }
-  // Whatever this call took or produced has been written, unless it only allocated.
-  for (const void* s : p.input_storages) state.uninitialized.erase(s);
-  for (const void* s : output_storages) {
-    if (LeavesUninitialized(p.record.op)) {
-      state.uninitialized.insert(s);
-    } else {
-      state.uninitialized.erase(s);
+  // Note [Unwritten storage]: what a call other than a view or an allocation took or produced
+  // is data from now on.
+  // A call without a schema says nothing of what it reads or writes.
+  if (p.known_schema && !LeavesUninitialized(p.record.op)) {
+    for (const std::vector<StorageUse>* uses : {&p.input_storages, &output_storages}) {
+      for (const StorageUse& use : *uses) {
+        if (use.whole && use.role != Role::kViewed && use.role != Role::kViewOutput) {
+          state.unwritten.erase(use.storage);
+        }
+      }
     }
   }
   p.done = true;
@@ -347,6 +423,9 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
     ready.push_back(&it->second);
   }
   if (ready.empty()) return absl::OkStatus();
+  for (auto it = unwritten.begin(); it != unwritten.end();) {
+    it = it->second.expired() ? unwritten.erase(it) : std::next(it);
+  }
   std::vector<at::Tensor> to_digest;
   std::vector<at::Tensor> to_summarize;
   for (Pending* p : ready) {

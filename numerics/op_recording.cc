@@ -198,9 +198,16 @@ json OperatorRecordJson(const OperatorRecord& r) {
 }
 
 bool OperatorRecording::LooksLikeOne(const std::string& path) {
-  std::ifstream in(path);
-  std::string first;
-  if (!in || !std::getline(in, first)) return false;
+  // The header line is short: a hostile file of one endless line is not read whole.
+  constexpr std::streamsize kHeaderLimit = 4096;
+  std::ifstream in(path, std::ios::binary);
+  std::string first(kHeaderLimit, '\0');
+  if (!in) return false;
+  in.read(first.data(), kHeaderLimit);
+  first.resize(static_cast<size_t>(in.gcount()));
+  const size_t newline = first.find('\n');
+  if (newline == std::string::npos) return false;
+  first.resize(newline);
   absl::StatusOr<json> header = ParseJson(first, path);
   return header.ok() && header->is_object() && header->contains(kOperatorRecordingKey);
 }

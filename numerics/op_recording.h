@@ -10,8 +10,9 @@
 //     its device (CPU or CUDA); with a RowWindow (op_recorder.h), of the window's rows along every
 //     dimension whose size is the window's row count (a sequence's rows, and its columns of a
 //     token-by-token matrix, inside a packed microbatch), of the whole tensor otherwise;
-//   - a tensor whose contents are not yet written (the output of aten::empty and its kin, and
-//     that same storage as an input until an operator has taken it): dtype and shape only, so
+//   - a tensor whose contents are not yet written (the output of aten::empty and its kin, a view
+//     of it, and it as an argument written in place, until an operator has written it: Note
+//     [Unwritten storage] in op_recorder.cc): dtype and shape only (kind "uninitialized"), so
 //     uninitialized memory is not taken for nondeterminism;
 //   - an out= argument of the call's schema (written, not read): dtype and shape only;
 //   - an undefined tensor, None: their kind; scalars, strings, int and float lists: by value;

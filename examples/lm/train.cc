@@ -41,6 +41,7 @@
 #include "examples/lm/corpus.h"
 #include "examples/lm/model.h"
 #include "numerics/deterministic_mode.h"
+#include "numerics/op_recorder.h"
 #include "numerics/safetensors.h"
 #include "rng/philox.h"
 #include "rng/rank_streams.h"
@@ -88,6 +89,10 @@ ABSL_FLAG(std::string, resume_omit, "",
 ABSL_FLAG(bool, mask_before_hand_back, false,
           "negative control: draw the token mask's seed before the step's first hand-back, where "
           "the replicas' caller states differ (the leader drew a sample), instead of after it");
+ABSL_FLAG(std::string, record_operators, "",
+          "record every ATen operator call of step --record_step (forward, backward, optimizer) "
+          "here, for tools/diverge (numerics/op_recorder.h): <record_operators>/rank<r>.jsonl");
+ABSL_FLAG(int, record_step, 0, "the step --record_operators records");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout");
 ABSL_FLAG(bool, deterministic, false,
           "enforce lockstep's deterministic mode first (numerics/deterministic_mode.h): "
@@ -360,7 +365,26 @@ absl::Status Train() {
   std::vector<double> losses;
   auto since = std::chrono::steady_clock::now();
   int64_t tokens_since = 0;
+  const std::string record_operators = absl::GetFlag(FLAGS_record_operators);
+  const int record_step = absl::GetFlag(FLAGS_record_step);
+  if (!record_operators.empty() &&
+      (record_step < first_step || record_step >= absl::GetFlag(FLAGS_steps))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--record_step=", record_step, " is not one of the steps this run makes [",
+                     first_step, ", ", absl::GetFlag(FLAGS_steps), ")"));
+  }
   for (step = first_step; step < absl::GetFlag(FLAGS_steps); ++step) {
+    // Every operator call of one step, when asked (the scope closes before the recorder does).
+    std::unique_ptr<numerics::OperatorRecorder> recorder;
+    std::optional<numerics::OperatorRecorder::Scope> recorded_step;
+    if (!record_operators.empty() && step == record_step) {
+      std::filesystem::create_directories(record_operators);
+      LOCKSTEP_ASSIGN_OR_RETURN(recorder,
+                                numerics::OperatorRecorder::Create(
+                                    absl::StrCat(record_operators, "/rank", rank, ".jsonl"),
+                                    numerics::OperatorRecorderOptions().set_rank(rank)));
+      recorded_step.emplace(*recorder, absl::StrCat("step", step));
+    }
     // (5) The DP-local batch and the global token count the loss is divided by.
     int64_t global_targets = 0;
     const int64_t batch_index = data_position++;
@@ -430,6 +454,10 @@ absl::Status Train() {
     if (Communicator* dp = OrNone(groups.dp.get()))
       LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("AdamW's step", [&] { adam->step(); }));
+    if (recorder != nullptr) {
+      recorded_step.reset();
+      LOCKSTEP_RETURN_IF_ERROR(recorder->Close());
+    }
     if (const std::string captures = absl::GetFlag(FLAGS_capture_dir); !captures.empty()) {
       trainer::CaptureComponents state;
       state.weights = named;
