@@ -42,6 +42,9 @@ targets=(
   //tools:qualification_cuda_test
   //numerics:digest_cuda_test
   //numerics:deterministic_mode_cuda_test
+  //numerics:op_recorder_test
+  //numerics:op_recorder_benchmark
+  //trainer:operator_localization_cuda_test
   //numerics:compare_cuda_test
   //numerics:numerics_benchmark
   //numerics:compare_test
@@ -72,6 +75,8 @@ targets=(
   //tools:qualify
   //tools:launch
   //tools:compare
+  //tools:diverge
+  //tools:replay
   //examples:train
 )
 subset=0
@@ -110,7 +115,8 @@ cp -r bazel-bin/python/pkg .gpu-bundle/python/ && chmod -R u+w .gpu-bundle/pytho
 cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
-cp -r examples/lm/train_test.sh examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
+cp -r examples/lm/train_test.sh examples/lm/replay_test.sh examples/lm/operators_test.sh \
+  examples/lm/deterministic_cost.sh examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
 fi
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).
