@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "ATen/core/dispatch/Dispatcher.h"
+#include "torch/csrc/jit/runtime/operator.h"
 #include "torch/library.h"
 
 namespace lockstep {
@@ -42,11 +42,16 @@ TORCH_LIBRARY(lockstep_controls, m) { m.def("shuffled_sum(Tensor terms) -> Tenso
 
 TORCH_LIBRARY_IMPL(lockstep_controls, CPU, m) { m.impl("shuffled_sum", &ShuffledSumKernel); }
 
+// Called through the JIT's operator registry rather than an inline typed dispatcher call: the
+// dispatcher's inline path reads a thread-local of libc10 that the GPU SDK's link stubs declare
+// as an ordinary variable, which the linker refuses (tools/gpu_bundle.sh).
 at::Tensor ShuffledSum(const at::Tensor& terms) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(kShuffledSumOperator, "")
-                             .typed<at::Tensor(const at::Tensor&)>();
-  return op.call(terms);
+  static const std::shared_ptr<torch::jit::Operator> op =
+      torch::jit::findOperatorFor(c10::OperatorName(kShuffledSumOperator, ""));
+  TORCH_CHECK(op != nullptr, kShuffledSumOperator, " is not registered");
+  torch::jit::Stack stack{terms};
+  op->getOperation()(stack);
+  return stack.back().toTensor();
 }
 
 at::Tensor CancellingTerms(const at::Tensor& values, int64_t half) {
