@@ -111,7 +111,8 @@ void BM_StepPaired(benchmark::State& state, at::Device device) {
   benchmarking::PairedSamples samples;
   int64_t calls = 0;
   auto seconds = [](auto from) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - from).count();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - from)
+        .count();
   };
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
