@@ -17,6 +17,20 @@ node() {  # host port log extra-flags...
     --master_addr=10.77.0.1 --master_port="$port" "$@"
 }
 rc_of() { set +e; wait "$1"; rc=$?; set -e; }
+# Waits until host K's workers (run with GLOG_v=1) have logged PATTERN, so that a fault lands
+# at a known point of the run rather than after a guessed sleep: qualify can finish in a few
+# seconds on a fast machine. The working directory is in the host's own /tmp.
+await_worker_log() {  # host node-log pattern
+  local k=$1 log=$2 pattern=$3 dir
+  for _ in $(seq 600); do
+    dir=$(sed -n 's/^working directory: \([^ ]*\) .*/\1/p' "$log")
+    if [[ -n $dir ]] && host_run "$k" grep -q "$pattern" "$dir/workers.log" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "FAIL: host $k's workers never logged '$pattern'"; cat "$log"; exit 1
+}
 
 start=$SECONDS
 # The evidence goes to node 0's private /tmp: print it from there.
@@ -39,10 +53,12 @@ assert e["topology"]["nnodes"] == 2 and e["passed"], e["topology"]
 print("evidence: hosts", e["hosts"])'
 echo "qualify across two hosts passed in $((SECONDS - start)) s"
 
-# Node 1 killed while the checks run.
+# Node 1 killed while the checks run: after its ranks passed oom_recovery, before the trainer's
+# and the variability checks (the longer part of the run).
+export GLOG_v=1
 node 0 29610 "$tmp/k0.log" --timeout_seconds=10; k0=$HOST_PID
 node 1 29610 "$tmp/k1.log" --timeout_seconds=10; k1=$HOST_PID
-sleep 4
+await_worker_log 1 "$tmp/k1.log" "oom_recovery PASS"
 host_kill_command "$k1"
 start=$SECONDS
 rc_of "$k0"
@@ -58,7 +74,7 @@ echo "node 0 failed $((SECONDS - start)) s after node 1 was killed"
 # (or, on node 1, the store it can no longer reach), within their timeouts.
 node 0 29620 "$tmp/l0.log" --timeout_seconds=10; l0=$HOST_PID
 node 1 29620 "$tmp/l1.log" --timeout_seconds=10; l1=$HOST_PID
-sleep 3
+await_worker_log 1 "$tmp/l1.log" "oom_recovery PASS"
 host_link 1 down
 start=$SECONDS
 rc_of "$l0"; rc0=$rc; t0=$((SECONDS - start))
