@@ -2,6 +2,7 @@
 // of its CPU copy for every size class, dtype and layout (including unaligned views).
 
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -9,11 +10,46 @@
 #include "base/status_testutil.h"
 #include "gtest/gtest.h"
 #include "numerics/digest.h"
+#include "numerics/internal/chunk_hash_device.h"
 #include "numerics/inventory.h"
+#include "numerics/safetensors.h"
 
 namespace lockstep {
 namespace numerics {
 namespace {
+
+// The operator recorder's path (Note [Deferred digests] in op_recorder.cc): chunk hashes enqueued
+// tensor by tensor, collected later, give DigestTensor's digests, also after the tensors changed.
+TEST(DigestCudaTest, EnqueuedChunkHashesGiveTheDigest) {
+  at::manual_seed(6);
+  std::vector<at::Tensor> tensors;
+  for (int64_t n : {0L, 1L, 4097L, 65536L * 3 + 5}) tensors.push_back(at::randn({n}, at::kCUDA));
+  const at::Tensor bytes = at::randint(0, 255, {100001}, at::kByte).to(at::kCUDA);
+  tensors.push_back(bytes.narrow(0, 3, 50000));           // misaligned
+  tensors.push_back(at::randn({64, 48}, at::kCUDA).t());  // not contiguous
+  std::vector<Digest128> want;
+  std::vector<at::Tensor> pending;
+  for (const at::Tensor& t : tensors) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 d, DigestTensor(t.cpu()));
+    want.push_back(d);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(at::Tensor hashes, internal::EnqueueChunkHashes(t));
+    pending.push_back(hashes);
+    t.fill_(1);  // after the hashes were enqueued: not seen by them
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(internal::ChunkHashes collected,
+                                internal::CollectChunkHashes(pending));
+  ASSERT_EQ(collected.of_tensor.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::string dtype,
+                                  SafetensorsDtypeName(tensors[i].scalar_type()));
+    const Digest128 got =
+        TensorRecordDigest(dtype, tensors[i].sizes(),
+                           static_cast<uint64_t>(tensors[i].numel()) * tensors[i].element_size(),
+                           collected.of_tensor[i]);
+    EXPECT_EQ(got, want[i]) << "tensor " << i;
+  }
+  EXPECT_FALSE(internal::EnqueueChunkHashes(at::ones({3})).ok());  // a CPU tensor
+}
 
 TEST(DigestCudaTest, ACudaTensorHasTheDigestOfItsCpuCopy) {
   at::manual_seed(5);

@@ -17,10 +17,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -34,7 +37,10 @@
 #include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "c10/core/impl/DeviceGuardImplInterface.h"
 #include "nlohmann/json.hpp"
+#include "numerics/digest.h"
+#include "numerics/internal/chunk_hash_device.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
@@ -44,10 +50,23 @@ using json = nlohmann::json;
 
 namespace {
 
-// A value's tensor as captured: a private copy (undefined for every other kind).
+// A tensor value's digest as captured (Note [Deferred digests]): of a CPU tensor computed at
+// once; of a device tensor its chunk hashes enqueued on the device, the digest completed at the
+// flush. An output also keeps its summary: sum and max |x| in double, on its device.
+struct Kept {
+  bool digested = false;  // the value is a tensor whose contents are digested
+  Digest128 digest;
+  at::Tensor hashes;  // a device tensor's pending chunk hashes
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t num_bytes = 0;
+  at::Tensor summary;  // an output's [2] doubles
+};
+
+// A value as captured.
 struct Captured {
   OperatorValue value;
-  at::Tensor copy;
+  Kept kept;
 };
 
 // What a call does with a tensor value, from its schema (Note [Unwritten storage]).
@@ -76,10 +95,11 @@ struct SchemaFacts {
 
 struct Pending {
   OperatorRecord record;
-  std::vector<at::Tensor> input_copies;  // parallel to record.inputs
-  std::vector<at::Tensor> output_copies;
+  std::vector<Kept> input_kept;  // parallel to record.inputs
+  std::vector<Kept> output_kept;
   std::vector<StorageUse> input_storages;  // of the inputs' tensors
   bool known_schema = false;
+  std::optional<c10::Device> input_device;  // an input tensor's, other than the CPU
   bool done = false;
 };
 
@@ -99,8 +119,11 @@ struct Pending {
 // unwritten storage (not through the cases above) has its contents digested: either the caller
 // wrote it outside the operators (through a data pointer), and a difference is real, or the program
 // reads uninitialized memory, which is nondeterminism to find. A call that reads and writes an
-// unwritten argument in place (add_) is taken for write-only. Entries are weak references: a freed
-// storage's address cannot be reused while it is listed.
+// unwritten argument in place (add_) is taken for write-only. A Storage that aten::set_ puts
+// under a tensor was made outside the operators (c10d's Gloo stages CUDA tensors through fresh
+// page-locked storages this way): it is listed as unwritten too, and the tensor set onto it,
+// like any output on an unwritten storage of set_, is digested by structure. Entries are weak
+// references: a freed storage's address cannot be reused while it is listed.
 
 // Operators whose output's contents are not written yet (Note [Unwritten storage]).
 bool LeavesUninitialized(absl::string_view op) {
@@ -108,6 +131,9 @@ bool LeavesUninitialized(absl::string_view op) {
          op == "aten::new_empty" || op == "aten::new_empty_strided" || op == "aten::resize_" ||
          op == "aten::resize_as_";
 }
+
+// aten::set_ neither reads nor writes contents: it moves a tensor onto a storage.
+bool MovesStorage(absl::string_view op) { return op == "aten::set_"; }
 
 const void* StorageKey(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
@@ -144,13 +170,13 @@ struct OperatorRecorder::State {
   // Computes the digests of the completed calls, in index order, and writes them.
   // `all`: every completed call, not only those before the first open one. Holds mu.
   absl::Status FlushLocked(bool all);
-  // The value of `v` and its copy, for a tensor. Holds mu.
+  // The value of `v` and, for a tensor, its digest (pending on a device). Holds mu.
   Captured Capture(const c10::IValue& v, int arg, int item, Role role, absl::string_view op,
                    std::vector<StorageUse>* storages);
   // `roles[i]`: what the call does with value i (kRead, or kOutput for outputs, past the end).
   void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
                   const std::vector<Role>& roles, absl::string_view op,
-                  std::vector<OperatorValue>* out, std::vector<at::Tensor>* copies,
+                  std::vector<OperatorValue>* out, std::vector<Kept>* kept,
                   std::vector<StorageUse>* storages);
 };
 
@@ -199,6 +225,19 @@ std::string ScalarText(const c10::IValue& v) {
 bool IsScalarLike(const c10::IValue& v) {
   return v.isDouble() || v.isInt() || v.isBool() || v.isString() || v.isIntList() ||
          v.isDoubleList() || v.isBoolList();
+}
+
+// An output's figures, [sum, max |x|] in double on its device: the sum in double is what tells
+// two nearly equal outputs apart; max |x| is read once from the tensor where its dtype has an
+// infinity norm.
+at::Tensor Summary(const at::Tensor& t) {
+  const at::TensorOptions doubles = t.options().dtype(at::kDouble);
+  if (t.numel() == 0) return at::zeros({2}, doubles);
+  const at::Tensor d = t.to(at::kDouble);
+  const at::Tensor max_abs = at::isFloatingType(t.scalar_type())
+                                 ? at::linalg_vector_norm(t, INFINITY).to(at::kDouble)
+                                 : d.abs().max();
+  return at::stack({d.sum(), max_abs});
 }
 
 }  // namespace
@@ -252,30 +291,45 @@ Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int ite
     c.value.kind = "uninitialized";
     return c;
   }
-  if ((role == Role::kViewOutput || role == Role::kViewed || role == Role::kWritten) &&
+  if ((role == Role::kViewOutput || role == Role::kViewed || role == Role::kWritten ||
+       (role == Role::kOutput && MovesStorage(op))) &&
       Unwritten(storage)) {
     c.value.kind = "uninitialized";
     return c;
   }
   c.value.kind = "tensor";
-  at::Tensor kept = t.detach();
+  at::Tensor view = t.detach();
   if (const std::optional<RowWindow>& window = options.row_window()) {
-    for (int64_t dim = 0; dim < kept.dim(); ++dim) {
-      if (kept.size(dim) != window->rows) continue;
-      kept = kept.narrow(dim, window->begin, window->end - window->begin);
+    for (int64_t dim = 0; dim < view.dim(); ++dim) {
+      if (view.size(dim) != window->rows) continue;
+      view = view.narrow(dim, window->begin, window->end - window->begin);
       c.value.window_dims.push_back(static_cast<int>(dim));
       c.value.window_begin = window->begin;
       c.value.window_end = window->end;
     }
   }
-  c.copy = kept.clone(at::MemoryFormat::Contiguous);
+  Kept& kept = c.kept;
+  kept.digested = true;
+  kept.dtype = *dtype;
+  kept.shape = view.sizes().vec();
+  kept.num_bytes = static_cast<uint64_t>(view.numel()) * view.element_size();
+  if (view.is_cuda()) {
+    absl::StatusOr<at::Tensor> hashes = internal::EnqueueChunkHashes(view);
+    if (!hashes.ok()) throw std::runtime_error(hashes.status().ToString());
+    kept.hashes = *std::move(hashes);
+  } else {
+    const at::Tensor bytes = view.contiguous();
+    kept.digest = TensorBytesDigest(
+        kept.dtype, kept.shape,
+        absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
+  }
+  if (role == Role::kOutput || role == Role::kViewOutput) kept.summary = Summary(view);
   return c;
 }
 
 void OperatorRecorder::State::CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
                                          const std::vector<Role>& roles, absl::string_view op,
-                                         std::vector<OperatorValue>* out,
-                                         std::vector<at::Tensor>* copies,
+                                         std::vector<OperatorValue>* out, std::vector<Kept>* kept,
                                          std::vector<StorageUse>* storages) {
   for (size_t arg = 0; arg < values.size(); ++arg) {
     const c10::IValue& v = values[arg];
@@ -298,7 +352,7 @@ void OperatorRecorder::State::CaptureAll(c10::ArrayRef<const c10::IValue> values
     }
     for (Captured& c : captured) {
       out->push_back(std::move(c.value));
-      copies->push_back(std::move(c.copy));
+      kept->push_back(std::move(c.kept));
     }
   }
 }
@@ -333,6 +387,30 @@ const SchemaFacts& Facts(const at::RecordFunction& fn) {
   return facts;
 }
 
+// A device an input tensor of the call is on, other than the CPU.
+std::optional<c10::Device> DeviceOfInputs(c10::ArrayRef<const c10::IValue> inputs) {
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined() && !v.toTensor().is_cpu()) {
+      return v.toTensor().device();
+    }
+  }
+  return std::nullopt;
+}
+
+// A call that takes a device tensor and returns a CPU one may have copied to the host
+// asynchronously (copy_ with non_blocking into page-locked memory, as c10d's Gloo does on its own
+// stream): its outputs are read only once the device's current stream, the call's, has done so.
+void WaitForCopiesToHost(const std::optional<c10::Device>& input_device,
+                         const std::vector<c10::IValue>& outputs) {
+  if (!input_device) return;
+  for (const c10::IValue& v : outputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu()) {
+      c10::impl::getDeviceGuardImpl(input_device->type())->getStream(*input_device).synchronize();
+      return;
+    }
+  }
+}
+
 std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   if (t_inside) return nullptr;
   std::shared_ptr<OperatorRecorder::State> state = std::atomic_load(&g_state);
@@ -347,8 +425,17 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   try {
     const SchemaFacts& facts = Facts(fn);
     p.known_schema = facts.known;
+    p.input_device = DeviceOfInputs(fn.inputs());
+    if (MovesStorage(p.record.op)) {  // Note [Unwritten storage]
+      for (const c10::IValue& v : fn.inputs()) {
+        if (!v.isStorage()) continue;
+        const c10::Storage storage = v.toStorage();
+        state->unwritten.insert_or_assign(storage.unsafeGetStorageImpl(),
+                                          storage.getWeakStorageImpl());
+      }
+    }
     state->CaptureAll(fn.inputs(), /*is_output=*/false, facts.arguments, p.record.op,
-                      &p.record.inputs, &p.input_copies, &p.input_storages);
+                      &p.record.inputs, &p.input_kept, &p.input_storages);
   } catch (const std::exception& e) {
     state->KeepError(
         absl::InternalError(absl::StrCat("recording the inputs of ", p.record.op, ": ", e.what())));
@@ -377,9 +464,10 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
   std::vector<StorageUse> output_storages;
   try {
     const std::vector<c10::IValue>& outputs = fn.outputs();
+    WaitForCopiesToHost(p.input_device, outputs);
     state.CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
                      /*is_output=*/true, Facts(fn).returns, p.record.op, &p.record.outputs,
-                     &p.output_copies, &output_storages);
+                     &p.output_kept, &output_storages);
   } catch (const std::exception& e) {
     state.KeepError(absl::InternalError(
         absl::StrCat("recording the outputs of ", p.record.op, ": ", e.what())));
@@ -387,7 +475,7 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
   // Note [Unwritten storage]: what a call other than a view or an allocation took or produced
   // is data from now on.
   // A call without a schema says nothing of what it reads or writes.
-  if (p.known_schema && !LeavesUninitialized(p.record.op)) {
+  if (p.known_schema && !LeavesUninitialized(p.record.op) && !MovesStorage(p.record.op)) {
     for (const std::vector<StorageUse>* uses : {&p.input_storages, &output_storages}) {
       for (const StorageUse& use : *uses) {
         if (use.whole && use.role != Role::kViewed && use.role != Role::kViewOutput) {
@@ -406,12 +494,13 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
 
 // Note [Deferred digests]
 // A callback runs inside every operator call of the step, on the thread that makes it. Digesting
-// there would cost a host synchronization per call on CUDA (DigestTensor copies its chunk hashes
-// back) and a pass over the bytes on the CPU. A callback instead clones what it must keep (the
-// inputs before an in-place operator overwrites them, the outputs before a later call does): one
-// asynchronous device copy per tensor. FlushLocked then digests every clone of the flushed calls
-// in one DigestTensors call (one kernel and one copy back per device) and stacks every output
-// summary into one tensor per device, copied back once.
+// a device tensor to the end there would cost a host synchronization per call (its chunk hashes
+// must come back), and keeping a copy to digest later would cost the tensor's bytes written and
+// read again. A callback therefore enqueues the chunk hashes of the tensor as it is at that point
+// of its device's stream (the inputs before the call can change them, the outputs after it), and
+// its summary: small device tensors, no host synchronization, the bytes read once each. A CPU
+// tensor is digested at once. FlushLocked brings every pending chunk hash of the flushed calls
+// back in one copy per device (internal::CollectChunkHashes), and every summary in another.
 absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   // The completed calls to write now: in index order, up to the first still open (or all).
   std::vector<Pending*> ready;
@@ -426,64 +515,59 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   for (auto it = unwritten.begin(); it != unwritten.end();) {
     it = it->second.expired() ? unwritten.erase(it) : std::next(it);
   }
-  std::vector<at::Tensor> to_digest;
-  std::vector<at::Tensor> to_summarize;
+  std::vector<Kept*> hashed;
+  std::vector<at::Tensor> device_hashes;
+  std::vector<at::Tensor> summaries_of;
   for (Pending* p : ready) {
-    for (const at::Tensor& t : p->input_copies) {
-      if (t.defined()) to_digest.push_back(t);
-    }
-    for (const at::Tensor& t : p->output_copies) {
-      if (t.defined()) {
-        to_digest.push_back(t);
-        to_summarize.push_back(t);
+    for (std::vector<Kept>* side : {&p->input_kept, &p->output_kept}) {
+      for (Kept& kept : *side) {
+        if (kept.hashes.defined()) {
+          hashed.push_back(&kept);
+          device_hashes.push_back(kept.hashes);
+        }
+        if (kept.summary.defined()) summaries_of.push_back(kept.summary);
       }
     }
   }
-  std::vector<Digest128> digests;
-  if (!to_digest.empty()) {
-    absl::StatusOr<std::vector<Digest128>> computed = DigestTensors(to_digest);
-    if (!computed.ok()) {
-      return Annotate(computed.status(), "digesting the operator calls' tensors");
+  if (!device_hashes.empty()) {
+    absl::StatusOr<internal::ChunkHashes> hashes = internal::CollectChunkHashes(device_hashes);
+    if (!hashes.ok()) return Annotate(hashes.status(), "digesting the operator calls' tensors");
+    for (size_t i = 0; i < hashed.size(); ++i) {
+      Kept& kept = *hashed[i];
+      kept.digest =
+          TensorRecordDigest(kept.dtype, kept.shape, kept.num_bytes, hashes->of_tensor[i]);
+      kept.hashes = at::Tensor();
     }
-    digests = *std::move(computed);
   }
-  // Every summary on its device, then one copy back (Note [Deferred digests]).
+  // Every summary stacked on its device, then one copy back from each.
   at::Tensor summaries;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("summarizing the operator calls' outputs", [&] {
-    std::vector<at::Tensor> rows;
-    for (const at::Tensor& t : to_summarize) {
-      const at::Tensor d = t.to(at::kDouble);
-      rows.push_back(t.numel() == 0 ? at::zeros({2}, d.options())
-                                    : at::stack({d.sum(), d.abs().max()}));
-    }
-    std::vector<at::Tensor> on_cpu;
-    // Stacked per device: a single copy from each.
     std::map<std::string, std::vector<at::Tensor>> by_device;
-    for (const at::Tensor& r : rows) by_device[r.device().str()].push_back(r);
+    for (const at::Tensor& r : summaries_of) by_device[r.device().str()].push_back(r);
     std::map<std::string, at::Tensor> copied;
     for (auto& [device, list] : by_device) copied[device] = at::stack(list).cpu();
     std::map<std::string, int64_t> taken;
     std::vector<at::Tensor> ordered;
-    for (const at::Tensor& r : rows) {
+    for (const at::Tensor& r : summaries_of) {
       const std::string device = r.device().str();
       ordered.push_back(copied[device][taken[device]++]);
     }
     summaries = ordered.empty() ? at::zeros({0, 2}, at::kDouble) : at::stack(ordered);
   }));
   const auto figure = summaries.accessor<double, 2>();
-  size_t next_digest = 0;
   int64_t next_summary = 0;
   for (Pending* p : ready) {
     OperatorRecord& r = p->record;
     std::vector<Digest128> side(r.inputs.size());
     for (size_t i = 0; i < r.inputs.size(); ++i) {
-      if (p->input_copies[i].defined()) side[i] = digests[next_digest++];
+      if (p->input_kept[i].digested) side[i] = p->input_kept[i].digest;
     }
     r.inputs_digest = OperatorSideDigest(r.inputs, side);
     side.assign(r.outputs.size(), Digest128{});
     for (size_t i = 0; i < r.outputs.size(); ++i) {
-      if (!p->output_copies[i].defined()) continue;
-      side[i] = digests[next_digest++];
+      const Kept& kept = p->output_kept[i];
+      if (kept.digested) side[i] = kept.digest;
+      if (!kept.summary.defined()) continue;
       r.outputs[i].sum = figure[next_summary][0];
       r.outputs[i].max_abs = figure[next_summary][1];
       ++next_summary;

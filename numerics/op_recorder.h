@@ -10,11 +10,13 @@
 // ends, and for each output tensor its sum and max |x|. FirstOperatorDivergence (op_divergence.h)
 // compares two recordings.
 //
-// Cost (Note [Deferred digests] in op_recorder.cc): a call's callback only clones its tensors (a
-// device copy, no host synchronization); digests (DigestTensors, on the tensors' device, batched)
-// and summaries are computed and copied back at Flush, which runs every flush_every completed
-// calls and at Close. On CUDA the copies stay on the device until then: memory grows by the bytes
-// of up to flush_every calls' tensors. //numerics:op_recorder_benchmark measures it.
+// Cost (Note [Deferred digests] in op_recorder.cc): a call's callback digests its CPU tensors at
+// once and, for a device tensor, enqueues its digest's chunk hashes and its summary on the
+// device's current stream (no copy of the tensor, no host synchronization; a call that copies a
+// device tensor to the host waits for its stream, so that the copy has landed). The hashes and
+// summaries come back at Flush, which runs every flush_every completed calls and at Close: device
+// memory grows by about a thousandth of the bytes of up to flush_every calls' tensors.
+// //numerics:op_recorder_benchmark measures it.
 //
 // Errors: a callback never throws; its first error is kept and returned by status(), Flush() and
 // Close(). Only one OperatorRecorder may exist at a time in a process (its callback is global).

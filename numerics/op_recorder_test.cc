@@ -9,6 +9,7 @@
 #include "numerics/op_recorder.h"
 #include "numerics/op_divergence.h"
 
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -178,6 +179,37 @@ TEST_F(OperatorRecorderTest, InPlaceInputsAreDigestedBeforeTheCallMutatesThem) {
   EXPECT_EQ(top[0].op, "aten::add_");
   EXPECT_NE(top[0].inputs_digest, top[0].outputs_digest);
   EXPECT_EQ(top[0].outputs[0].sum, 8.0);
+}
+
+// c10d's Gloo stages a tensor through a fresh storage put under an empty tensor with set_, then
+// copied into: whatever the storage held before is not taken for data (Note [Unwritten storage]).
+TEST_F(OperatorRecorderTest, AStorageSetUnderATensorIsNotTakenForData) {
+  auto run = [&](const std::string& name, uint8_t junk) {
+    return Record(name, [&] {
+      const at::Tensor x = Values();
+      const int64_t bytes = x.numel() * static_cast<int64_t>(sizeof(float));
+      c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, at::getCPUAllocator(),
+                           /*resizable=*/false);
+      std::memset(storage.unsafeGetStorageImpl()->data_ptr().get(), junk,
+                  static_cast<size_t>(bytes));
+      OperatorRecorder::Scope scope(recorder(), "step");
+      at::Tensor staged = at::empty({0}, at::kFloat).set_(storage, 0, x.sizes(), x.strides());
+      staged.copy_(x);
+      (void)staged.neg();
+    });
+  };
+  const OperatorRecording a = run("a", 0x00);
+  const OperatorRecording b = run("b", 0xff);
+  const OperatorDivergence d = FirstOperatorDivergence(a, b);
+  EXPECT_FALSE(d.diverged()) << OperatorDivergenceSummary(d) << Ops(a);
+  bool set_seen = false;
+  for (const OperatorRecord& r : a.records()) {
+    if (r.op != "aten::set_") continue;
+    set_seen = true;
+    ASSERT_FALSE(r.outputs.empty());
+    EXPECT_EQ(r.outputs[0].kind, "uninitialized");
+  }
+  EXPECT_TRUE(set_seen) << Ops(a);
 }
 
 TEST_F(OperatorRecorderTest, BackwardCallsAreRecorded) {

@@ -43,6 +43,7 @@ targets=(
   //numerics:digest_cuda_test
   //numerics:deterministic_mode_cuda_test
   //numerics:op_recorder_test
+  //numerics:op_recorder_cuda_test
   //numerics:op_recorder_benchmark
   //trainer:operator_localization_cuda_test
   //numerics:compare_cuda_test

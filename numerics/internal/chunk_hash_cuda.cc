@@ -5,6 +5,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda_boundary.h"
+#include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -90,6 +91,65 @@ absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> ten
   });
   if (!status.ok()) return status;
   if (!launched.ok()) return launched;
+  return hashes;
+}
+
+absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor) {
+  if (!tensor.is_cuda()) {
+    return absl::FailedPreconditionError(absl::StrCat("enqueuing the chunk hashes of a tensor on ",
+                                                      tensor.device().str(),
+                                                      ": only CUDA tensors"));
+  }
+  at::Tensor hashes;
+  absl::Status launched = absl::OkStatus();
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("enqueuing a CUDA tensor's digest chunk hashes", [&] {
+    c10::cuda::CUDAGuard guard(tensor.device());
+    at::Tensor bytes = tensor.contiguous();
+    if (reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 8 != 0) bytes = bytes.clone();
+    const uint64_t num_bytes = static_cast<uint64_t>(bytes.numel()) * bytes.element_size();
+    const int64_t chunks =
+        static_cast<int64_t>((num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
+    hashes = at::empty({16 * chunks}, at::TensorOptions().dtype(at::kByte).device(tensor.device()));
+    if (chunks == 0) return;
+    // `bytes`, when a copy, is released to the caching allocator at once: it reuses the block
+    // only for work queued on this stream after the kernel.
+    const cudaError_t error =
+        LaunchChunkHash(static_cast<const uint8_t*>(bytes.data_ptr()), num_bytes,
+                        hashes.data_ptr<uint8_t>(), c10::cuda::getCurrentCUDAStream().stream());
+    if (error != cudaSuccess) launched = CudaStatus(error, "launching the chunk hash kernel");
+  }));
+  if (!launched.ok()) return launched;
+  return hashes;
+}
+
+absl::StatusOr<ChunkHashes> CollectChunkHashes(absl::Span<const at::Tensor> device_hashes) {
+  ChunkHashes hashes;
+  hashes.of_tensor.resize(device_hashes.size());
+  const absl::Status status = CallTorch("copying CUDA digest chunk hashes back", [&] {
+    std::map<c10::DeviceIndex, std::vector<size_t>> on;  // per device: the tensors' indices
+    for (size_t i = 0; i < device_hashes.size(); ++i) {
+      if (device_hashes[i].numel() > 0) on[device_hashes[i].device().index()].push_back(i);
+    }
+    for (const auto& [device, indices] : on) {
+      c10::cuda::CUDAGuard guard(c10::Device(c10::kCUDA, device));
+      std::vector<at::Tensor> parts;
+      for (size_t i : indices) parts.push_back(device_hashes[i]);
+      const at::Tensor all = at::cat(parts);
+      at::Tensor host =
+          at::empty({all.numel()}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      host.copy_(all, /*non_blocking=*/true);
+      c10::cuda::getCurrentCUDAStream(device).synchronize();
+      const char* bytes = static_cast<const char*>(host.data_ptr());
+      size_t offset = 0;
+      for (size_t i : indices) {
+        const size_t n = static_cast<size_t>(device_hashes[i].numel());
+        hashes.of_tensor[i] = absl::string_view(bytes + offset, n);
+        offset += n;
+      }
+      hashes.buffers.push_back(std::move(host));
+    }
+  });
+  if (!status.ok()) return status;
   return hashes;
 }
 

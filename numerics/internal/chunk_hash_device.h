@@ -35,6 +35,15 @@ struct ChunkHashes {
 // size in device memory meanwhile.
 absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
 
+// The chunk hashes of one CUDA tensor as it is when its device's current stream reaches them,
+// enqueued there and not waited for: a uint8 tensor of 16 bytes per chunk on the tensor's device
+// (empty for an empty tensor). No host synchronization; a non-contiguous tensor is copied first,
+// on the same stream. CollectChunkHashes brings a batch of them back.
+absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor);
+
+// EnqueueChunkHashes's results, back on the host: one copy and one wait per device.
+absl::StatusOr<ChunkHashes> CollectChunkHashes(absl::Span<const at::Tensor> device_hashes);
+
 }  // namespace internal
 }  // namespace numerics
 }  // namespace lockstep

@@ -91,8 +91,8 @@ __device__ __forceinline__ uint64_t Stripe(const uint8_t* stage, int offset, int
 // Thread 8c + l hashes lane l of the block's chunk c (Note [Digest chunks through shared memory]);
 // a chunk belongs to the last segment whose first chunk is at most its index.
 __global__ void __launch_bounds__(kThreads)
-    SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments, int count,
-                             uint64_t total_chunks, uint8_t* __restrict__ out) {
+    SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments, ChunkHashSegment single,
+                             int count, uint64_t total_chunks, uint8_t* __restrict__ out) {
   extern __shared__ __align__(16) uint8_t stages[];
   __shared__ uint64_t secret[kSecretWords];
   __shared__ ChunkInfo chunks[kChunksPerBlock];
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads)
           hi = mid - 1;
         }
       }
-      const ChunkHashSegment segment = segments[lo];
+      // One segment may come as an argument (no table in device memory to copy first).
+      const ChunkHashSegment segment = segments == nullptr ? single : segments[lo];
       const uint64_t local = chunk - segment.first_chunk;
       const uint64_t left = segment.num_bytes - local * kXxh3ChunkBytes;
       info.data = segment.data + local * kXxh3ChunkBytes;
@@ -179,7 +180,20 @@ cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count
   if (error != cudaSuccess) return error;
   const uint64_t blocks = (total_chunks + kChunksPerBlock - 1) / kChunksPerBlock;
   SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(
-      segments, count, total_chunks, out);
+      segments, ChunkHashSegment{nullptr, 0, 0}, count, total_chunks, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
+                            cudaStream_t stream) {
+  const uint64_t total_chunks = (num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes;
+  if (total_chunks == 0) return cudaSuccess;
+  cudaError_t error = cudaFuncSetAttribute(
+      SegmentedChunkHashKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+  if (error != cudaSuccess) return error;
+  const uint64_t blocks = (total_chunks + kChunksPerBlock - 1) / kChunksPerBlock;
+  SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(
+      nullptr, ChunkHashSegment{data, num_bytes, 0}, 1, total_chunks, out);
   return cudaGetLastError();
 }
 

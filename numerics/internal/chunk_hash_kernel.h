@@ -30,6 +30,11 @@ struct ChunkHashSegment {
 cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
                                      uint64_t total_chunks, uint8_t* out, cudaStream_t stream);
 
+// The chunks of one buffer (device memory, 8-byte aligned), into out[16 * j ..) (device memory):
+// LaunchSegmentedChunkHash of a single segment, passed as the kernel's argument.
+cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
+                            cudaStream_t stream);
+
 }  // namespace internal
 }  // namespace numerics
 }  // namespace lockstep

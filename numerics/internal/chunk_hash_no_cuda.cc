@@ -13,6 +13,19 @@ absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> ten
                    " needs a CUDA build of lockstep (--config=cuda)"));
 }
 
+absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("digesting a tensor on ", tensor.device().str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
+}
+
+absl::StatusOr<ChunkHashes> CollectChunkHashes(absl::Span<const at::Tensor> device_hashes) {
+  if (device_hashes.empty()) return ChunkHashes();
+  return absl::FailedPreconditionError(
+      absl::StrCat("collecting chunk hashes from ", device_hashes[0].device().str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
+}
+
 }  // namespace internal
 }  // namespace numerics
 }  // namespace lockstep

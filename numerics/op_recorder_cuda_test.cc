@@ -1,0 +1,105 @@
+// The operator recorder on a CUDA device (op_recorder.h): a step recorded on the GPU has the
+// digests of the same step on the CPU, call for call; inputs are digested before an in-place call
+// changes them; a copy to page-locked host memory (c10d's Gloo stages CUDA tensors through a
+// fresh storage put under an empty tensor with set_, then copies into it without blocking) is
+// digested once it has landed, and the storage's earlier contents are not taken for data.
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "ATen/detail/CUDAHooksInterface.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_testutil.h"
+#include "base/temp_dir.h"
+#include "gtest/gtest.h"
+#include "numerics/op_divergence.h"
+#include "numerics/op_recorder.h"
+
+namespace lockstep {
+namespace numerics {
+namespace {
+
+constexpr int64_t kRows = 1024;  // large enough that a copy to the host takes a while
+constexpr int64_t kColumns = 1024;
+
+// The step on `device`; `junk` fills the staging storage before it is used, as whatever an
+// allocator handed out would.
+void Step(OperatorRecorder& recorder, at::Device device, uint8_t junk) {
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({kRows, kColumns}).to(device);
+  at::Tensor counts = at::ones({4}).to(device);
+  at::Allocator* allocator = device.is_cuda()
+                                 ? at::detail::getCUDAHooks().getPinnedMemoryAllocator()
+                                 : at::getCPUAllocator();
+  const int64_t bytes = kRows * kColumns * static_cast<int64_t>(sizeof(float));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, allocator, /*resizable=*/false);
+  std::memset(storage.unsafeGetStorageImpl()->data_ptr().get(), junk, static_cast<size_t>(bytes));
+  OperatorRecorder::Scope scope(recorder, "step");
+  const at::Tensor doubled = x * 2.0;  // exact on every device
+  counts.add_(1.0);
+  at::Tensor staged = at::empty({0}, at::kFloat).set_(storage, 0, {kRows, kColumns}, {kColumns, 1});
+  staged.copy_(doubled, /*non_blocking=*/true);
+  const at::Tensor after = staged.neg();
+  (void)after;
+}
+
+class OperatorRecorderCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("op_recorder_cuda_test"));
+    dir_ = std::make_unique<TempDir>(std::move(dir));
+  }
+
+  OperatorRecording Record(const std::string& name, at::Device device, uint8_t junk) {
+    const std::string path = absl::StrCat(dir_->path(), "/", name, ".jsonl");
+    absl::StatusOr<std::unique_ptr<OperatorRecorder>> recorder = OperatorRecorder::Create(path);
+    EXPECT_TRUE(recorder.ok()) << recorder.status();
+    if (!recorder.ok()) return OperatorRecording(0, {});
+    Step(**recorder, device, junk);
+    EXPECT_TRUE((*recorder)->Close().ok()) << (*recorder)->status();
+    absl::StatusOr<OperatorRecording> loaded = OperatorRecording::Load(path);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    return loaded.ok() ? *std::move(loaded) : OperatorRecording(0, {});
+  }
+
+  std::unique_ptr<TempDir> dir_;
+};
+
+std::string Ops(const OperatorRecording& r) {
+  std::string s;
+  for (const OperatorRecord& record : r.records()) absl::StrAppend(&s, record.op, " ");
+  return s;
+}
+
+TEST_F(OperatorRecorderCudaTest, AStepOnTheGpuHasTheDigestsOfTheSameStepOnTheCpu) {
+  const OperatorRecording cpu = Record("cpu", at::Device(at::kCPU), 0x11);
+  const OperatorRecording gpu = Record("gpu", at::Device(at::kCUDA, 0), 0x7f);
+  ASSERT_GE(gpu.records().size(), 5u) << Ops(gpu);
+  const OperatorDivergence d = FirstOperatorDivergence(cpu, gpu);
+  EXPECT_FALSE(d.diverged()) << OperatorDivergenceSummary(d) << "\ncpu: " << Ops(cpu)
+                             << "\ngpu: " << Ops(gpu);
+  for (const OperatorRecord& r : gpu.records()) {
+    if (r.op == "aten::add_") {
+      EXPECT_NE(r.inputs_digest, r.outputs_digest);  // the input as it was before the call
+      EXPECT_EQ(r.outputs[0].sum, 8.0);
+    }
+    if (r.op == "aten::set_") {
+      ASSERT_FALSE(r.outputs.empty());
+      EXPECT_EQ(r.outputs[0].kind, "uninitialized");
+    }
+  }
+}
+
+TEST_F(OperatorRecorderCudaTest, TwoRunsWithOtherStagingGarbageRecordIdentically) {
+  const OperatorRecording a = Record("a", at::Device(at::kCUDA, 0), 0x00);
+  const OperatorRecording b = Record("b", at::Device(at::kCUDA, 0), 0xff);
+  const OperatorDivergence d = FirstOperatorDivergence(a, b);
+  EXPECT_FALSE(d.diverged()) << OperatorDivergenceSummary(d);
+}
+
+}  // namespace
+}  // namespace numerics
+}  // namespace lockstep
