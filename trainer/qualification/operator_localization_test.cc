@@ -155,6 +155,7 @@ TEST_F(OperatorLocalizationTest, WithoutTheControlTheRecordingsAreIdentical) {
   EXPECT_FALSE(d.diverged()) << numerics::OperatorDivergenceSummary(d);
 }
 
+#ifndef LOCKSTEP_OPERATORS_ON_CUDA
 // Whether this build's at::mm computes rows [begin, begin + length) of a [total, kWidth] x
 // [kWidth, kWidth] product (the reference model's query projection) other than bit for bit as
 // the product of those rows alone: an independent probe of the placement dependence that the
@@ -168,6 +169,7 @@ bool ProductRowsDependOnPlacement(int64_t total, int64_t begin, int64_t length) 
   const at::Tensor alone = at::mm(x.slice(0, begin, begin + length).clone(), w.t());
   return !at::equal(packed, alone);
 }
+#endif
 
 // Each sequence of the fixed batch forwarded alone and packed with the other four (55 tokens,
 // one microbatch under a 64-token budget), recorded through a row window on its rows. Dropout
