@@ -25,11 +25,15 @@ constexpr int64_t kRows = 1024;  // large enough that a copy to the host takes a
 constexpr int64_t kColumns = 1024;
 
 // The step on `device`; `junk` fills the staging storage before it is used, as whatever an
-// allocator handed out would.
+// allocator handed out would. The operands are float tensors, not Python-style scalars: a CPU
+// TensorIterator promotes a wrapped double scalar with a recorded aten::to that CUDA (which passes
+// a CPU scalar to its kernel) does not make, and the two recordings must call the same operators.
 void Step(OperatorRecorder& recorder, at::Device device, uint8_t junk) {
   at::manual_seed(11);
   const at::Tensor x = at::randn({kRows, kColumns}).to(device);
   at::Tensor counts = at::ones({4}).to(device);
+  const at::Tensor two = at::full({1}, 2.0, at::kFloat).to(device);
+  const at::Tensor one = at::ones({1}, at::kFloat).to(device);
   at::Allocator* allocator = device.is_cuda()
                                  ? at::detail::getCUDAHooks().getPinnedMemoryAllocator()
                                  : at::getCPUAllocator();
@@ -37,8 +41,8 @@ void Step(OperatorRecorder& recorder, at::Device device, uint8_t junk) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, allocator, /*resizable=*/false);
   std::memset(storage.unsafeGetStorageImpl()->data_ptr().get(), junk, static_cast<size_t>(bytes));
   OperatorRecorder::Scope scope(recorder, "step");
-  const at::Tensor doubled = x * 2.0;  // exact on every device
-  counts.add_(1.0);
+  const at::Tensor doubled = x * two;  // exact on every device
+  counts.add_(one);
   at::Tensor staged = at::empty({0}, at::kFloat).set_(storage, 0, {kRows, kColumns}, {kColumns, 1});
   staged.copy_(doubled, /*non_blocking=*/true);
   const at::Tensor after = staged.neg();
