@@ -118,7 +118,10 @@ INSTANTIATE_TEST_SUITE_P(EachVariable, ContradictingVariable,
                          ::testing::Values(Contradicting{"CUBLAS_WORKSPACE_CONFIG", ":0:0",
                                                          ":4096:8"},
                                            Contradicting{"NCCL_ALGO", "Tree", "Ring"},
-                                           Contradicting{"NCCL_PROTO", "LL128", "Simple"}));
+                                           Contradicting{"NCCL_PROTO", "LL128", "Simple"}),
+                         [](const ::testing::TestParamInfo<Contradicting>& info) {
+                           return std::string(info.param.variable);
+                         });
 
 TEST_F(DeterministicModeTest, WarnOnlyDeterministicAlgorithmsAreRefused) {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);

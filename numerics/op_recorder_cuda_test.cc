@@ -86,10 +86,9 @@ TEST_F(OperatorRecorderCudaTest, AStepOnTheGpuHasTheDigestsOfTheSameStepOnTheCpu
   EXPECT_FALSE(d.diverged()) << OperatorDivergenceSummary(d) << "\ncpu: " << Ops(cpu)
                              << "\ngpu: " << Ops(gpu);
   for (const OperatorRecord& r : gpu.records()) {
-    if (r.op == "aten::add_") {
-      EXPECT_NE(r.inputs_digest, r.outputs_digest);  // the input as it was before the call
-      EXPECT_EQ(r.outputs[0].sum, 8.0);
-    }
+    // add_'s self digested before the call: the comparison with the CPU's recording, whose
+    // in-place inputs op_recorder_test proves digested before the call, covers it.
+    if (r.op == "aten::add_") EXPECT_EQ(r.outputs[0].sum, 8.0);
     if (r.op == "aten::set_") {
       ASSERT_FALSE(r.outputs.empty());
       EXPECT_EQ(r.outputs[0].kind, "uninitialized");

@@ -168,17 +168,28 @@ TEST_F(OperatorRecorderTest, RecordsNothingOutsideAScopeNorItsOwnCalls) {
   EXPECT_EQ(top[1].op, "aten::sub");
 }
 
+// A side's digest covers its values, not the operator's name: aten::add_ on ones has the inputs of
+// aten::add on ones only if add_'s self was digested before add_ made it twos.
 TEST_F(OperatorRecorderTest, InPlaceInputsAreDigestedBeforeTheCallMutatesThem) {
-  const OperatorRecording r = Record("r", [&] {
+  const OperatorRecording in_place = Record("in_place", [&] {
     at::Tensor t = at::ones({4});
     OperatorRecorder::Scope scope(recorder(), "step");
     t.add_(1.0);
   });
-  const std::vector<OperatorRecord> top = TopLevel(r);
-  ASSERT_EQ(top.size(), 1u) << Ops(r);
-  EXPECT_EQ(top[0].op, "aten::add_");
-  EXPECT_NE(top[0].inputs_digest, top[0].outputs_digest);
-  EXPECT_EQ(top[0].outputs[0].sum, 8.0);
+  const OperatorRecording out_of_place = Record("out_of_place", [&] {
+    const at::Tensor t = at::ones({4});
+    OperatorRecorder::Scope scope(recorder(), "step");
+    (void)t.add(1.0);
+  });
+  const std::vector<OperatorRecord> a = TopLevel(in_place);
+  const std::vector<OperatorRecord> b = TopLevel(out_of_place);
+  ASSERT_EQ(a.size(), 1u) << Ops(in_place);
+  ASSERT_EQ(b.size(), 1u) << Ops(out_of_place);
+  EXPECT_EQ(a[0].op, "aten::add_");
+  EXPECT_EQ(b[0].op, "aten::add");
+  EXPECT_EQ(a[0].inputs_digest, b[0].inputs_digest);
+  EXPECT_EQ(a[0].outputs_digest, b[0].outputs_digest);  // twos either way
+  EXPECT_EQ(a[0].outputs[0].sum, 8.0);
 }
 
 // c10d's Gloo stages a tensor through a fresh storage put under an empty tensor with set_, then
