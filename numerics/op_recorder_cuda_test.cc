@@ -88,7 +88,9 @@ TEST_F(OperatorRecorderCudaTest, AStepOnTheGpuHasTheDigestsOfTheSameStepOnTheCpu
   for (const OperatorRecord& r : gpu.records()) {
     // add_'s self digested before the call: the comparison with the CPU's recording, whose
     // in-place inputs op_recorder_test proves digested before the call, covers it.
-    if (r.op == "aten::add_") EXPECT_EQ(r.outputs[0].sum, 8.0);
+    if (r.op == "aten::add_") {
+      EXPECT_EQ(r.outputs[0].sum, 8.0);
+    }
     if (r.op == "aten::set_") {
       ASSERT_FALSE(r.outputs.empty());
       EXPECT_EQ(r.outputs[0].kind, "uninitialized");
