@@ -41,6 +41,7 @@
 #include "nlohmann/json.hpp"
 #include "numerics/digest.h"
 #include "numerics/internal/chunk_hash_device.h"
+#include "numerics/internal/summary_partials.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
@@ -60,7 +61,8 @@ struct Kept {
   std::string dtype;
   std::vector<int64_t> shape;
   uint64_t num_bytes = 0;
-  at::Tensor summary;  // an output's [2] doubles
+  at::Tensor summary;  // a device output's pending summary partials (chunk_hash_device.h)
+  std::optional<std::pair<double, double>> figures;  // an output's sum and max |x|, once known
 };
 
 // A value as captured.
@@ -227,14 +229,18 @@ bool IsScalarLike(const c10::IValue& v) {
          v.isDoubleList() || v.isBoolList();
 }
 
-// An output's figures, [sum, max |x|] in double on its device: the sum in double is what tells
-// two nearly equal outputs apart; max |x| is read once from the tensor where its dtype has an
-// infinity norm.
+// An output's figures through ATen, [sum, max |x|] in double on its device: the sum in double is
+// what tells two nearly equal outputs apart; max |x| is read once from the tensor where its dtype
+// has an infinity norm (not float8's). A CUDA tensor's come from the summary kernel instead (one read of its
+// bytes, no converted copy), but for a dtype that kernel does not read.
 at::Tensor Summary(const at::Tensor& t) {
   const at::TensorOptions doubles = t.options().dtype(at::kDouble);
   if (t.numel() == 0) return at::zeros({2}, doubles);
   const at::Tensor d = t.to(at::kDouble);
-  const at::Tensor max_abs = at::isFloatingType(t.scalar_type())
+  const at::ScalarType type = t.scalar_type();
+  const bool has_norm =
+      type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+  const at::Tensor max_abs = has_norm
                                  ? at::linalg_vector_norm(t, INFINITY).to(at::kDouble)
                                  : d.abs().max();
   return at::stack({d.sum(), max_abs});
@@ -313,17 +319,27 @@ Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int ite
   kept.dtype = *dtype;
   kept.shape = view.sizes().vec();
   kept.num_bytes = static_cast<uint64_t>(view.numel()) * view.element_size();
+  const bool summarize = role == Role::kOutput || role == Role::kViewOutput;
   if (view.is_cuda()) {
-    absl::StatusOr<at::Tensor> hashes = internal::EnqueueChunkHashes(view);
-    if (!hashes.ok()) throw std::runtime_error(hashes.status().ToString());
-    kept.hashes = *std::move(hashes);
+    absl::StatusOr<internal::EnqueuedDigest> enqueued =
+        internal::EnqueueTensorDigest(view, summarize);
+    if (!enqueued.ok()) throw std::runtime_error(enqueued.status().ToString());
+    kept.hashes = std::move(enqueued->hashes);
+    kept.summary = std::move(enqueued->summary);
+    // A dtype the summary kernel does not read (float8): ATen's figures, as one partial.
+    if (summarize && !kept.summary.defined() && view.numel() > 0) {
+      kept.summary = Summary(view).view(at::kByte);
+    }
   } else {
     const at::Tensor bytes = view.contiguous();
     kept.digest = TensorBytesDigest(
         kept.dtype, kept.shape,
         absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
   }
-  if (role == Role::kOutput || role == Role::kViewOutput) kept.summary = Summary(view);
+  if (summarize && !kept.summary.defined()) {  // a CPU tensor, or an empty one
+    const at::Tensor figures = Summary(view).cpu();
+    kept.figures = std::make_pair(figures[0].item<double>(), figures[1].item<double>());
+  }
   return c;
 }
 
@@ -498,9 +514,9 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
 // must come back), and keeping a copy to digest later would cost the tensor's bytes written and
 // read again. A callback therefore enqueues the chunk hashes of the tensor as it is at that point
 // of its device's stream (the inputs before the call can change them, the outputs after it), and
-// its summary: small device tensors, no host synchronization, the bytes read once each. A CPU
-// tensor is digested at once. FlushLocked brings every pending chunk hash of the flushed calls
-// back in one copy per device (internal::CollectChunkHashes), and every summary in another.
+// an output's summary partials over the same bytes: small device tensors, no host
+// synchronization. A CPU tensor is digested at once. FlushLocked brings every pending chunk hash
+// and summary of the flushed calls back in one copy per device (internal::CollectChunkHashes).
 absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   // The completed calls to write now: in index order, up to the first still open (or all).
   std::vector<Pending*> ready;
@@ -515,47 +531,42 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   for (auto it = unwritten.begin(); it != unwritten.end();) {
     it = it->second.expired() ? unwritten.erase(it) : std::next(it);
   }
+  // Every pending chunk hash and summary, brought back together.
   std::vector<Kept*> hashed;
-  std::vector<at::Tensor> device_hashes;
-  std::vector<at::Tensor> summaries_of;
+  std::vector<Kept*> summarized;
+  std::vector<at::Tensor> device_bytes;
   for (Pending* p : ready) {
     for (std::vector<Kept>* side : {&p->input_kept, &p->output_kept}) {
       for (Kept& kept : *side) {
         if (kept.hashes.defined()) {
           hashed.push_back(&kept);
-          device_hashes.push_back(kept.hashes);
+          device_bytes.push_back(kept.hashes);
         }
-        if (kept.summary.defined()) summaries_of.push_back(kept.summary);
       }
     }
   }
-  if (!device_hashes.empty()) {
-    absl::StatusOr<internal::ChunkHashes> hashes = internal::CollectChunkHashes(device_hashes);
-    if (!hashes.ok()) return Annotate(hashes.status(), "digesting the operator calls' tensors");
-    for (size_t i = 0; i < hashed.size(); ++i) {
-      Kept& kept = *hashed[i];
-      kept.digest =
-          TensorRecordDigest(kept.dtype, kept.shape, kept.num_bytes, hashes->of_tensor[i]);
-      kept.hashes = at::Tensor();
+  for (Pending* p : ready) {
+    for (Kept& kept : p->output_kept) {
+      if (kept.summary.defined()) {
+        summarized.push_back(&kept);
+        device_bytes.push_back(kept.summary);
+      }
     }
   }
-  // Every summary stacked on its device, then one copy back from each.
-  at::Tensor summaries;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("summarizing the operator calls' outputs", [&] {
-    std::map<std::string, std::vector<at::Tensor>> by_device;
-    for (const at::Tensor& r : summaries_of) by_device[r.device().str()].push_back(r);
-    std::map<std::string, at::Tensor> copied;
-    for (auto& [device, list] : by_device) copied[device] = at::stack(list).cpu();
-    std::map<std::string, int64_t> taken;
-    std::vector<at::Tensor> ordered;
-    for (const at::Tensor& r : summaries_of) {
-      const std::string device = r.device().str();
-      ordered.push_back(copied[device][taken[device]++]);
+  if (!device_bytes.empty()) {
+    absl::StatusOr<internal::ChunkHashes> back = internal::CollectChunkHashes(device_bytes);
+    if (!back.ok()) return Annotate(back.status(), "digesting the operator calls' tensors");
+    for (size_t i = 0; i < hashed.size(); ++i) {
+      Kept& kept = *hashed[i];
+      kept.digest = TensorRecordDigest(kept.dtype, kept.shape, kept.num_bytes, back->of_tensor[i]);
+      kept.hashes = at::Tensor();
     }
-    summaries = ordered.empty() ? at::zeros({0, 2}, at::kDouble) : at::stack(ordered);
-  }));
-  const auto figure = summaries.accessor<double, 2>();
-  int64_t next_summary = 0;
+    for (size_t i = 0; i < summarized.size(); ++i) {
+      Kept& kept = *summarized[i];
+      kept.figures = internal::FinishSummaryPartials(back->of_tensor[hashed.size() + i]);
+      kept.summary = at::Tensor();
+    }
+  }
   for (Pending* p : ready) {
     OperatorRecord& r = p->record;
     std::vector<Digest128> side(r.inputs.size());
@@ -567,10 +578,9 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
     for (size_t i = 0; i < r.outputs.size(); ++i) {
       const Kept& kept = p->output_kept[i];
       if (kept.digested) side[i] = kept.digest;
-      if (!kept.summary.defined()) continue;
-      r.outputs[i].sum = figure[next_summary][0];
-      r.outputs[i].max_abs = figure[next_summary][1];
-      ++next_summary;
+      if (!kept.figures) continue;
+      r.outputs[i].sum = kept.figures->first;
+      r.outputs[i].max_abs = kept.figures->second;
     }
     r.outputs_digest = OperatorSideDigest(r.outputs, side);
     out << DumpJson(OperatorRecordJson(r)) << "\n";

@@ -2,8 +2,11 @@
 // digests of the same step on the CPU, call for call; inputs are digested before an in-place call
 // changes them; a copy to page-locked host memory (c10d's Gloo stages CUDA tensors through a
 // fresh storage put under an empty tensor with set_, then copies into it without blocking) is
-// digested once it has landed, and the storage's earlier contents are not taken for data.
+// digested once it has landed, and the storage's earlier contents are not taken for data; an
+// output's figures (sum, max |x|) are right for every dtype.
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -103,6 +106,61 @@ TEST_F(OperatorRecorderCudaTest, TwoRunsWithOtherStagingGarbageRecordIdentically
   const OperatorRecording b = Record("b", at::Device(at::kCUDA, 0), 0xff);
   const OperatorDivergence d = FirstOperatorDivergence(a, b);
   EXPECT_FALSE(d.diverged()) << OperatorDivergenceSummary(d);
+}
+
+// An output's figures on the GPU (the summary kernel, or ATen's for float8) are the double sum
+// and max |x| of its elements, for every dtype, at sizes of one block, of many, and past the
+// kernel's block limit (each thread then reads several times); a NaN makes both NaN.
+TEST_F(OperatorRecorderCudaTest, AnOutputsFiguresOnTheGpuAreItsSumAndLargestMagnitude) {
+  struct Case {
+    at::ScalarType dtype;
+    int64_t numel;
+  };
+  const Case cases[] = {{at::kFloat, 5},          {at::kFloat, 100003},   {at::kFloat, 3000017},
+                        {at::kDouble, 4099},      {at::kHalf, 70001},     {at::kBFloat16, 70001},
+                        {at::kLong, 9001},        {at::kInt, 9001},       {at::kShort, 901},
+                        {at::kChar, 901},         {at::kByte, 901},       {at::kBool, 901},
+                        {at::kFloat8_e4m3fn, 513}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c10::toString(c.dtype), " x ", c.numel));
+    at::manual_seed(5);
+    at::Tensor values = at::randn({c.numel}, at::kDouble) * 40.0;
+    if (c.dtype == at::kBool) values = values.gt(0);
+    const at::Tensor x = values.to(c.dtype).to(at::Device(at::kCUDA, 0));
+    const at::Tensor exact = x.cpu().to(at::kDouble);
+    const double want_sum = exact.sum().item<double>();
+    const double want_max = exact.abs().max().item<double>();
+    const std::string path = absl::StrCat(dir_->path(), "/figures.jsonl");
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OperatorRecorder> recorder,
+                                  OperatorRecorder::Create(path));
+    {
+      OperatorRecorder::Scope scope(*recorder, "figures");
+      (void)x.clone();
+    }
+    LOCKSTEP_ASSERT_OK(recorder->Close());
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(OperatorRecording recording, OperatorRecording::Load(path));
+    ASSERT_FALSE(recording.records().empty());
+    const OperatorRecord& clone = recording.records().front();
+    ASSERT_EQ(clone.op, "aten::clone");
+    ASSERT_EQ(clone.outputs.size(), 1u);
+    EXPECT_NEAR(clone.outputs[0].sum, want_sum, 1e-9 * std::max(1.0, std::abs(want_sum)));
+    EXPECT_EQ(clone.outputs[0].max_abs, want_max);
+  }
+  at::Tensor with_nan = at::ones({50000}, at::kFloat);
+  with_nan[31337] = std::nan("");
+  const std::string path = absl::StrCat(dir_->path(), "/nan.jsonl");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OperatorRecorder> recorder,
+                                OperatorRecorder::Create(path));
+  const at::Tensor on_gpu = with_nan.to(at::Device(at::kCUDA, 0));
+  {
+    OperatorRecorder::Scope scope(*recorder, "nan");
+    (void)on_gpu.clone();
+  }
+  LOCKSTEP_ASSERT_OK(recorder->Close());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(OperatorRecording recording, OperatorRecording::Load(path));
+  ASSERT_FALSE(recording.records().empty());
+  EXPECT_TRUE(std::isnan(recording.records().front().outputs[0].sum));
+  EXPECT_TRUE(std::isnan(recording.records().front().outputs[0].max_abs));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -11,6 +12,7 @@
 #include "c10/cuda/CUDAStream.h"
 #include "numerics/internal/chunk_hash_device.h"
 #include "numerics/internal/chunk_hash_kernel.h"
+#include "numerics/internal/summary_kernel.h"
 #include "numerics/internal/xxh3_chunk.h"
 
 namespace lockstep {
@@ -94,32 +96,73 @@ absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> ten
   return hashes;
 }
 
+namespace {
+
+// The summary kernel's reading of a dtype, if it has one.
+std::optional<SummaryDtype> SummaryDtypeOf(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return SummaryDtype::kF64;
+    case at::kFloat: return SummaryDtype::kF32;
+    case at::kHalf: return SummaryDtype::kF16;
+    case at::kBFloat16: return SummaryDtype::kBF16;
+    case at::kLong: return SummaryDtype::kI64;
+    case at::kInt: return SummaryDtype::kI32;
+    case at::kShort: return SummaryDtype::kI16;
+    case at::kChar: return SummaryDtype::kI8;
+    case at::kByte: return SummaryDtype::kU8;
+    case at::kBool: return SummaryDtype::kBool;
+    case at::kUInt16: return SummaryDtype::kU16;
+    case at::kUInt32: return SummaryDtype::kU32;
+    case at::kUInt64: return SummaryDtype::kU64;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor) {
+  LOCKSTEP_ASSIGN_OR_RETURN(EnqueuedDigest enqueued,
+                            EnqueueTensorDigest(tensor, /*summarize=*/false));
+  return std::move(enqueued.hashes);
+}
+
+absl::StatusOr<EnqueuedDigest> EnqueueTensorDigest(const at::Tensor& tensor, bool summarize) {
   if (!tensor.is_cuda()) {
     return absl::FailedPreconditionError(absl::StrCat("enqueuing the chunk hashes of a tensor on ",
                                                       tensor.device().str(),
                                                       ": only CUDA tensors"));
   }
-  at::Tensor hashes;
+  EnqueuedDigest enqueued;
   absl::Status launched = absl::OkStatus();
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("enqueuing a CUDA tensor's digest chunk hashes", [&] {
     c10::cuda::CUDAGuard guard(tensor.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     at::Tensor bytes = tensor.contiguous();
     if (reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 8 != 0) bytes = bytes.clone();
     const uint64_t num_bytes = static_cast<uint64_t>(bytes.numel()) * bytes.element_size();
     const int64_t chunks =
         static_cast<int64_t>((num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
-    hashes = at::empty({16 * chunks}, at::TensorOptions().dtype(at::kByte).device(tensor.device()));
+    const at::TensorOptions on_device = at::TensorOptions().dtype(at::kByte).device(tensor.device());
+    enqueued.hashes = at::empty({16 * chunks}, on_device);
     if (chunks == 0) return;
     // `bytes`, when a copy, is released to the caching allocator at once: it reuses the block
-    // only for work queued on this stream after the kernel.
-    const cudaError_t error =
-        LaunchChunkHash(static_cast<const uint8_t*>(bytes.data_ptr()), num_bytes,
-                        hashes.data_ptr<uint8_t>(), c10::cuda::getCurrentCUDAStream().stream());
-    if (error != cudaSuccess) launched = CudaStatus(error, "launching the chunk hash kernel");
+    // only for work queued on this stream after the kernels.
+    cudaError_t error = LaunchChunkHash(static_cast<const uint8_t*>(bytes.data_ptr()), num_bytes,
+                                        enqueued.hashes.data_ptr<uint8_t>(), stream);
+    if (error != cudaSuccess) {
+      launched = CudaStatus(error, "launching the chunk hash kernel");
+      return;
+    }
+    const std::optional<SummaryDtype> dtype = SummaryDtypeOf(bytes.scalar_type());
+    if (!summarize || !dtype) return;
+    const uint64_t count = static_cast<uint64_t>(bytes.numel());
+    enqueued.summary = at::empty({16 * static_cast<int64_t>(SummaryPartials(count))}, on_device);
+    error = LaunchSummary(bytes.data_ptr(), count, *dtype,
+                          reinterpret_cast<double*>(enqueued.summary.data_ptr<uint8_t>()), stream);
+    if (error != cudaSuccess) launched = CudaStatus(error, "launching the summary kernel");
   }));
   if (!launched.ok()) return launched;
-  return hashes;
+  return enqueued;
 }
 
 absl::StatusOr<ChunkHashes> CollectChunkHashes(absl::Span<const at::Tensor> device_hashes) {

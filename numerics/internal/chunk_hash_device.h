@@ -41,7 +41,22 @@ absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> ten
 // on the same stream. CollectChunkHashes brings a batch of them back.
 absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor);
 
-// EnqueueChunkHashes's results, back on the host: one copy and one wait per device.
+// A CUDA tensor's pending digest and, when asked for, its pending summary.
+struct EnqueuedDigest {
+  at::Tensor hashes;  // as EnqueueChunkHashes returns them
+  // With `summarize`: its sum and max |x| as partials, a uint8 tensor on the tensor's device of
+  // 16 bytes per partial (Note [Summary partials] in summary_kernel.h), which
+  // FinishSummaryPartials (summary_partials.h) finishes once back. Undefined for an empty tensor
+  // and for a dtype the kernel does not read (float8): the caller summarizes those itself.
+  at::Tensor summary;
+};
+
+// EnqueueChunkHashes, and with `summarize` the summary kernel over the same contiguous bytes
+// (a non-contiguous tensor is copied once for both), on the same stream, not waited for.
+absl::StatusOr<EnqueuedDigest> EnqueueTensorDigest(const at::Tensor& tensor, bool summarize);
+
+// EnqueueChunkHashes's (and EnqueueTensorDigest's summaries': any uint8 device tensors) results,
+// back on the host: one copy and one wait per device.
 absl::StatusOr<ChunkHashes> CollectChunkHashes(absl::Span<const at::Tensor> device_hashes);
 
 }  // namespace internal

@@ -19,6 +19,13 @@ absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor) {
                    " needs a CUDA build of lockstep (--config=cuda)"));
 }
 
+absl::StatusOr<EnqueuedDigest> EnqueueTensorDigest(const at::Tensor& tensor, bool summarize) {
+  (void)summarize;
+  return absl::FailedPreconditionError(
+      absl::StrCat("digesting a tensor on ", tensor.device().str(),
+                   " needs a CUDA build of lockstep (--config=cuda)"));
+}
+
 absl::StatusOr<ChunkHashes> CollectChunkHashes(absl::Span<const at::Tensor> device_hashes) {
   if (device_hashes.empty()) return ChunkHashes();
   return absl::FailedPreconditionError(
