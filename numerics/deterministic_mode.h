@@ -26,6 +26,12 @@
 // benchmark on) is refused with kFailedPrecondition naming it, its value and the value the mode
 // requires. A variable that is unset is set; one already at the required value is kept.
 //
+// Cost: almost all of it is the cuBLAS setting, a host time added to every cuBLAS call while it
+// is set, not to its GPU work (examples/lm/cublas_call_probe.py shows it): a step of
+// many small products (a small model, launch-bound) pays a large share, a step of large
+// products, whose GPU work hides the host's, almost none. The README's benchmark section gives
+// the figures.
+//
 // Thread-safety: process-wide settings; call from one thread while no other uses LibTorch.
 
 #ifndef LOCKSTEP_NUMERICS_DETERMINISTIC_MODE_H_

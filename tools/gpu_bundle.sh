@@ -117,7 +117,7 @@ cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
 cp -r examples/lm/train_test.sh examples/lm/replay_test.sh examples/lm/operators_test.sh \
-  examples/lm/deterministic_cost.sh examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
+  examples/lm/deterministic_cost.sh examples/lm/cublas_call_probe.py examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
 fi
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).
