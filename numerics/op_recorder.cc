@@ -231,8 +231,8 @@ bool IsScalarLike(const c10::IValue& v) {
 
 // An output's figures through ATen, [sum, max |x|] in double on its device: the sum in double is
 // what tells two nearly equal outputs apart; max |x| is read once from the tensor where its dtype
-// has an infinity norm (not float8's). A CUDA tensor's come from the summary kernel instead (one read of its
-// bytes, no converted copy), but for a dtype that kernel does not read.
+// has an infinity norm (not float8's). A CUDA tensor's come from the summary kernel instead (one
+// read of its bytes, no converted copy), but for a dtype that kernel does not read.
 at::Tensor Summary(const at::Tensor& t) {
   const at::TensorOptions doubles = t.options().dtype(at::kDouble);
   if (t.numel() == 0) return at::zeros({2}, doubles);
@@ -240,9 +240,8 @@ at::Tensor Summary(const at::Tensor& t) {
   const at::ScalarType type = t.scalar_type();
   const bool has_norm =
       type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
-  const at::Tensor max_abs = has_norm
-                                 ? at::linalg_vector_norm(t, INFINITY).to(at::kDouble)
-                                 : d.abs().max();
+  const at::Tensor max_abs =
+      has_norm ? at::linalg_vector_norm(t, INFINITY).to(at::kDouble) : d.abs().max();
   return at::stack({d.sum(), max_abs});
 }
 

@@ -116,10 +116,10 @@ TEST_F(OperatorRecorderCudaTest, AnOutputsFiguresOnTheGpuAreItsSumAndLargestMagn
     at::ScalarType dtype;
     int64_t numel;
   };
-  const Case cases[] = {{at::kFloat, 5},          {at::kFloat, 100003},   {at::kFloat, 3000017},
-                        {at::kDouble, 4099},      {at::kHalf, 70001},     {at::kBFloat16, 70001},
-                        {at::kLong, 9001},        {at::kInt, 9001},       {at::kShort, 901},
-                        {at::kChar, 901},         {at::kByte, 901},       {at::kBool, 901},
+  const Case cases[] = {{at::kFloat, 5},          {at::kFloat, 100003}, {at::kFloat, 3000017},
+                        {at::kDouble, 4099},      {at::kHalf, 70001},   {at::kBFloat16, 70001},
+                        {at::kLong, 9001},        {at::kInt, 9001},     {at::kShort, 901},
+                        {at::kChar, 901},         {at::kByte, 901},     {at::kBool, 901},
                         {at::kFloat8_e4m3fn, 513}};
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c10::toString(c.dtype), " x ", c.numel));

@@ -101,20 +101,34 @@ namespace {
 // The summary kernel's reading of a dtype, if it has one.
 std::optional<SummaryDtype> SummaryDtypeOf(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kDouble: return SummaryDtype::kF64;
-    case at::kFloat: return SummaryDtype::kF32;
-    case at::kHalf: return SummaryDtype::kF16;
-    case at::kBFloat16: return SummaryDtype::kBF16;
-    case at::kLong: return SummaryDtype::kI64;
-    case at::kInt: return SummaryDtype::kI32;
-    case at::kShort: return SummaryDtype::kI16;
-    case at::kChar: return SummaryDtype::kI8;
-    case at::kByte: return SummaryDtype::kU8;
-    case at::kBool: return SummaryDtype::kBool;
-    case at::kUInt16: return SummaryDtype::kU16;
-    case at::kUInt32: return SummaryDtype::kU32;
-    case at::kUInt64: return SummaryDtype::kU64;
-    default: return std::nullopt;
+    case at::kDouble:
+      return SummaryDtype::kF64;
+    case at::kFloat:
+      return SummaryDtype::kF32;
+    case at::kHalf:
+      return SummaryDtype::kF16;
+    case at::kBFloat16:
+      return SummaryDtype::kBF16;
+    case at::kLong:
+      return SummaryDtype::kI64;
+    case at::kInt:
+      return SummaryDtype::kI32;
+    case at::kShort:
+      return SummaryDtype::kI16;
+    case at::kChar:
+      return SummaryDtype::kI8;
+    case at::kByte:
+      return SummaryDtype::kU8;
+    case at::kBool:
+      return SummaryDtype::kBool;
+    case at::kUInt16:
+      return SummaryDtype::kU16;
+    case at::kUInt32:
+      return SummaryDtype::kU32;
+    case at::kUInt64:
+      return SummaryDtype::kU64;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -142,7 +156,8 @@ absl::StatusOr<EnqueuedDigest> EnqueueTensorDigest(const at::Tensor& tensor, boo
     const uint64_t num_bytes = static_cast<uint64_t>(bytes.numel()) * bytes.element_size();
     const int64_t chunks =
         static_cast<int64_t>((num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes);
-    const at::TensorOptions on_device = at::TensorOptions().dtype(at::kByte).device(tensor.device());
+    const at::TensorOptions on_device =
+        at::TensorOptions().dtype(at::kByte).device(tensor.device());
     enqueued.hashes = at::empty({16 * chunks}, on_device);
     if (chunks == 0) return;
     // `bytes`, when a copy, is released to the caching allocator at once: it reuses the block

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 cudaError_t Launch(const void* data, uint64_t count, double* partials, cudaStream_t stream) {
   SummaryKernel<T><<<SummaryPartials(count), kThreads, 0, stream>>>(static_cast<const T*>(data),
-                                                                     count, partials);
+                                                                    count, partials);
   return cudaGetLastError();
 }
 
@@ -92,19 +92,32 @@ cudaError_t LaunchSummary(const void* data, uint64_t count, SummaryDtype dtype, 
                           cudaStream_t stream) {
   if (count == 0) return cudaErrorInvalidValue;
   switch (dtype) {
-    case SummaryDtype::kF64: return Launch<double>(data, count, partials, stream);
-    case SummaryDtype::kF32: return Launch<float>(data, count, partials, stream);
-    case SummaryDtype::kF16: return Launch<__half>(data, count, partials, stream);
-    case SummaryDtype::kBF16: return Launch<__nv_bfloat16>(data, count, partials, stream);
-    case SummaryDtype::kI64: return Launch<int64_t>(data, count, partials, stream);
-    case SummaryDtype::kI32: return Launch<int32_t>(data, count, partials, stream);
-    case SummaryDtype::kI16: return Launch<int16_t>(data, count, partials, stream);
-    case SummaryDtype::kI8: return Launch<int8_t>(data, count, partials, stream);
-    case SummaryDtype::kU8: return Launch<uint8_t>(data, count, partials, stream);
-    case SummaryDtype::kBool: return Launch<bool>(data, count, partials, stream);
-    case SummaryDtype::kU16: return Launch<uint16_t>(data, count, partials, stream);
-    case SummaryDtype::kU32: return Launch<uint32_t>(data, count, partials, stream);
-    case SummaryDtype::kU64: return Launch<uint64_t>(data, count, partials, stream);
+    case SummaryDtype::kF64:
+      return Launch<double>(data, count, partials, stream);
+    case SummaryDtype::kF32:
+      return Launch<float>(data, count, partials, stream);
+    case SummaryDtype::kF16:
+      return Launch<__half>(data, count, partials, stream);
+    case SummaryDtype::kBF16:
+      return Launch<__nv_bfloat16>(data, count, partials, stream);
+    case SummaryDtype::kI64:
+      return Launch<int64_t>(data, count, partials, stream);
+    case SummaryDtype::kI32:
+      return Launch<int32_t>(data, count, partials, stream);
+    case SummaryDtype::kI16:
+      return Launch<int16_t>(data, count, partials, stream);
+    case SummaryDtype::kI8:
+      return Launch<int8_t>(data, count, partials, stream);
+    case SummaryDtype::kU8:
+      return Launch<uint8_t>(data, count, partials, stream);
+    case SummaryDtype::kBool:
+      return Launch<bool>(data, count, partials, stream);
+    case SummaryDtype::kU16:
+      return Launch<uint16_t>(data, count, partials, stream);
+    case SummaryDtype::kU32:
+      return Launch<uint32_t>(data, count, partials, stream);
+    case SummaryDtype::kU64:
+      return Launch<uint64_t>(data, count, partials, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -24,7 +24,21 @@ namespace numerics {
 namespace internal {
 
 // The element types the kernel reads.
-enum class SummaryDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kU16, kU32, kU64 };
+enum class SummaryDtype {
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kU16,
+  kU32,
+  kU64
+};
 
 // The partials (blocks) a summary of `count` elements (count > 0) has.
 int SummaryPartials(uint64_t count);

@@ -27,7 +27,8 @@ TEST(FinishSummaryPartialsTest, AddsTheSumsAndKeepsTheLargestMax) {
 
 TEST(FinishSummaryPartialsTest, AddsInBlockOrder) {
   // 1e16 + 1 + 1 - 1e16 is 0 in that order (each 1 is lost), 2 in another: the order is fixed.
-  const auto [sum, max_abs] = FinishSummaryPartials(Partials({1e16, 1e16, 1, 1, 1, 1, -1e16, 1e16}));
+  const auto [sum, max_abs] =
+      FinishSummaryPartials(Partials({1e16, 1e16, 1, 1, 1, 1, -1e16, 1e16}));
   EXPECT_EQ(sum, 0.0);
   EXPECT_EQ(max_abs, 1e16);
 }
