@@ -325,7 +325,7 @@ Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int ite
     if (!enqueued.ok()) throw std::runtime_error(enqueued.status().ToString());
     kept.hashes = std::move(enqueued->hashes);
     kept.summary = std::move(enqueued->summary);
-    // A dtype the summary kernel does not read (float8): ATen's figures, as one partial.
+    // A dtype the summary kernel does not read (float8, ...): ATen's figures, as one partial.
     if (summarize && !kept.summary.defined() && view.numel() > 0) {
       kept.summary = Summary(view).view(at::kByte);
     }
@@ -336,8 +336,13 @@ Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int ite
         absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
   }
   if (summarize && !kept.summary.defined()) {  // a CPU tensor, or an empty one
-    const at::Tensor figures = Summary(view).cpu();
-    kept.figures = std::make_pair(figures[0].item<double>(), figures[1].item<double>());
+    if (view.numel() == 0) {
+      kept.figures = std::make_pair(0.0, 0.0);  // no device round trip for nothing
+    } else {
+      const at::Tensor figures = Summary(view);
+      const auto f = figures.accessor<double, 1>();
+      kept.figures = std::make_pair(f[0], f[1]);
+    }
   }
   return c;
 }

@@ -12,6 +12,7 @@
 #include "c10/cuda/CUDAStream.h"
 #include "numerics/internal/chunk_hash_device.h"
 #include "numerics/internal/chunk_hash_kernel.h"
+#include "numerics/internal/element_type_of.h"
 #include "numerics/internal/summary_kernel.h"
 #include "numerics/internal/xxh3_chunk.h"
 
@@ -96,44 +97,6 @@ absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> ten
   return hashes;
 }
 
-namespace {
-
-// The summary kernel's reading of a dtype, if it has one.
-std::optional<SummaryDtype> SummaryDtypeOf(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kDouble:
-      return SummaryDtype::kF64;
-    case at::kFloat:
-      return SummaryDtype::kF32;
-    case at::kHalf:
-      return SummaryDtype::kF16;
-    case at::kBFloat16:
-      return SummaryDtype::kBF16;
-    case at::kLong:
-      return SummaryDtype::kI64;
-    case at::kInt:
-      return SummaryDtype::kI32;
-    case at::kShort:
-      return SummaryDtype::kI16;
-    case at::kChar:
-      return SummaryDtype::kI8;
-    case at::kByte:
-      return SummaryDtype::kU8;
-    case at::kBool:
-      return SummaryDtype::kBool;
-    case at::kUInt16:
-      return SummaryDtype::kU16;
-    case at::kUInt32:
-      return SummaryDtype::kU32;
-    case at::kUInt64:
-      return SummaryDtype::kU64;
-    default:
-      return std::nullopt;
-  }
-}
-
-}  // namespace
-
 absl::StatusOr<at::Tensor> EnqueueChunkHashes(const at::Tensor& tensor) {
   LOCKSTEP_ASSIGN_OR_RETURN(EnqueuedDigest enqueued,
                             EnqueueTensorDigest(tensor, /*summarize=*/false));
@@ -168,11 +131,11 @@ absl::StatusOr<EnqueuedDigest> EnqueueTensorDigest(const at::Tensor& tensor, boo
       launched = CudaStatus(error, "launching the chunk hash kernel");
       return;
     }
-    const std::optional<SummaryDtype> dtype = SummaryDtypeOf(bytes.scalar_type());
-    if (!summarize || !dtype) return;
+    const std::optional<ElementType> type = ElementTypeOf(bytes.scalar_type());
+    if (!summarize || !type) return;
     const uint64_t count = static_cast<uint64_t>(bytes.numel());
     enqueued.summary = at::empty({16 * static_cast<int64_t>(SummaryPartials(count))}, on_device);
-    error = LaunchSummary(bytes.data_ptr(), count, *dtype,
+    error = LaunchSummary(bytes.data_ptr(), count, *type,
                           reinterpret_cast<double*>(enqueued.summary.data_ptr<uint8_t>()), stream);
     if (error != cudaSuccess) launched = CudaStatus(error, "launching the summary kernel");
   }));

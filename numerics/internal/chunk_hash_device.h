@@ -47,7 +47,8 @@ struct EnqueuedDigest {
   // With `summarize`: its sum and max |x| as partials, a uint8 tensor on the tensor's device of
   // 16 bytes per partial (Note [Summary partials] in summary_kernel.h), which
   // FinishSummaryPartials (summary_partials.h) finishes once back. Undefined for an empty tensor
-  // and for a dtype the kernel does not read (float8): the caller summarizes those itself.
+  // and for a dtype the kernel does not read (element_type_of.h): the caller summarizes those
+  // itself.
   at::Tensor summary;
 };
 

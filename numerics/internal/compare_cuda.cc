@@ -11,44 +11,15 @@
 #include "c10/cuda/CUDAStream.h"
 #include "numerics/internal/compare_device.h"
 #include "numerics/internal/compare_kernel.h"
+#include "numerics/internal/element_type_of.h"
 
 namespace lockstep {
 namespace numerics {
 namespace internal {
-namespace {
-
-std::optional<CompareType> TypeOf(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble:
-      return CompareType::kDouble;
-    case at::kFloat:
-      return CompareType::kFloat;
-    case at::kHalf:
-      return CompareType::kHalf;
-    case at::kBFloat16:
-      return CompareType::kBFloat16;
-    case at::kLong:
-      return CompareType::kInt64;
-    case at::kInt:
-      return CompareType::kInt32;
-    case at::kShort:
-      return CompareType::kInt16;
-    case at::kChar:
-      return CompareType::kInt8;
-    case at::kByte:
-      return CompareType::kUInt8;
-    case at::kBool:
-      return CompareType::kBool;
-    default:
-      return std::nullopt;
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<bool> MeasureOnDevice(const at::Tensor& actual, const at::Tensor& expected,
                                      const Tolerance& tol, TensorComparison& out) {
-  const std::optional<CompareType> type = TypeOf(actual.scalar_type());
+  const std::optional<ElementType> type = ElementTypeOf(actual.scalar_type());
   if (!actual.is_cuda() || !type.has_value()) return false;
   ComparePartial total;
   absl::Status launched = absl::OkStatus();

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "numerics/internal/compare_kernel.h"
+#include "numerics/internal/element_value.cuh"
 
 namespace lockstep {
 namespace numerics {
@@ -11,19 +12,6 @@ namespace internal {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T>
-__device__ __forceinline__ double ToDouble(T v) {
-  return static_cast<double>(v);
-}
-template <>
-__device__ __forceinline__ double ToDouble(__half v) {
-  return static_cast<double>(__half2float(v));
-}
-template <>
-__device__ __forceinline__ double ToDouble(__nv_bfloat16 v) {
-  return static_cast<double>(__bfloat162float(v));
-}
 
 template <typename T>
 struct BitsOf;
@@ -164,29 +152,29 @@ cudaError_t Launch(const void* a, const void* b, int64_t n, double atol, double 
 
 }  // namespace
 
-cudaError_t LaunchCompare(const void* a, const void* b, int64_t n, CompareType type, double atol,
+cudaError_t LaunchCompare(const void* a, const void* b, int64_t n, ElementType type, double atol,
                           double rtol, bool nan_equal, ComparePartial* partials,
                           cudaStream_t stream) {
   switch (type) {
-    case CompareType::kDouble:
+    case ElementType::kDouble:
       return Launch<double>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kFloat:
+    case ElementType::kFloat:
       return Launch<float>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kHalf:
+    case ElementType::kHalf:
       return Launch<__half>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kBFloat16:
+    case ElementType::kBFloat16:
       return Launch<__nv_bfloat16>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt64:
+    case ElementType::kInt64:
       return Launch<int64_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt32:
+    case ElementType::kInt32:
       return Launch<int32_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt16:
+    case ElementType::kInt16:
       return Launch<int16_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kInt8:
+    case ElementType::kInt8:
       return Launch<int8_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kUInt8:
+    case ElementType::kUInt8:
       return Launch<uint8_t>(a, b, n, atol, rtol, nan_equal, partials, stream);
-    case CompareType::kBool:
+    case ElementType::kBool:
       return Launch<bool>(a, b, n, atol, rtol, nan_equal, partials, stream);
   }
   return cudaErrorInvalidValue;

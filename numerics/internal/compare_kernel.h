@@ -12,29 +12,17 @@
 #include <cstdint>
 
 #include "numerics/internal/compare_visit.h"
+#include "numerics/internal/element_type.h"
 
 namespace lockstep {
 namespace numerics {
 namespace internal {
 
-enum class CompareType {
-  kDouble,
-  kFloat,
-  kHalf,
-  kBFloat16,
-  kInt64,
-  kInt32,
-  kInt16,
-  kInt8,
-  kUInt8,
-  kBool
-};
-
 inline constexpr int kComparePartials = 1056;  // blocks of the grid (8 per SM of an H200)
 
 // Compares `n` elements of `a` and `b` (device memory, contiguous, of `type`), writing
 // kComparePartials partials to `partials` (device memory), on `stream`.
-cudaError_t LaunchCompare(const void* a, const void* b, int64_t n, CompareType type, double atol,
+cudaError_t LaunchCompare(const void* a, const void* b, int64_t n, ElementType type, double atol,
                           double rtol, bool nan_equal, ComparePartial* partials,
                           cudaStream_t stream);
 

@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "numerics/internal/element_value.cuh"
+
 namespace lockstep {
 namespace numerics {
 namespace internal {
@@ -13,19 +15,6 @@ constexpr int kThreads = 256;
 // flight to stream a large tensor at the memory's speed.
 constexpr int kUnroll = 8;
 constexpr int kMaxBlocks = 1024;
-
-template <typename T>
-__device__ __forceinline__ double ToDouble(T v) {
-  return static_cast<double>(v);
-}
-template <>
-__device__ __forceinline__ double ToDouble(__half v) {
-  return static_cast<double>(__half2float(v));
-}
-template <>
-__device__ __forceinline__ double ToDouble(__nv_bfloat16 v) {
-  return static_cast<double>(__bfloat162float(v));
-}
 
 // max with NaN winning (Note [Summary partials]).
 __device__ __forceinline__ double MaxNan(double a, double b) {
@@ -47,7 +36,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const uint64_t i = base + static_cast<uint64_t>(u) * kThreads;
-      x[u] = i < count ? ToDouble(data[i]) : 0.0;
+      x[u] = i < count ? ToDouble(data[i]) : 0.0;  // past the end: adds 0, never raises the max
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -88,36 +77,30 @@ int SummaryPartials(uint64_t count) {
   return static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-cudaError_t LaunchSummary(const void* data, uint64_t count, SummaryDtype dtype, double* partials,
+cudaError_t LaunchSummary(const void* data, uint64_t count, ElementType type, double* partials,
                           cudaStream_t stream) {
   if (count == 0) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case SummaryDtype::kF64:
+  switch (type) {
+    case ElementType::kDouble:
       return Launch<double>(data, count, partials, stream);
-    case SummaryDtype::kF32:
+    case ElementType::kFloat:
       return Launch<float>(data, count, partials, stream);
-    case SummaryDtype::kF16:
+    case ElementType::kHalf:
       return Launch<__half>(data, count, partials, stream);
-    case SummaryDtype::kBF16:
+    case ElementType::kBFloat16:
       return Launch<__nv_bfloat16>(data, count, partials, stream);
-    case SummaryDtype::kI64:
+    case ElementType::kInt64:
       return Launch<int64_t>(data, count, partials, stream);
-    case SummaryDtype::kI32:
+    case ElementType::kInt32:
       return Launch<int32_t>(data, count, partials, stream);
-    case SummaryDtype::kI16:
+    case ElementType::kInt16:
       return Launch<int16_t>(data, count, partials, stream);
-    case SummaryDtype::kI8:
+    case ElementType::kInt8:
       return Launch<int8_t>(data, count, partials, stream);
-    case SummaryDtype::kU8:
+    case ElementType::kUInt8:
       return Launch<uint8_t>(data, count, partials, stream);
-    case SummaryDtype::kBool:
+    case ElementType::kBool:
       return Launch<bool>(data, count, partials, stream);
-    case SummaryDtype::kU16:
-      return Launch<uint16_t>(data, count, partials, stream);
-    case SummaryDtype::kU32:
-      return Launch<uint32_t>(data, count, partials, stream);
-    case SummaryDtype::kU64:
-      return Launch<uint64_t>(data, count, partials, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -19,33 +19,18 @@
 
 #include <cstdint>
 
+#include "numerics/internal/element_type.h"
+
 namespace lockstep {
 namespace numerics {
 namespace internal {
-
-// The element types the kernel reads.
-enum class SummaryDtype {
-  kF64,
-  kF32,
-  kF16,
-  kBF16,
-  kI64,
-  kI32,
-  kI16,
-  kI8,
-  kU8,
-  kBool,
-  kU16,
-  kU32,
-  kU64
-};
 
 // The partials (blocks) a summary of `count` elements (count > 0) has.
 int SummaryPartials(uint64_t count);
 
 // Summarizes `count` (> 0) contiguous elements at `data` (device memory, aligned to the element
 // size) into partials[2 * SummaryPartials(count)] (device memory), on `stream`.
-cudaError_t LaunchSummary(const void* data, uint64_t count, SummaryDtype dtype, double* partials,
+cudaError_t LaunchSummary(const void* data, uint64_t count, ElementType type, double* partials,
                           cudaStream_t stream);
 
 }  // namespace internal
