@@ -20,8 +20,8 @@ packages=(
   clang libclang-rt-14-dev   # tools/fuzz.sh: clang with libFuzzer and the sanitizers
   valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
   libsqlite3-dev sqlite3     # admission's recovery ledger; sqlite3 to inspect one
-  python3-matplotlib         # examples/lm/plot_loss.py, tools/report: plots as SVG
-  chromium                   # tools/report's test: the page loaded and screenshot headless
+  python3-matplotlib         # examples/lm/plot_loss.py, report: plots as SVG
+  chromium                   # report's test: the page loaded and screenshot headless
   iproute2 procps            # the multi-host tests' namespaced hosts: ip, tc; pgrep, pkill
   python3-dev python3-torch  # the Python package (//python): headers, and torch on the same LibTorch
   pybind11-dev python3-pytest

@@ -25,12 +25,6 @@ int SplitDepth(const std::string& id) {
   return static_cast<int>(std::count(id.begin(), id.end(), '.'));
 }
 
-// The group when it has other members, else nullptr (every agreement then holds without a
-// collective).
-collectives::Communicator* Others(collectives::Communicator* group) {
-  return group != nullptr && group->size() > 1 ? group : nullptr;
-}
-
 }  // namespace
 
 absl::StatusOr<RecoveryLoop> RecoveryLoop::Begin(const RecoveryCollaborators& collaborators,
@@ -59,7 +53,8 @@ absl::StatusOr<RecoveryLoop> RecoveryLoop::Begin(const RecoveryCollaborators& co
         AdmitWaves(plan, *collaborators.model, collaborators.cap_bytes, options.admission);
     admitted = admission.status();
     if (admission.ok()) waves = std::move(admission->waves);
-    if (Others(collaborators.group) != nullptr) {  // what the group agrees on; alone, nothing
+    if (collectives::WithOthers(collaborators.group) !=
+        nullptr) {  // what the group agrees on; alone, nothing
       execution = absl::StrCat("waves under ", collaborators.cap_bytes, " bytes by ",
                                collaborators.model->Serialize(), ": ",
                                admitted.ok() ? "admitted" : admitted.ToString());
@@ -71,7 +66,7 @@ absl::StatusOr<RecoveryLoop> RecoveryLoop::Begin(const RecoveryCollaborators& co
       waves.push_back(std::move(wave));
     }
   }
-  if (collectives::Communicator* group = Others(collaborators.group)) {
+  if (collectives::Communicator* group = collectives::WithOthers(collaborators.group)) {
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(planner::CheckPlanAgreement(*group, plan, execution),
                                           absl::StrCat("beginning step ", step));
   }
@@ -136,7 +131,7 @@ absl::StatusOr<WaveWork> RecoveryLoop::RunNext(const AttemptHooks& hooks) {
       }
 
       absl::StatusOr<collectives::GroupOutcome> agreed =
-          collectives::AgreeOnOutcome(Others(c_.group), local);
+          collectives::AgreeOnOutcome(collectives::WithOthers(c_.group), local);
       if (!agreed.ok()) {
         if (hooks.on_failure) hooks.on_failure(work);
         return Annotate(agreed.status(), absl::StrCat(name, ": agreeing on the attempt's outcome"));
@@ -220,7 +215,7 @@ absl::Status RecoveryLoop::Split(const WaveWork& work, const std::string& name) 
       absl::StrCat("microbatch into ", ids_[at], " (", plan_.microbatches(at).num_tokens(),
                    " tokens) and ", ids_[at + 1], " (", plan_.microbatches(at + 1).num_tokens(),
                    " tokens)")));
-  if (collectives::Communicator* group = Others(c_.group)) {
+  if (collectives::Communicator* group = collectives::WithOthers(c_.group)) {
     LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
         collectives::CheckAgreement(
             *group, "admission/split",

@@ -13,19 +13,21 @@
 #include "absl/strings/str_cat.h"
 #include "admission/gradient_staging.h"
 #include "admission/ledger.h"
-#include "admission/qualification/toy_objective.h"
 #include "admission/recovery.h"
 #include "base/status_macros.h"
 #include "base/stopwatch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
+#include "qualification/toy_objective.h"
 #include "testing/process_world.h"
 
 namespace lockstep {
 namespace admission {
 namespace {
 
+using qualification::MaxRelativeDifference;
+using qualification::ToyObjective;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 

@@ -19,19 +19,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "admission/gradient_staging.h"
-#include "admission/qualification/toy_objective.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
 #include "c10/util/Exception.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
+#include "qualification/toy_objective.h"
 #include "testing/fake_memory_probe.h"
 
 namespace lockstep {
 namespace admission {
 namespace {
 
+using qualification::MaxRelativeDifference;
+using qualification::ToyObjective;
 using ::testing::HasSubstr;
 
 // Nine sequences of mixed lengths, budget 64: several microbatches of one or more sequences.

@@ -1,5 +1,8 @@
 #include "base/json.h"
 
+#include <cmath>
+#include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -312,6 +315,20 @@ absl::StatusOr<const json*> JsonArray(const json& object, absl::string_view key,
   const json* m = Member(object, key, [](const json& v) { return v.is_array(); });
   if (m == nullptr) return WrongMember(object, key, what, "an array");
   return m;
+}
+
+json JsonFigure(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return value;
+}
+
+double FigureFromJson(const json& figure) {
+  if (figure.is_number()) return figure.get<double>();
+  const std::string s = figure.is_string() ? figure.get<std::string>() : "nan";
+  if (s == "inf") return std::numeric_limits<double>::infinity();
+  if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  return std::numeric_limits<double>::quiet_NaN();
 }
 
 }  // namespace lockstep

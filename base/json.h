@@ -11,6 +11,10 @@
 //   characters \xXX (Utf8Escaped; the JSON text shows them as "\\xXX"), so the output is valid
 //   JSON and the bytes can be read back by eye; a value nested deeper than kMaxJsonDepth (only a
 //   caller's own construction can make one) is cut there, with a string saying so.
+// - Note [JSON figures]: JSON has no NaN or infinity, so lockstep's evidence writes a non-finite
+//   figure as the string "nan", "inf" or "-inf" (JsonFigure) and reads it back with
+//   FigureFromJson; every writer of figures (comparisons, module and operator recordings) uses
+//   this one spelling, and the report pages read it.
 // - The Json* accessors read a member of an object with its type checked: kInvalidArgument
 //   naming the input, the member and the type found.
 //
@@ -42,6 +46,12 @@ absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text, absl::string_vi
 
 // `value` as JSON text, `indent` spaces per level (-1: one line). Never throws.
 std::string DumpJson(const nlohmann::json& value, int indent = -1);
+
+// `value` as a JSON number, or "nan", "inf", "-inf" when it is not finite (Note [JSON figures]).
+nlohmann::json JsonFigure(double value);
+// A figure JsonFigure wrote: a number as it is, "inf" and "-inf" as the infinities, anything
+// else (including "nan") as NaN.
+double FigureFromJson(const nlohmann::json& figure);
 
 // `text` if it is valid UTF-8, otherwise with every byte outside a valid sequence as "\xXX".
 std::string Utf8Escaped(absl::string_view text);

@@ -1,5 +1,7 @@
 #include "base/json.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "base/status_testutil.h"
@@ -106,6 +108,25 @@ TEST(JsonAccessorsTest, AWrongTypeOrAMissingMemberIsAnErrorNamingIt) {
   LOCKSTEP_EXPECT_OK(JsonObject(record, "o", "r").status());
   LOCKSTEP_EXPECT_OK(JsonArray(record, "a", "r").status());
   EXPECT_FALSE(JsonArray(record, "o", "r").ok());
+}
+
+// Note [JSON figures]: the non-finite figures are spelled "nan", "inf", "-inf", survive a dump
+// and parse, and read back as what was written.
+TEST(JsonFigureTest, NonFiniteFiguresAreNamedAndReadBack) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(JsonFigure(1.5), json(1.5));
+  EXPECT_EQ(JsonFigure(inf), json("inf"));
+  EXPECT_EQ(JsonFigure(-inf), json("-inf"));
+  EXPECT_EQ(JsonFigure(std::nan("")), json("nan"));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      json back, ParseJson(DumpJson(json::array({JsonFigure(2.0), JsonFigure(-inf), JsonFigure(inf),
+                                                 JsonFigure(std::nan(""))})),
+                           "figures"));
+  EXPECT_EQ(FigureFromJson(back[0]), 2.0);
+  EXPECT_EQ(FigureFromJson(back[1]), -inf);
+  EXPECT_EQ(FigureFromJson(back[2]), inf);
+  EXPECT_TRUE(std::isnan(FigureFromJson(back[3])));
+  EXPECT_TRUE(std::isnan(FigureFromJson(json("something else"))));
 }
 
 }  // namespace

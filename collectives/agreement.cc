@@ -28,6 +28,11 @@ Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view meta
 
 absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
                             absl::string_view metadata) {
+  return CheckAgreement(comm, operation, metadata, nullptr);
+}
+
+absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
+                            absl::string_view metadata, const AgreementExplainer& explain) {
   const Sha256Digest digest = AgreementDigest(operation, metadata);
   at::Tensor record;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("building the agreement record", [&] {
@@ -61,9 +66,20 @@ absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
     parts.push_back(absl::StrCat("global rank(s) ", FormatRanks(holders[bytes]), " hold ",
                                  DigestHex(held, 4), " ('", name, "')"));
   }
-  return absl::FailedPreconditionError(absl::StrCat("ranks of ", comm.DebugName(),
-                                                    " disagree before '", operation,
-                                                    "': ", absl::StrJoin(parts, "; ")));
+  std::string message = absl::StrCat("ranks of ", comm.DebugName(), " disagree before '", operation,
+                                     "': ", absl::StrJoin(parts, "; "));
+  if (explain) {
+    // Every member's metadata, each broadcasting its own in turn.
+    std::vector<std::string> all(comm.size());
+    for (int m = 0; m < comm.size(); ++m) {
+      if (m == comm.rank()) all[m] = std::string(metadata);
+      LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
+          BroadcastBytes(comm, &all[m], m),
+          absl::StrCat("explaining why ", comm.DebugName(), " disagrees on '", operation, "'"));
+    }
+    absl::StrAppend(&message, ": ", explain(all));
+  }
+  return absl::FailedPreconditionError(message);
 }
 
 }  // namespace collectives

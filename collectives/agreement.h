@@ -18,7 +18,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -37,6 +39,17 @@ Sha256Digest AgreementDigest(absl::string_view operation, absl::string_view meta
 // all-gather (a dead or late peer) are returned as they are, with context.
 absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
                             absl::string_view metadata);
+
+// Words a disagreement from every member's metadata, indexed by group rank. Every member calls it
+// with the same list, so every member's error reads alike.
+using AgreementExplainer =
+    std::function<std::string(const std::vector<std::string>& metadata_by_member)>;
+
+// CheckAgreement that can say what differs: on disagreement (only then: agreement costs the one
+// all-gather) every member broadcasts its metadata in turn and the kFailedPrecondition error
+// carries `explain`'s words after the ranks and digests.
+absl::Status CheckAgreement(Communicator& comm, absl::string_view operation,
+                            absl::string_view metadata, const AgreementExplainer& explain);
 
 }  // namespace collectives
 }  // namespace lockstep

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fake_communicator.h"
@@ -48,6 +49,37 @@ TEST(CheckAgreementTest, DisagreementNamesTheRanksOnEveryMember) {
                                 DigestHex(AgreementDigest("register_object", "head/v1"), 4)),
                       HasSubstr("global rank(s) [2] hold " +
                                 DigestHex(AgreementDigest("register_object", "head/v2"), 4))));
+  }
+}
+
+// With an explainer, every member's error says what differs, worded from every member's
+// metadata alike; agreeing members never call it (it costs collectives only on disagreement).
+TEST(CheckAgreementTest, AnExplainerSaysWhatDiffersOnEveryMember) {
+  collectives::FakeWorld world(3);
+  std::vector<absl::Status> results = world.Run([](Communicator& comm) {
+    return CheckAgreement(comm, "register_object", comm.rank() == 1 ? "w:[4,3]" : "w:[3,4]",
+                          [&comm](const std::vector<std::string>& all) {
+                            for (size_t m = 1; m < all.size(); ++m) {
+                              if (all[m] != all[0]) {
+                                return absl::StrCat("member ", m, " holds ", all[m], " not ",
+                                                    all[0], " (", comm.size(), " members)");
+                              }
+                            }
+                            return std::string("no difference");
+                          });
+  });
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("global rank(s) [1] hold"),
+                                   HasSubstr(": member 1 holds w:[4,3] not w:[3,4] (3 members)")));
+  }
+  for (const absl::Status& s : world.Run([](Communicator& comm) {
+         return CheckAgreement(comm, "op", "same", [](const std::vector<std::string>&) {
+           ADD_FAILURE() << "explained an agreement";
+           return std::string();
+         });
+       })) {
+    EXPECT_TRUE(s.ok()) << s;
   }
 }
 

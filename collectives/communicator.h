@@ -115,6 +115,19 @@ absl::Status BroadcastObject(Communicator& comm, Message* message, int root) {
   return absl::OkStatus();
 }
 
+// Note [A group of one is no group]
+// A group whose only member is the caller needs no collective: a broadcast, gather or reduce over
+// it is the identity, and agreement holds trivially. Callers that run a dimension's collectives
+// (the model's TP and CP collectives, gradient reduction over DP, replica agreement over TP x CP)
+// hold such a group as nullptr and skip the collective, so a TP 1 or CP 1 job pays nothing for
+// the dimension it does not use. WithOthers is the one place this is decided.
+
+// `group` when it has members other than the caller; nullptr for nullptr or a group of one
+// (Note [A group of one is no group]).
+inline Communicator* WithOthers(Communicator* group) {
+  return group != nullptr && group->size() > 1 ? group : nullptr;
+}
+
 // Checks a NewGroup rank list against a world of `world_size` and the caller's global rank:
 // non-empty, no duplicates, every rank in [0, world_size), caller included. Returns the caller's
 // index in the list.

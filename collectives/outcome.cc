@@ -35,7 +35,7 @@ absl::Status GroupOutcome::ForMember(const absl::Status& local, absl::string_vie
 
 absl::StatusOr<GroupOutcome> AgreeOnOutcome(Communicator* group, const absl::Status& local) {
   GroupOutcome outcome;
-  if (group == nullptr || group->size() == 1) {
+  if (WithOthers(group) == nullptr) {  // Note [A group of one is no group]
     outcome.codes = {local.code()};
     if (!local.ok()) {
       outcome.first_failed = 0;

@@ -11,6 +11,7 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "nlohmann/json.hpp"
@@ -34,11 +35,6 @@ std::vector<int64_t> Unravel(int64_t flat, at::IntArrayRef sizes) {
     flat /= sizes[d];
   }
   return index;
-}
-
-json Figure(double value) {
-  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
-  return value;
 }
 
 // Bits of an element, for the bitwise criterion.
@@ -343,9 +339,9 @@ json ComparisonJson(const TensorComparison& c) {
           {"bitwise_equal", c.bitwise_equal},
           {"elements", c.elements},
           {"over_tolerance", c.over_tolerance},
-          {"max_abs_diff", Figure(c.max_abs_diff)},
-          {"max_tolerance_ratio", Figure(c.max_tolerance_ratio)},
-          {"relative_l2", Figure(c.relative_l2)},
+          {"max_abs_diff", JsonFigure(c.max_abs_diff)},
+          {"max_tolerance_ratio", JsonFigure(c.max_tolerance_ratio)},
+          {"relative_l2", JsonFigure(c.relative_l2)},
           {"first_offending_index", c.first_offending_index},
           {"detail", c.detail}};
 }

@@ -49,20 +49,6 @@ RecordSummary Summarize(const at::Tensor& t) {
   return s;
 }
 
-json Number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
-double FromNumber(const json& v) {
-  if (v.is_number()) return v.get<double>();
-  const std::string s = v.is_string() ? v.get<std::string>() : "nan";
-  if (s == "inf") return std::numeric_limits<double>::infinity();
-  if (s == "-inf") return -std::numeric_limits<double>::infinity();
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
 absl::StatusOr<Record> RecordFromJson(const json& j) {
   Record r;
   if (!j.is_object() || !j.contains("index") || !j["index"].is_number_integer() ||
@@ -94,8 +80,8 @@ absl::StatusOr<Record> RecordFromJson(const json& j) {
   for (const char* key : {"sum", "mean_abs", "min", "max", "l2"}) {
     if (!s.contains(key)) return absl::InvalidArgumentError("a record's summary is malformed");
   }
-  r.summary = {FromNumber(s["sum"]), FromNumber(s["mean_abs"]), FromNumber(s["min"]),
-               FromNumber(s["max"]), FromNumber(s["l2"])};
+  r.summary = {FigureFromJson(s["sum"]), FigureFromJson(s["mean_abs"]), FigureFromJson(s["min"]),
+               FigureFromJson(s["max"]), FigureFromJson(s["l2"])};
   return r;
 }
 
@@ -125,11 +111,11 @@ json RecordJson(const Record& r) {
           {"shape", r.shape},
           {"digest", DigestHex128(r.digest)},
           {"summary",
-           {{"sum", Number(r.summary.sum)},
-            {"mean_abs", Number(r.summary.mean_abs)},
-            {"min", Number(r.summary.min)},
-            {"max", Number(r.summary.max)},
-            {"l2", Number(r.summary.l2)}}},
+           {{"sum", JsonFigure(r.summary.sum)},
+            {"mean_abs", JsonFigure(r.summary.mean_abs)},
+            {"min", JsonFigure(r.summary.min)},
+            {"max", JsonFigure(r.summary.max)},
+            {"l2", JsonFigure(r.summary.l2)}}},
           {"kept", r.tensor.defined()}};
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/json.h"
 #include "nlohmann/json.hpp"
 
 namespace lockstep {
@@ -71,12 +72,12 @@ json FindingJson(const std::optional<OperatorFinding>& f) {
   json figures = json::array();
   for (const OperatorFinding::OutputFigures& o : f->figures) {
     json entry = {{"arg", o.arg},
-                  {"sum_a", FiniteOrNamed(o.sum_a)},
-                  {"sum_b", FiniteOrNamed(o.sum_b)},
-                  {"sum_diff", FiniteOrNamed(o.sum_diff)},
-                  {"max_abs_a", FiniteOrNamed(o.max_abs_a)},
-                  {"max_abs_b", FiniteOrNamed(o.max_abs_b)},
-                  {"max_abs_diff", FiniteOrNamed(o.max_abs_diff)}};
+                  {"sum_a", JsonFigure(o.sum_a)},
+                  {"sum_b", JsonFigure(o.sum_b)},
+                  {"sum_diff", JsonFigure(o.sum_diff)},
+                  {"max_abs_a", JsonFigure(o.max_abs_a)},
+                  {"max_abs_b", JsonFigure(o.max_abs_b)},
+                  {"max_abs_diff", JsonFigure(o.max_abs_diff)}};
     if (o.item >= 0) entry["item"] = o.item;
     figures.push_back(std::move(entry));
   }

@@ -19,12 +19,6 @@ namespace numerics {
 
 using json = nlohmann::json;
 
-json FiniteOrNamed(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
 std::vector<int64_t> DigestedShape(const OperatorValue& v) {
   std::vector<int64_t> shape = v.shape;
   for (int dim : v.window_dims) {
@@ -64,14 +58,6 @@ Digest128 OperatorSideDigest(const std::vector<OperatorValue>& values,
 
 namespace {
 
-double FromNumber(const json& v) {
-  if (v.is_number()) return v.get<double>();
-  const std::string s = v.is_string() ? v.get<std::string>() : "nan";
-  if (s == "inf") return std::numeric_limits<double>::infinity();
-  if (s == "-inf") return -std::numeric_limits<double>::infinity();
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
 json ValueJson(const OperatorValue& v, bool is_output) {
   json j = {{"arg", v.arg}, {"kind", v.kind}};
   if (v.item >= 0) j["item"] = v.item;
@@ -83,8 +69,8 @@ json ValueJson(const OperatorValue& v, bool is_output) {
   }
   if (!v.value.empty()) j["value"] = v.value;
   if (is_output && v.kind == "tensor") {
-    j["sum"] = FiniteOrNamed(v.sum);
-    j["max_abs"] = FiniteOrNamed(v.max_abs);
+    j["sum"] = JsonFigure(v.sum);
+    j["max_abs"] = JsonFigure(v.max_abs);
   }
   return j;
 }
@@ -134,8 +120,8 @@ absl::StatusOr<OperatorValue> ValueFromJson(const json& j) {
     if (!j["value"].is_string()) return absl::InvalidArgumentError("'value' not a string");
     v.value = j["value"].get<std::string>();
   }
-  if (j.contains("sum")) v.sum = FromNumber(j["sum"]);
-  if (j.contains("max_abs")) v.max_abs = FromNumber(j["max_abs"]);
+  if (j.contains("sum")) v.sum = FigureFromJson(j["sum"]);
+  if (j.contains("max_abs")) v.max_abs = FigureFromJson(j["max_abs"]);
   return v;
 }
 

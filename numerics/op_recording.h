@@ -96,9 +96,6 @@ std::vector<int64_t> DigestedShape(const OperatorValue& value);
 Digest128 OperatorSideDigest(const std::vector<OperatorValue>& values,
                              const std::vector<Digest128>& tensor_digests);
 
-// A number as JSON: finite values as numbers, NaN and infinities as "nan", "inf", "-inf".
-nlohmann::json FiniteOrNamed(double value);
-
 nlohmann::json OperatorRecordJson(const OperatorRecord& record);
 
 }  // namespace numerics

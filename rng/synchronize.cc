@@ -53,7 +53,8 @@ size_t SynchronizeWireBytes(const DefaultGenerators& generators) {
 }
 
 absl::Status Synchronize(collectives::Communicator* group, const RankStreams& streams) {
-  if (group == nullptr || group->size() <= 1) return absl::OkStatus();
+  // Note [A group of one is no group]
+  if (collectives::WithOthers(group) == nullptr) return absl::OkStatus();
   const DefaultGenerators& generators = streams.generators();
   const std::string context =
       absl::StrCat("while synchronizing RNG state across ", group->DebugName());

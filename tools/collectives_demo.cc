@@ -9,6 +9,7 @@
 // cannot run (before any rendezvous), 1 on any wrong value or error.
 
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "base/tool_flags.h"
 #include "collectives/agreement.h"
 #include "collectives/gloo_communicator.h"
+#include "collectives/rank_groups.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 
@@ -48,16 +50,19 @@ absl::Status CheckLeaderBroadcast(Communicator& group, const std::string& name) 
 absl::StatusOr<std::string> Run(int tp, int cp) {
   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous,
                             collectives::Rendezvous::FromEnvironment(absl::Seconds(60)));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto world, collectives::GlooCommunicator::Create(
-                                            rendezvous, collectives::GlooCommunicator::Options()));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::shared_ptr<collectives::Communicator> world,
+      collectives::GlooCommunicator::Create(rendezvous, collectives::GlooCommunicator::Options()));
   const int rank = world->rank();
   const int n = world->size();
   LOCKSTEP_ASSIGN_OR_RETURN(Topology topo, Topology::Create(n, tp, cp));
-  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topo.CoordinatesOf(rank));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto tp_group, world->NewGroup(topo.TpGroup(rank)));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto cp_group, world->NewGroup(topo.CpGroup(rank)));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto tpcp_group, world->NewGroup(topo.TpCpGroup(rank)));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto dp_group, world->NewGroup(topo.DpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::RankGroups groups,
+                            collectives::RankGroups::Create(world, topo));
+  const collectives::Coordinates c = groups.coordinates();
+  collectives::Communicator* tp_group = groups.tp().get();
+  collectives::Communicator* cp_group = groups.cp().get();
+  collectives::Communicator* tpcp_group = groups.tp_cp().get();
+  collectives::Communicator* dp_group = groups.dp().get();
 
   at::Tensor sum = at::full({1}, static_cast<double>(rank), at::kDouble);
   LOCKSTEP_RETURN_IF_ERROR(world->AllReduceSum(sum));

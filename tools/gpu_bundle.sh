@@ -39,13 +39,13 @@ targets=(
   //checkpoint:checkpoint_cuda_test
   //checkpoint:checkpoint_test
   //checkpoint:checkpoint_benchmark
-  //tools:qualification_cuda_test
+  //qualification:qualification_cuda_test
   //numerics:digest_cuda_test
   //numerics:deterministic_mode_cuda_test
   //numerics:op_recorder_test
   //numerics:op_recorder_cuda_test
   //numerics:op_recorder_benchmark
-  //trainer:operator_localization_cuda_test
+  //qualification:operator_localization_cuda_test
   //numerics:compare_cuda_test
   //numerics:numerics_benchmark
   //numerics:compare_test
@@ -61,15 +61,15 @@ targets=(
   //admission:recovery_process_test
   //admission:ledger_test
   //admission:admission_benchmark
-  //trainer:trainer_oracle_cuda_test
-  //trainer:trainer_oracle_test
+  //qualification:oracle_cuda_test
+  //qualification:oracle_test
   //trainer:trainer_rank_test
   //trainer:trainer_contract_test
   //trainer:trainer_admission_cuda_test
   //trainer:trainer_contract_cuda_test
   //trainer:trainer_rank_cuda_test
-  //trainer:variability_cuda_test
-  //trainer:variability_test
+  //qualification:variability_cuda_test
+  //qualification:variability_test
   //collectives:differentiable_test
   //collectives:adopted_communicator_test
   //trainer:trainer_benchmark

@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/tool_flags.h"
-#include "tools/launcher.h"
+#include "launch/launcher.h"
 
 ABSL_FLAG(int, nproc, -1, "processes on this node, 1..1024 (default: PET_NPROC_PER_NODE or 1)");
 ABSL_FLAG(int, nproc_per_node, -1, "torchrun's name for --nproc");
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
         absl::StrCat("--nproc ", nproc, " and --nproc_per_node ", per_node, " disagree; give one"));
   }
   std::string error;
-  lockstep::tools::LaunchOptions options;
+  lockstep::launch::LaunchOptions options;
   options.nproc = IntSetting(nproc != -1 ? nproc : per_node, -1, {"PET_NPROC_PER_NODE"}, 1, error);
   options.nnodes = IntSetting(absl::GetFlag(FLAGS_nnodes), -1, {"PET_NNODES"}, 1, error);
   options.node_rank = IntSetting(absl::GetFlag(FLAGS_node_rank), -1, {"PET_NODE_RANK"}, 0, error);
@@ -110,10 +110,10 @@ int main(int argc, char** argv) {
   }
   options.deadline = deadline == 0 ? absl::InfiniteDuration() : absl::Seconds(deadline);
   options.command = program;
-  if (absl::Status s = lockstep::tools::ValidateLaunchOptions(options); !s.ok()) {
+  if (absl::Status s = lockstep::launch::ValidateLaunchOptions(options); !s.ok()) {
     return bad(std::string(s.message()));
   }
-  absl::StatusOr<lockstep::tools::LaunchResult> result = lockstep::tools::Launch(options);
+  absl::StatusOr<lockstep::launch::LaunchResult> result = lockstep::launch::Launch(options);
   if (!result.ok()) return bad(std::string(result.status().message()));
   std::cout << "[launch] " << result->summary << std::endl;
   return result->exit_code;

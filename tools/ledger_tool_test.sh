@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/ledger on real ledgers: a two-rank probe job (collectives/multihost_probe) records each
+# tools/ledger on real ledgers: a two-rank probe job (admission/multihost_probe) records each
 # all-reduce round as a committed step; ledger verifies both files and reports the last committed
 # step the probe printed. Then the same files damaged: a row edited, the file truncated, a file
 # missing — each refused with exit 1 naming the file; no file at all is exit 2.
@@ -8,7 +8,7 @@ ledger=$PWD/tools/ledger
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 mkdir -p "$tmp/ledgers"
 fail() { echo "FAIL: $*"; exit 1; }
-tools/launch --nproc=2 -- collectives/multihost_probe --seconds=1 \
+tools/launch --nproc=2 -- admission/multihost_probe --seconds=1 \
   --ledger_dir="$tmp/ledgers" >"$tmp/job.log" 2>&1 || { cat "$tmp/job.log"; fail "the job failed"; }
 rounds=$(sed -n 's/^\[rank 0\] rank 0: ok after \([0-9]*\) all-reduces .*/\1/p' "$tmp/job.log")
 [[ -n $rounds && $rounds -gt 0 ]] || { cat "$tmp/job.log"; fail "no round count"; }

@@ -1,6 +1,6 @@
 // qualify: the main job. Runs a DP x TP x CP topology as local processes over Gloo and checks
-// lockstep's contracts on every rank (tools/qualification.h lists the checks), printing a table
-// and writing JSON evidence. Exit 0: every check passed on every rank; 1: a check failed or a
+// lockstep's contracts on every rank (qualification/qualification.h lists the checks), printing a
+// table and writing JSON evidence. Exit 0: every check passed on every rank; 1: a check failed or a
 // rank did not report; 2: bad flags or qualify could not run.
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
@@ -16,8 +16,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/tool_flags.h"
-#include "tools/negative_controls.h"
-#include "tools/qualification.h"
+#include "qualification/negative_controls.h"
+#include "qualification/qualification.h"
 
 ABSL_FLAG(int, dp, 1, "data-parallel size");
 ABSL_FLAG(int, tp, 1, "tensor-parallel size");
@@ -27,7 +27,7 @@ ABSL_FLAG(lockstep::OutputPath, out, lockstep::OutputPath(),
 ABSL_FLAG(std::string, negative_control, "",
           "a deliberate bug qualify must detect: no-sync, world-sync, unscoped-model-work, "
           "aliasing-snapshot, shard-local-philox, double-counted-retry, input-inside-scope, "
-          "nondeterministic-op, ... (tools/negative_controls.h lists them all)");
+          "nondeterministic-op, ... (qualification/negative_controls.h lists them all)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the trainer's oracle runs: cpu, or cuda (each rank on GPU rank modulo the GPUs)");
 ABSL_FLAG(int, inject_oom, 1,

@@ -17,6 +17,9 @@
 //   A damaged file is kDataLoss naming it; a weight that does not fit is kInvalidArgument naming
 //   it; a missing directory or weights file kNotFound.
 //
+// Why this is not the state-replay capture's format: Note [Saved state and state capture] in
+// replay/state_capture.h.
+//
 // Thread-safety: as the streams' (one thread); the files must not be written concurrently.
 //
 // Example:

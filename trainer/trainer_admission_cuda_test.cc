@@ -90,15 +90,15 @@ TEST(TrainerAdmissionCudaTest, WhatStaysHeldUntilTheHandBackIsAdmittedAndThePeak
     LOCKSTEP_ASSIGN_OR_RETURN(const collectives::Topology topology,
                               collectives::Topology::CreateExact(1, 1, 1, 1));
     TrainerConfig config = TrainerConfig::Of(kTokens);
-    config.packing = planner::PACKING_IN_ORDER;
+    config.plan.packing = planner::PACKING_IN_ORDER;
     config.memory_model = fit.model;
     config.memory_cap_bytes = cap;
-    config.memory_probe = probe;
-    return TrainerRank::Create(config,
-                               TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
-                               [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-                                 return mlp.Forward(work.inputs);
-                               });
+    return TrainerRank::Create(
+        config,
+        TrainerRank::Collaborators::Of(topology, 0, nullptr, streams).WithMemoryProbe(probe),
+        [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+          return mlp.Forward(work.inputs);
+        });
   };
 
   // Fits alone (with a 25% margin over the fit), not together.

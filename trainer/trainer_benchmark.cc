@@ -39,6 +39,7 @@
 #include "base/status_macros.h"
 #include "base/temp_dir.h"
 #include "base/tool_flags.h"
+#include "collectives/rank_groups.h"
 #include "planner/planner.h"
 #include "rng/model_stream.h"
 #include "rng/rank_streams.h"
@@ -168,8 +169,9 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   const c10::Device device = cuda ? c10::Device(at::kCUDA, device_index) : c10::Device(at::kCPU);
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                             collectives::Topology::CreateExact(world.size(), 1, 1, world.size()));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<collectives::Communicator> group,
-                            world.NewGroup(topology.TpCpGroup(rank)));
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::RankGroups groups,
+                            collectives::RankGroups::CreateBorrowing(world, topology));
+  const std::shared_ptr<collectives::Communicator>& group = groups.tp_cp();
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto streams, rng::RankStreams::Create(cuda ? rng::DefaultGenerators::WithCudaDevice(0)
                                                   : rng::DefaultGenerators::CpuOnly()));
@@ -193,20 +195,20 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     const std::string path = absl::StrCat(ledger_dir->path(), "/ledger.db");
     LOCKSTEP_ASSIGN_OR_RETURN(ledger,
                               admission::Ledger::OpenWriter(path, admission::LedgerOptions::Of(0)));
-    config.ledger = ledger;
   }
   // When the trainer calls the model: the time before it is the trainer's own work ahead of the
   // forward (the GPU idles through it), the rest overlaps the forward's kernels or follows them.
   Clock::time_point model_called, model_returned;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer,
-      TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, rank, group, streams),
-                          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-                            model_called = Clock::now();
-                            at::Tensor out = model(work.inputs);
-                            model_returned = Clock::now();
-                            return out;
-                          }));
+      TrainerRank::Create(
+          config, TrainerRank::Collaborators::Of(topology, rank, group, streams).WithLedger(ledger),
+          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+            model_called = Clock::now();
+            at::Tensor out = model(work.inputs);
+            model_returned = Clock::now();
+            return out;
+          }));
   const std::vector<planner::Sequence> batch = {planner::Sequence::Of(tokens, 1)};
   at::Tensor rows = at::randn({tokens, width}, options);
   // The bare side runs the model on the rows this rank's shard holds.
@@ -272,7 +274,7 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
     trainer_phases[4].push_back(SecondsBetween(waited, Clock::now()));
     return SecondsBetween(start, Clock::now());
   };
-  const bool grouped = group->size() > 1;
+  const bool grouped = groups.replicas() != nullptr;
   gather_input = model(shard_rows).detach();
   for (int i = 0; i < 5; ++i) {  // warm-up
     bare();
@@ -287,7 +289,7 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   // The start line: every rank leaves it at about the same time (untimed).
   at::Tensor start_line = at::zeros({1}, at::kFloat);
   auto line_up = [&]() -> absl::Status {
-    return group->size() > 1 ? group->AllReduceSum(start_line) : absl::OkStatus();
+    return grouped ? group->AllReduceSum(start_line) : absl::OkStatus();
   };
   std::vector<double> bare_times, trainer_times, bare_faults, trainer_faults, peer_times,
       gather_times;

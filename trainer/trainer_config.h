@@ -1,10 +1,9 @@
 // trainer/trainer_config.h
 //
 // The values TrainerRank (trainer_rank.h) takes and hands back: the DP rank's batch
-// (TrainerInputs), one microbatch's full outputs (MicrobatchOutput) and the trainer's
-// configuration (TrainerConfig), including the collaborators it shares with the caller — memory
-// probe, ledger — held by shared ownership, so that none of them can be destroyed while the
-// trainer uses it.
+// (TrainerInputs), one microbatch's full outputs (MicrobatchOutput), the trainer's configuration
+// (TrainerConfig, a value) and the resources it shares with the caller (Collaborators: groups,
+// streams, memory probe, ledger).
 //
 // Thread-safety: plain values.
 
@@ -15,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,9 +23,13 @@
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "admission/memory_probe.h"
+#include "admission/recovery_loop.h"
+#include "collectives/communicator.h"
+#include "collectives/topology.h"
 #include "numerics/named_tensors.h"
 #include "planner/plan.pb.h"
 #include "planner/planner.h"
+#include "rng/rank_streams.h"
 
 namespace lockstep {
 namespace trainer {
@@ -59,15 +63,22 @@ struct MicrobatchOutput {
   at::Tensor loss_weights;
 };
 
+// The trainer's configuration: a pure value, the same on every replica of a job, nesting the
+// options it passes on; Canonical() is what replicas compare to agree on it (a program checks it
+// with collectives::CheckAgreement). What the trainer uses but does not own is in Collaborators.
 struct TrainerConfig {
+  // The configuration for a budget of `max_tokens_per_microbatch` tokens, with the defaults
+  // below for the rest.
   static TrainerConfig Of(int64_t max_tokens_per_microbatch) {
     TrainerConfig config;
-    config.max_tokens_per_microbatch = max_tokens_per_microbatch;
+    config.plan = planner::PlanOptions::Of(max_tokens_per_microbatch);
     return config;
   }
-  int64_t max_tokens_per_microbatch = 0;
-  planner::PackingPolicy packing = planner::PACKING_FIRST_FIT_DECREASING;
-  planner::LossNormalization loss_normalization = planner::LOSS_TOKEN_MEAN;
+
+  // How each DP batch is planned (planner/planner.h): the token budget (at least 2 x the CP
+  // size), packing and loss normalization. plan.cp_size is not read: the trainer plans for its
+  // topology's CP size. Default: PlanOptions' defaults with no budget (Of sets it).
+  planner::PlanOptions plan;
 
   // Admission and out-of-memory recovery (admission/recovery_loop.h), on when `memory_model` is
   // given (the same on every replica; the trainer keeps its own copy, which it corrects after
@@ -75,14 +86,56 @@ struct TrainerConfig {
   // under `memory_cap_bytes` — ForwardAllMicrobatches adding what the microbatches before it keep
   // held until the hand-back (MemoryModel::PredictRetained) — else the call is refused naming it.
   // A forward that ran out of memory on any replica is discarded on all of them (the model stream
-  // rewound to where the attempt began, cached memory released through `memory_probe` if given,
-  // the model corrected) and its microbatch split with planner::SplitMicrobatch and retried, up
-  // to `max_split_depth` halvings; the halves are then yielded as separate microbatches. No
-  // gradient is involved: the caller's backward runs after the hand-back.
+  // rewound to where the attempt began, cached memory released through the collaborators'
+  // memory probe if given, the model corrected) and its microbatch split with
+  // planner::SplitMicrobatch and retried, up to `recovery.max_split_depth` halvings; the halves
+  // are then yielded as separate microbatches. No gradient is involved: the caller's backward runs
+  // after the hand-back. Default: off.
   std::optional<admission::MemoryModel> memory_model;
   int64_t memory_cap_bytes = 0;
+  // recovery.max_split_depth as above (default 4). recovery.admission is not read: the trainer
+  // admits one microbatch per wave, its outputs held until the end for ForwardAllMicrobatches.
+  admission::RecoveryOptions recovery;
+
+  // Activation checkpointing of the blocks a model runs through ShardWork::RunBlock: their
+  // activations are recomputed in backward, with the forward's randomness replayed. Default: off.
+  bool activation_checkpointing = false;
+
+  // Every field the trainer reads, as text in one fixed order ("plan.max_tokens_per_microbatch=
+  // 64;..."): equal configurations give equal text, so replicas compare it (or its digest).
+  std::string Canonical() const;
+};
+
+// What a TrainerRank uses but does not own, each held by shared ownership so that none of them
+// can be destroyed while the trainer uses it.
+struct Collaborators {
+  static Collaborators Of(collectives::Topology topology, int world_rank,
+                          std::shared_ptr<collectives::Communicator> tp_cp_group,
+                          std::shared_ptr<rng::RankStreams> streams) {
+    Collaborators collaborators(std::move(topology));
+    collaborators.world_rank = world_rank;
+    collaborators.tp_cp_group = std::move(tp_cp_group);
+    collaborators.streams = std::move(streams);
+    return collaborators;
+  }
+  Collaborators& WithMemoryProbe(std::shared_ptr<admission::MemoryProbe> value) {
+    memory_probe = std::move(value);
+    return *this;
+  }
+  Collaborators& WithLedger(std::shared_ptr<admission::Ledger> value) {
+    ledger = std::move(value);
+    return *this;
+  }
+
+  collectives::Topology topology;
+  int world_rank = 0;
+  // The rank's TP x CP group (topology.TpCpGroup(world_rank)); nullptr only for a world of one.
+  std::shared_ptr<collectives::Communicator> tp_cp_group;
+  std::shared_ptr<rng::RankStreams> streams;
+
+  // Releases cached device memory after out of memory and reads the peak of each attempt
+  // (TrainerConfig::memory_model). Optional.
   std::shared_ptr<admission::MemoryProbe> memory_probe;
-  int max_split_depth = 4;
 
   // The rank's recovery ledger (admission/ledger.h), optional; each process writes its own. Every
   // ForwardMicrobatches/ForwardAllMicrobatches call is one ledger step (numbered on from the last
@@ -99,9 +152,8 @@ struct TrainerConfig {
   // (kFailedPrecondition naming the open one) until the caller continues on a new ledger file.
   std::shared_ptr<admission::Ledger> ledger;
 
-  // Activation checkpointing of the blocks a model runs through ShardWork::RunBlock: their
-  // activations are recomputed in backward, with the forward's randomness replayed. Default: off.
-  bool activation_checkpointing = false;
+ private:
+  explicit Collaborators(collectives::Topology topology) : topology(std::move(topology)) {}
 };
 
 }  // namespace trainer

@@ -70,7 +70,7 @@ absl::Status DivergingDrawsBody(int rank, collectives::Communicator& world, bool
     seams.synchronize_after_all_microbatches = use_stream;
   }
   TrainerConfig config = TrainerConfig::Of(16);
-  config.packing = planner::PACKING_IN_ORDER;
+  config.plan.packing = planner::PACKING_IN_ORDER;
   LOCKSTEP_ASSIGN_OR_RETURN(
       auto trainer, internal::CreateWithSeams(
                         config, TrainerRank::Collaborators::Of(topology, rank, group, streams),

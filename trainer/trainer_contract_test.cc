@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(int rank, collectives::Communicator
   at::manual_seed(options.seed + (options.seed_by_rank ? 1000 * rank : 0));
   rig->w = at::linspace(0.5, 1.5, 3).set_requires_grad(true);
   TrainerConfig config = TrainerConfig::Of(16);
-  config.packing = planner::PACKING_IN_ORDER;
+  config.plan.packing = planner::PACKING_IN_ORDER;
   if (options.admission) {
     LOCKSTEP_ASSIGN_OR_RETURN(config.memory_model, admission::MemoryModel::Of(0, 1));
     config.memory_cap_bytes = 1 << 20;

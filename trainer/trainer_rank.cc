@@ -22,12 +22,9 @@ absl::Status CallerStateLive(const internal::TrainerCore& core, absl::string_vie
 absl::StatusOr<std::unique_ptr<TrainerRank>> TrainerRank::Create(TrainerConfig config,
                                                                  Collaborators collaborators,
                                                                  ForwardAdapter forward) {
-  internal::Collaborators checked{std::move(collaborators.topology), collaborators.world_rank,
-                                  std::move(collaborators.tp_cp_group),
-                                  std::move(collaborators.streams)};
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::shared_ptr<internal::TrainerCore> core,
-      internal::TrainerCore::Create(std::move(config), std::move(checked), std::move(forward),
+      internal::TrainerCore::Create(std::move(config), std::move(collaborators), std::move(forward),
                                     internal::ContractSeams::Kept()));
   return std::make_unique<TrainerRank>(std::move(core));
 }
@@ -141,9 +138,9 @@ absl::Status TrainerRank::SaveState(const std::string& dir, const numerics::Name
                                     const torch::optim::Optimizer* optimizer,
                                     const SaveOptions& options) {
   const std::string where = core_->Where(absl::StrCat("saving state to ", dir));
-  if (core_->config().ledger != nullptr) {
+  if (core_->ledger() != nullptr) {
     // A saved state never follows a step whose record (queued) or commit could still be lost.
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(core_->config().ledger->AwaitDurable(), where);
+    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(core_->ledger()->AwaitDurable(), where);
   }
   return Annotate(
       SaveTrainingState(dir, core_->streams(), core_->forward_index(), weights, optimizer, options),

@@ -120,19 +120,8 @@ class MicrobatchStream {
 
 class TrainerRank {
  public:
-  struct Collaborators {
-    static Collaborators Of(collectives::Topology topology, int world_rank,
-                            std::shared_ptr<collectives::Communicator> tp_cp_group,
-                            std::shared_ptr<rng::RankStreams> streams) {
-      return Collaborators{std::move(topology), world_rank, std::move(tp_cp_group),
-                           std::move(streams)};
-    }
-    collectives::Topology topology;
-    int world_rank = 0;
-    // The rank's TP x CP group (topology.TpCpGroup(world_rank)); nullptr only for a world of one.
-    std::shared_ptr<collectives::Communicator> tp_cp_group;
-    std::shared_ptr<rng::RankStreams> streams;
-  };
+  // What the trainer uses but does not own (trainer_config.h).
+  using Collaborators = trainer::Collaborators;
 
   // Checks the collaborators (kInvalidArgument naming what is wrong: a group that is not the
   // rank's TP x CP group, no streams, a bad token budget or memory cap), synchronizes the

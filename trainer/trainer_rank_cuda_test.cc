@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "planner/planner.h"
 #include "testing/fake_communicator.h"
-#include "testing/fake_cp_rank.h"
+#include "trainer/fake_cp_rank.h"
 #include "trainer/trainer_rank.h"
 
 namespace lockstep {

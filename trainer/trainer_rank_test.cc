@@ -1,6 +1,6 @@
 // TrainerRank on a world of one (no group): refusals with context, the stream contract's
 // preconditions, save/load (exact continuation with the RNG streams, and the negative control
-// without them), damaged saved state. (Multi-process cases: trainer_oracle_test.)
+// without them), damaged saved state. (Multi-process cases: //qualification:oracle_test.)
 
 #include "trainer/trainer_rank.h"
 
@@ -33,10 +33,10 @@
 #include "rng/resume_state.h"
 #include "rng/snapshot.h"
 #include "testing/fake_communicator.h"
-#include "testing/fake_cp_rank.h"
 #include "testing/fake_memory_probe.h"
 #include "torch/optim/adam.h"
 #include "torch/serialize.h"
+#include "trainer/fake_cp_rank.h"
 
 namespace lockstep {
 namespace trainer {
@@ -197,8 +197,7 @@ absl::Status MakeLedgerRig(LedgerRig& rig, std::shared_ptr<admission::Ledger> le
   rig.oom_left = ooms;
   rig.oom_above = oom_above;
   TrainerConfig config = TrainerConfig::Of(8);
-  config.packing = planner::PACKING_IN_ORDER;
-  config.ledger = ledger;
+  config.plan.packing = planner::PACKING_IN_ORDER;
   if (ooms > 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(config.memory_model, admission::MemoryModel::Of(1e3, 1e2));
     config.memory_cap_bytes = int64_t{1} << 40;
@@ -206,7 +205,8 @@ absl::Status MakeLedgerRig(LedgerRig& rig, std::shared_ptr<admission::Ledger> le
   LOCKSTEP_ASSIGN_OR_RETURN(
       rig.trainer,
       TrainerRank::Create(
-          config, TrainerRank::Collaborators::Of(topology, 0, nullptr, rig.streams),
+          config,
+          TrainerRank::Collaborators::Of(topology, 0, nullptr, rig.streams).WithLedger(ledger),
           [&rig](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
             if (work.inputs.size(0) > rig.oom_above && rig.oom_left > 0) {
               --rig.oom_left;
@@ -467,12 +467,12 @@ absl::StatusOr<PlannedShardTokens> CheckShardTokens(const ShardWork& work,
 }
 
 // The thread fake (one process: the ranks share the default generators, so the RNG contract is
-// tested on processes in trainer_oracle_test; here the scope and synchronization are off and the
-// gather itself is under test): a CP group of all the world's ranks forwards `batch` (microbatches
-// of at most `max_tokens`) through a model that scales its rows by a parameter w; every rank must
-// receive the full outputs in packed order, differentiable into w and into the input rows through
-// its own rows only (the rows' selection, by a view, a strided copy, a concatenation or an index,
-// keeps them in the graph).
+// tested on processes in //qualification:oracle_test; here the scope and synchronization are off
+// and the gather itself is under test): a CP group of all the world's ranks forwards `batch`
+// (microbatches of at most `max_tokens`) through a model that scales its rows by a parameter w;
+// every rank must receive the full outputs in packed order, differentiable into w and into the
+// input rows through its own rows only (the rows' selection, by a view, a strided copy, a
+// concatenation or an index, keeps them in the graph).
 absl::Status GatherBody(collectives::Communicator& world,
                         const std::vector<planner::Sequence>& batch, int64_t max_tokens,
                         int expected_microbatches) {
@@ -602,7 +602,7 @@ TEST(TrainerRankTest, AForwardThatDrawsThenThrowsLeavesTheCallerExactAndTheModel
                                 collectives::Topology::CreateExact(1, 1, 1, 1));
   int calls = 0;
   TrainerConfig config = TrainerConfig::Of(8);
-  config.packing = planner::PACKING_IN_ORDER;
+  config.plan.packing = planner::PACKING_IN_ORDER;
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       auto trainer,
       TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
@@ -867,17 +867,18 @@ TEST(TrainerRankTest, AdmissionCountsWhatStaysHeldUntilTheHandBack) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(const collectives::Topology topology,
                                   collectives::Topology::CreateExact(1, 1, 1, 1));
     TrainerConfig config = TrainerConfig::Of(8);
-    config.packing = planner::PACKING_IN_ORDER;
+    config.plan.packing = planner::PACKING_IN_ORDER;
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(
         admission::MemoryModel peak_only,
         admission::MemoryModel::Of(FakeDevice::kFixed, FakeDevice::kTransient));
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(config.memory_model,
                                   peak_only.WithRetained(FakeDevice::kRetained));
     config.memory_cap_bytes = cap;
-    config.memory_probe = device.probe;
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(
         auto trainer,
-        TrainerRank::Create(config, TrainerRank::Collaborators::Of(topology, 0, nullptr, streams),
+        TrainerRank::Create(config,
+                            TrainerRank::Collaborators::Of(topology, 0, nullptr, streams)
+                                .WithMemoryProbe(device.probe),
                             [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
                               device.Forward(work.inputs.size(0));
                               return work.inputs * 2;

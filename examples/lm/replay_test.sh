@@ -9,7 +9,7 @@
 #      completion record re-sealed to match): exit 2, naming the field;
 #   4. a normal run that differs (one weight byte flipped, re-sealed): exit 1, naming the step,
 #      rank, path, byte and element;
-# and the report's page (tools/report) of the passing run shows the verdict and the differences.
+# and the report's page (report) of the passing run shows the verdict and the differences.
 # REPLAY_BIN names the folder of replay and train (the GPU bundle); REPLAY_TRAIN_FLAGS adds flags
 # to every launch (--device=cuda --deterministic on the H200).
 set -euo pipefail
@@ -45,8 +45,8 @@ for name, prefix in want.items():
           f"element {d['element_index']} ({d['a']} vs {d['b']})")
 PY
 
-# The report's page (tools/report): the verdict and each broken resume's first difference.
-report=${REPLAY_REPORT:-tools/report/report}
+# The report's page (report): the verdict and each broken resume's first difference.
+report=${REPLAY_REPORT:-report/report}
 if [[ -x $report ]]; then
   MPLCONFIGDIR="$tmp/mpl" "$report" "$tmp/run/report.json" "$tmp/page" >/dev/null \
     || fail "report could not render report.json"

@@ -36,6 +36,7 @@
 #include "base/torch_boundary.h"
 #include "collectives/communicator.h"
 #include "collectives/gloo_communicator.h"
+#include "collectives/rank_groups.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 #include "examples/lm/corpus.h"
@@ -43,11 +44,11 @@
 #include "numerics/deterministic_mode.h"
 #include "numerics/op_recorder.h"
 #include "numerics/safetensors.h"
+#include "replay/state_capture.h"
 #include "rng/philox.h"
 #include "rng/rank_streams.h"
 #include "rng/resume_state.h"
 #include "torch/optim/adamw.h"
-#include "trainer/state_capture.h"
 #include "trainer/trainer_rank.h"
 #if LOCKSTEP_BUILT_WITH_CUDA
 #include "c10/cuda/CUDACachingAllocator.h"
@@ -80,7 +81,7 @@ ABSL_FLAG(std::string, resume, "", "a saved state to continue from: <save_dir>/s
 ABSL_FLAG(std::string, final_state, "", "save the final state here: <final_state>/rank<r>");
 ABSL_FLAG(std::string, capture_dir, "",
           "capture every rank's complete state after each step's update here, for the "
-          "state-replay protocol (trainer/state_capture.h, tools/replay): "
+          "state-replay protocol (replay/state_capture.h, tools/replay): "
           "<capture_dir>/step<k>/rank<r>");
 ABSL_FLAG(std::string, resume_omit, "",
           "negative control of the state-replay protocol: resume (--resume) without restoring "
@@ -108,17 +109,10 @@ using collectives::Communicator;
 // between replicas then changes the training visibly, as the negative control shows).
 constexpr double kMaskKeep = 0.5;
 
-struct Groups {
-  std::unique_ptr<Communicator> world;
-  collectives::Topology topology;
-  std::shared_ptr<Communicator> tp_cp;
-  std::unique_ptr<Communicator> tp, cp, dp;
-};
-
 // (1) The world from the torchrun environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
-// LOCAL_RANK): NCCL when there is a GPU per rank, Gloo otherwise; then the groups, created in the
-// same order on every rank.
-absl::StatusOr<Groups> Connect(int tp, int cp, bool cuda, absl::Duration timeout) {
+// LOCAL_RANK): NCCL when there is a GPU per rank, Gloo otherwise; then the rank's groups
+// (collectives/rank_groups.h: made in the same order on every rank).
+absl::StatusOr<collectives::RankGroups> Connect(int tp, int cp, bool cuda, absl::Duration timeout) {
   LOCKSTEP_ASSIGN_OR_RETURN(auto rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
   std::unique_ptr<Communicator> world;
 #if LOCKSTEP_BUILT_WITH_CUDA
@@ -133,20 +127,9 @@ absl::StatusOr<Groups> Connect(int tp, int cp, bool cuda, absl::Duration timeout
     options.timeout = timeout;
     LOCKSTEP_ASSIGN_OR_RETURN(world, collectives::GlooCommunicator::Create(rendezvous, options));
   }
-  const int rank = world->rank();
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                             collectives::Topology::Create(world->size(), tp, cp));
-  Groups groups{std::move(world), std::move(topology), nullptr, nullptr, nullptr, nullptr};
-  LOCKSTEP_ASSIGN_OR_RETURN(groups.tp_cp, groups.world->NewGroup(groups.topology.TpCpGroup(rank)));
-  LOCKSTEP_ASSIGN_OR_RETURN(groups.tp, groups.world->NewGroup(groups.topology.TpGroup(rank)));
-  LOCKSTEP_ASSIGN_OR_RETURN(groups.cp, groups.world->NewGroup(groups.topology.CpGroup(rank)));
-  LOCKSTEP_ASSIGN_OR_RETURN(groups.dp, groups.world->NewGroup(groups.topology.DpGroup(rank)));
-  return groups;
-}
-
-// A group of one is no group: the model's and the gradient's collectives skip it.
-Communicator* OrNone(Communicator* group) {
-  return group != nullptr && group->size() > 1 ? group : nullptr;
+  return collectives::RankGroups::Create(std::move(world), topology);
 }
 
 // The DP-local batch of one step, as TrainerRank takes it, with what the loss needs per row: the
@@ -272,12 +255,12 @@ absl::Status Train() {
   const int per_step = absl::GetFlag(FLAGS_sequences_per_step);
   LOCKSTEP_ASSIGN_OR_RETURN(Corpus corpus, Corpus::Load(absl::GetFlag(FLAGS_corpus), max_tokens));
   // (1)
-  LOCKSTEP_ASSIGN_OR_RETURN(Groups groups,
+  LOCKSTEP_ASSIGN_OR_RETURN(collectives::RankGroups groups,
                             Connect(absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_cp), cuda,
                                     absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
-  const int rank = groups.world->rank();
-  LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates me, groups.topology.CoordinatesOf(rank));
-  const int dp_size = groups.topology.dp_size();
+  const int rank = groups.rank();
+  const collectives::Coordinates me = groups.coordinates();
+  const int dp_size = groups.topology().dp_size();
   c10::Device device(c10::kCPU);
   if (cuda) {
     if (!at::hasCUDA()) return absl::FailedPreconditionError("--device cuda: no CUDA device");
@@ -302,8 +285,8 @@ absl::Status Train() {
   config.hidden = absl::GetFlag(FLAGS_hidden);
   config.blocks = absl::GetFlag(FLAGS_blocks);
   LOCKSTEP_ASSIGN_OR_RETURN(
-      TinyLm model, TinyLm::Create(config, me.tp, groups.topology.tp_size(),
-                                   OrNone(groups.tp.get()), OrNone(groups.cp.get()), device));
+      TinyLm model, TinyLm::Create(config, me.tp, groups.topology().tp_size(), groups.tp_or_null(),
+                                   groups.cp_or_null(), device));
   numerics::NamedTensors named = model.parameters();
   std::vector<at::Tensor> parameters;
   for (const auto& entry : named) parameters.push_back(entry.second);
@@ -316,15 +299,15 @@ absl::Status Train() {
   // as plain sums (the caller divides by the global batch's token count, the same in every
   // layout); activation checkpointing of the blocks.
   trainer::TrainerConfig trainer_config = trainer::TrainerConfig::Of(max_tokens);
-  trainer_config.packing = planner::PACKING_IN_ORDER;
-  trainer_config.loss_normalization = planner::LOSS_SUM;
+  trainer_config.plan.packing = planner::PACKING_IN_ORDER;
+  trainer_config.plan.loss_normalization = planner::LOSS_SUM;
   trainer_config.activation_checkpointing = absl::GetFlag(FLAGS_checkpoint_blocks);
   int64_t step = 0;  // what the forward adapter keys its dropout with
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::unique_ptr<trainer::TrainerRank> trainer,
       trainer::TrainerRank::Create(
           trainer_config,
-          trainer::TrainerRank::Collaborators::Of(groups.topology, rank, groups.tp_cp, streams),
+          trainer::TrainerRank::Collaborators::Of(groups.topology(), rank, groups.tp_cp(), streams),
           [&](const trainer::ShardWork& work) { return model.Forward(work, step); }));
   int first_step = 0;
   int64_t data_position = 0;  // batches consumed: the data cursor a resume must restore
@@ -355,7 +338,7 @@ absl::Status Train() {
   }
   // The TP x CP group's leader logs a sample now and then: a draw from its RNG that its replicas
   // do not make. The next hand-back makes their states agree again.
-  const bool leader = groups.tp_cp->rank() == 0;
+  const bool leader = groups.tp_cp()->rank() == 0;
   const bool log = rank == 0;
   std::optional<std::ofstream> csv;
   if (log && !absl::GetFlag(FLAGS_log_csv).path.empty()) {
@@ -449,9 +432,9 @@ absl::Status Train() {
     }
     // (8) Gradients: over CP (each CP rank back-propagated its own tokens), then over DP. TP
     // ranks hold the same gradient for replicated parameters and their own shard's for split ones.
-    LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, OrNone(groups.cp.get())));
-    LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, OrNone(groups.dp.get())));
-    if (Communicator* dp = OrNone(groups.dp.get()))
+    LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.cp_or_null()));
+    LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.dp_or_null()));
+    if (Communicator* dp = groups.dp_or_null())
       LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("AdamW's step", [&] { adam->step(); }));
     if (recorder != nullptr) {
@@ -459,7 +442,7 @@ absl::Status Train() {
       LOCKSTEP_RETURN_IF_ERROR(recorder->Close());
     }
     if (const std::string captures = absl::GetFlag(FLAGS_capture_dir); !captures.empty()) {
-      trainer::CaptureComponents state;
+      replay::CaptureComponents state;
       state.weights = named;
       state.optimizer = adam.get();
       state.streams = streams.get();
@@ -468,7 +451,7 @@ absl::Status Train() {
           "examples/lm keeps no recovery ledger (it does not use admission's out-of-memory "
           "recovery)";
       LOCKSTEP_RETURN_IF_ERROR(
-          trainer::WriteStateCapture(captures, step + 1, rank, groups.world->size(), state));
+          replay::WriteStateCapture(captures, step + 1, rank, groups.world().size(), state));
     }
     const double loss = step_loss.item<double>();
     losses.push_back(loss);
@@ -507,7 +490,7 @@ absl::Status Train() {
     LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors(
         absl::GetFlag(FLAGS_losses).path, {{"loss", at::tensor(losses, at::kDouble)}}, {}));
   }
-  return groups.world->Barrier();
+  return groups.world().Barrier();
 }
 
 }  // namespace

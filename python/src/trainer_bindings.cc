@@ -134,8 +134,8 @@ void BindTrainer(py::module_& m) {
                  ValueOrThrow(collectives::Topology::Create(world_size, tp, cp));
              trainer::TrainerConfig config = trainer::TrainerConfig::Of(max_tokens);
              config.activation_checkpointing = activation_checkpointing;
-             config.packing = PackingNamed(packing);
-             config.loss_normalization = LossNormalizationNamed(loss_normalization);
+             config.plan.packing = PackingNamed(packing);
+             config.plan.loss_normalization = LossNormalizationNamed(loss_normalization);
              trainer::ForwardAdapter adapter = Forward(std::move(forward));
              return ValueOrThrow(Released([&] {
                return trainer::TrainerRank::Create(

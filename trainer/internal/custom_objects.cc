@@ -1,6 +1,5 @@
 #include "trainer/internal/custom_objects.h"
 
-#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -10,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/agreement.h"
@@ -30,18 +28,6 @@ std::vector<std::string> FieldsOf(const std::string& name, const at::Tensor& t) 
   return {name, absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"),
           std::string(c10::toString(t.scalar_type())), t.requires_grad() ? "grad" : "no-grad",
           c10::DeviceTypeName(t.device().type(), /*lower_case=*/true)};
-}
-
-// Every member's structure description, exchanged only after the digests disagreed: each member
-// broadcasts its own in turn.
-absl::StatusOr<std::vector<std::string>> EveryDescription(collectives::Communicator& group,
-                                                          const std::string& mine) {
-  std::vector<std::string> all(group.size());
-  for (int m = 0; m < group.size(); ++m) {
-    all[m] = m == group.rank() ? mine : std::string();
-    LOCKSTEP_RETURN_IF_ERROR(collectives::BroadcastBytes(group, &all[m], m));
-  }
-  return all;
 }
 
 // The first difference between the leader's description and another member's, in group-rank
@@ -126,24 +112,14 @@ absl::StatusOr<numerics::NamedTensors> CustomObjectRegistry::Register(
     return undo(
         outcome.ForMember(local, absl::StrCat(where, ": the factory (nothing registered)")));
   }
-  if (group != nullptr && group->size() > 1) {
-    const std::string description = DescribeStructure(tensors);
-    const Sha256Digest digest = Sha256Framed({"trainer/custom_object_structure", description});
-    at::Tensor record;
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch(where, [&] {
-      record = at::empty({static_cast<int64_t>(digest.size())}, at::kByte);
-      std::memcpy(record.data_ptr<uint8_t>(), digest.data(), digest.size());
-    }));
-    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> digests, group->AllGather(record));
-    bool same = true;
-    for (const at::Tensor& d : digests) same = same && at::equal(d, record);
-    if (!same) {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                                EveryDescription(*group, description));
-      return undo(absl::FailedPreconditionError(
-          absl::StrCat(where, ": the replicas' factories returned different objects: ",
-                       FirstDifference(*group, all), "; nothing registered")));
-    }
+  if (collectives::WithOthers(group) != nullptr) {
+    absl::Status agreed = collectives::CheckAgreement(
+        *group, "trainer/custom_object_structure", DescribeStructure(tensors),
+        [&](const std::vector<std::string>& all) {
+          return absl::StrCat("the replicas' factories returned different objects: ",
+                              FirstDifference(*group, all));
+        });
+    if (!agreed.ok()) return undo(Annotate(agreed, absl::StrCat(where, "; nothing registered")));
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(where, [&]() -> absl::Status {
       at::AutoGradMode no_grad(false);
       for (auto& [tensor_name, tensor] : tensors) {

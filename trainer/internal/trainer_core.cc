@@ -51,9 +51,9 @@ absl::StatusOr<std::shared_ptr<TrainerCore>> TrainerCore::Create(TrainerConfig c
     return absl::InvalidArgumentError("trainer: no RankStreams given");
   }
   if (!forward) return absl::InvalidArgumentError("trainer: no forward adapter given");
-  if (config.max_tokens_per_microbatch < 2 * topology.cp_size()) {
+  if (config.plan.max_tokens_per_microbatch < 2 * topology.cp_size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("trainer: max_tokens_per_microbatch ", config.max_tokens_per_microbatch,
+        absl::StrCat("trainer: max_tokens_per_microbatch ", config.plan.max_tokens_per_microbatch,
                      " is below 2 x CP size (", 2 * topology.cp_size(), ")"));
   }
   if (config.memory_model.has_value() && config.memory_cap_bytes <= 0) {
@@ -61,9 +61,9 @@ absl::StatusOr<std::shared_ptr<TrainerCore>> TrainerCore::Create(TrainerConfig c
                                                    config.memory_cap_bytes,
                                                    " must be positive with a memory model"));
   }
-  if (config.max_split_depth < 0) {
+  if (config.recovery.max_split_depth < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("trainer: max_split_depth ", config.max_split_depth, " is negative"));
+        absl::StrCat("trainer: max_split_depth ", config.recovery.max_split_depth, " is negative"));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates mine,
                             topology.CoordinatesOf(collaborators.world_rank));
@@ -85,10 +85,10 @@ absl::StatusOr<std::shared_ptr<TrainerCore>> TrainerCore::Create(TrainerConfig c
   std::shared_ptr<TrainerCore> core(new TrainerCore(std::move(config), std::move(collaborators),
                                                     std::move(forward), seams, mine.cp,
                                                     std::move(cp_holders)));
-  if (core->config_.ledger != nullptr) {
+  if (core->collaborators_.ledger != nullptr) {
     // Step numbers go on from the last step this rank's ledger began (committed or not: an
     // interrupted call keeps its record).
-    core->next_ledger_step_ = core->config_.ledger->last_begun_step() + 1;
+    core->next_ledger_step_ = core->collaborators_.ledger->last_begun_step() + 1;
   }
   if (core->config_.activation_checkpointing) {
     core->recompute_streams_ = checkpoint::StreamSnapshots::Of(core->collaborators_.streams);
@@ -150,11 +150,8 @@ absl::StatusOr<admission::RecoveryLoop> TrainerCore::BeginStep(const TrainerInpu
                               : "undefined",
         ") must have one row per token of the sequences (", tokens, ")"));
   }
-  planner::PlanOptions options;
-  options.max_tokens_per_microbatch = config_.max_tokens_per_microbatch;
+  planner::PlanOptions options = config_.plan;
   options.cp_size = cp_size();
-  options.packing = config_.packing;
-  options.loss_normalization = config_.loss_normalization;
   LOCKSTEP_ASSIGN_OR_RETURN(planner::Plan plan,
                             planner::PlanMicrobatches(inputs.sequences, options));
   // On a GPU the first shard's copy runs while the group agrees on the plan.
@@ -163,11 +160,10 @@ absl::StatusOr<admission::RecoveryLoop> TrainerCore::BeginStep(const TrainerInpu
   admission::RecoveryCollaborators collaborators = admission::RecoveryCollaborators::Of(Replicas());
   if (config_.memory_model.has_value()) {
     collaborators.WithModel(&*config_.memory_model, config_.memory_cap_bytes)
-        .WithProbe(config_.memory_probe.get());
+        .WithProbe(collaborators_.memory_probe.get());
   }
-  collaborators.WithLedger(config_.ledger, admission::LedgerStep::Writes::kQueued);
-  admission::RecoveryOptions recovery;
-  recovery.max_split_depth = config_.max_split_depth;
+  collaborators.WithLedger(collaborators_.ledger, admission::LedgerStep::Writes::kQueued);
+  admission::RecoveryOptions recovery = config_.recovery;
   recovery.admission.max_microbatches_per_wave = 1;
   recovery.admission.held_until_the_end = held_until_the_end;
   const int64_t step = next_ledger_step_;

@@ -61,14 +61,6 @@ struct ContractSeams {
   bool synchronize_after_all_microbatches = true;
 };
 
-// The trainer's collaborators (TrainerRank::Collaborators, checked).
-struct Collaborators {
-  collectives::Topology topology;
-  int world_rank = 0;
-  std::shared_ptr<collectives::Communicator> tp_cp_group;
-  std::shared_ptr<rng::RankStreams> streams;
-};
-
 // Where a hand-back synchronizes the caller (Note [Hand-back rule]).
 enum class HandBackPoint { kCreate, kMicrobatch, kAllMicrobatches, kCustomObject, kExplicit };
 
@@ -123,6 +115,7 @@ class TrainerCore {
   std::string Where(absl::string_view operation) const;
 
   const TrainerConfig& config() const { return config_; }
+  admission::Ledger* ledger() const { return collaborators_.ledger.get(); }
   const admission::MemoryModel* memory_model() const {
     return config_.memory_model.has_value() ? &*config_.memory_model : nullptr;
   }
@@ -152,10 +145,9 @@ class TrainerCore {
                           Attempt& attempt);
 
   // The TP x CP group when it has other members; nullptr for a group of one, where every
-  // agreement holds without a collective.
+  // agreement holds without a collective (Note [A group of one is no group]).
   collectives::Communicator* Replicas() const {
-    collectives::Communicator* group = collaborators_.tp_cp_group.get();
-    return group != nullptr && group->size() > 1 ? group : nullptr;
+    return collectives::WithOthers(collaborators_.tp_cp_group.get());
   }
 
   TrainerConfig config_;

@@ -1,0 +1,105 @@
+// qualification/negative_controls.h
+//
+// The negative controls qualify offers (`qualify --negative_control NAME`): deliberate bugs of
+// the kinds lockstep exists to prevent, each of which qualify's checks must detect as a failure.
+// They prove the checks can fail. Never use them otherwise.
+//
+//   no-sync              skip RNG synchronization across the TP x CP group
+//   no-sync-after-microbatch
+//                        the trainer oracle's microbatch stream does not synchronize the caller
+//                        after its hand-backs (ForwardAllMicrobatches still does)
+//   no-sync-after-dp-forward
+//                        ForwardAllMicrobatches does not synchronize the caller after it returns
+//                        (the stream still does)
+//   no-restore-on-unwind a model-stream scope left by unwinding (an exception, an early error
+//                        return) does not put the caller's state back
+//   world-sync           synchronize across the whole world instead of each TP x CP group, so
+//                        different DP workers are coupled
+//   unscoped-model-work  run the model's random work on the caller's stream (no model-stream
+//                        scope)
+//   aliasing-snapshot    activation checkpoints save aliases of the live generators instead of
+//                        values (AliasingRngSaver), so recompute does not rewind
+//   shard-local-philox   each rank draws its shard of a partitioned mask as if its shard were the
+//                        whole tensor (local instead of global element indices)
+//   double-counted-retry out-of-memory recovery keeps a failed attempt's gradient contribution
+//                        (a staging that never discards), so a retried microbatch counts twice
+//   staging-replaces     committing a microbatch's staged gradient replaces the accumulated
+//                        gradient instead of adding to it, so every earlier microbatch is lost
+//   input-inside-scope   the trainer oracle's caller materialises its inputs on the model stream
+//   resume-without-named-streams
+//                        the trainer oracle's restart leaves its named streams fresh instead of
+//                        restoring them
+//   nondeterministic-op  one module of the reference model (qualification/variability.h's
+//                        kNondeterministicModule) reduces in an order that changes from call to
+//                        call: floating-point atomics on a GPU, a randomly ordered sum on the CPU
+// Each control is named once here and mapped once onto what it breaks: TrainerSeamsFor maps the
+// trainer's controls onto TrainerRank's contract seams (trainer/internal/trainer_core.h); the
+// others are planted by the check that owns them (the RNG checks, the recompute check, the
+// out-of-memory check, the oracle's caller, the variability checks' reference model). no-sync and
+// unscoped-model-work therefore also switch off the trainer's caller synchronization and its
+// model-stream scope in the trainer oracle.
+//
+// Thread-safety: as the default generators (one thread).
+
+#ifndef LOCKSTEP_QUALIFICATION_NEGATIVE_CONTROLS_H_
+#define LOCKSTEP_QUALIFICATION_NEGATIVE_CONTROLS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "checkpoint/rng_state_saver.h"
+#include "rng/generators.h"
+#include "trainer/internal/contract_seams.h"
+
+namespace lockstep {
+namespace qualification {
+
+enum class NegativeControl {
+  kNone,
+  kNoSync,
+  kWorldSync,
+  kUnscopedModelWork,
+  kAliasingSnapshot,
+  kShardLocalPhilox,
+  kDoubleCountedRetry,
+  kInputInsideScope,
+  kNoSyncAfterMicrobatch,
+  kNoSyncAfterDpForward,
+  kNoRestoreOnUnwind,
+  kStagingReplaces,
+  kResumeWithoutNamedStreams,
+  kNondeterministicOp,
+};
+
+// The command-line name of `control` ("" for kNone).
+std::string NegativeControlName(NegativeControl control);
+// Every control's name, in declaration order, without kNone's.
+std::vector<std::string> NegativeControlNames();
+// The control named `name` ("" or "none": kNone). kInvalidArgument naming the value and the
+// known names otherwise.
+absl::StatusOr<NegativeControl> ParseNegativeControl(absl::string_view name);
+
+// The parts of TrainerRank's contract `control` switches off (everything kept for a control that
+// is not the trainer's).
+trainer::internal::ContractSeams TrainerSeamsFor(NegativeControl control);
+
+// A deliberately wrong checkpoint::RngStateSaver: it "saves" the default CPU and CUDA generators
+// by keeping handles to the live generators instead of copying their values — the aliasing bug
+// of real checkpoint implementations. Its Restore() writes the generators' current state back
+// into themselves, so a recompute does not rewind and draws different masks than the forward.
+class AliasingRngSaver : public checkpoint::RngStateSaver {
+ public:
+  explicit AliasingRngSaver(rng::DefaultGenerators generators) : generators_(generators) {}
+  absl::StatusOr<std::unique_ptr<checkpoint::SavedRngState>> Save() const override;
+
+ private:
+  rng::DefaultGenerators generators_;
+};
+
+}  // namespace qualification
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_QUALIFICATION_NEGATIVE_CONTROLS_H_

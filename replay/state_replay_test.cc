@@ -1,0 +1,171 @@
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "base/file_io.h"
+#include "base/status_testutil.h"
+#include "base/temp_dir.h"
+#include "gtest/gtest.h"
+#include "replay/state_capture.h"
+#include "replay/state_replay.h"
+#include "rng/rank_streams.h"
+#include "torch/optim/adamw.h"
+
+namespace lockstep {
+namespace replay {
+namespace {
+
+// A tiny training state: two weights, a buffer, AdamW after one step, the rank's streams.
+struct TinyState {
+  at::Tensor w, b, running;
+  std::unique_ptr<torch::optim::AdamW> adam;
+  std::shared_ptr<rng::RankStreams> streams;
+
+  TinyState() {
+    at::manual_seed(7);
+    w = at::randn({3, 4}).requires_grad_();
+    b = at::zeros({4}).requires_grad_();
+    running = at::arange(4, at::kFloat);
+    adam = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{w, b},
+                                                 torch::optim::AdamWOptions(1e-2));
+    streams = rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()).value();
+  }
+  void Step() {
+    adam->zero_grad();
+    (at::matmul(at::randn({2, 3}), w) + b).pow(2).sum().backward();
+    adam->step();
+  }
+  CaptureComponents Components(int64_t position) const {
+    CaptureComponents c;
+    c.weights = {{"w", w}, {"b", b}, {"running", running}};
+    c.optimizer = adam.get();
+    c.streams = streams.get();
+    c.data_position = position;
+    c.absent["ledger"] = "the test keeps no ledger";
+    return c;
+  }
+};
+
+class StateReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = std::make_unique<TempDir>(TempDir::Make("replay").value()); }
+  std::string Root(const std::string& name) const { return dir_->path() + "/" + name; }
+  std::unique_ptr<TempDir> dir_;
+};
+
+TEST_F(StateReplayTest, CapturesEveryComponentInCaptureOrder) {
+  TinyState s;
+  s.Step();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadedCapture c,
+                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0)));
+  std::vector<std::string> names;
+  for (const auto& entry : c.state.entries()) names.push_back(entry.name);
+  ASSERT_GE(names.size(), 11u);
+  EXPECT_EQ(names.front(), "data/position");
+  EXPECT_EQ(names[1], "rng/caller/cpu");
+  EXPECT_NE(std::find(names.begin(), names.end(), "optimizer/w/exp_avg_sq"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "optimizer/b/step"), names.end());
+  EXPECT_EQ(names[names.size() - 2], "gradients/w");
+  EXPECT_EQ(names.back(), "gradients/b");
+  EXPECT_EQ(c.index["components"]["ledger"]["reason"], "the test keeps no ledger");
+  EXPECT_EQ(c.index["no_gradient"], nlohmann::json::array({"running"}));
+  // Never overwritten.
+  EXPECT_EQ(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(StateReplayTest, AComponentLeftOutNeedsAReason) {
+  TinyState s;
+  CaptureComponents c = s.Components(0);
+  c.absent.clear();
+  const absl::Status missing = WriteStateCapture(Root("a"), 0, 0, 1, c);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(missing.message()).find("'ledger' is missing without a reason"),
+            std::string::npos)
+      << missing;
+  c.absent["optimizer"] = "but it is given";
+  c.absent["ledger"] = "none";
+  EXPECT_EQ(WriteStateCapture(Root("b"), 0, 0, 1, c).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteStateCapture(Root("c"), 0, 2, 2, s.Components(0)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(StateReplayTest, TheSameStateMatchesAndTheFirstDifferingByteIsNamed) {
+  TinyState s;
+  s.Step();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("b"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison same, CompareRuns(Root("a"), Root("b"), 1, 1, 1));
+  EXPECT_FALSE(same.first.has_value());
+  EXPECT_EQ(same.captures, 1);
+
+  // Element 6 of w (row 1, column 2) changed by one ulp: byte 24 of its data.
+  s.w.detach().view({-1})[6].copy_(
+      at::nextafter(s.w.detach().view({-1})[6], at::scalar_tensor(1e9)));
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("c"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison differ, CompareRuns(Root("a"), Root("c"), 1, 1, 1));
+  ASSERT_TRUE(differ.first.has_value());
+  EXPECT_EQ(differ.first->path, "weights/w");
+  EXPECT_EQ(differ.first->kind, "bytes");
+  EXPECT_EQ(differ.first->byte_offset, 24);
+  EXPECT_EQ(differ.first->element_index, 6);
+  EXPECT_EQ(differ.first->differing_elements, 1);
+  EXPECT_EQ(differ.first->differing_paths, std::vector<std::string>{"weights/w"});
+  EXPECT_NE(differ.first->a_value, differ.first->b_value);
+}
+
+TEST_F(StateReplayTest, AnRngStreamThatMovedIsNamedBeforeTheWeights) {
+  TinyState s;
+  s.Step();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  at::randn({1});  // the caller's CPU generator moves on
+  s.w.detach().add_(1);
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("b"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison c, CompareRuns(Root("a"), Root("b"), 1, 1, 1));
+  ASSERT_TRUE(c.first.has_value());
+  EXPECT_EQ(c.first->path, "rng/caller/cpu");
+  EXPECT_EQ(c.first->differing_paths, (std::vector<std::string>{"rng/caller/cpu", "weights/w"}));
+}
+
+TEST_F(StateReplayTest, PartialOrDamagedOrMissingEvidenceIsRefused) {
+  TinyState s;
+  s.Step();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("b"), 1, 0, 1, s.Components(1)));
+  const std::string b = CaptureDirectory(Root("b"), 1, 0);
+  // Truncated state file.
+  const std::string state = ReadFileToString(b + "/state.safetensors", 1 << 20).value();
+  LOCKSTEP_ASSERT_OK(WriteFileAtomically(b + "/state.safetensors", state.substr(0, 100)));
+  EXPECT_EQ(CompareRuns(Root("a"), Root("b"), 1, 1, 1).status().code(),
+            absl::StatusCode::kDataLoss);
+  // A rank that did not complete.
+  LOCKSTEP_ASSERT_OK(WriteFileAtomically(b + "/state.safetensors", state));
+  ASSERT_EQ(std::remove((b + "/complete.json").c_str()), 0);
+  const absl::Status partial = CompareRuns(Root("a"), Root("b"), 1, 1, 1).status();
+  EXPECT_EQ(partial.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(partial.message()).find("partial"), std::string::npos) << partial;
+  // A step never captured.
+  EXPECT_EQ(CompareRuns(Root("a"), Root("a"), 1, 2, 1).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST_F(StateReplayTest, CapturesOfIncompatibleRunsAreRefused) {
+  TinyState s;
+  s.Step();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadedCapture a,
+                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0)));
+  LoadedCapture b = a;
+  b.index["context"]["stable"]["lockstep_commit"] = "another-build";
+  const absl::Status s2 = CompareCaptures(a, b).status();
+  EXPECT_EQ(s2.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(s2.message()).find("lockstep_commit"), std::string::npos) << s2;
+}
+
+}  // namespace
+}  // namespace replay
+}  // namespace lockstep
