@@ -101,6 +101,11 @@ std::vector<planner::Sequence> Batch(int step, int forward, int dp_index) {
 
 // Trains steps [first_step, kSteps). With `save_dir`, saves the state (RNG streams included)
 // after step 0; with `load_dir`, loads a saved state first.
+//
+// Long on purpose: this is the training program the oracle proves, written top to bottom as a
+// user's loop reads (streams, model, trainer, head, optimizer, then per step: inputs, forward,
+// hand-back checks, backward, reduction, update, save), so that the controls planted in it sit
+// where a user's bug would; its lambdas share the one RunRecord they fill.
 absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
                                 const std::string& save_dir = "",
                                 const std::string& load_dir = "") {
@@ -363,6 +368,8 @@ OracleCheck Check(std::string name, bool passed, std::string detail) {
 
 }  // namespace
 
+// Long on purpose: the runs (split, resumed, the unsplit reference) and then every check over
+// them, in the order the header lists the checks, each one's verdict and detail side by side.
 absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
                                                           const Topology& topology,
                                                           NegativeControl control,

@@ -241,6 +241,9 @@ absl::Status SaveAll(trainer::TrainerRank& trainer, const std::string& dir, int 
   return trainer.SaveState(absl::StrCat(dir, "/rank", rank), named, &adam, options);
 }
 
+// The whole program, one numbered step after another as the file's top comment lists them:
+// long on purpose, so that a newcomer reads it from top to bottom without jumping between
+// helpers (the helpers above are the parts that are not lockstep's).
 absl::Status Train() {
   const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
   if (!cuda && absl::GetFlag(FLAGS_device) != "cpu") {

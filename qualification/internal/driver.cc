@@ -1,6 +1,7 @@
 #include "qualification/qualification.h"
 
 #include "qualification/internal/checks.h"
+#include "qualification/internal/reports.h"
 
 #include <ftw.h>
 #include <sys/stat.h>
@@ -60,136 +61,6 @@ namespace {
 using collectives::Communicator;
 using collectives::Topology;
 using nlohmann::json;
-
-// Note [Reports across nodes]: a worker's report is a file in its node's job directory. When the
-// world spans nodes, every rank also puts its report in the rendezvous store and rank 0 (node 0)
-// writes them all into its directory, so node 0's qualify sees every rank. A rank whose report
-// never comes is named by the driver ("wrote no report").
-void GatherReports(collectives::Rendezvous& rendezvous, const json& report,
-                   const std::string& prefix) {
-  auto key = [](int r) { return absl::StrCat("qualify/report/", r); };
-  if (!rendezvous.Set(key(rendezvous.rank()), DumpJson(report)).ok() || rendezvous.rank() != 0) {
-    return;
-  }
-  // One deadline for all of them (not a timeout per missing rank): a lost node's ranks must not
-  // keep rank 0 past the job's deadline.
-  const absl::Time deadline = absl::Now() + rendezvous.timeout();
-  std::vector<bool> written(rendezvous.world_size(), false);
-  written[0] = true;
-  for (int left = rendezvous.world_size() - 1; left > 0 && absl::Now() < deadline;) {
-    for (int r = 1; r < rendezvous.world_size(); ++r) {
-      if (written[r]) continue;
-      absl::StatusOr<bool> there = rendezvous.Check(key(r));
-      if (!there.ok()) return;  // the store itself is gone
-      if (!*there) continue;
-      absl::StatusOr<std::string> other = rendezvous.Get(key(r));
-      if (other.ok()) {
-        const std::string path = absl::StrCat(prefix, r, ".json");
-        if (absl::Status s = WriteFileAtomically(path, *other, WriteOptions{/*durable=*/false});
-            !s.ok()) {
-          LOCKSTEP_LOG(ERROR) << "qualify: rank " << r << "'s report: " << s;
-        }
-      }
-      written[r] = true;
-      --left;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-}
-
-// The largest report a rank writes: its checks' details and evidence, far below this.
-constexpr size_t kMaxReportBytes = size_t{64} << 20;
-
-// The report at `path`, or a non-object when there is none or it is not one (a rank stopped
-// before writing leaves none; reports are written whole, so a part is never seen).
-json ReadReport(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path, kMaxReportBytes);
-  if (!text.ok()) return json();
-  absl::StatusOr<json> report = ParseJson(*text, path);
-  return report.ok() ? *std::move(report) : json();
-}
-
-// The reports `prefix`<r>.json of ranks 0..world-1; an empty object (and an error naming it)
-// for a rank whose report is missing or unreadable.
-std::vector<json> ReadReports(const std::string& prefix, int world,
-                              std::vector<std::string>& errors) {
-  std::vector<json> reports;
-  for (int r = 0; r < world; ++r) {
-    json report = ReadReport(absl::StrCat(prefix, r, ".json"));
-    if (!report.is_object()) {
-      errors.push_back(absl::StrCat("rank ", r, " wrote no report"));
-      report = json::object();
-    }
-    reports.push_back(std::move(report));
-  }
-  return reports;
-}
-
-// Launches this node's processes of the second actor (on every node: the round's port is the
-// job's port + 1, so that none of them can meet the first round's store); each compares its
-// rank's two actors (CheckSecondActor). Returns why the round failed, or "".
-std::string LaunchSecondActor(launch::LaunchOptions launch, const std::string& dir) {
-  launch.command.push_back("--actor_round");
-  if (launch.master_port != 0) ++launch.master_port;
-  const std::string log_path = dir + "/workers.actor_b.log";
-  FILE* log = std::fopen(log_path.c_str(), "w");
-  std::string failure;
-  if (log == nullptr) {
-    failure = absl::StrCat(log_path, ": ", std::strerror(errno));
-  } else {
-    launch.output_fd = fileno(log);
-    absl::StatusOr<launch::LaunchResult> second = launch::Launch(launch);
-    std::fclose(log);
-    if (!second.ok()) {
-      failure = absl::StrCat("the second actor did not start: ", second.status().message());
-    } else if (second->exit_code != 0) {
-      failure = absl::StrCat("the second actor's processes failed: ", second->summary,
-                             " (output in ", log_path, ")");
-    }
-  }
-  return failure;
-}
-
-// What this node's ranks [first, first + count) said went wrong, from their reports in `dir`
-// (the main round's, then the actors' round's): "rank R: error" lines. A node other than 0 prints
-// them, so that its own output names the cause (a peer gone, the store unreachable) when node
-// 0's table cannot be seen from it.
-std::vector<std::string> NodeErrors(const std::string& dir, int first, int count) {
-  std::vector<std::string> lines;
-  const std::pair<const char*, const char*> rounds[] = {{"/rank", ""},
-                                                        {"/actors.rank", "second actor, "}};
-  for (const auto& [prefix, label] : rounds) {
-    for (int r = first; r < first + count; ++r) {
-      const json report = ReadReport(absl::StrCat(dir, prefix, r, ".json"));
-      if (report.is_object() && report.contains("error") && report["error"].is_string()) {
-        lines.push_back(absl::StrCat(label, "rank ", r, ": ", report["error"].get<std::string>()));
-      }
-    }
-  }
-  return lines;
-}
-
-// The "actors" check's entries, one per rank, from the second round's reports (or why a rank
-// has none: its error, the round's `failure`, or no report).
-std::vector<json> ActorsEntries(const std::string& dir, int world, const std::string& failure) {
-  std::vector<std::string> missing;
-  const std::vector<json> reports = ReadReports(dir + "/actors.rank", world, missing);
-  std::vector<json> entries;
-  for (int r = 0; r < world; ++r) {
-    json entry = {{"name", "actors"}, {"rank", r}, {"passed", false}};
-    const json& report = reports[r];
-    if (report.contains("checks") && report["checks"].is_array() && !report["checks"].empty()) {
-      entry = report["checks"][0];
-      entry["rank"] = r;
-    } else if (report.contains("error") && report["error"].is_string()) {
-      entry["detail"] = report["error"].get<std::string>();
-    } else {
-      entry["detail"] = !failure.empty() ? failure : absl::StrCat("rank ", r, " wrote no report");
-    }
-    entries.push_back(std::move(entry));
-  }
-  return entries;
-}
 
 }  // namespace
 
@@ -410,7 +281,7 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   const char* per_node = std::getenv("LOCAL_WORLD_SIZE");
   if (rendezvous != nullptr && per_node != nullptr &&
       std::atoi(per_node) < rendezvous->world_size()) {
-    GatherReports(*rendezvous, report, prefix);
+    internal::GatherReports(*rendezvous, report, prefix);
   }
   if (!status.ok()) {
     LOCKSTEP_LOG(ERROR) << "qualify worker: " << status;
@@ -424,7 +295,7 @@ namespace {
 // Removes the job's directory: reports, ledgers, the actors' state and evidence (best effort).
 // POSIX calls, not std::filesystem::remove_all, which crashed a process on the GPU machine's host
 // (collectives/internal/host_lane_test.cc says more).
-void RemoveDirectory(const std::string& dir, int) {
+void RemoveDirectory(const std::string& dir) {
   nftw(
       dir.c_str(),
       [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path), 0; }, 16,
@@ -476,14 +347,44 @@ absl::Status CheckRunnable(const QualifyOptions& options) {
 
 }  // namespace
 
-absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out) {
-  LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyOptions(options));
-  LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyMachine(
-      options, static_cast<int>(std::thread::hardware_concurrency()), AvailableMemory()));
-  const int world = options.dp * options.tp * options.cp;
-  LOCKSTEP_RETURN_IF_ERROR(CheckRunnable(options));
+namespace {
+
+// The job's working directory: the workers' reports and output. Removed when it goes out of
+// scope, unless Keep() was called because something in it needs looking into.
+class JobDirectory {
+ public:
+  static absl::StatusOr<JobDirectory> Make() {
+    std::string dir = absl::StrCat(TempDir::Root(), "/qualify.XXXXXX");
+    if (mkdtemp(dir.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp ", dir, ": ", std::strerror(errno)));
+    }
+    return JobDirectory(std::move(dir));
+  }
+  JobDirectory(JobDirectory&& other) noexcept : path_(std::move(other.path_)) {
+    other.path_.clear();
+  }
+  JobDirectory& operator=(JobDirectory&&) = delete;
+  ~JobDirectory() {
+    if (!path_.empty()) RemoveDirectory(path_);
+  }
+
+  const std::string& path() const { return path_; }
+  // Leaves the directory in place for the reader; returns its path.
+  const std::string& Keep() {
+    kept_ = path_;
+    path_.clear();
+    return kept_;
+  }
+
+ private:
+  explicit JobDirectory(std::string path) : path_(std::move(path)) {}
+  std::string path_, kept_;
+};
+
+// Refuses, before the job runs and creating nothing under the evidence's name, outputs that
+// could not be written after it.
+absl::Status CheckOutputs(const QualifyOptions& options) {
   if (!options.evidence_path.empty()) {
-    // Fail before the job runs, not after it, creating nothing under the evidence's name.
     if (absl::Status s = CheckWritable(options.evidence_path); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cannot write the evidence file '",
                                                      options.evidence_path, "': ", s.message()));
@@ -498,25 +399,19 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                                                      error ? ": " + error.message() : ""));
     }
   }
-  std::string dir = absl::StrCat(TempDir::Root(), "/qualify.XXXXXX");
-  if (mkdtemp(dir.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", dir, ": ", std::strerror(errno)));
-  }
-  const std::string log_path = absl::StrCat(dir, "/workers.log");
-  FILE* log = std::fopen(log_path.c_str(), "w");
-  if (log == nullptr) {
-    const absl::Status error =
-        absl::InternalError(absl::StrCat(log_path, ": ", std::strerror(errno)));
-    RemoveDirectory(dir, world);
-    return error;
-  }
+  return absl::OkStatus();
+}
+
+// This node's launch of the workers, their output into `output_fd`.
+launch::LaunchOptions WorkerLaunch(const QualifyOptions& options, const std::string& dir,
+                                   int output_fd) {
   launch::LaunchOptions launch;
-  launch.nproc = world / options.nnodes;  // this node's ranks
+  launch.nproc = options.dp * options.tp * options.cp / options.nnodes;  // this node's ranks
   launch.nnodes = options.nnodes;
   launch.node_rank = options.node_rank;
   launch.master_addr = options.master_addr;
   launch.master_port = options.master_port;
-  launch.output_fd = fileno(log);
+  launch.output_fd = output_fd;
   launch.deadline = options.deadline.value_or(DefaultDeadline(options.timeout));
   launch.command = {options.executable,
                     "--worker",
@@ -529,16 +424,20 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
                     absl::StrCat("--inject_oom=", options.inject_oom),
                     absl::StrCat("--device=", options.device)};
   if (options.deterministic) launch.command.push_back("--deterministic");
-  const std::string topology =
-      absl::StrCat("DP", options.dp, " x TP", options.tp, " x CP", options.cp);
-  const bool node_zero = options.node_rank == 0;
+  return launch;
+}
+
+// qualify's first line: the topology, where its processes run, the transport and the control.
+void PrintJob(const QualifyOptions& options, int nproc, std::ostream& out) {
+  const int world = options.dp * options.tp * options.cp;
   const std::string where =
       options.nnodes == 1
           ? absl::StrCat(world, " local processes")
           : absl::StrCat(world, " processes on ", options.nnodes, " nodes; this is node ",
-                         options.node_rank, ", ranks ", options.node_rank * launch.nproc, "..",
-                         (options.node_rank + 1) * launch.nproc - 1);
-  out << "qualify: " << topology << " (" << where
+                         options.node_rank, ", ranks ", options.node_rank * nproc, "..",
+                         (options.node_rank + 1) * nproc - 1);
+  out << "qualify: DP" << options.dp << " x TP" << options.tp << " x CP" << options.cp << " ("
+      << where
       << (options.device == "cuda"
               ? "; the trainer oracle on CUDA, over NCCL when there is a GPU per rank, else Gloo"
               : " over Gloo")
@@ -547,132 +446,89 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
               ? ""
               : "  negative control: " + NegativeControlName(options.control))
       << std::endl;
+}
+
+// A node other than 0 ran its ranks (and its actors' round): it says how they ended and the
+// errors its ranks reported, and leaves the table and the verdict to node 0 (Note [Reports
+// across nodes]). Whether its ranks ran.
+bool FinishOtherNode(const QualifyOptions& options, const launch::LaunchOptions& launch,
+                     const launch::LaunchResult& launched, JobDirectory& dir, std::ostream& out) {
+  std::string second_failure;
+  if (launched.exit_code == 0) second_failure = internal::LaunchSecondActor(launch, dir.path());
+  const bool ran = launched.exit_code == 0 && second_failure.empty();
+  out << "node " << options.node_rank << ": " << launched.summary
+      << (second_failure.empty() ? "" : "; " + second_failure)
+      << "; the table, the verdict and the evidence are node 0's\n";
+  for (const std::string& line :
+       internal::NodeErrors(dir.path(), options.node_rank * launch.nproc, launch.nproc)) {
+    out << "error: " << line << "\n";
+  }
+  if (!ran) out << "worker output: " << dir.Keep() << "\n";
+  return ran;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out) {
+  LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyOptions(options));
+  LOCKSTEP_RETURN_IF_ERROR(ValidateQualifyMachine(
+      options, static_cast<int>(std::thread::hardware_concurrency()), AvailableMemory()));
+  const int world = options.dp * options.tp * options.cp;
+  LOCKSTEP_RETURN_IF_ERROR(CheckRunnable(options));
+  LOCKSTEP_RETURN_IF_ERROR(CheckOutputs(options));
+  LOCKSTEP_ASSIGN_OR_RETURN(JobDirectory dir, JobDirectory::Make());
+  const std::string log_path = absl::StrCat(dir.path(), "/workers.log");
+  FILE* log = std::fopen(log_path.c_str(), "w");
+  if (log == nullptr)
+    return absl::InternalError(absl::StrCat(log_path, ": ", std::strerror(errno)));
+  const launch::LaunchOptions launch = WorkerLaunch(options, dir.path(), fileno(log));
+  PrintJob(options, launch.nproc, out);
   // Named before anything runs, so that a qualify killed outright has said where its workers'
   // output is; removed at the end when there is nothing in it to look into.
-  out << "working directory: " << dir << " (removed at the end unless something fails)"
+  out << "working directory: " << dir.path() << " (removed at the end unless something fails)"
       << std::endl;
   LOCKSTEP_VLOG(1) << "qualify: launching " << world << " workers; their output goes to "
                    << log_path;
   absl::StatusOr<launch::LaunchResult> launched = launch::Launch(launch);
   std::fclose(log);
-  if (launched.ok()) LOCKSTEP_VLOG(1) << "qualify: workers done: " << launched->summary;
-  if (!launched.ok()) {
-    RemoveDirectory(dir, world);
-    return launched.status();
-  }
+  if (!launched.ok()) return launched.status();
+  LOCKSTEP_VLOG(1) << "qualify: workers done: " << launched->summary;
+  if (options.node_rank != 0) return FinishOtherNode(options, launch, *launched, dir, out);
 
-  // check name -> per-rank (passed, detail)
-  std::vector<std::string> order;
-  std::map<std::string, std::vector<json>> per_check;
-  std::vector<std::string> errors;
-  std::string transport = "unknown";
-  json hosts = json::array();
-  const std::vector<json> reports =
-      node_zero ? ReadReports(dir + "/rank", world, errors) : std::vector<json>();
-  for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
-    const json& report = reports[r];
-    hosts.push_back(report.value("host", "?"));
-    if (report.empty()) continue;
-    if (r == 0 && report.contains("transport") && report["transport"].is_string()) {
-      transport = report["transport"].get<std::string>();
-    }
-    if (report.contains("error") && report["error"].is_string()) {
-      errors.push_back(absl::StrCat("rank ", r, ": ", report["error"].get<std::string>()));
-    }
-    for (const json& check : report.value("checks", json::array())) {
-      if (!check.is_object() || !check.contains("name") || !check["name"].is_string()) continue;
-      const std::string name = check["name"];
-      if (!per_check.count(name)) order.push_back(name);
-      json entry = check;
-      entry["rank"] = r;
-      per_check[name].push_back(entry);
-    }
-  }
-
+  std::vector<std::string> missing;
+  const std::vector<json> reports = internal::ReadReports(dir.path() + "/rank", world, missing);
+  internal::CollectedChecks checks = internal::CollectChecks(reports, std::move(missing));
   // The actors check: a second round of processes, once the first saved the state they load
   // (on every node; node 0 reads every rank's result).
-  std::string second_failure;
-  if (!node_zero && launched->exit_code == 0) {
-    second_failure = LaunchSecondActor(launch, dir);
-  } else if (errors.empty() && launched->exit_code == 0 && per_check.count("repeatability")) {
-    second_failure = LaunchSecondActor(launch, dir);
-    per_check["actors"] = ActorsEntries(dir, world, second_failure);
-    order.insert(std::find(order.begin(), order.end(), "repeatability") + 1, "actors");
+  if (checks.errors.empty() && launched->exit_code == 0 &&
+      checks.per_check.count("repeatability")) {
+    const std::string failure = internal::LaunchSecondActor(launch, dir.path());
+    checks.per_check["actors"] = internal::ActorsEntries(dir.path(), world, failure);
+    checks.order.insert(std::find(checks.order.begin(), checks.order.end(), "repeatability") + 1,
+                        "actors");
   }
-  if (!node_zero) {
-    // Note [Reports across nodes]: node 0's qualify holds every rank's report and the verdict.
-    const bool ran = launched->exit_code == 0 && second_failure.empty();
-    out << "node " << options.node_rank << ": " << launched->summary
-        << (second_failure.empty() ? "" : "; " + second_failure)
-        << "; the table, the verdict and the evidence are node 0's\n";
-    for (const std::string& line :
-         NodeErrors(dir, options.node_rank * launch.nproc, launch.nproc)) {
-      out << "error: " << line << "\n";
-    }
-    if (ran)
-      RemoveDirectory(dir, world);
-    else
-      out << "worker output: " << dir << "\n";
-    return ran;
-  }
-
-  out << "transport: " << transport << "\n\n"
-      << absl::StrFormat("%-24s %-6s %-7s %s\n", "check", "result", "ranks", "detail (rank 0)");
-  bool all_passed = errors.empty() && launched->exit_code == 0 && !order.empty();
-  json evidence;
-  evidence["topology"] = {{"dp", options.dp},
-                          {"tp", options.tp},
-                          {"cp", options.cp},
-                          {"world", world},
-                          {"nnodes", options.nnodes}};
-  evidence["hosts"] = hosts;  // rank r's host name
-  evidence["negative_control"] = NegativeControlName(options.control);
-  evidence["device"] = options.device;
-  evidence["transport"] = transport;
-  evidence["context"] = numerics::CaptureExecutionContext(
-      {{"topology", topology}, {"negative_control", NegativeControlName(options.control)}});
-  for (const std::string& name : order) {
-    int passed = 0;
-    for (const json& e : per_check[name]) passed += e.value("passed", false) ? 1 : 0;
-    const bool ok = passed == world;
-    all_passed = all_passed && ok;
-    out << absl::StrFormat("%-24s %-6s %d/%-5d %s\n", name, ok ? "PASS" : "FAIL", passed, world,
-                           per_check[name][0].value("detail", std::string()));
-    evidence["checks"].push_back({{"name", name}, {"passed", ok}, {"ranks", per_check[name]}});
-  }
-  for (const std::string& e : errors) out << "error: " << e << "\n";
-  if (launched->exit_code != 0) {
-    out << "launch: " << launched->summary << " (worker output in " << log_path << ")\n";
-  }
-  if (!launched->stalled_ranks.empty()) {
-    evidence["stalled_ranks"] = launched->stalled_ranks;
-  }
-  evidence["errors"] = errors;
-  evidence["passed"] = all_passed;
-  out << "\n" << (all_passed ? "PASS" : "FAIL") << ": " << topology << "\n";
+  const json evidence = internal::TableAndEvidence(options, checks, *launched, log_path, out);
+  const bool all_passed = evidence["passed"].get<bool>();
   if (!options.evidence_path.empty()) {
     // The previous evidence stays whole until the new one is complete (file_io.h).
     if (absl::Status s = WriteFileAtomically(options.evidence_path, DumpJson(evidence, 2) + "\n");
         !s.ok()) {
       return absl::InternalError(absl::StrCat("cannot write the evidence file: ", s.message(),
-                                              " (per-rank reports and worker output kept in ", dir,
-                                              ")"));
+                                              " (per-rank reports and worker output kept in ",
+                                              dir.Keep(), ")"));
     }
     out << "evidence: " << options.evidence_path << "\n";
   }
   if (!options.report_dir.empty()) {
     if (absl::Status s = WriteReport(evidence, options.report_dir); !s.ok()) {
-      return absl::InternalError(absl::StrCat(
-          "the report: ", s.message(), " (per-rank reports and worker output kept in ", dir, ")"));
+      return absl::InternalError(absl::StrCat("the report: ", s.message(),
+                                              " (per-rank reports and worker output kept in ",
+                                              dir.Keep(), ")"));
     }
     out << "report: " << options.report_dir << "/index.html\n";
   }
-  if (all_passed) {
-    // Keep the per-rank reports and worker log only when something needs looking into.
-    RemoveDirectory(dir, world);
-  } else {
-    out << "per-rank reports and worker output: " << dir << "\n";
-  }
+  // Keep the per-rank reports and worker log only when something needs looking into.
+  if (!all_passed) out << "per-rank reports and worker output: " << dir.Keep() << "\n";
   return all_passed;
 }
 
