@@ -1,4 +1,6 @@
-// numerics/op_recorder.cc: the operator recorder (op_recorder.h).
+// numerics/op_recorder.cc: the operator recorder (op_recorder.h): its dispatcher callbacks and
+// the recording's lifecycle. How a call's values are captured and digested is
+// internal/op_capture.cc's.
 //
 // Note [RecordFunction and NDEBUG]
 // LibTorch is built with NDEBUG, this file may not be. Without NDEBUG, RecordFunction::inputs()
@@ -17,13 +19,12 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -32,8 +33,6 @@
 #include "ATen/core/function_schema.h"
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
@@ -41,8 +40,8 @@
 #include "nlohmann/json.hpp"
 #include "numerics/digest.h"
 #include "numerics/internal/chunk_hash_device.h"
+#include "numerics/internal/op_capture.h"
 #include "numerics/internal/summary_partials.h"
-#include "numerics/safetensors.h"
 
 namespace lockstep {
 namespace numerics {
@@ -51,59 +50,11 @@ using json = nlohmann::json;
 
 namespace {
 
-// A tensor value's digest as captured (Note [Deferred digests]): of a CPU tensor computed at
-// once; of a device tensor its chunk hashes enqueued on the device, the digest completed at the
-// flush. An output also keeps its summary: sum and max |x| in double, on its device.
-struct Kept {
-  bool digested = false;  // the value is a tensor whose contents are digested
-  Digest128 digest;
-  at::Tensor hashes;  // a device tensor's pending chunk hashes
-  std::string dtype;
-  std::vector<int64_t> shape;
-  uint64_t num_bytes = 0;
-  at::Tensor summary;  // a device output's pending summary partials (chunk_hash_device.h)
-  std::optional<std::pair<double, double>> figures;  // an output's sum and max |x|, once known
-};
-
-// A value as captured.
-struct Captured {
-  OperatorValue value;
-  Kept kept;
-};
-
-// What a call does with a tensor value, from its schema (Note [Unwritten storage]).
-enum class Role {
-  kRead,        // an input the call reads
-  kViewed,      // an input a returned view aliases (Tensor(a)): not read by a view
-  kWritten,     // an input the call writes in place (Tensor(a!)), out= arguments aside
-  kOut,         // an out= argument
-  kOutput,      // an output
-  kViewOutput,  // an output aliasing an input without writing it (Tensor(a)): a view
-};
-
-// A tensor's storage as a call used it (Note [Unwritten storage]).
-struct StorageUse {
-  const void* storage = nullptr;
-  Role role = Role::kRead;
-  bool whole = false;  // the tensor covers every byte of its storage
-};
-
-// A call's schema facts, by argument and return position.
-struct SchemaFacts {
-  bool known = false;  // the call has a schema (autograd's own records, "detach", do not)
-  std::vector<Role> arguments;
-  std::vector<Role> returns;
-};
-
-struct Pending {
-  OperatorRecord record;
-  std::vector<Kept> input_kept;  // parallel to record.inputs
-  std::vector<Kept> output_kept;
-  std::vector<StorageUse> input_storages;  // of the inputs' tensors
-  bool known_schema = false;
-  std::optional<c10::Device> input_device;  // an input tensor's, other than the CPU
-  bool done = false;
-};
+using internal::Kept;
+using internal::LeavesUninitialized;
+using internal::MovesStorage;
+using internal::Role;
+using internal::StorageUse;
 
 // Note [Unwritten storage]
 // Memory from a caching allocator holds whatever was there: a digest of it would be taken for
@@ -127,19 +78,22 @@ struct Pending {
 // like any output on an unwritten storage of set_, is digested by structure. Entries are weak
 // references: a freed storage's address cannot be reused while it is listed.
 
-// Operators whose output's contents are not written yet (Note [Unwritten storage]).
-bool LeavesUninitialized(absl::string_view op) {
-  return op == "aten::empty" || op == "aten::empty_like" || op == "aten::empty_strided" ||
-         op == "aten::new_empty" || op == "aten::new_empty_strided" || op == "aten::resize_" ||
-         op == "aten::resize_as_";
-}
+// A call's schema facts, by argument and return position.
+struct SchemaFacts {
+  bool known = false;  // the call has a schema (autograd's own records, "detach", do not)
+  std::vector<Role> arguments;
+  std::vector<Role> returns;
+};
 
-// aten::set_ neither reads nor writes contents: it moves a tensor onto a storage.
-bool MovesStorage(absl::string_view op) { return op == "aten::set_"; }
-
-const void* StorageKey(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
-}
+struct Pending {
+  OperatorRecord record;
+  std::vector<Kept> input_kept;  // parallel to record.inputs
+  std::vector<Kept> output_kept;
+  std::vector<StorageUse> input_storages;  // of the inputs' tensors
+  bool known_schema = false;
+  std::optional<c10::Device> input_device;  // an input tensor's, other than the CPU
+  bool done = false;
+};
 
 }  // namespace
 
@@ -156,15 +110,8 @@ struct OperatorRecorder::State {
   int64_t next_index = 0;
   int64_t completed_unwritten = 0;
   std::map<int64_t, Pending> pending;
-  // Note [Unwritten storage]: storages no operator has written since they were allocated, held
-  // weakly so that a freed one's address is not taken by another storage while it is listed.
-  std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> unwritten;
+  internal::UnwrittenStorages unwritten;  // Note [Unwritten storage]
   absl::Status status;
-
-  bool Unwritten(const void* storage) const {
-    auto it = unwritten.find(storage);
-    return it != unwritten.end() && !it->second.expired();
-  }
 
   void KeepError(const absl::Status& s) {
     if (status.ok() && !s.ok()) status = s;
@@ -172,14 +119,6 @@ struct OperatorRecorder::State {
   // Computes the digests of the completed calls, in index order, and writes them.
   // `all`: every completed call, not only those before the first open one. Holds mu.
   absl::Status FlushLocked(bool all);
-  // The value of `v` and, for a tensor, its digest (pending on a device). Holds mu.
-  Captured Capture(const c10::IValue& v, int arg, int item, Role role, absl::string_view op,
-                   std::vector<StorageUse>* storages);
-  // `roles[i]`: what the call does with value i (kRead, or kOutput for outputs, past the end).
-  void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
-                  const std::vector<Role>& roles, absl::string_view op,
-                  std::vector<OperatorValue>* out, std::vector<Kept>* kept,
-                  std::vector<StorageUse>* storages);
 };
 
 namespace {
@@ -204,180 +143,6 @@ struct CallContext : public at::ObserverContext {
   std::shared_ptr<OperatorRecorder::State> state;
   int64_t index = 0;
 };
-
-std::string ScalarText(const c10::IValue& v) {
-  if (v.isDouble()) return absl::StrFormat("%.17g", v.toDouble());
-  if (v.isInt()) return absl::StrCat(v.toInt());
-  if (v.isBool()) return v.toBool() ? "true" : "false";
-  if (v.isString()) return v.toStringRef();
-  if (v.isIntList()) return absl::StrCat("[", absl::StrJoin(v.toIntVector(), ","), "]");
-  if (v.isDoubleList()) {
-    std::vector<std::string> parts;
-    for (double d : v.toDoubleVector()) parts.push_back(absl::StrFormat("%.17g", d));
-    return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
-  }
-  if (v.isBoolList()) {
-    std::vector<std::string> parts;
-    for (bool b : v.toBoolList()) parts.push_back(b ? "true" : "false");
-    return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
-  }
-  return "";
-}
-
-bool IsScalarLike(const c10::IValue& v) {
-  return v.isDouble() || v.isInt() || v.isBool() || v.isString() || v.isIntList() ||
-         v.isDoubleList() || v.isBoolList();
-}
-
-// An output's figures through ATen, [sum, max |x|] in double on its device: the sum in double is
-// what tells two nearly equal outputs apart; max |x| is read once from the tensor where its dtype
-// has an infinity norm (not float8's). A CUDA tensor's come from the summary kernel instead (one
-// read of its bytes, no converted copy), but for a dtype that kernel does not read.
-at::Tensor Summary(const at::Tensor& t) {
-  const at::TensorOptions doubles = t.options().dtype(at::kDouble);
-  if (t.numel() == 0) return at::zeros({2}, doubles);
-  const at::Tensor d = t.to(at::kDouble);
-  const at::ScalarType type = t.scalar_type();
-  const bool has_norm =
-      type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
-  const at::Tensor max_abs =
-      has_norm ? at::linalg_vector_norm(t, INFINITY).to(at::kDouble) : d.abs().max();
-  return at::stack({d.sum(), max_abs});
-}
-
-}  // namespace
-
-Captured OperatorRecorder::State::Capture(const c10::IValue& v, int arg, int item, Role role,
-                                          absl::string_view op, std::vector<StorageUse>* storages) {
-  Captured c;
-  c.value.arg = arg;
-  c.value.item = item;
-  if (v.isNone()) {
-    c.value.kind = "none";
-    return c;
-  }
-  if (!v.isTensor()) {
-    if (IsScalarLike(v)) {
-      c.value.kind = "scalar";
-      c.value.value = ScalarText(v);
-    } else {
-      c.value.kind = "other";
-      c.value.value = v.tagKind();
-    }
-    return c;
-  }
-  const at::Tensor& t = v.toTensor();
-  if (!t.defined()) {
-    c.value.kind = "undefined";
-    return c;
-  }
-  c.value.shape = t.sizes().vec();
-  absl::StatusOr<std::string> dtype = SafetensorsDtypeName(t.scalar_type());
-  if (!dtype.ok() || t.layout() != at::kStrided || !(t.is_cpu() || t.is_cuda())) {
-    c.value.kind = "opaque";
-    c.value.dtype = std::string(c10::toString(t.scalar_type()));
-    return c;
-  }
-  c.value.dtype = *dtype;
-  const void* storage = StorageKey(t);
-  if (storages != nullptr && storage != nullptr) {
-    const bool whole = t.storage_offset() == 0 && t.is_contiguous() &&
-                       t.numel() * static_cast<int64_t>(t.itemsize()) ==
-                           static_cast<int64_t>(t.storage().nbytes());
-    storages->push_back({storage, role, whole});
-  }
-  if (role == Role::kOut) {
-    c.value.kind = "out";
-    return c;
-  }
-  // Note [Unwritten storage]
-  if (role == Role::kOutput && LeavesUninitialized(op)) {
-    if (storage != nullptr) unwritten.insert_or_assign(storage, t.storage().getWeakStorageImpl());
-    c.value.kind = "uninitialized";
-    return c;
-  }
-  if ((role == Role::kViewOutput || role == Role::kViewed || role == Role::kWritten ||
-       (role == Role::kOutput && MovesStorage(op))) &&
-      Unwritten(storage)) {
-    c.value.kind = "uninitialized";
-    return c;
-  }
-  c.value.kind = "tensor";
-  at::Tensor view = t.detach();
-  if (const std::optional<RowWindow>& window = options.row_window()) {
-    for (int64_t dim = 0; dim < view.dim(); ++dim) {
-      if (view.size(dim) != window->rows) continue;
-      view = view.narrow(dim, window->begin, window->end - window->begin);
-      c.value.window_dims.push_back(static_cast<int>(dim));
-      c.value.window_begin = window->begin;
-      c.value.window_end = window->end;
-    }
-  }
-  Kept& kept = c.kept;
-  kept.digested = true;
-  kept.dtype = *dtype;
-  kept.shape = view.sizes().vec();
-  kept.num_bytes = static_cast<uint64_t>(view.numel()) * view.element_size();
-  const bool summarize = role == Role::kOutput || role == Role::kViewOutput;
-  if (view.is_cuda()) {
-    absl::StatusOr<internal::EnqueuedDigest> enqueued =
-        internal::EnqueueTensorDigest(view, summarize);
-    if (!enqueued.ok()) throw std::runtime_error(enqueued.status().ToString());
-    kept.hashes = std::move(enqueued->hashes);
-    kept.summary = std::move(enqueued->summary);
-    // A dtype the summary kernel does not read (float8, ...): ATen's figures, as one partial.
-    if (summarize && !kept.summary.defined() && view.numel() > 0) {
-      kept.summary = Summary(view).view(at::kByte);
-    }
-  } else {
-    const at::Tensor bytes = view.contiguous();
-    kept.digest = TensorBytesDigest(
-        kept.dtype, kept.shape,
-        absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
-  }
-  if (summarize && !kept.summary.defined()) {  // a CPU tensor, or an empty one
-    if (view.numel() == 0) {
-      kept.figures = std::make_pair(0.0, 0.0);  // no device round trip for nothing
-    } else {
-      const at::Tensor figures = Summary(view);
-      const auto f = figures.accessor<double, 1>();
-      kept.figures = std::make_pair(f[0], f[1]);
-    }
-  }
-  return c;
-}
-
-void OperatorRecorder::State::CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
-                                         const std::vector<Role>& roles, absl::string_view op,
-                                         std::vector<OperatorValue>* out, std::vector<Kept>* kept,
-                                         std::vector<StorageUse>* storages) {
-  for (size_t arg = 0; arg < values.size(); ++arg) {
-    const c10::IValue& v = values[arg];
-    const Role role = arg < roles.size() ? roles[arg] : (is_output ? Role::kOutput : Role::kRead);
-    std::vector<Captured> captured;
-    if (v.isTensorList()) {
-      const c10::List<at::Tensor> list = v.toTensorList();
-      for (size_t i = 0; i < list.size(); ++i) {
-        captured.push_back(Capture(c10::IValue(list.get(i)), static_cast<int>(arg),
-                                   static_cast<int>(i), role, op, storages));
-      }
-    } else if (v.isList() && !IsScalarLike(v)) {
-      const c10::List<c10::IValue> list = v.toList();
-      for (size_t i = 0; i < list.size(); ++i) {
-        captured.push_back(
-            Capture(list.get(i), static_cast<int>(arg), static_cast<int>(i), role, op, storages));
-      }
-    } else {
-      captured.push_back(Capture(v, static_cast<int>(arg), -1, role, op, storages));
-    }
-    for (Captured& c : captured) {
-      out->push_back(std::move(c.value));
-      kept->push_back(std::move(c.kept));
-    }
-  }
-}
-
-namespace {
 
 // What the call does with each argument and return, from its schema (cached per overload).
 const SchemaFacts& Facts(const at::RecordFunction& fn) {
@@ -454,8 +219,9 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
                                           storage.getWeakStorageImpl());
       }
     }
-    state->CaptureAll(fn.inputs(), /*is_output=*/false, facts.arguments, p.record.op,
-                      &p.record.inputs, &p.input_kept, &p.input_storages);
+    internal::CaptureAll(fn.inputs(), /*is_output=*/false, facts.arguments, p.record.op,
+                         state->options.row_window(), state->unwritten, &p.record.inputs,
+                         &p.input_kept, &p.input_storages);
   } catch (const std::exception& e) {
     state->KeepError(
         absl::InternalError(absl::StrCat("recording the inputs of ", p.record.op, ": ", e.what())));
@@ -485,9 +251,10 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
   try {
     const std::vector<c10::IValue>& outputs = fn.outputs();
     WaitForCopiesToHost(p.input_device, outputs);
-    state.CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
-                     /*is_output=*/true, Facts(fn).returns, p.record.op, &p.record.outputs,
-                     &p.output_kept, &output_storages);
+    internal::CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
+                         /*is_output=*/true, Facts(fn).returns, p.record.op,
+                         state.options.row_window(), state.unwritten, &p.record.outputs,
+                         &p.output_kept, &output_storages);
   } catch (const std::exception& e) {
     state.KeepError(absl::InternalError(
         absl::StrCat("recording the outputs of ", p.record.op, ": ", e.what())));

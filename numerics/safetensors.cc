@@ -76,6 +76,143 @@ struct Range {
   size_t entry;
 };
 
+// Reads the header's "__metadata__" object `value` (string values only) into `metadata`.
+absl::Status ParseMetadata(const json& value, absl::string_view what,
+                           std::map<std::string, std::string>& metadata) {
+  if (!value.is_object()) return Invalid(what, "__metadata__ is not an object");
+  for (const auto& [key, text] : value.items()) {
+    if (!text.is_string()) {
+      return Invalid(what, absl::StrCat("metadata '", key, "' is not a string"));
+    }
+    metadata[key] = text.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// The bytes a tensor (`where`) of dtype `dtype` and header shape `shape` holds; its dimensions
+// into `dims`. Refuses a shape that is not an array of non-negative integers, or whose byte count
+// overflows 64 bits.
+absl::StatusOr<uint64_t> ShapeBytes(const json& shape, at::ScalarType dtype, absl::string_view what,
+                                    const std::string& where, std::vector<int64_t>& dims) {
+  if (!shape.is_array()) return Invalid(what, absl::StrCat(where, ": shape is not an array"));
+  uint64_t elements = 1;
+  bool overflow = false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    absl::StatusOr<uint64_t> dim = Unsigned(shape[d], absl::StrCat("shape[", d, "]"));
+    if (!dim.ok()) return Invalid(what, absl::StrCat(where, ": ", dim.status().message()));
+    if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+    dims.push_back(static_cast<int64_t>(*dim));
+    if (*dim != 0 && elements > std::numeric_limits<uint64_t>::max() / *dim) overflow = true;
+    elements = overflow ? 0 : elements * *dim;
+  }
+  const uint64_t item = c10::elementSize(dtype);
+  if (overflow || elements > std::numeric_limits<uint64_t>::max() / item) {
+    return Invalid(what, absl::StrCat(where, ": shape ", DumpJson(shape), " overflows 64 bits"));
+  }
+  return elements * item;
+}
+
+// The data_offsets [begin, end) of a tensor's header entry `value` (`where`): a range inside the
+// `buffer_size`-byte buffer holding the `bytes` bytes its shape needs.
+absl::Status ParseDataOffsets(const json& value, uint64_t bytes, uint64_t buffer_size,
+                              absl::string_view what, const std::string& where, uint64_t& begin,
+                              uint64_t& end) {
+  const json& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2) {
+    return Invalid(what, absl::StrCat(where, ": data_offsets is not [begin, end]"));
+  }
+  absl::StatusOr<uint64_t> first = Unsigned(offsets[0], "data_offsets[0]");
+  absl::StatusOr<uint64_t> last = Unsigned(offsets[1], "data_offsets[1]");
+  if (!first.ok() || !last.ok()) {
+    return Invalid(what,
+                   absl::StrCat(where, ": ", (!first.ok() ? first : last).status().message()));
+  }
+  if (*first > *last || *last > buffer_size) {
+    return Invalid(what,
+                   absl::StrCat(where, ": data_offsets [", *first, ", ", *last,
+                                ") are not a range inside the ", buffer_size, "-byte buffer"));
+  }
+  if (*last - *first != bytes) {
+    return Invalid(what, absl::StrCat(where, ": data_offsets [", *first, ", ", *last, ") hold ",
+                                      *last - *first, " bytes; shape ", DumpJson(value["shape"]),
+                                      " of ", value["dtype"].get<std::string>(), " needs ", bytes));
+  }
+  begin = *first;
+  end = *last;
+  return absl::OkStatus();
+}
+
+// Every byte of a bool tensor's `bytes` (`where`) is 0 or 1.
+absl::Status CheckBoolBytes(absl::string_view bytes, absl::string_view what,
+                            const std::string& where) {
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (static_cast<uint8_t>(bytes[i]) > 1) {
+      return Invalid(
+          what, absl::StrCat(where, ": bool element ", i, " is byte ",
+                             static_cast<int>(static_cast<uint8_t>(bytes[i])), ", not 0 or 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Tensor `name`'s header entry `value`, read against `buffer`; its byte range into `range`.
+absl::StatusOr<SafetensorsEntry> ParseTensor(const std::string& name, const json& value,
+                                             absl::string_view buffer, absl::string_view what,
+                                             Range& range) {
+  const std::string where = absl::StrCat("tensor '", name, "'");
+  if (name.empty()) return Invalid(what, "a tensor has an empty name");
+  if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
+      !value.contains("shape") || !value.contains("data_offsets")) {
+    return Invalid(what, absl::StrCat(where,
+                                      " is not an object with exactly dtype, shape and "
+                                      "data_offsets"));
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+  if (!value["dtype"].is_string())
+    return Invalid(what, absl::StrCat(where, ": dtype is not a string"));
+  absl::StatusOr<at::ScalarType> dtype = SafetensorsDtype(value["dtype"].get<std::string>());
+  if (!dtype.ok()) return Invalid(what, absl::StrCat(where, ": ", dtype.status().message()));
+  entry.dtype = *dtype;
+  LOCKSTEP_ASSIGN_OR_RETURN(const uint64_t bytes,
+                            ShapeBytes(value["shape"], entry.dtype, what, where, entry.shape));
+  LOCKSTEP_RETURN_IF_ERROR(
+      ParseDataOffsets(value, bytes, buffer.size(), what, where, range.begin, range.end));
+  entry.bytes = buffer.substr(range.begin, range.end - range.begin);
+  if (entry.dtype == at::kBool) LOCKSTEP_RETURN_IF_ERROR(CheckBoolBytes(entry.bytes, what, where));
+  return entry;
+}
+
+// Checks that the tensors' `ranges` tile the `buffer_size`-byte buffer and orders `entries` by
+// offset. `ranges` (one per entry) is sorted here.
+absl::Status OrderByOffset(std::vector<Range>& ranges, std::vector<SafetensorsEntry>& entries,
+                           uint64_t buffer_size, absl::string_view what) {
+  // The ranges must tile the buffer: sorted by (begin, end), each starts where the last ended.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (const Range& range : ranges) {
+    const std::string& name = entries[range.entry].name;
+    if (range.begin != covered) {
+      return Invalid(what, absl::StrCat("tensor '", name, "' starts at byte ", range.begin,
+                                        range.begin < covered ? ", overlapping the tensor before it"
+                                                              : ", leaving a hole",
+                                        " (the buffer is covered up to ", covered, ")"));
+    }
+    covered = range.end;
+  }
+  if (covered != buffer_size) {
+    return Invalid(what, absl::StrCat("the tensors cover ", covered, " of the ", buffer_size,
+                                      " buffer bytes"));
+  }
+  std::vector<SafetensorsEntry> ordered;
+  ordered.reserve(ranges.size());
+  for (const Range& range : ranges) ordered.push_back(std::move(entries[range.entry]));
+  entries = std::move(ordered);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> SafetensorsDtypeName(at::ScalarType dtype) {
@@ -141,103 +278,16 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
   std::vector<Range> ranges;
   for (const auto& [name, value] : header->items()) {
     if (name == "__metadata__") {
-      if (!value.is_object()) return Invalid(what, "__metadata__ is not an object");
-      for (const auto& [key, text] : value.items()) {
-        if (!text.is_string()) {
-          return Invalid(what, absl::StrCat("metadata '", key, "' is not a string"));
-        }
-        file.metadata_[key] = text.get<std::string>();
-      }
+      LOCKSTEP_RETURN_IF_ERROR(ParseMetadata(value, what, file.metadata_));
       continue;
     }
-    const std::string where = absl::StrCat("tensor '", name, "'");
-    if (name.empty()) return Invalid(what, "a tensor has an empty name");
-    if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
-        !value.contains("shape") || !value.contains("data_offsets")) {
-      return Invalid(what, absl::StrCat(where,
-                                        " is not an object with exactly dtype, shape and "
-                                        "data_offsets"));
-    }
-    SafetensorsEntry entry;
-    entry.name = name;
-    if (!value["dtype"].is_string())
-      return Invalid(what, absl::StrCat(where, ": dtype is not a string"));
-    absl::StatusOr<at::ScalarType> dtype = SafetensorsDtype(value["dtype"].get<std::string>());
-    if (!dtype.ok()) return Invalid(what, absl::StrCat(where, ": ", dtype.status().message()));
-    entry.dtype = *dtype;
-    const json& shape = value["shape"];
-    if (!shape.is_array()) return Invalid(what, absl::StrCat(where, ": shape is not an array"));
-    uint64_t elements = 1;
-    bool overflow = false;
-    for (size_t d = 0; d < shape.size(); ++d) {
-      absl::StatusOr<uint64_t> dim = Unsigned(shape[d], absl::StrCat("shape[", d, "]"));
-      if (!dim.ok()) return Invalid(what, absl::StrCat(where, ": ", dim.status().message()));
-      if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
-      entry.shape.push_back(static_cast<int64_t>(*dim));
-      if (*dim != 0 && elements > std::numeric_limits<uint64_t>::max() / *dim) overflow = true;
-      elements = overflow ? 0 : elements * *dim;
-    }
-    const uint64_t item = c10::elementSize(entry.dtype);
-    if (overflow || elements > std::numeric_limits<uint64_t>::max() / item) {
-      return Invalid(what, absl::StrCat(where, ": shape ", DumpJson(shape), " overflows 64 bits"));
-    }
-    const json& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2) {
-      return Invalid(what, absl::StrCat(where, ": data_offsets is not [begin, end]"));
-    }
-    absl::StatusOr<uint64_t> begin = Unsigned(offsets[0], "data_offsets[0]");
-    absl::StatusOr<uint64_t> end = Unsigned(offsets[1], "data_offsets[1]");
-    if (!begin.ok() || !end.ok()) {
-      return Invalid(what,
-                     absl::StrCat(where, ": ", (!begin.ok() ? begin : end).status().message()));
-    }
-    if (*begin > *end || *end > buffer.size()) {
-      return Invalid(what,
-                     absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
-                                  ") are not a range inside the ", buffer.size(), "-byte buffer"));
-    }
-    if (*end - *begin != elements * item) {
-      return Invalid(what,
-                     absl::StrCat(where, ": data_offsets [", *begin, ", ", *end, ") hold ",
-                                  *end - *begin, " bytes; shape ", DumpJson(shape), " of ",
-                                  value["dtype"].get<std::string>(), " needs ", elements * item));
-    }
-    entry.bytes = buffer.substr(*begin, *end - *begin);
-    if (entry.dtype == at::kBool) {
-      for (size_t i = 0; i < entry.bytes.size(); ++i) {
-        if (static_cast<uint8_t>(entry.bytes[i]) > 1) {
-          return Invalid(what, absl::StrCat(where, ": bool element ", i, " is byte ",
-                                            static_cast<int>(static_cast<uint8_t>(entry.bytes[i])),
-                                            ", not 0 or 1"));
-        }
-      }
-    }
-    ranges.push_back({*begin, *end, file.entries_.size()});
+    Range range{0, 0, file.entries_.size()};
+    LOCKSTEP_ASSIGN_OR_RETURN(SafetensorsEntry entry,
+                              ParseTensor(name, value, buffer, what, range));
+    ranges.push_back(range);
     file.entries_.push_back(std::move(entry));
   }
-  // The ranges must tile the buffer: sorted by (begin, end), each starts where the last ended.
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t covered = 0;
-  for (const Range& range : ranges) {
-    const std::string& name = file.entries_[range.entry].name;
-    if (range.begin != covered) {
-      return Invalid(what, absl::StrCat("tensor '", name, "' starts at byte ", range.begin,
-                                        range.begin < covered ? ", overlapping the tensor before it"
-                                                              : ", leaving a hole",
-                                        " (the buffer is covered up to ", covered, ")"));
-    }
-    covered = range.end;
-  }
-  if (covered != buffer.size()) {
-    return Invalid(what, absl::StrCat("the tensors cover ", covered, " of the ", buffer.size(),
-                                      " buffer bytes"));
-  }
-  std::vector<SafetensorsEntry> ordered;
-  ordered.reserve(ranges.size());
-  for (const Range& range : ranges) ordered.push_back(std::move(file.entries_[range.entry]));
-  file.entries_ = std::move(ordered);
+  LOCKSTEP_RETURN_IF_ERROR(OrderByOffset(ranges, file.entries_, buffer.size(), what));
   file.index_.reserve(file.entries_.size());
   for (size_t i = 0; i < file.entries_.size(); ++i) file.index_.emplace(file.entries_[i].name, i);
   return file;

@@ -5,37 +5,28 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "base/sha256_message.h"
 #include "base/status_macros.h"
 #include "planner/internal/cp_chunks.h"
 #include "planner/internal/key_set.h"
-#include "planner/internal/plan_wire.h"
+#include "planner/internal/planner_shared.h"
 
 namespace lockstep {
 namespace planner {
-namespace internal {
-
-// LossWeightsDigest of a batch whose first sequence with loss weights is known (-1: none), so that
-// planning, which finds it while validating, does not scan the batch again.
-Sha256Digest LossWeightsDigestFrom(absl::Span<const Sequence> batch, int64_t first_weighted);
-
-}  // namespace internal
 namespace {
+
+using internal::CheckBoundaries;
+using internal::SequenceName;
+using internal::ValidCompactSizes;
 
 // Above this many distinct length values the buckets are indexed by rank among the distinct
 // lengths (a sort) instead of by length (a counting sort), to bound memory.
 constexpr int64_t kMaxDirectLength = int64_t{1} << 22;
-
-std::string Name(absl::Span<const Sequence> batch, size_t index) {
-  return absl::StrCat("sequence ", index, " (id ", batch[index].id, ")");
-}
 
 absl::Status ValidateOptions(const PlanOptions& options) {
   const int64_t budget = options.max_tokens_per_microbatch;
@@ -107,18 +98,18 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
   for (size_t i = 0; i < batch.size(); ++i) {
     const Sequence& s = batch[i];
     if (s.num_tokens <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(Name(batch, i), " has ", s.num_tokens,
+      return absl::InvalidArgumentError(absl::StrCat(SequenceName(batch, i), " has ", s.num_tokens,
                                                      " tokens; every sequence needs at least 1"));
     }
     if (s.num_tokens > budget) {
-      return absl::InvalidArgumentError(absl::StrCat(Name(batch, i), " has ", s.num_tokens,
+      return absl::InvalidArgumentError(absl::StrCat(SequenceName(batch, i), " has ", s.num_tokens,
                                                      " tokens; a microbatch holds at most ", budget,
                                                      " (max_tokens_per_microbatch)"));
     }
     if (s.num_tokens > std::numeric_limits<int64_t>::max() - total_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("the batch holds more than ",
                                                      std::numeric_limits<int64_t>::max(),
-                                                     " tokens at ", Name(batch, i)));
+                                                     " tokens at ", SequenceName(batch, i)));
     }
     total_tokens += s.num_tokens;
     max_length = std::max(max_length, s.num_tokens);
@@ -134,7 +125,7 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
     } else {
       if (first_weighted < 0) first_weighted = static_cast<int64_t>(i);
       if (static_cast<int64_t>(s.loss_weights.size()) != s.num_tokens) {
-        return absl::InvalidArgumentError(absl::StrCat(Name(batch, i), " has ",
+        return absl::InvalidArgumentError(absl::StrCat(SequenceName(batch, i), " has ",
                                                        s.loss_weights.size(), " loss weights for ",
                                                        s.num_tokens, " tokens"));
       }
@@ -142,7 +133,7 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
         const float x = s.loss_weights[t];
         if (!(std::isfinite(x) && x >= 0)) {
           return absl::InvalidArgumentError(
-              absl::StrCat(Name(batch, i), ": loss weight of token ", t, " is ", x,
+              absl::StrCat(SequenceName(batch, i), ": loss weight of token ", t, " is ", x,
                            "; loss weights must be finite and non-negative"));
         }
         w += x;
@@ -151,7 +142,7 @@ absl::Status ValidateBatchAndScale(absl::Span<const Sequence> batch, const PlanO
     if (per_sequence) {
       if (w == 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(Name(batch, i),
+            absl::StrCat(SequenceName(batch, i),
                          ": its loss weights sum to 0; per-sequence-mean normalisation divides "
                          "by each sequence's sum"));
       }
@@ -189,13 +180,6 @@ struct Part {
   int64_t num_tokens;
   double loss_scale;
 };
-
-// Whether the compact per-sequence arrays of a microbatch of n packed sequences have a size
-// plan.proto allows: token_begin 0 or n entries, loss_scale 1 or n.
-bool ValidCompactSizes(const Microbatch& mb, int n) {
-  return (mb.token_begin_size() == 0 || mb.token_begin_size() == n) &&
-         (mb.loss_scale_size() == 1 || mb.loss_scale_size() == n);
-}
 
 // Loss scale of sequence i: one shared value, or one per sequence.
 inline double ScaleOf(const std::vector<double>& scale, int32_t i) {
@@ -389,62 +373,6 @@ void BuildMicrobatch(int n, const PartAt& part_at, int cp, std::vector<int64_t>&
   }
 }
 
-// cu_seqlens of `mb` starts at 0 and increases strictly (every packed sequence holds a token).
-// Errors start with `what` ("microbatch 3").
-absl::Status CheckBoundaries(const Microbatch& mb, absl::string_view what) {
-  const int n = mb.cu_seqlens_size() - 1;
-  if (n < 0 || mb.cu_seqlens(0) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": cu_seqlens does not start at 0"));
-  }
-  const int64_t* cu = mb.cu_seqlens().data();
-  for (int k = 0; k < n; ++k) {
-    if (cu[k + 1] <= cu[k]) {
-      return absl::InvalidArgumentError(absl::StrCat(what,
-                                                     ": cu_seqlens is not strictly increasing at ",
-                                                     k + 1, " (", cu[k], " then ", cu[k + 1], ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// The per-sequence arrays of `mb` agree in length, its cu_seqlens are well formed and end at
-// num_tokens, and its token_begin entries are non-negative: what the token-listing functions
-// need before they trust the microbatch's sizes.
-absl::Status CheckMicrobatchShape(const Microbatch& mb) {
-  const int n = mb.batch_index_size();
-  if (mb.cu_seqlens_size() != n + 1 || mb.sequence_id_size() != n || !ValidCompactSizes(mb, n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the microbatch is malformed: ", n, " batch indices, ", mb.sequence_id_size(),
-                     " ids, ", mb.token_begin_size(), " token begins, ", mb.loss_scale_size(),
-                     " loss scales, ", mb.cu_seqlens_size(), " boundaries"));
-  }
-  LOCKSTEP_RETURN_IF_ERROR(CheckBoundaries(mb, "the microbatch is malformed"));
-  if (mb.num_tokens() != mb.cu_seqlens(n)) {
-    return absl::InvalidArgumentError(absl::StrCat("the microbatch is malformed: num_tokens ",
-                                                   mb.num_tokens(), " but cu_seqlens ends at ",
-                                                   mb.cu_seqlens(n)));
-  }
-  for (int k = 0; k < mb.token_begin_size(); ++k) {
-    const int64_t begin = mb.token_begin(k);
-    const int64_t length = mb.cu_seqlens(k + 1) - mb.cu_seqlens(k);
-    if (begin < 0 || begin > std::numeric_limits<int64_t>::max() - length) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the microbatch is malformed: packed sequence ", k, " begins at token ",
-                       begin, " and holds ", length));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// kResourceExhausted when a token list of `tokens` entries would exceed kMaxListedTokens.
-absl::Status CheckListable(int64_t tokens, absl::string_view what) {
-  if (tokens > kMaxListedTokens) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, " would list ", tokens, " tokens; the limit is ", kMaxListedTokens));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<Plan> PlanMicrobatches(absl::Span<const Sequence> batch,
@@ -503,7 +431,12 @@ absl::Status PlanMicrobatches(absl::Span<const Sequence> batch, const PlanOption
   return absl::OkStatus();
 }
 
-absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
+namespace {
+
+// The checks of SplitMicrobatch before it reads microbatch `microbatch` of `plan`: the index and
+// the CP size in range, a split count that can grow by one, and per-sequence arrays, boundaries
+// and token begins consistent enough to cut.
+absl::Status CheckSplittable(const Plan& plan, int microbatch) {
   if (microbatch < 0 || microbatch >= plan.microbatches_size()) {
     return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
                                                    " is not in the plan, which has ",
@@ -541,46 +474,66 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
                        " is ", TokenBegin(mb, k), " and it holds ", length, " tokens"));
     }
   }
-  std::vector<Part> first, second;
-  auto part = [&](int k) {
-    return Part{mb.batch_index(k), mb.sequence_id(k), TokenBegin(mb, k),
-                mb.cu_seqlens(k + 1) - mb.cu_seqlens(k), LossScale(mb, k)};
-  };
+  return absl::OkStatus();
+}
+
+// Packed sequence k of `mb` as a part.
+Part PartOf(const Microbatch& mb, int k) {
+  return Part{mb.batch_index(k), mb.sequence_id(k), TokenBegin(mb, k),
+              mb.cu_seqlens(k + 1) - mb.cu_seqlens(k), LossScale(mb, k)};
+}
+
+// The sequence boundary of `mb` (two or more packed sequences) closest to half its tokens; the
+// earlier one on a tie.
+int BoundaryNearestHalf(const Microbatch& mb) {
+  const int n = mb.batch_index_size();
+  const int64_t total = mb.cu_seqlens(n);
+  int cut = 1;
+  for (int k = 2; k < n; ++k) {
+    // |cu - (total - cu)|: both terms lie in [0, total], so nothing overflows.
+    auto off_half = [&](int i) {
+      return std::llabs(mb.cu_seqlens(i) - (total - mb.cu_seqlens(i)));
+    };
+    if (off_half(k) < off_half(cut)) {
+      cut = k;
+    }
+  }
+  return cut;
+}
+
+// Cuts microbatch `microbatch` (`mb`, checked by CheckSplittable) of a plan over `cp` CP ranks
+// into the parts of its two halves, as SplitMicrobatch documents; kFailedPrecondition for a
+// single sequence too short to cut.
+absl::Status CutMicrobatch(const Microbatch& mb, int microbatch, int cp, std::vector<Part>& first,
+                           std::vector<Part>& second) {
+  const int n = mb.batch_index_size();
   if (n >= 2) {
-    // The sequence boundary closest to half the tokens; the earlier one on a tie.
-    const int64_t total = mb.cu_seqlens(n);
-    int cut = 1;
-    for (int k = 2; k < n; ++k) {
-      // |cu - (total - cu)|: both terms lie in [0, total], so nothing overflows.
-      auto off_half = [&](int i) {
-        return std::llabs(mb.cu_seqlens(i) - (total - mb.cu_seqlens(i)));
-      };
-      if (off_half(k) < off_half(cut)) {
-        cut = k;
-      }
-    }
-    for (int k = 0; k < n; ++k) (k < cut ? first : second).push_back(part(k));
-  } else {
-    const Part whole = part(0);
-    const int64_t step = 2 * int64_t{cp};
-    if (whole.num_tokens <= step) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "microbatch ", microbatch, " holds only ", whole.num_tokens, " tokens of sequence ",
-          whole.batch_index, " (id ", whole.id, "); with cp_size ", cp,
-          " a part must keep at least 2 x cp_size = ", step, " tokens, so it cannot be split"));
-    }
-    const int64_t cut = std::max(step, whole.num_tokens / 2 / step * step);
-    first.push_back(whole);
-    first.back().num_tokens = cut;
-    second.push_back(whole);
-    second.back().token_begin += cut;
-    second.back().num_tokens -= cut;
+    const int cut = BoundaryNearestHalf(mb);
+    for (int k = 0; k < n; ++k) (k < cut ? first : second).push_back(PartOf(mb, k));
+    return absl::OkStatus();
   }
-  if (plan.cp_chunk_rule() != kCpChunkRule) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the plan's CP chunk rule is ", plan.cp_chunk_rule(),
-                     "; this library re-plans only under rule ", kCpChunkRule));
+  const Part whole = PartOf(mb, 0);
+  const int64_t step = 2 * int64_t{cp};
+  if (whole.num_tokens <= step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "microbatch ", microbatch, " holds only ", whole.num_tokens, " tokens of sequence ",
+        whole.batch_index, " (id ", whole.id, "); with cp_size ", cp,
+        " a part must keep at least 2 x cp_size = ", step, " tokens, so it cannot be split"));
   }
+  const int64_t cut = std::max(step, whole.num_tokens / 2 / step * step);
+  first.push_back(whole);
+  first.back().num_tokens = cut;
+  second.push_back(whole);
+  second.back().token_begin += cut;
+  second.back().num_tokens -= cut;
+  return absl::OkStatus();
+}
+
+// `plan` with microbatch `microbatch` replaced by one microbatch of the parts `first` and one of
+// `second`, and one more split.
+Plan ReplaceBySplit(const Plan& plan, int microbatch, const std::vector<Part>& first,
+                    const std::vector<Part>& second) {
+  const int cp = plan.limits().cp_size();
   Plan out;
   *out.mutable_limits() = plan.limits();
   out.set_packing_applied(plan.packing_applied());
@@ -606,184 +559,19 @@ absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
   return out;
 }
 
-// Both write through Note [Plan bytes by hand] (internal/plan_wire.h); protobuf only for a plan
-// that carries unknown fields.
-std::string SerializePlan(const Plan& plan) {
-  const std::optional<internal::PlanWireSizes> sizes = internal::PlanWireSize(plan);
-  if (!sizes.has_value()) return SerializeDeterministically(plan);
-  std::string bytes;
-  bytes.reserve(sizes->total);
-  internal::WritePlanWire(plan, *sizes,
-                          [&](absl::string_view part) { bytes.append(part.data(), part.size()); });
-  return bytes;
-}
+}  // namespace
 
-Sha256Digest PlanDigest(const Plan& plan) {
-  Sha256Hasher hasher;
-  hasher.AppendFramed(kPlanDigestTag);
-  const std::optional<internal::PlanWireSizes> sizes = internal::PlanWireSize(plan);
-  if (sizes.has_value()) {
-    hasher.AppendLength(sizes->total);
-    internal::WritePlanWire(plan, *sizes, [&](absl::string_view part) { hasher.Append(part); });
-  } else {
-    AppendMessageFramed(hasher, plan);
-  }
-  return hasher.Finish();
-}
-
-namespace internal {
-
-Sha256Digest LossWeightsDigestFrom(absl::Span<const Sequence> batch, int64_t first_weighted) {
-  static_assert(std::numeric_limits<float>::is_iec559 && sizeof(float) == 4,
-                "loss weights are hashed as IEEE-754 binary32");
-  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-                "loss weights are hashed as their little-endian in-memory bytes");
-  // A batch without per-token weights (the usual case) hashes the tag alone: computed once, not
-  // per plan (on cold caches a digest is a visible part of a plan's host time: planner_benchmark).
-  if (first_weighted < 0) {
-    static const Sha256Digest kUnweighted = Sha256Framed({kLossWeightsDigestTag});
-    return kUnweighted;
-  }
-  Sha256Hasher hasher;
-  hasher.AppendFramed(kLossWeightsDigestTag);
-  for (size_t i = static_cast<size_t>(first_weighted); i < batch.size(); ++i) {
-    const std::vector<float>& weights = batch[i].loss_weights;
-    if (weights.empty()) continue;
-    hasher.AppendLength(i);
-    hasher.AppendLength(weights.size());
-    hasher.Append(absl::string_view(reinterpret_cast<const char*>(weights.data()),
-                                    weights.size() * sizeof(float)));
-  }
-  return hasher.Finish();
-}
-
-}  // namespace internal
-
-Sha256Digest LossWeightsDigest(absl::Span<const Sequence> batch) {
-  const auto weighted = std::find_if(batch.begin(), batch.end(),
-                                     [](const Sequence& s) { return !s.loss_weights.empty(); });
-  return internal::LossWeightsDigestFrom(
-      batch, weighted == batch.end() ? -1 : static_cast<int64_t>(weighted - batch.begin()));
-}
-
-int64_t TokenBegin(const Microbatch& microbatch, int k) {
-  return microbatch.token_begin_size() == 0 ? 0 : microbatch.token_begin(k);
-}
-
-double LossScale(const Microbatch& microbatch, int k) {
-  return microbatch.loss_scale(microbatch.loss_scale_size() == 1 ? 0 : k);
-}
-
-absl::StatusOr<std::vector<int64_t>> PositionIds(const Microbatch& microbatch) {
-  LOCKSTEP_RETURN_IF_ERROR(CheckMicrobatchShape(microbatch));
-  LOCKSTEP_RETURN_IF_ERROR(CheckListable(microbatch.num_tokens(), "PositionIds"));
-  std::vector<int64_t> positions;
-  positions.reserve(microbatch.num_tokens());
-  for (int k = 0; k + 1 < microbatch.cu_seqlens_size(); ++k) {
-    const int64_t start = TokenBegin(microbatch, k);
-    for (int64_t t = microbatch.cu_seqlens(k); t < microbatch.cu_seqlens(k + 1); ++t) {
-      positions.push_back(start + t - microbatch.cu_seqlens(k));
-    }
-  }
-  return positions;
-}
-
-absl::StatusOr<std::vector<ShardPiece>> ShardPieces(const Plan& plan, int microbatch, int cp_rank) {
+absl::StatusOr<Plan> SplitMicrobatch(const Plan& plan, int microbatch) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckSplittable(plan, microbatch));
+  std::vector<Part> first, second;
+  LOCKSTEP_RETURN_IF_ERROR(CutMicrobatch(plan.microbatches(microbatch), microbatch,
+                                         plan.limits().cp_size(), first, second));
   if (plan.cp_chunk_rule() != kCpChunkRule) {
     return absl::FailedPreconditionError(
         absl::StrCat("the plan's CP chunk rule is ", plan.cp_chunk_rule(),
-                     "; this library derives shards only under rule ", kCpChunkRule,
-                     " (CP_CHUNK_MIRRORED_PAIRS_V1)"));
+                     "; this library re-plans only under rule ", kCpChunkRule));
   }
-  const int cp = plan.limits().cp_size();
-  if (cp <= 0 || cp > kMaxCpSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the plan's cp_size is ", cp, "; it must be in [1, ", kMaxCpSize, "]"));
-  }
-  if (microbatch < 0 || microbatch >= plan.microbatches_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch,
-                                                   " is not in the plan, which has ",
-                                                   plan.microbatches_size(), " microbatches"));
-  }
-  if (cp_rank < 0 || cp_rank >= cp) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CP rank ", cp_rank, " is not in [0, ", cp, ") (cp_size ", cp, ")"));
-  }
-  const Microbatch& mb = plan.microbatches(microbatch);
-  const int n = mb.cu_seqlens_size() - 1;
-  if (absl::Status s = CheckBoundaries(mb, absl::StrCat("microbatch ", microbatch)); !s.ok())
-    return s;
-  const int64_t* cu = mb.cu_seqlens().data();
-  std::vector<ShardPiece> pieces;
-  pieces.reserve(2 * static_cast<size_t>(n));
-  internal::RankPieces(cu, n, cp, cp_rank, [&](int k, int j, int64_t begin, int64_t end) {
-    pieces.push_back({k, j, begin, end});
-  });
-  return pieces;
-}
-
-absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int microbatch,
-                                                       int cp_rank) {
-  absl::StatusOr<std::vector<ShardPiece>> pieces = ShardPieces(plan, microbatch, cp_rank);
-  if (!pieces.ok()) return pieces.status();
-  const Microbatch& mb = plan.microbatches(microbatch);
-  LOCKSTEP_RETURN_IF_ERROR(
-      CheckListable(mb.cu_seqlens(mb.cu_seqlens_size() - 1), "ShardTokenIndices"));
-  int64_t tokens = 0;
-  for (const ShardPiece& p : *pieces) tokens += p.end - p.begin;
-  std::vector<int64_t> indices;
-  indices.reserve(tokens);
-  for (const ShardPiece& p : *pieces) {
-    for (int64_t t = p.begin; t < p.end; ++t) indices.push_back(t);
-  }
-  return indices;
-}
-
-absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
-                                                     absl::Span<const Sequence> batch) {
-  LOCKSTEP_RETURN_IF_ERROR(CheckMicrobatchShape(microbatch));
-  LOCKSTEP_RETURN_IF_ERROR(CheckListable(microbatch.num_tokens(), "TokenLossWeights"));
-  const int n = microbatch.batch_index_size();
-  // Every packed sequence against the batch first, so that nothing is allocated for a mismatch.
-  for (int k = 0; k < n; ++k) {
-    const int32_t i = microbatch.batch_index(k);
-    if (i < 0 || static_cast<size_t>(i) >= batch.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("packed sequence ", k, " refers to sequence ",
-                                                     i, "; the batch has ", batch.size()));
-    }
-    const Sequence& s = batch[i];
-    const int64_t begin = TokenBegin(microbatch, k);
-    const int64_t count = microbatch.cu_seqlens(k + 1) - microbatch.cu_seqlens(k);
-    if (s.id != microbatch.sequence_id(k) || count > s.num_tokens - begin) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("packed sequence ", k, " (", count, " tokens from ", begin, " of id ",
-                       microbatch.sequence_id(k), ") does not match ", Name(batch, i), " with ",
-                       s.num_tokens, " tokens"));
-    }
-    if (!s.loss_weights.empty() && static_cast<int64_t>(s.loss_weights.size()) != s.num_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(Name(batch, i), " has ", s.loss_weights.size(),
-                                                     " loss weights for ", s.num_tokens,
-                                                     " tokens"));
-    }
-  }
-  std::vector<double> weights;
-  weights.reserve(microbatch.num_tokens());
-  for (int k = 0; k < n; ++k) {
-    const Sequence& s = batch[microbatch.batch_index(k)];
-    const int64_t begin = TokenBegin(microbatch, k);
-    const int64_t count = microbatch.cu_seqlens(k + 1) - microbatch.cu_seqlens(k);
-    const double scale = LossScale(microbatch, k);
-    for (int64_t t = begin; t < begin + count; ++t) {
-      weights.push_back((s.loss_weights.empty() ? 1.0 : s.loss_weights[t]) * scale);
-    }
-  }
-  return weights;
-}
-
-double PackingEfficiency(const Plan& plan) {
-  const double capacity = static_cast<double>(plan.microbatches_size()) *
-                          static_cast<double>(plan.limits().max_tokens_per_microbatch());
-  return capacity > 0 ? static_cast<double>(plan.num_tokens()) / capacity : 0.0;
+  return ReplaceBySplit(plan, microbatch, first, second);
 }
 
 }  // namespace planner

@@ -167,6 +167,152 @@ void SetBeforeAttachForTesting(void (*hook)(const std::string& name)) {
   g_before_attach_for_testing = hook;
 }
 
+namespace {
+
+// Step 1 of Connect: every member publishes its pid and where it runs (HostIdentity), and reads
+// every member's pid into `pids`. Whether every member runs where this one does.
+absl::StatusOr<bool> SameHostAsEveryone(Rendezvous& rendezvous, const std::string& key, int rank,
+                                        int size, std::vector<int64_t>& pids) {
+  const std::string identity = HostIdentity();
+  LOCKSTEP_RETURN_IF_ERROR(
+      rendezvous.Set(absl::StrCat(key, "/member/", rank), absl::StrCat(getpid(), " ", identity)));
+  bool shared = !identity.empty();
+  for (int r = 0; r < size; ++r) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const std::string member,
+                              rendezvous.Get(absl::StrCat(key, "/member/", r)));
+    const std::vector<std::string> parts = absl::StrSplit(member, absl::MaxSplits(' ', 1));
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pids[r]) || parts[1] != identity) {
+      shared = false;
+    }
+  }
+  return shared;
+}
+
+// The segment as a member holds it during setup: its mapping (nullptr: none) and the name and
+// token it was published under.
+struct Segment {
+  void* mapping = nullptr;
+  std::string name;
+  uint64_t token = 0;
+};
+
+// The first member's segment of `bytes` bytes for `size` members, created under a fresh random
+// name and token and initialized; its mapping is nullptr where that failed.
+Segment CreateSegment(int size, size_t bytes) {
+  Segment segment;
+  std::random_device entropy;
+  segment.token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  segment.name = absl::StrCat("/lockstep-", getpid(), "-", segment.token);
+  const int fd = shm_open(segment.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd >= 0) {
+    if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) segment.mapping = MapSegment(fd, bytes);
+    close(fd);
+    if (segment.mapping == nullptr) shm_unlink(segment.name.c_str());
+  }
+  if (segment.mapping != nullptr) {
+    // A fresh segment reads as zeros: every counter at round 0, nobody poisoned.
+    Header& header = HeaderOf(segment.mapping);
+    header.magic = kMagic;
+    header.token = segment.token;
+    header.size = size;
+    new (&header.poisoned_by) std::atomic<int64_t>(0);
+    new (&header.wakeups) std::atomic<uint32_t>(0);
+    new (&header.sleepers) std::atomic<uint32_t>(0);
+    for (int r = 0; r < size; ++r) {
+      Control& control = ControlOf(segment.mapping, r);
+      new (&control.arrived) std::atomic<uint64_t>(0);
+      new (&control.done) std::atomic<uint64_t>(0);
+      new (&control.nonce) std::atomic<uint64_t>(0);
+    }
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  return segment;
+}
+
+// Another member's view of the segment the first one published as `published` ("<name> <token>",
+// or "none"): mapped only if it is `bytes` long and its header names `size` members and the token.
+Segment AttachSegment(const std::string& published, int size, size_t bytes) {
+  Segment segment;
+  const std::vector<std::string> parts = absl::StrSplit(published, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &segment.token)) return segment;
+  segment.name = parts[0];
+  if (g_before_attach_for_testing != nullptr) g_before_attach_for_testing(segment.name);
+  const int fd = shm_open(segment.name.c_str(), O_RDWR, 0);
+  if (fd >= 0) {
+    struct stat info;
+    if (fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) == bytes) {
+      segment.mapping = MapSegment(fd, bytes);
+    }
+    close(fd);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  void* mapping = segment.mapping;
+  if (mapping != nullptr &&
+      (HeaderOf(mapping).magic != kMagic || HeaderOf(mapping).token != segment.token ||
+       HeaderOf(mapping).size != size)) {
+    munmap(mapping, bytes);  // a segment of the same name that is not ours
+    segment.mapping = nullptr;
+  }
+  return segment;
+}
+
+// Step 2 of Connect: the first member creates the segment and publishes its name and token
+// ("none": no lane); the others read them and map it.
+absl::StatusOr<Segment> ShareSegment(Rendezvous& rendezvous, const std::string& key, int rank,
+                                     int size, size_t bytes) {
+  if (rank != 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const std::string published, rendezvous.Get(key + "/segment"));
+    return AttachSegment(published, size, bytes);
+  }
+  Segment segment = CreateSegment(size, bytes);
+  // A failed publication returns as it was: the segment stays mapped and named.
+  LOCKSTEP_RETURN_IF_ERROR(rendezvous.Set(
+      key + "/segment",
+      segment.mapping != nullptr ? absl::StrCat(segment.name, " ", segment.token) : "none"));
+  return segment;
+}
+
+// Step 3 of Connect: a member that mapped the segment leaves a random nonce in its control block;
+// every member publishes its nonce ("0": not mapped) and reads every member's. Whether this
+// member's mapping holds every published nonce (Note [Proof of sharing]).
+absl::StatusOr<bool> SeesEveryNonce(Rendezvous& rendezvous, const std::string& key, int rank,
+                                    int size, void* mapping) {
+  uint64_t nonce = 0;
+  if (mapping != nullptr) {
+    std::random_device entropy;
+    nonce = ((static_cast<uint64_t>(entropy()) << 32) ^ entropy()) | 1;  // never 0
+    ControlOf(mapping, rank).nonce.store(nonce, std::memory_order_release);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(
+      rendezvous.Set(absl::StrCat(key, "/attached/", rank), absl::StrCat(nonce)));
+  bool sees_everyone = mapping != nullptr;
+  for (int r = 0; r < size; ++r) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const std::string attached,
+                              rendezvous.Get(absl::StrCat(key, "/attached/", r)));
+    uint64_t published = 0;
+    sees_everyone = sees_everyone && absl::SimpleAtoi(attached, &published) && published != 0 &&
+                    ControlOf(mapping, r).nonce.load(std::memory_order_acquire) == published;
+  }
+  return sees_everyone;
+}
+
+// Step 4 of Connect: every member publishes whether it sees every nonce and reads every
+// member's verdict. Whether all of them do.
+absl::StatusOr<bool> EveryoneSeesEveryone(Rendezvous& rendezvous, const std::string& key, int rank,
+                                          int size, bool sees_everyone) {
+  LOCKSTEP_RETURN_IF_ERROR(
+      rendezvous.Set(absl::StrCat(key, "/verified/", rank), sees_everyone ? "1" : "0"));
+  bool everyone = sees_everyone;
+  for (int r = 0; r < size; ++r) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const std::string verified,
+                              rendezvous.Get(absl::StrCat(key, "/verified/", r)));
+    everyone = everyone && verified == "1";
+  }
+  return everyone;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvous,
                                                             const std::string& store_key, int rank,
                                                             int size, absl::Duration timeout) {
@@ -174,125 +320,29 @@ absl::StatusOr<std::unique_ptr<HostLane>> HostLane::Connect(Rendezvous& rendezvo
   const std::string what = absl::StrCat("setting up the host lane of ", store_key);
   if (size < 2 || rank < 0 || rank >= size) return std::unique_ptr<HostLane>();
   // 1. Every member publishes where it runs and its pid; all compare.
-  const std::string identity = HostIdentity();
-  LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-      rendezvous.Set(absl::StrCat(key, "/member/", rank), absl::StrCat(getpid(), " ", identity)),
-      what);
   std::vector<int64_t> pids(size, 0);
-  bool shared = !identity.empty();
-  for (int r = 0; r < size; ++r) {
-    absl::StatusOr<std::string> member = rendezvous.Get(absl::StrCat(key, "/member/", r));
-    if (!member.ok()) return Annotate(member.status(), what);
-    const std::vector<std::string> parts = absl::StrSplit(*member, absl::MaxSplits(' ', 1));
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pids[r]) || parts[1] != identity) {
-      shared = false;
-    }
-  }
-  if (!shared) return std::unique_ptr<HostLane>();
-  // 2. The first member creates the segment and publishes its name and token ("none": no lane).
+  absl::StatusOr<bool> shared = SameHostAsEveryone(rendezvous, key, rank, size, pids);
+  if (!shared.ok()) return Annotate(shared.status(), what);
+  if (!*shared) return std::unique_ptr<HostLane>();
+  // 2. The first member creates the segment and publishes its name and token; the others map it.
   const size_t bytes = SegmentBytes(size);
-  void* mapping = nullptr;
-  std::string name;
-  uint64_t token = 0;
-  if (rank == 0) {
-    std::random_device entropy;
-    token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
-    name = absl::StrCat("/lockstep-", getpid(), "-", token);
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) {
-      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) mapping = MapSegment(fd, bytes);
-      close(fd);
-      if (mapping == nullptr) shm_unlink(name.c_str());
-    }
-    if (mapping != nullptr) {
-      // A fresh segment reads as zeros: every counter at round 0, nobody poisoned.
-      Header& header = HeaderOf(mapping);
-      header.magic = kMagic;
-      header.token = token;
-      header.size = size;
-      new (&header.poisoned_by) std::atomic<int64_t>(0);
-      new (&header.wakeups) std::atomic<uint32_t>(0);
-      new (&header.sleepers) std::atomic<uint32_t>(0);
-      for (int r = 0; r < size; ++r) {
-        Control& control = ControlOf(mapping, r);
-        new (&control.arrived) std::atomic<uint64_t>(0);
-        new (&control.done) std::atomic<uint64_t>(0);
-        new (&control.nonce) std::atomic<uint64_t>(0);
-      }
-      std::atomic_thread_fence(std::memory_order_release);
-    }
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        rendezvous.Set(key + "/segment",
-                       mapping != nullptr ? absl::StrCat(name, " ", token) : "none"),
-        what);
-  } else {
-    absl::StatusOr<std::string> segment = rendezvous.Get(key + "/segment");
-    if (!segment.ok()) return Annotate(segment.status(), what);
-    const std::vector<std::string> parts = absl::StrSplit(*segment, ' ');
-    if (parts.size() == 2 && absl::SimpleAtoi(parts[1], &token)) {
-      name = parts[0];
-      if (g_before_attach_for_testing != nullptr) g_before_attach_for_testing(name);
-      const int fd = shm_open(name.c_str(), O_RDWR, 0);
-      if (fd >= 0) {
-        struct stat info;
-        if (fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) == bytes) {
-          mapping = MapSegment(fd, bytes);
-        }
-        close(fd);
-      }
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (mapping != nullptr &&
-          (HeaderOf(mapping).magic != kMagic || HeaderOf(mapping).token != token ||
-           HeaderOf(mapping).size != size)) {
-        munmap(mapping, bytes);  // a segment of the same name that is not ours
-        mapping = nullptr;
-      }
-    }
-  }
-  // 3. Every member that mapped it leaves its nonce there and publishes it ("0": not mapped).
-  uint64_t nonce = 0;
-  if (mapping != nullptr) {
-    std::random_device entropy;
-    nonce = ((static_cast<uint64_t>(entropy()) << 32) ^ entropy()) | 1;  // never 0
-    ControlOf(mapping, rank).nonce.store(nonce, std::memory_order_release);
-  }
-  auto give_up = [&](const absl::Status& status) {
+  absl::StatusOr<Segment> segment = ShareSegment(rendezvous, key, rank, size, bytes);
+  if (!segment.ok()) return Annotate(segment.status(), what);
+  void* const mapping = segment->mapping;
+  // 3. Every member that mapped it leaves its nonce there and publishes it.
+  absl::StatusOr<bool> sees_everyone = SeesEveryNonce(rendezvous, key, rank, size, mapping);
+  if (!sees_everyone.ok()) {
     if (mapping != nullptr) munmap(mapping, bytes);
-    if (rank == 0 && !name.empty()) shm_unlink(name.c_str());
-    return Annotate(status, what);
-  };
-  if (absl::Status s = rendezvous.Set(absl::StrCat(key, "/attached/", rank), absl::StrCat(nonce));
-      !s.ok()) {
-    return give_up(s);
+    if (rank == 0 && !segment->name.empty()) shm_unlink(segment->name.c_str());
+    return Annotate(sees_everyone.status(), what);
   }
-  // 4. The name can go once every member has had its chance to map it; each member checks its
-  // mapping holds every published nonce (Note [Proof of sharing]) and says whether it does.
-  bool sees_everyone = mapping != nullptr;
-  for (int r = 0; r < size; ++r) {
-    absl::StatusOr<std::string> attached = rendezvous.Get(absl::StrCat(key, "/attached/", r));
-    if (!attached.ok()) return give_up(attached.status());
-    uint64_t published = 0;
-    sees_everyone = sees_everyone && absl::SimpleAtoi(*attached, &published) && published != 0 &&
-                    ControlOf(mapping, r).nonce.load(std::memory_order_acquire) == published;
-  }
-  if (rank == 0 && !name.empty()) shm_unlink(name.c_str());
-  if (absl::Status s =
-          rendezvous.Set(absl::StrCat(key, "/verified/", rank), sees_everyone ? "1" : "0");
-      !s.ok()) {
+  // 4. The name can go once every member has had its chance to map it; each member says whether
+  // its mapping holds every published nonce (Note [Proof of sharing]).
+  if (rank == 0 && !segment->name.empty()) shm_unlink(segment->name.c_str());
+  absl::StatusOr<bool> everyone = EveryoneSeesEveryone(rendezvous, key, rank, size, *sees_everyone);
+  if (!everyone.ok() || !*everyone) {
     if (mapping != nullptr) munmap(mapping, bytes);
-    return Annotate(s, what);
-  }
-  bool everyone = sees_everyone;
-  for (int r = 0; r < size; ++r) {
-    absl::StatusOr<std::string> verified = rendezvous.Get(absl::StrCat(key, "/verified/", r));
-    if (!verified.ok()) {
-      if (mapping != nullptr) munmap(mapping, bytes);
-      return Annotate(verified.status(), what);
-    }
-    everyone = everyone && *verified == "1";
-  }
-  if (!everyone) {
-    if (mapping != nullptr) munmap(mapping, bytes);
+    if (!everyone.ok()) return Annotate(everyone.status(), what);
     return std::unique_ptr<HostLane>();
   }
   return std::unique_ptr<HostLane>(
