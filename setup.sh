@@ -25,6 +25,7 @@ packages=(
   iproute2 procps            # the multi-host tests' namespaced hosts: ip, tc; pgrep, pkill
   python3-dev python3-torch  # the Python package (//python): headers, and torch on the same LibTorch
   pybind11-dev python3-pytest
+  doxygen                    # tools/apidocs.sh: the API reference from the public headers
 )
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo

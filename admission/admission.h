@@ -37,13 +37,17 @@ namespace admission {
 // A memory cap: absolute bytes, or a fraction of the device's memory.
 class MemoryCap {
  public:
+  // A cap of `bytes` bytes (> 0, checked by Resolve).
   static MemoryCap Bytes(int64_t bytes) { return MemoryCap(bytes, 0); }
+  // A cap of `fraction` (in (0, 1], checked by Resolve) of the device's total memory, as the
+  // probe reports it.
   static MemoryCap FractionOfDevice(double fraction) { return MemoryCap(0, fraction); }
 
   // The cap in bytes: kInvalidArgument, naming the value, for bytes <= 0 or a fraction outside
   // (0, 1]; the probe's error if it cannot tell the device's memory.
   absl::StatusOr<int64_t> Resolve(MemoryProbe& probe) const;
 
+  // The cap as written for messages: "8.00 GiB", or "0.9 of the device's memory".
   std::string DebugString() const;
 
  private:
@@ -52,7 +56,9 @@ class MemoryCap {
   double fraction_;
 };
 
+// How AdmitWaves forms waves.
 struct AdmissionOptions {
+  // Every option at its default.
   static AdmissionOptions Defaults() { return AdmissionOptions(); }
   // Most microbatches in one wave (>= 1). Default: no limit.
   int max_microbatches_per_wave = 1 << 30;
@@ -64,9 +70,11 @@ struct AdmissionOptions {
   bool held_until_the_end = false;
 };
 
+// Consecutive microbatches of a plan run together, and what the model predicts for them.
 struct Wave {
   // Plan indices of the wave's microbatches, consecutive and ascending.
   std::vector<int> microbatches;
+  // The sum of the microbatches' shapes (ShapeOfMicrobatch): what the prediction is of.
   WorkShape shape;
   // The model's peak for the wave, plus `held_bytes`.
   double predicted_bytes = 0;
@@ -76,11 +84,15 @@ struct Wave {
   double headroom_bytes = 0;
 };
 
+// A plan's microbatches as admitted waves (AdmitWaves).
 struct Admission {
+  // The cap the waves were formed under, in bytes.
   int64_t cap_bytes = 0;
+  // The waves, in plan order, covering every microbatch once.
   std::vector<Wave> waves;
-  // The smallest headroom of any wave, and the largest prediction.
+  // The smallest headroom of any wave, in bytes.
   double min_headroom_bytes = 0;
+  // The largest prediction of any wave, in bytes.
   double max_predicted_bytes = 0;
 };
 

@@ -22,6 +22,8 @@
 namespace lockstep {
 namespace admission {
 
+// The MemoryProbe of one CUDA device, over LibTorch's caching allocator (see the top of this
+// file).
 class CudaMemoryProbe : public MemoryProbe {
  public:
   // kInvalidArgument naming the device and the device count if `device` does not exist.

@@ -24,6 +24,7 @@
 namespace lockstep {
 namespace admission {
 
+// Stages an attempt's contribution to a set of parameters' .grad (see the top of this file).
 class GradientStaging : public ContributionStaging {
  public:
   // Stages the gradients of `parameters` (tensors that require grad).

@@ -102,15 +102,16 @@ class SerialWriter;
 class SqliteDb;
 }  // namespace internal
 
+// What an event records (the schema's kind column; see the top of this file).
 enum class LedgerEventKind {
-  kPlanned,
-  kAdmitted,
-  kStarted,
-  kCompleted,
-  kFailed,
-  kSplit,
-  kRetried,
-  kStepCommitted,
+  kPlanned,        // a microbatch of the step's plan (written by BeginStep, one per microbatch)
+  kAdmitted,       // an attempt admitted under the memory cap (detail: prediction and cap)
+  kStarted,        // an attempt started
+  kCompleted,      // an attempt completed: its ranges are the step's contribution, once
+  kFailed,         // an attempt failed (detail: the error; "out of memory: ..." when it was)
+  kSplit,          // work split after running out of memory (detail: into which halves)
+  kRetried,        // an attempt that follows a failed one (of the same or split-off work)
+  kStepCommitted,  // the step committed: every planned token completed (written by CommitStep)
 };
 
 // "planned", "admitted", ..., "step_committed" (the schema's kind column).
@@ -118,10 +119,11 @@ absl::string_view LedgerEventKindName(LedgerEventKind kind);
 
 // Tokens [begin, end) of input sequence `batch_index` of the step's batch.
 struct TokenRange {
-  int32_t batch_index = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
+  int32_t batch_index = 0;  // index of the input sequence in the step's batch (>= 0)
+  int64_t begin = 0;        // first token, 0-based in the sequence
+  int64_t end = 0;          // one past the last token; begin < end
 
+  // Whether both are the same range of the same sequence.
   friend bool operator==(const TokenRange& a, const TokenRange& b) {
     return a.batch_index == b.batch_index && a.begin == b.begin && a.end == b.end;
   }
@@ -132,18 +134,22 @@ std::string FormatTokenRanges(const std::vector<TokenRange>& ranges);
 
 // A microbatch of a step's plan: its stable id and the token ranges it holds.
 struct PlannedMicrobatch {
+  // The microbatch `id` holding `ranges`.
   static PlannedMicrobatch Of(std::string id, std::vector<TokenRange> ranges) {
     PlannedMicrobatch microbatch;
     microbatch.id = std::move(id);
     microbatch.ranges = std::move(ranges);
     return microbatch;
   }
+  // Its id, unique in the step and non-empty: "3" (plan index), "3.1" (second half of 3).
   std::string id;
+  // The tokens it holds, as ranges of the batch's input sequences.
   std::vector<TokenRange> ranges;
 };
 
 // One event: what happened to which microbatch of which step.
 struct LedgerEvent {
+  // An event of `kind` for `microbatch` of step `step`, covering `ranges`, with `detail`.
   static LedgerEvent Of(LedgerEventKind kind, int64_t step, std::string microbatch,
                         std::vector<TokenRange> ranges, std::string detail = "") {
     LedgerEvent event;
@@ -154,17 +160,24 @@ struct LedgerEvent {
     event.detail = std::move(detail);
     return event;
   }
+  // What happened.
   LedgerEventKind kind = LedgerEventKind::kPlanned;
+  // The training step it happened in (>= 0).
   int64_t step = 0;
   // Filled by the ledger from its options when recording; read back by Replay.
   int dp_rank = 0;
+  // The id of the microbatch (PlannedMicrobatch::id), or of a wave's microbatches joined by "+"
+  // ("3+4"); empty for kStepCommitted.
   std::string microbatch;
+  // The tokens the event is about (empty for kStepCommitted).
   std::vector<TokenRange> ranges;
+  // Free text for people: an error message, a prediction, a split.
   std::string detail;
   // Position in the ledger (1, 2, ...); set by the ledger.
   int64_t seq = 0;
 };
 
+// How a ledger writer records: its DP rank and when it fsyncs.
 struct LedgerOptions {
   // Options for the ledger of DP rank `dp_rank` (>= 0).
   static LedgerOptions Of(int dp_rank) {
@@ -172,6 +185,7 @@ struct LedgerOptions {
     options.dp_rank = dp_rank;
     return options;
   }
+  // The DP rank whose ledger this is (>= 0): recorded in every event and bound into the chain.
   int dp_rank = 0;
   // fsync the WAL when a step commits (SQLite synchronous=FULL for that transaction).
   bool fsync_at_commit = true;
@@ -181,11 +195,11 @@ struct LedgerOptions {
 
 // What the ledger says about one step of one DP rank.
 struct StepReplay {
-  int64_t step = 0;
-  int dp_rank = 0;
-  bool committed = false;
-  int64_t planned_tokens = 0;
-  int64_t completed_tokens = 0;
+  int64_t step = 0;              // the training step
+  int dp_rank = 0;               // the DP rank that recorded it
+  bool committed = false;        // whether the step committed
+  int64_t planned_tokens = 0;    // tokens of the step's plan
+  int64_t completed_tokens = 0;  // tokens of the plan completed (each counted once)
   // Completed ranges, sorted by (batch_index, begin), adjacent ranges merged.
   std::vector<TokenRange> completed;
   // Planned ranges not completed, in the same order (empty for a committed step).
@@ -216,6 +230,7 @@ struct LedgerReplay {
 // effort: a ledger that must not be left behind is checked with Replay's kNotFound).
 void RemoveLedgerFiles(const std::string& path);
 
+// A DP rank's recovery ledger, open for writing (see the top of this file).
 class Ledger {
  public:
   // Opens (creating if absent or empty) the ledger at `path` as its one writer, after the
@@ -277,8 +292,11 @@ class Ledger {
   // it. Replay sees a queued write once AwaitDurable has returned. At most kMaxQueuedWrites wait
   // to be written; a call beyond that waits for the writer first.
   static constexpr int kMaxQueuedWrites = 1024;
+  // BeginStep, queued: checked now, written by the writer thread (see above).
   absl::Status QueueBeginStep(int64_t step, std::vector<PlannedMicrobatch> microbatches);
+  // Record, queued; the event's seq is not returned.
   absl::Status QueueRecord(LedgerEvent event);
+  // CommitStep, queued; its fsync (per LedgerOptions) runs on the writer thread.
   absl::Status QueueCommitStep(int64_t step, std::string detail = "");
 
   // Waits until every queued write is written and a background fsync of CommitSync::kInBackground
@@ -291,7 +309,9 @@ class Ledger {
   // The last step this ledger's rank began (-1 if none), counting queued BeginSteps.
   int64_t last_begun_step() const { return last_begun_step_; }
 
+  // The ledger's file, as given to OpenWriter.
   const std::string& path() const { return path_; }
+  // The options it was opened with.
   const LedgerOptions& options() const { return options_; }
 
  private:

@@ -43,8 +43,10 @@ std::vector<TokenRange> TokenRangesOf(const planner::Plan& plan, int microbatch)
 // The ledger's view of a fresh plan: microbatch m as id "m" with its ranges.
 std::vector<PlannedMicrobatch> PlannedWorkOf(const planner::Plan& plan);
 
+// One step's writes to a ledger, or to none (see the top of this file).
 class LedgerStep {
  public:
+  // How the step's writes reach the ledger.
   enum class Writes {
     kDirect,  // Ledger::BeginStep, Record, CommitStep
     kQueued,  // Ledger::QueueBeginStep, QueueRecord, QueueCommitStep
@@ -66,7 +68,9 @@ class LedgerStep {
   // Commits the step (after its last microbatch completed).
   absl::Status Commit(std::string detail = "");
 
+  // Whether there is a ledger to write to (false: every call is a no-op).
   bool recording() const { return ledger_ != nullptr; }
+  // The step being recorded (-1 for None()).
   int64_t step() const { return step_; }
 
  private:

@@ -43,6 +43,7 @@ namespace admission {
 
 // What memory is predicted from.
 struct WorkShape {
+  // The shape of `tokens` tokens and `attention_pairs` attention pairs.
   static WorkShape Of(int64_t tokens, double attention_pairs = 0) {
     WorkShape shape;
     shape.tokens = tokens;
@@ -65,13 +66,16 @@ WorkShape ShapeOfMicrobatch(const planner::Plan& plan, int microbatch);
 
 // One measurement: a shape and the peak bytes it reached.
 struct PeakSample {
+  // A sample of `shape` that peaked at `peak_bytes`, its retained bytes not measured.
   static PeakSample Of(WorkShape shape, double peak_bytes) {
     PeakSample sample;
     sample.shape = shape;
     sample.peak_bytes = peak_bytes;
     return sample;
   }
+  // The work measured.
   WorkShape shape;
+  // The device memory's peak while it ran, in bytes (MemoryProbe: reset before, read after).
   double peak_bytes = 0;
   // Bytes still held once the work returned (allocated after it minus before: outputs and the
   // activations their graph keeps); -1 when not measured. Calibrate fits the retained term only
@@ -81,7 +85,9 @@ struct PeakSample {
 
 class MemoryModel;
 
+// What MemoryModel::Calibrate fits.
 struct CalibrationOptions {
+  // Every option at its default.
   static CalibrationOptions Defaults() { return CalibrationOptions(); }
   // Fit the quadratic attention term too (needs samples with varied sequence lengths).
   bool attention_term = false;
@@ -89,6 +95,7 @@ struct CalibrationOptions {
 
 struct Calibration;
 
+// Predicted device memory of work by its shape (see the top of this file).
 class MemoryModel {
  public:
   // A model with the given terms (bytes, bytes per token, bytes per attention pair), each finite
@@ -116,11 +123,17 @@ class MemoryModel {
   // this shape is predicted at 5% above the cap (never lowers it). Returns the new factor.
   double CorrectAfterOom(const WorkShape& shape, int64_t cap_bytes);
 
+  // The fixed term, in bytes (before the safety factor).
   double fixed_bytes() const { return fixed_; }
+  // The per-token term, in bytes per token (before the safety factor).
   double bytes_per_token() const { return per_token_; }
+  // The attention term, in bytes per attention pair (before the safety factor; 0 without one).
   double bytes_per_attention_pair() const { return per_pair_; }
+  // The retained term per token, in bytes (before the safety factor; 0 unless set).
   double retained_bytes_per_token() const { return retained_per_token_; }
+  // The retained term per attention pair, in bytes (before the safety factor; 0 unless set).
   double retained_bytes_per_attention_pair() const { return retained_per_pair_; }
+  // The factor every prediction is multiplied by: 1 at first, raised by CorrectAfterOom.
   double safety_factor() const { return safety_; }
 
   // The model's terms and factor as text that replicas can compare ("fixed=... factor=...",
@@ -138,11 +151,15 @@ class MemoryModel {
   double safety_ = 1.0;
 };
 
+// A fitted model and how well it fits its samples (MemoryModel::Calibrate).
 struct Calibration {
+  // `fitted`, with the errors not yet computed (0).
   explicit Calibration(MemoryModel fitted) : model(fitted) {}
+  // The fitted model (safety factor 1).
   MemoryModel model;
-  // max over samples of |predicted - measured| / measured, and the root mean square of it.
+  // Max over samples of |predicted - measured| / measured, for the peak bytes.
   double worst_relative_error = 0;
+  // The root mean square over samples of the same relative error.
   double rms_relative_error = 0;
   // The same maximum for the retained bytes (0 when they were not measured).
   double worst_retained_relative_error = 0;

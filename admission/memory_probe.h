@@ -25,6 +25,7 @@
 namespace lockstep {
 namespace admission {
 
+// What a MemoryProbe reads: the peaks since the last ResetPeak, and the bytes allocated now.
 struct MemoryReading {
   // Peak bytes held by tensors since the last ResetPeak.
   int64_t peak_allocated_bytes = 0;
@@ -34,12 +35,17 @@ struct MemoryReading {
   int64_t allocated_bytes = 0;
 };
 
+// The memory readings of one device (see the top of this file).
 class MemoryProbe {
  public:
   virtual ~MemoryProbe() = default;
+  // Starts a measurement: the peaks Read reports from now on start at the bytes held now.
   virtual absl::Status ResetPeak() = 0;
+  // The peaks since the last ResetPeak, and the bytes allocated now.
   virtual absl::StatusOr<MemoryReading> Read() = 0;
+  // Returns to the device the memory the allocator caches but no tensor uses.
   virtual absl::Status ReleaseCachedMemory() = 0;
+  // The device's total memory in bytes: what MemoryCap::FractionOfDevice is a fraction of.
   virtual absl::StatusOr<int64_t> DeviceTotalBytes() = 0;
   // "cuda:0", "fake", ... for messages.
   virtual std::string DeviceName() const = 0;

@@ -73,34 +73,50 @@ class ContributionStaging {
   virtual void Discard() = 0;
 };
 
+// The caller's callback: runs one attempt at a wave (its forward and backward). Out of memory is
+// kResourceExhausted or a LibTorch out-of-memory exception; any other error stops the step.
 using RunWave = std::function<absl::Status(const WaveWork&)>;
 
+// A training step's forward and backward with admission, out-of-memory recovery and gradient
+// staging (see the top of this file).
 class RecoveringRunner {
  public:
   // What the runner works with; model and staging are required, the rest optional.
   struct Collaborators {
+    // The required collaborators: the memory model (corrected after out of memory) and the
+    // staging of contributions.
     static Collaborators Of(MemoryModel* model, ContributionStaging* staging) {
       Collaborators c;
       c.model = model;
       c.staging = staging;
       return c;
     }
+    // Sets `probe`; returns these collaborators, to chain.
     Collaborators& WithProbe(MemoryProbe* p) {
       probe = p;
       return *this;
     }
+    // Sets `group`; returns these collaborators, to chain.
     Collaborators& WithGroup(collectives::Communicator* g) {
       group = g;
       return *this;
     }
+    // Sets `ledger`; returns these collaborators, to chain.
     Collaborators& WithLedger(std::shared_ptr<Ledger> l) {
       ledger = std::move(l);
       return *this;
     }
+    // Predicts each wave; its safety factor is raised after out of memory. Required.
     MemoryModel* model = nullptr;
+    // Where each attempt's contribution is staged. Required.
     ContributionStaging* staging = nullptr;
+    // Peaks are reset before and read after each attempt, and cached memory released after out
+    // of memory. Optional.
     MemoryProbe* probe = nullptr;
+    // The TP x CP group that agrees on waves, outcomes and splits. Optional: without one the
+    // rank decides alone.
     collectives::Communicator* group = nullptr;
+    // Where every attempt is recorded. Optional.
     std::shared_ptr<Ledger> ledger;
   };
 
@@ -117,6 +133,7 @@ class RecoveringRunner {
   // Records the step's commit in the ledger (after the caller's optimizer step); OK without one.
   absl::Status CommitStep(int64_t step);
 
+  // The memory cap waves are admitted under, in bytes (as given to Create).
   int64_t cap_bytes() const { return cap_bytes_; }
 
  private:

@@ -75,10 +75,12 @@ namespace admission {
 
 // One attempt at a wave, as the hooks see it.
 struct WaveWork {
+  // The training step.
   int64_t step = 0;
   // The step's plan as re-planned so far (splits replace microbatches); `microbatches` index it.
   // Valid until the loop's next RunNext.
   const planner::Plan* plan = nullptr;
+  // Indices into *plan of the wave's microbatches, consecutive and ascending.
   std::vector<int> microbatches;
   // Stable ids of those microbatches: "3" for plan microbatch 3, "3.0" / "3.1" for its halves.
   std::vector<std::string> ids;
@@ -129,30 +131,39 @@ struct RecoveryCollaborators {
     writes = w;
     return *this;
   }
+  // The members that agree (Of); null: this member alone.
   collectives::Communicator* group = nullptr;
+  // The memory model of admission and recovery (WithModel); null: neither.
   MemoryModel* model = nullptr;
+  // The memory cap in bytes (WithModel); > 0 with a model.
   int64_t cap_bytes = 0;
+  // The memory probe (WithProbe); null: no readings, no cache release.
   MemoryProbe* probe = nullptr;
+  // The ledger (WithLedger); null: nothing is recorded.
   std::shared_ptr<Ledger> ledger;
+  // How the ledger is written (WithLedger). Default: directly.
   LedgerStep::Writes writes = LedgerStep::Writes::kDirect;
 };
 
+// How the loop admits and recovers.
 struct RecoveryOptions {
+  // Every option at its default.
   static RecoveryOptions Defaults() { return RecoveryOptions(); }
   // Most times one original microbatch may be halved (>= 0).
   int max_split_depth = 4;
+  // How waves are formed (with a model). Default: AdmissionOptions::Defaults().
   AdmissionOptions admission = AdmissionOptions::Defaults();
 };
 
 // What a step's loop did.
 struct StepReport {
-  int64_t step = 0;
-  int waves_run = 0;
-  int attempts = 0;
-  int out_of_memory = 0;
-  int wave_splits = 0;
-  int microbatch_splits = 0;
-  double max_predicted_bytes = 0;
+  int64_t step = 0;                // the training step
+  int waves_run = 0;               // waves that succeeded on every member
+  int attempts = 0;                // attempts made, retries included
+  int out_of_memory = 0;           // attempts that ran out of memory (on any member)
+  int wave_splits = 0;             // waves halved into two waves after out of memory
+  int microbatch_splits = 0;       // microbatches halved (planner::SplitMicrobatch)
+  double max_predicted_bytes = 0;  // the largest prediction of any attempt, in bytes
   // Largest probe reading of a successful attempt (0 without a probe).
   int64_t max_measured_peak_bytes = 0;
   // Ids of the work that completed, in order.
@@ -161,6 +172,8 @@ struct StepReport {
   planner::Plan final_plan;
 };
 
+// One step's waves, run one at a time by the caller with admission, agreement and recovery (see
+// the top of this file).
 class RecoveryLoop {
  public:
   // Begins step `step` over `plan`: admits its waves (with a model: kResourceExhausted naming a
@@ -172,7 +185,9 @@ class RecoveryLoop {
                                             const RecoveryOptions& options, int64_t step,
                                             planner::Plan plan);
 
+  // Moves the loop, its remaining waves and its ledger step; `other` must not be used after.
   RecoveryLoop(RecoveryLoop&&) = default;
+  // As the move constructor.
   RecoveryLoop& operator=(RecoveryLoop&&) = default;
   RecoveryLoop(const RecoveryLoop&) = delete;
   RecoveryLoop& operator=(const RecoveryLoop&) = delete;
@@ -192,8 +207,11 @@ class RecoveryLoop {
 
   // The step's plan after the splits so far.
   const planner::Plan& plan() const { return plan_; }
+  // The stable ids of plan()'s microbatches, by index ("3", "3.0", "3.1", ...).
   const std::vector<std::string>& ids() const { return ids_; }
+  // What the loop has done so far.
   const StepReport& report() const { return report_; }
+  // The training step.
   int64_t step() const { return report_.step; }
 
  private:

@@ -55,6 +55,7 @@
 
 namespace lockstep {
 
+// How WriteFileAtomically writes.
 struct WriteOptions {
   // fsync the file and its directory before returning (a regular file's replacement survives
   // power loss). Without it the replacement is still atomic for readers and survives the process
@@ -103,7 +104,10 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
+  // The path the file was opened by.
   const std::string& path() const { return path_; }
+  // The file's contents as mapped, valid while this MappedFile lives. Pages past the file's end,
+  // should it shrink, read as zeros: see CheckUnchanged.
   absl::string_view bytes() const { return {static_cast<const char*>(data_), size_}; }
 
   // OK if the file is as it was when mapped: no page of the mapping was found past the file's

@@ -75,21 +75,30 @@ struct Voidify {
 }  // namespace logging_internal
 }  // namespace lockstep
 
+// A stream for one log message of `severity` (INFO, WARNING, ERROR or FATAL): what is streamed
+// into it goes to glog, with this file and line, when the statement ends; FATAL then aborts.
 #define LOCKSTEP_LOG(severity)                                                            \
   ::lockstep::logging_internal::Message(__FILE__, __LINE__,                               \
                                         ::lockstep::logging_internal::Severity::severity) \
       .stream()
 
+// As LOCKSTEP_LOG(INFO), shown only when glog's verbosity (GLOG_v) is at least `level`; the
+// streamed operands are not evaluated otherwise.
 #define LOCKSTEP_VLOG(level)                     \
   !::lockstep::logging_internal::VlogIsOn(level) \
       ? (void)0                                  \
       : ::lockstep::logging_internal::Voidify() & LOCKSTEP_LOG(INFO)
 
+// Aborts through LOCKSTEP_LOG(FATAL), with "Check failed: <condition>" and whatever is streamed
+// after it, unless `condition` holds; for broken internal invariants only, never for what a
+// caller can cause (those are statuses). The streamed operands are evaluated only on failure.
 #define LOCKSTEP_CHECK(condition)                                             \
   (condition) ? (void)0                                                       \
               : ::lockstep::logging_internal::Voidify() & LOCKSTEP_LOG(FATAL) \
                                                               << "Check failed: " #condition " "
 
+// As LOCKSTEP_CHECK in debug builds; in optimized builds (NDEBUG) it checks nothing and neither
+// `condition` nor the streamed operands are evaluated (they must still compile).
 #ifdef NDEBUG
 #define LOCKSTEP_DCHECK(condition) \
   true ? (void)0 : ::lockstep::logging_internal::Voidify() & LOCKSTEP_LOG(FATAL)

@@ -24,8 +24,11 @@
 
 namespace lockstep {
 
+// A SHA-256 digest: 32 bytes, in the order the algorithm outputs them.
 using Sha256Digest = std::array<uint8_t, 32>;
 
+// The digest of `parts` in order, each framed by its length (8 bytes, little-endian) before its
+// bytes; no part is ever read as a boundary of another.
 Sha256Digest Sha256Framed(std::initializer_list<absl::string_view> parts);
 
 // Incremental SHA-256. Sha256Framed({a, b}) equals the digest of

@@ -20,8 +20,10 @@
 
 namespace lockstep {
 
+// Elapsed time since construction on the monotonic clock (std::chrono::steady_clock).
 class Stopwatch {
  public:
+  // Starts the stopwatch now.
   Stopwatch() : start_(std::chrono::steady_clock::now()) {}
   // Time since construction, monotonic.
   absl::Duration Elapsed() const {

@@ -43,6 +43,8 @@
 
 namespace lockstep {
 
+// How Child::Fork and Child::Exec start a child: what its channel carries, and its process group
+// and parent-death settings.
 class ChildOptions {
  public:
   // A child whose body reports through its channel descriptor; stdout/stderr are inherited.
@@ -62,8 +64,12 @@ class ChildOptions {
     return *this;
   }
 
+  // Whether the channel carries the child's stdout and stderr (Output) rather than what its
+  // body writes to the channel descriptor (Reporting).
   bool channel_is_output() const { return channel_is_output_; }
+  // As set by set_own_process_group.
   bool own_process_group() const { return own_process_group_; }
+  // As set by set_die_with_parent.
   bool die_with_parent() const { return die_with_parent_; }
 
  private:
@@ -74,6 +80,8 @@ class ChildOptions {
   bool die_with_parent_ = true;
 };
 
+// A child process started by Fork or Exec, with its channel; kills and reaps the process when
+// destroyed while it runs (see the top of this file).
 class Child {
  public:
   // Forks a child that runs body(channel_fd) and exits with its return value (skipping the
@@ -87,15 +95,21 @@ class Child {
       const ChildOptions& options, const std::vector<std::string>& argv,
       const std::vector<std::pair<std::string, std::string>>& environment);
 
+  // Takes over `other`'s process and channel; `other` then owns neither.
   Child(Child&& other) noexcept;
+  // Ends this child as the destructor does (closes its channel; kills and reaps a running
+  // process), then takes over `other`'s process and channel.
   Child& operator=(Child&& other) noexcept;
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
   ~Child();
 
+  // The child's process id (-1 once moved from).
   pid_t pid() const { return pid_; }
   // The read end of the child's channel (non-blocking), or -1 once it is closed.
   int channel() const { return channel_; }
+  // Closes the read end of the channel (a no-op once closed); the child then gets SIGPIPE or
+  // EPIPE if it writes to it.
   void CloseChannel();
 
   // Sends `signal` to the child (to its process group when it has one) unless it was reaped.
@@ -105,6 +119,7 @@ class Child {
   bool TryReap();
   // Waits for the child to exit and reaps it.
   void Reap();
+  // Whether the child has been reaped (TryReap returned true, or Reap returned).
   bool exited() const { return exited_; }
   // Precondition for the three below: exited().
   bool succeeded() const;

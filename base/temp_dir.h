@@ -22,6 +22,7 @@
 
 namespace lockstep {
 
+// A directory made by Make and owned by this object: removed, with its contents, on destruction.
 class TempDir {
  public:
   // A new directory "<root>/lockstep_<prefix>_XXXXXX". kInternal naming the root and the OS
@@ -31,7 +32,9 @@ class TempDir {
   // The root it is made under: $TEST_TMPDIR, else $TMPDIR, else /tmp.
   static std::string Root();
 
+  // Takes over `other`'s directory; `other` then owns none, and its destruction removes nothing.
   TempDir(TempDir&& other) noexcept : path_(std::move(other.path_)) { other.path_.clear(); }
+  // Removes the directory this one owns, if any, then takes over `other`'s as the constructor does.
   TempDir& operator=(TempDir&& other) noexcept;
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
@@ -39,6 +42,7 @@ class TempDir {
   // followed).
   ~TempDir();
 
+  // The directory's path, "<root>/lockstep_<prefix>_XXXXXX" (empty once moved from).
   const std::string& path() const { return path_; }
 
  private:

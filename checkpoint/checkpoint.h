@@ -76,8 +76,12 @@
 namespace lockstep {
 namespace checkpoint {
 
+// The block a checkpoint runs: a function of tensors to tensors that runs the same operations
+// when recomputed (see the top of this file).
 using CheckpointedFunction = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
+// How Checkpoint saves and replays randomness. Default: the default generators of the inputs'
+// devices.
 struct CheckpointOptions {
   // The RNG streams to replay. Null: StreamSnapshots over the CPU generator plus the CUDA
   // generator of the first CUDA input's device, or of the current CUDA device when no input is
@@ -95,9 +99,11 @@ absl::StatusOr<std::vector<at::Tensor>> Checkpoint(const CheckpointedFunction& f
 // What checkpoints currently retain for their backward: autograd nodes still holding saved
 // stream values, and the bytes of those values (from SavedRngState::ByteSize).
 struct RetainedCheckpointState {
-  int64_t nodes = 0;
-  int64_t rng_bytes = 0;
+  int64_t nodes = 0;      // checkpoint nodes whose saved stream values are not yet released
+  int64_t rng_bytes = 0;  // bytes of those values, summed over the nodes
 };
+// What the process's checkpoints retain now (0 and 0 once every checkpoint's backward has run,
+// or its outputs were freed). Thread-safe.
 RetainedCheckpointState RetainedState();
 
 }  // namespace checkpoint

@@ -38,6 +38,7 @@
 namespace lockstep {
 namespace checkpoint {
 
+// The values of a set of RNG streams at one point (RngStateSaver::Save), to be written back.
 class SavedRngState {
  public:
   virtual ~SavedRngState() = default;
@@ -55,6 +56,7 @@ class SavedRngState {
   virtual size_t ByteSize() const = 0;
 };
 
+// Names a set of RNG streams and saves their current values (see the top of this file).
 class RngStateSaver {
  public:
   virtual ~RngStateSaver() = default;
@@ -63,6 +65,7 @@ class RngStateSaver {
   virtual absl::StatusOr<std::unique_ptr<SavedRngState>> Save() const = 0;
 };
 
+// The saver to use: value snapshots of a rank's default generators and named streams.
 class StreamSnapshots : public RngStateSaver {
  public:
   // The rank's default generators and its named streams named in `names` (every stream the

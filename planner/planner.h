@@ -105,6 +105,8 @@ inline constexpr int kMaxCpSize = 1024;
 // (16 GiB of indices): beyond it they return kResourceExhausted instead of allocating.
 inline constexpr int64_t kMaxListedTokens = int64_t{1} << 31;
 
+// How PlanMicrobatches packs a batch: the token budget, the CP group size, the packing policy
+// and the loss normalisation.
 struct PlanOptions {
   // The options for a budget of `max_tokens_per_microbatch` tokens over `cp_size` CP ranks, with
   // the defaults below for the rest; the With* setters change one field and chain.
@@ -114,10 +116,12 @@ struct PlanOptions {
     options.cp_size = cp_size;
     return options;
   }
+  // Sets `packing`; returns this options object, to chain.
   PlanOptions& WithPacking(PackingPolicy value) {
     packing = value;
     return *this;
   }
+  // Sets `loss_normalization`; returns this options object, to chain.
   PlanOptions& WithLossNormalization(LossNormalization value) {
     loss_normalization = value;
     return *this;
@@ -210,10 +214,10 @@ absl::StatusOr<std::vector<int64_t>> PositionIds(const Microbatch& microbatch);
 // One token range a CP rank owns: packed sequence `sequence` of the microbatch, its chunk
 // `chunk` in [0, 2 * cp_size), packed-buffer offsets [begin, end), begin < end.
 struct ShardPiece {
-  int32_t sequence = 0;
-  int32_t chunk = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
+  int32_t sequence = 0;  // index of the packed sequence in the microbatch
+  int32_t chunk = 0;     // the sequence's chunk, in [0, 2 * cp_size)
+  int64_t begin = 0;     // first token's offset in the packed buffer
+  int64_t end = 0;       // one past the last token's offset
 };
 
 // The token ranges `cp_rank` owns of microbatch `microbatch` of `plan`, derived from its

@@ -36,14 +36,25 @@
 namespace lockstep {
 namespace rng {
 
+// The state of one LibTorch CPU generator (see the top of this file). Default-constructed it has
+// every word 0, which no seed gives: start from Seeded or a parsed state.
 struct CpuGeneratorState {
   static constexpr int kWords = 624;  // mt19937's state words
 
+  // The seed the engine was last seeded with (what initial_seed() reports).
   uint64_t seed = 0;
+  // Draws before the engine regenerates its words, plus one: 1 when freshly seeded, otherwise
+  // 625 - next.
   int32_t left = 1;
+  // Index of the next state word to read: 0 when freshly seeded, otherwise 1..624 (a draw with
+  // left == 1 first regenerates the words and reads from 0).
   uint32_t next = 0;
+  // mt19937's state words.
   std::array<uint32_t, kWords> words{};
+  // The second sample of the last Box-Muller pair drawn for a float normal, which the next float
+  // normal draw returns; absent when there is none.
   std::optional<float> next_float_normal;
+  // As next_float_normal, for double normal draws.
   std::optional<double> next_double_normal;
 
   // The state mt19937(seed) starts in (what manual_seed installs), no cached samples.
@@ -52,7 +63,9 @@ struct CpuGeneratorState {
   // OK if the engine position is one LibTorch can produce (see the top of this file).
   absl::Status Validate() const;
 
+  // Whether every field is equal: the two generators would draw the same values.
   bool operator==(const CpuGeneratorState& o) const;
+  // Whether any field differs.
   bool operator!=(const CpuGeneratorState& o) const { return !(*this == o); }
 };
 
@@ -70,6 +83,8 @@ absl::StatusOr<CpuGeneratorState> ParseTorchCpuState(absl::string_view bytes);
 // next (4), the words (4 each), then per cached sample a flag byte and its value (4 / 8).
 inline constexpr size_t kCompactCpuStateBytes =
     8 + 4 + 4 + 4 * CpuGeneratorState::kWords + 1 + 4 + 1 + 8;
+// Writes `state` as kCompactCpuStateBytes bytes at `out` (not validated: encode only what
+// Validate accepts, or what was decoded).
 void EncodeCompact(const CpuGeneratorState& state, uint8_t* out);
 // Decodes and validates kCompactCpuStateBytes bytes.
 absl::StatusOr<CpuGeneratorState> DecodeCompact(const uint8_t* in);
@@ -77,6 +92,8 @@ absl::StatusOr<CpuGeneratorState> DecodeCompact(const uint8_t* in);
 // The live default CPU generator's state, and writing one into it (validated first: a bad state
 // is refused and the generator left as it was).
 absl::StatusOr<CpuGeneratorState> ReadDefaultCpuGenerator();
+// Installs `state` in the live default CPU generator; kInvalidArgument (from Validate) for a state
+// LibTorch could not have produced, and the generator is then left as it was.
 absl::Status WriteDefaultCpuGenerator(const CpuGeneratorState& state);
 
 }  // namespace rng

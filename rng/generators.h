@@ -33,15 +33,20 @@ struct DefaultGenerators {
   // The rank's own CUDA device, or -1 for a CPU-only rank. Default: -1.
   int cuda_device = -1;
 
+  // The CPU generator only.
   static DefaultGenerators CpuOnly() { return DefaultGenerators(); }
+  // The CPU generator and the CUDA generator of `device` (>= 0).
   static DefaultGenerators WithCudaDevice(int device) {
     DefaultGenerators generators;
     generators.cuda_device = device;
     return generators;
   }
 
+  // Whether a CUDA generator is among them.
   bool has_cuda() const { return cuda_device >= 0; }
+  // Whether both name the same generators.
   bool operator==(const DefaultGenerators& o) const { return cuda_device == o.cuda_device; }
+  // Whether they name different generators.
   bool operator!=(const DefaultGenerators& o) const { return !(*this == o); }
 };
 
@@ -61,6 +66,7 @@ struct CudaCapturePosition {
   // LibTorch build has no graph-safe generator state.
   std::shared_ptr<const internal::GraphSafeCudaState> live;
 
+  // Whether both are the same position of the same capture (`live` is not compared).
   bool operator==(const CudaCapturePosition& o) const {
     return capture_id == o.capture_id && offset_intragraph == o.offset_intragraph;
   }
@@ -70,11 +76,16 @@ struct CudaCapturePosition {
 // its graph-relative position (then `seed` and `offset` are 0: they are only known at replay).
 // Built through Eager() or InCapture(), never field by field.
 struct CudaGeneratorState {
+  // The CUDA device whose default generator this is.
   int device = 0;
+  // The Philox seed (0 in capture).
   uint64_t seed = 0;
+  // The Philox offset: how far the generator has advanced its counter (0 in capture).
   uint64_t offset = 0;
+  // The graph-relative position when taken during CUDA graph capture; absent otherwise.
   std::optional<CudaCapturePosition> in_capture;
 
+  // The state of `device`'s generator outside capture: Philox `seed` and `offset`.
   static CudaGeneratorState Eager(int device, uint64_t seed, uint64_t offset) {
     CudaGeneratorState state;
     state.device = device;
@@ -82,6 +93,7 @@ struct CudaGeneratorState {
     state.offset = offset;
     return state;
   }
+  // The state of `device`'s generator at `position` in a graph being captured.
   static CudaGeneratorState InCapture(int device, CudaCapturePosition position) {
     CudaGeneratorState state;
     state.device = device;
@@ -94,6 +106,7 @@ struct CudaGeneratorState {
   // the position, and restoring it succeeds only if nothing has drawn since).
   bool rewindable() const { return !in_capture.has_value() || in_capture->live != nullptr; }
 
+  // Whether every field is equal (positions compared as CudaCapturePosition's == does).
   bool operator==(const CudaGeneratorState& o) const {
     return device == o.device && seed == o.seed && offset == o.offset && in_capture == o.in_capture;
   }

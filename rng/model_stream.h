@@ -58,6 +58,8 @@ class RankStreams;
 // The salt of the model stream's derivation. Changing it changes every model stream.
 inline constexpr char kModelStreamSalt[] = "lockstep/model-stream/v1";
 
+// A rank's model stream (see the top of this file): owned by its RankStreams, run on by
+// ModelStreamScope.
 class ModelStream {
  public:
   ModelStream(const ModelStream&) = delete;
@@ -65,6 +67,7 @@ class ModelStream {
 
   // The stream's state between scopes; nullopt before the first scope (and before Restore).
   const std::optional<RngSnapshot>& state() const { return state_; }
+  // Whether a ModelStreamScope on it is open (the stream is installed in the generators).
   bool in_scope() const { return depth_ > 0; }
 
   // Replaces the stream's state (exact resume; see resume_state.h). kFailedPrecondition inside a
@@ -84,12 +87,16 @@ class ModelStream {
   int depth_ = 0;
 };
 
+// A region run on the model stream: from Enter to Exit (or destruction), the rank's generators
+// draw from the model stream and the caller's state is saved aside.
 class ModelStreamScope {
  public:
   // Saves the caller's state and installs the rank's model stream (deriving it on first use).
   // On error the caller's state is as it was.
   static absl::StatusOr<ModelStreamScope> Enter(RankStreams& streams);
 
+  // Takes over `other`'s open scope; `other` is then closed, and its Exit or destruction does
+  // nothing.
   ModelStreamScope(ModelStreamScope&& other) noexcept;
   ModelStreamScope& operator=(ModelStreamScope&&) = delete;
   ModelStreamScope(const ModelStreamScope&) = delete;

@@ -49,19 +49,24 @@ namespace rng {
 class RankStreams;
 class NamedStreamFork;
 
-// The most named streams a rank holds, and the longest name in bytes. Each stream is a full
-// generator state (2.5 KiB on CPU): the limits bound what a rank keeps and what a resume state
-// may ask a restoring rank to allocate.
+// The most named streams a rank holds. Each stream is a full generator state (2.5 KiB on CPU):
+// this limit and kMaxStreamNameBytes bound what a rank keeps and what a resume state may ask a
+// restoring rank to allocate.
 inline constexpr int kMaxNamedStreams = 1024;
+// The longest stream name, in bytes (CheckStreamName).
 inline constexpr int kMaxStreamNameBytes = 256;
 
 // kInvalidArgument for an empty name or one longer than kMaxStreamNameBytes, naming its length.
 absl::Status CheckStreamName(absl::string_view name);
 
+// A rank's named RNG streams (see the top of this file), owned by its RankStreams.
 class NamedStreamTracker {
  public:
+  // One named stream.
   struct Stream {
+    // The seed it was added with (both the CPU and the CUDA generator were seeded with it).
     uint64_t seed = 0;
+    // Its current state: where its next draws continue from.
     RngSnapshot state;
   };
 
@@ -76,7 +81,9 @@ class NamedStreamTracker {
   // Whether a fork is active.
   bool forked() const { return forked_; }
 
+  // Whether a stream named `name` exists.
   bool Has(absl::string_view name) const { return streams_.count(std::string(name)) > 0; }
+  // The streams' names, sorted.
   std::vector<std::string> Names() const;
 
   // Every stream's current state, by name (values: later draws do not change them).
@@ -110,6 +117,7 @@ class NamedStreamTracker {
 // A region running on a named stream (see NamedStreamTracker::Fork).
 class NamedStreamFork {
  public:
+  // Takes over `other`'s active fork; `other`'s Exit or destruction then does nothing.
   NamedStreamFork(NamedStreamFork&& other) noexcept;
   NamedStreamFork& operator=(NamedStreamFork&&) = delete;
   NamedStreamFork(const NamedStreamFork&) = delete;

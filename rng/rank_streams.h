@@ -42,6 +42,8 @@
 namespace lockstep {
 namespace rng {
 
+// A rank's RNG streams: its default generators, model stream and named streams (see the top of
+// this file). Always held by std::shared_ptr (Create).
 class RankStreams : public std::enable_shared_from_this<RankStreams> {
  public:
   // The streams of a rank with `generators`. kFailedPrecondition when they include a CUDA
@@ -51,10 +53,15 @@ class RankStreams : public std::enable_shared_from_this<RankStreams> {
   RankStreams(const RankStreams&) = delete;
   RankStreams& operator=(const RankStreams&) = delete;
 
+  // The default generators the streams are states of (fixed at Create).
   const DefaultGenerators& generators() const { return generators_; }
+  // The rank's model stream (model_stream.h).
   ModelStream& model() { return model_; }
+  // The rank's model stream, read-only.
   const ModelStream& model() const { return model_; }
+  // The rank's named streams (named_streams.h).
   NamedStreamTracker& named() { return named_; }
+  // The rank's named streams, read-only.
   const NamedStreamTracker& named() const { return named_; }
 
   // Whether the live default generators hold the caller's own state: no model-stream scope and

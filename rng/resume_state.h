@@ -49,7 +49,11 @@
 namespace lockstep {
 namespace rng {
 
+// The RngResumeStateProto version CaptureResumeState writes and the only one
+// RestoreResumeState accepts (others are kInvalidArgument).
 inline constexpr uint32_t kRngResumeStateVersion = 1;
+// The RngResumeStateEnvelope format SerializeResumeState writes and the only one
+// ParseResumeState accepts (others are kInvalidArgument).
 inline constexpr uint32_t kRngResumeEnvelopeFormat = 1;
 // The largest sealed resume state ParseResumeState reads (kMaxNamedStreams full CPU and CUDA
 // states fit in well under half of it).

@@ -50,6 +50,7 @@
 namespace lockstep {
 namespace rng {
 
+// A value copy of a rank's default generators (see the top of this file).
 class RngSnapshot {
  public:
   // Copies the current state of `generators`.
@@ -85,13 +86,19 @@ class RngSnapshot {
   std::string cpu_state() const { return TorchCpuStateBytes(cpu_); }
   // The seed recorded in the CPU state (what manual_seed last set).
   uint64_t cpu_seed() const { return cpu_.seed; }
+  // The CUDA generator's state; absent for a CPU-only snapshot.
   const std::optional<CudaGeneratorState>& cuda() const { return cuda_; }
+  // The generators this is a snapshot of: the CPU generator, plus the CUDA generator of the
+  // device of cuda() when it has one.
   DefaultGenerators generators() const {
     return cuda_.has_value() ? DefaultGenerators::WithCudaDevice(cuda_->device)
                              : DefaultGenerators::CpuOnly();
   }
 
+  // Whether both hold equal states of the same generators (restoring either gives the same
+  // draws).
   bool operator==(const RngSnapshot& o) const { return cpu_ == o.cpu_ && cuda_ == o.cuda_; }
+  // Whether they differ in any generator's state.
   bool operator!=(const RngSnapshot& o) const { return !(*this == o); }
 
  private:
