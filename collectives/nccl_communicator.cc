@@ -19,9 +19,21 @@
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "collectives/internal/host_lane.h"
+#include "collectives/internal/nccl_calls.h"
+#include "collectives/internal/nccl_staging.h"
 
 namespace lockstep {
 namespace collectives {
+
+using internal::Abort;
+using internal::Await;
+using internal::CheckTensor;
+using internal::CreateComm;
+using internal::Enqueue;
+using internal::ExchangeUniqueId;
+using internal::InitComm;
+using internal::NcclError;
+using internal::NcclType;
 
 struct NcclCommunicator::Transport {
   std::shared_ptr<Rendezvous> rendezvous;
@@ -29,107 +41,6 @@ struct NcclCommunicator::Transport {
   CpuStaging cpu_staging = CpuStaging::kMappedHost;
   bool host_lane = true;
 };
-
-namespace {
-
-absl::Status CudaError(const std::string& what, cudaError_t error) {
-  return CudaStatus(error, what);
-}
-
-// Note [CPU staging]
-// How a CPU tensor reaches NCCL, per communicator, grown on demand and reused (each collective
-// completes before the next may use the buffers):
-//   kMappedHost   one pinned host buffer, mapped into the device's address space; NCCL's kernels
-//                 read and write it directly (zero-copy), so nothing but the collective is
-//                 queued and one wait covers it. For the small, latency-bound tensors lockstep
-//                 moves (RNG states, digests) this saves two copies and their scheduling.
-//   kDeviceCopies a pinned host buffer and a device buffer; the upload, the collective and the
-//                 download are queued on one stream and waited for once.
-class Staging {
- public:
-  Staging(NcclCommunicator::CpuStaging mode, int device) : mode_(mode), device_(device) {}
-  ~Staging() { FreeMapped(); }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-
-  // Makes room for `bytes` bytes.
-  absl::Status Reserve(int64_t bytes, const std::string& what) {
-    if (bytes <= capacity_) return absl::OkStatus();
-    if (mode_ == NcclCommunicator::CpuStaging::kMappedHost) {
-      FreeMapped();
-      void* host = nullptr;
-      if (cudaError_t e = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-          e != cudaSuccess) {
-        return CudaError(what + ": allocating mapped staging memory", e);
-      }
-      void* alias = nullptr;
-      if (cudaError_t e = cudaHostGetDevicePointer(&alias, host, 0); e != cudaSuccess) {
-        cudaFreeHost(host);
-        return CudaError(what + ": mapping staging memory into the device", e);
-      }
-      mapped_host_ = static_cast<char*>(host);
-      mapped_device_ = static_cast<char*>(alias);
-    } else {
-      LOCKSTEP_RETURN_IF_ERROR(CallTorch(what + ": allocating staging buffers", [&] {
-        host_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-        device_buffer_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(
-                                                at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
-      }));
-    }
-    capacity_ = bytes;
-    return absl::OkStatus();
-  }
-
-  // Where the CPU side reads and writes.
-  char* host() {
-    return mode_ == NcclCommunicator::CpuStaging::kMappedHost
-               ? mapped_host_
-               : static_cast<char*>(host_.data_ptr());
-  }
-  // The address NCCL operates on.
-  char* nccl() {
-    return mode_ == NcclCommunicator::CpuStaging::kMappedHost
-               ? mapped_device_
-               : static_cast<char*>(device_buffer_.data_ptr());
-  }
-  // Queues what must precede NCCL's reads of [offset, offset + bytes).
-  absl::Status BeforeCollective(int64_t offset, int64_t bytes, cudaStream_t stream,
-                                const std::string& what) {
-    if (mode_ == NcclCommunicator::CpuStaging::kMappedHost || bytes == 0) return absl::OkStatus();
-    return Copy(nccl() + offset, host() + offset, bytes, cudaMemcpyHostToDevice, stream,
-                what + ": staging to the device");
-  }
-  // Queues what must follow NCCL's writes of [offset, offset + bytes).
-  absl::Status AfterCollective(int64_t offset, int64_t bytes, cudaStream_t stream,
-                               const std::string& what) {
-    if (mode_ == NcclCommunicator::CpuStaging::kMappedHost || bytes == 0) return absl::OkStatus();
-    return Copy(host() + offset, nccl() + offset, bytes, cudaMemcpyDeviceToHost, stream,
-                what + ": copying back");
-  }
-
- private:
-  static absl::Status Copy(void* to, const void* from, int64_t bytes, cudaMemcpyKind kind,
-                           cudaStream_t stream, const std::string& what) {
-    if (cudaError_t e = cudaMemcpyAsync(to, from, bytes, kind, stream); e != cudaSuccess) {
-      return CudaError(what, e);
-    }
-    return absl::OkStatus();
-  }
-  void FreeMapped() {
-    if (mapped_host_ != nullptr) cudaFreeHost(mapped_host_);
-    mapped_host_ = mapped_device_ = nullptr;
-  }
-
-  NcclCommunicator::CpuStaging mode_;
-  int device_;
-  int64_t capacity_ = 0;
-  char* mapped_host_ = nullptr;    // kMappedHost
-  char* mapped_device_ = nullptr;  // its device alias
-  at::Tensor host_;                // kDeviceCopies
-  at::Tensor device_buffer_;
-};
-
-}  // namespace
 
 struct NcclCommunicator::Group {
   // The group's NCCL communicator, its fast lane and (with Transport::host_lane) its host lane.
@@ -144,8 +55,8 @@ struct NcclCommunicator::Group {
     if (fast_stream != nullptr) cudaStreamDestroy(fast_stream);
   }
 
-  ncclComm_t comm = nullptr;  // non-blocking; null once aborted
-  Staging staging;            // Note [CPU staging]
+  ncclComm_t comm = nullptr;      // non-blocking; null once aborted
+  internal::NcclStaging staging;  // Note [CPU staging]
   // The fast lane (Note [Fast lane]): a blocking communicator over the same members, on a
   // stream of its own, for small CPU tensors. Null when it could not be set up.
   ncclComm_t fast = nullptr;
@@ -155,186 +66,6 @@ struct NcclCommunicator::Group {
 };
 
 namespace {
-
-absl::Status NcclError(const std::string& what, ncclResult_t result, ncclComm_t comm) {
-  std::string detail = ncclGetErrorString(result);
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last != '\0') absl::StrAppend(&detail, " (", last, ")");
-  }
-  const std::string text = absl::StrCat(what, ": NCCL ", detail);
-  if (result == ncclRemoteError || result == ncclSystemError) return absl::UnavailableError(text);
-  if (result == ncclInvalidArgument || result == ncclInvalidUsage) {
-    return absl::InvalidArgumentError(text);
-  }
-  return absl::InternalError(text);
-}
-
-// Aborts the group's NCCL communicator and returns `error`.
-absl::Status Abort(ncclComm_t& comm, absl::Status error) {
-  if (comm != nullptr) ncclCommAbort(comm);
-  comm = nullptr;
-  return error;
-}
-
-// How long Await spins before it starts sleeping.
-constexpr absl::Duration kSpinBeforeSleeping = absl::Milliseconds(50);
-
-// Polls until `comm` leaves ncclInProgress (check_stream false: the operation is enqueued) or,
-// with check_stream, until the stream is idle. The stream is polled every round and NCCL's
-// asynchronous error state every 32nd (it takes a lock), so a completed collective is seen within
-// a microsecond or two while a failed or late peer still ends the wait. On timeout or error the
-// communicator is aborted.
-absl::Status Await(ncclComm_t& comm, cudaStream_t stream, bool check_stream, absl::Duration timeout,
-                   const std::string& what) {
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + timeout;
-  for (int round = 0;; ++round) {
-    if (check_stream) {
-      const cudaError_t done = cudaStreamQuery(stream);
-      if (done == cudaSuccess) return absl::OkStatus();
-      if (done != cudaErrorNotReady) {
-        return Abort(comm, CudaStatus(done, what));
-      }
-    }
-    if (!check_stream || round % 32 == 0) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
-      if (query != ncclSuccess) state = query;
-      if (state != ncclSuccess && state != ncclInProgress) {
-        return Abort(comm, NcclError(what, state, comm));
-      }
-      if (!check_stream && state == ncclSuccess) return absl::OkStatus();
-    }
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return Abort(comm, absl::DeadlineExceededError(absl::StrCat(what, " timed out after ",
-                                                                  absl::FormatDuration(timeout),
-                                                                  "; a peer did not arrive")));
-    }
-    // Spin (yielding the core), as a CUDA synchronize does by default: a sleep costs at least
-    // the kernel's timer slack (~50 us), and the wait usually ends when the GPU finishes work
-    // queued before the collective (a forward pass of milliseconds), so a sleep would add its
-    // slack to every such wait, late by up to a step each time. A wait longer
-    // than kSpinBeforeSleeping is a late peer or a long kernel: it sleeps a thousandth of the time
-    // waited so far (at most 1 ms), so noticing the end costs at most ~0.1% of the wait.
-    const absl::Duration waited = now - start;
-    if (waited < kSpinBeforeSleeping) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(std::min(waited / 1000, absl::Milliseconds(1)));
-    }
-  }
-}
-
-// Note [Non-blocking enqueue]
-// lockstep's NCCL communicators are non-blocking (config.blocking = 0), so that no call can
-// hang. In that mode a collective may return ncclInProgress before NCCL has enqueued its kernel
-// on the stream. Anything queued on the stream right after it — the device-to-host copy of a
-// staged result, the next collective — could then run before the collective does and read its
-// stale input. So every collective call goes through Enqueue, which, on ncclInProgress, waits
-// for the communicator's state to leave ncclInProgress (the kernel is then on the stream)
-// before the caller queues more work. Seen on two H200s: a broadcast receiver copied its
-// staging buffer back before the broadcast ran and "received" stale bytes.
-template <typename Launch>
-absl::Status Enqueue(ncclComm_t& comm, cudaStream_t stream, absl::Duration timeout,
-                     const std::string& what, const Launch& launch) {
-  const ncclResult_t result = launch(comm, stream);
-  if (result == ncclSuccess) return absl::OkStatus();
-  if (result != ncclInProgress) return Abort(comm, NcclError(what, result, comm));
-  return Await(comm, stream, /*check_stream=*/false, timeout, what);
-}
-
-absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType type, const std::string& what) {
-  switch (type) {
-    case at::kByte:
-    case at::kBool:
-      return ncclUint8;
-    case at::kChar:
-      return ncclInt8;
-    case at::kInt:
-      return ncclInt32;
-    case at::kLong:
-      return ncclInt64;
-    case at::kHalf:
-      return ncclFloat16;
-    case at::kBFloat16:
-      return ncclBfloat16;
-    case at::kFloat:
-      return ncclFloat32;
-    case at::kDouble:
-      return ncclFloat64;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": NCCL cannot move tensors of dtype ", c10::toString(type)));
-  }
-}
-
-// Checks a collective's tensor: defined, contiguous, on the CPU or on this device.
-absl::Status CheckTensor(const at::Tensor& tensor, int device, const std::string& what) {
-  if (!tensor.defined()) return absl::InvalidArgumentError(what + ": tensor is undefined");
-  if (!tensor.is_contiguous()) {
-    return absl::InvalidArgumentError(what + ": tensor must be contiguous");
-  }
-  if (tensor.is_cuda() && tensor.get_device() != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": tensor is on cuda:", tensor.get_device(), ", this communicator on cuda:", device));
-  }
-  if (!tensor.is_cuda() && !tensor.is_cpu()) {
-    return absl::InvalidArgumentError(what + ": tensor must be on the CPU or the CUDA device");
-  }
-  return absl::OkStatus();
-}
-
-// Initializes a communicator of `n` ranks with `id`, non-blocking, bounded by `timeout`.
-absl::Status InitComm(ncclComm_t& comm, int n, const ncclUniqueId& id, int rank,
-                      absl::Duration timeout, const std::string& what) {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclUniqueId copy = id;
-  ncclResult_t result = ncclCommInitRankConfig(&comm, n, copy, rank, &config);
-  if (result != ncclSuccess && result != ncclInProgress) {
-    return Abort(comm, NcclError(what, result, nullptr));
-  }
-  return Await(comm, nullptr, /*check_stream=*/false, timeout, what);
-}
-
-// The NCCL unique id of one communicator of `identity`: its first member makes it and publishes
-// it under the group's store key + `suffix`, the others read it.
-absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Rendezvous& rendezvous,
-                                              const internal::GroupIdentity& identity,
-                                              absl::string_view suffix, const std::string& what) {
-  ncclUniqueId id;
-  const std::string key = absl::StrCat(identity.store_key, suffix);
-  if (identity.rank == 0) {
-    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-      return NcclError(what, r, nullptr);
-    }
-    LOCKSTEP_RETURN_IF_ERROR_WITH_CONTEXT(
-        rendezvous.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
-        what);
-    return id;
-  }
-  absl::StatusOr<std::string> bytes = rendezvous.Get(key);
-  if (!bytes.ok()) return Annotate(bytes.status(), what);
-  if (bytes->size() != sizeof(id)) {
-    return absl::DataLossError(absl::StrCat(what, ": NCCL id under ", key, " has ", bytes->size(),
-                                            " bytes, expected ", sizeof(id)));
-  }
-  std::memcpy(&id, bytes->data(), sizeof(id));
-  return id;
-}
-
-// Creates the NCCL communicator of `identity` on `device` (ExchangeUniqueId, then InitComm).
-absl::Status CreateComm(Rendezvous& rendezvous, const internal::GroupIdentity& identity, int device,
-                        absl::Duration timeout, ncclComm_t& comm) {
-  const std::string what = absl::StrCat("creating ", identity.name, " on cuda:", device);
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  LOCKSTEP_ASSIGN_OR_RETURN(ncclUniqueId id,
-                            ExchangeUniqueId(rendezvous, identity, "/nccl-id", what));
-  return InitComm(comm, static_cast<int>(identity.global_ranks.size()), id, identity.rank, timeout,
-                  what);
-}
 
 // Note [Fast lane]
 // A non-blocking NCCL communicator launches every collective from a new thread and returns
@@ -371,7 +102,7 @@ void BuildFastLane(std::shared_ptr<FastLaneSetup> setup, ncclUniqueId id, int n,
   void* buffer = nullptr;
   [&] {
     if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      status = CudaError(what, e);
+      status = CudaStatus(e, what);
       return;
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -382,11 +113,11 @@ void BuildFastLane(std::shared_ptr<FastLaneSetup> setup, ncclUniqueId id, int n,
     }
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
         e != cudaSuccess) {
-      status = CudaError(what, e);
+      status = CudaStatus(e, what);
       return;
     }
     if (cudaError_t e = cudaMalloc(&buffer, kFastLaneBytes); e != cudaSuccess) {
-      status = CudaError(what, e);
+      status = CudaStatus(e, what);
       return;
     }
     // Every collective the lane carries, at the sizes that select its protocols.
@@ -403,7 +134,7 @@ void BuildFastLane(std::shared_ptr<FastLaneSetup> setup, ncclUniqueId id, int n,
       }
     }
     if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
-      status = CudaError(what + ": warming up", e);
+      status = CudaStatus(e, what + ": warming up");
     }
   }();
   if (buffer != nullptr) cudaFree(buffer);

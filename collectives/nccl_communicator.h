@@ -57,7 +57,7 @@ namespace collectives {
 
 class NcclCommunicator : public internal::CommunicatorBase {
  public:
-  // How CPU tensors reach NCCL (Note [CPU staging] in the .cc).
+  // How CPU tensors reach NCCL (Note [CPU staging] in internal/nccl_staging.h).
   enum class CpuStaging {
     kMappedHost,    // NCCL reads and writes mapped pinned host memory directly (zero-copy)
     kDeviceCopies,  // pinned host and device buffers, with copies queued around the collective

@@ -21,3 +21,16 @@ while IFS=$'\t' read -r source destination kind; do
     *) echo "make_tree: unknown kind '$kind' for $source" >&2; exit 1 ;;
   esac
 done < "$spec"
+# Every installed header's includes of lockstep's own headers are installed too: a consumer
+# compiling against the tree must never meet a header the tree lacks.
+packages='admission|base|checkpoint|collectives|launch|numerics|planner|qualification|replay|rng|trainer'
+missing=0
+while IFS= read -r header; do
+  while IFS= read -r included; do
+    if [[ ! -f $tree/include/$included ]]; then
+      echo "make_tree: ${header#"$tree/"} includes $included, which is not installed" >&2
+      missing=1
+    fi
+  done < <(sed -nE "s@^#include \"(($packages)/[^\"]+)\".*@\1@p" "$header")
+done < <(find "$tree/include" -name '*.h')
+exit $missing

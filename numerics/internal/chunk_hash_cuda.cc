@@ -12,7 +12,7 @@
 #include "c10/cuda/CUDAStream.h"
 #include "numerics/internal/chunk_hash_device.h"
 #include "numerics/internal/chunk_hash_kernel.h"
-#include "numerics/internal/element_type_of.h"
+#include "base/element_type_of.h"
 #include "numerics/internal/summary_kernel.h"
 #include "numerics/internal/xxh3_chunk.h"
 

@@ -11,7 +11,7 @@
 #include "c10/cuda/CUDAStream.h"
 #include "numerics/internal/compare_device.h"
 #include "numerics/internal/compare_kernel.h"
-#include "numerics/internal/element_type_of.h"
+#include "base/element_type_of.h"
 
 namespace lockstep {
 namespace numerics {

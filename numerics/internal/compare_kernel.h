@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "numerics/internal/compare_visit.h"
-#include "numerics/internal/element_type.h"
+#include "base/element_type.h"
 
 namespace lockstep {
 namespace numerics {

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "numerics/internal/element_type.h"
+#include "base/element_type.h"
 
 namespace lockstep {
 namespace numerics {

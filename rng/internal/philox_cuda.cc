@@ -2,9 +2,12 @@
 // philox_kernel.cu, on the current stream of the tensor's device.
 #include "rng/internal/philox_cuda.h"
 
+#include <optional>
+
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda_boundary.h"
+#include "base/element_type_of.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
@@ -64,23 +67,12 @@ absl::StatusOr<at::Tensor> CudaPhiloxDropout(const at::Tensor& shard, const Phil
                                              double scale) {
   absl::StatusOr<PhiloxBox> kernel_box = MakeBox(strides, box);
   if (!kernel_box.ok()) return kernel_box.status();
-  DropoutType type;
-  switch (shard.scalar_type()) {
-    case at::kFloat:
-      type = DropoutType::kFloat;
-      break;
-    case at::kDouble:
-      type = DropoutType::kDouble;
-      break;
-    case at::kHalf:
-      type = DropoutType::kHalf;
-      break;
-    case at::kBFloat16:
-      type = DropoutType::kBFloat16;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("CUDA partitioned dropout does not support ",
-                                                     c10::toString(shard.scalar_type())));
+  // The floating-point element types the dropout kernel reads (philox_kernel.h).
+  const std::optional<ElementType> type = ElementTypeOf(shard.scalar_type());
+  if (type != ElementType::kFloat && type != ElementType::kDouble && type != ElementType::kHalf &&
+      type != ElementType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA partitioned dropout does not support ",
+                                                   c10::toString(shard.scalar_type())));
   }
   at::Tensor input, out;
   absl::Status status = CallTorch("partitioned dropout on CUDA", [&] {
@@ -91,7 +83,7 @@ absl::StatusOr<at::Tensor> CudaPhiloxDropout(const at::Tensor& shard, const Phil
   if (!status.ok()) return status;
   c10::cuda::CUDAGuard guard(shard.device());
   status = Launched(
-      LaunchPhiloxDropout(input.data_ptr(), out.data_ptr(), type, input.numel(), *kernel_box,
+      LaunchPhiloxDropout(input.data_ptr(), out.data_ptr(), *type, input.numel(), *kernel_box,
                           {key.seed, key.stream, key.step}, threshold, scale,
                           c10::cuda::getCurrentCUDAStream(shard.device().index()).stream()),
       "partitioned dropout kernel");

@@ -219,20 +219,21 @@ cudaError_t LaunchPhiloxUniform(float* out, int64_t total, const PhiloxBox& box,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPhiloxDropout(const void* in, void* out, DropoutType type, int64_t total,
+cudaError_t LaunchPhiloxDropout(const void* in, void* out, ElementType type, int64_t total,
                                 const PhiloxBox& box, const PhiloxKernelKey& key,
                                 uint32_t threshold, double scale, cudaStream_t stream) {
   switch (type) {
-    case DropoutType::kFloat:
+    case ElementType::kFloat:
       return LaunchDropout<float>(in, out, total, box, key, threshold, scale, stream);
-    case DropoutType::kDouble:
+    case ElementType::kDouble:
       return LaunchDropout<double>(in, out, total, box, key, threshold, scale, stream);
-    case DropoutType::kHalf:
+    case ElementType::kHalf:
       return LaunchDropout<__half>(in, out, total, box, key, threshold, scale, stream);
-    case DropoutType::kBFloat16:
+    case ElementType::kBFloat16:
       return LaunchDropout<__nv_bfloat16>(in, out, total, box, key, threshold, scale, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace internal

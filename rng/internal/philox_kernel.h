@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "base/element_type.h"
+
 namespace lockstep {
 namespace rng {
 namespace internal {
@@ -31,14 +33,13 @@ struct PhiloxKernelKey {
   uint32_t step;
 };
 
-enum class DropoutType { kFloat, kDouble, kHalf, kBFloat16 };
-
 // out[o] = uniform of element o, for o in [0, total).
 cudaError_t LaunchPhiloxUniform(float* out, int64_t total, const PhiloxBox& box,
                                 const PhiloxKernelKey& key, cudaStream_t stream);
 
-// out[o] = in[o] * scale where the element's 24-bit word >= threshold, else 0.
-cudaError_t LaunchPhiloxDropout(const void* in, void* out, DropoutType type, int64_t total,
+// out[o] = in[o] * scale where the element's 24-bit word >= threshold, else 0. `type`: kFloat,
+// kDouble, kHalf or kBFloat16 (cudaErrorInvalidValue for another).
+cudaError_t LaunchPhiloxDropout(const void* in, void* out, ElementType type, int64_t total,
                                 const PhiloxBox& box, const PhiloxKernelKey& key,
                                 uint32_t threshold, double scale, cudaStream_t stream);
 

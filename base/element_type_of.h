@@ -1,20 +1,18 @@
-// numerics/internal/element_type_of.h
+// base/element_type_of.h
 //
-// Private to numerics/: a LibTorch dtype's ElementType (element_type.h), for the host side of
-// lockstep's CUDA kernels; none for a dtype they do not read (float8, the wide unsigned types,
-// complex), which the callers handle through ATen.
+// A LibTorch dtype's ElementType (element_type.h), for the host side of lockstep's CUDA kernels;
+// none for a dtype no kernel reads (float8, the wide unsigned types, complex), which the callers
+// handle through ATen or refuse.
 
-#ifndef LOCKSTEP_NUMERICS_INTERNAL_ELEMENT_TYPE_OF_H_
-#define LOCKSTEP_NUMERICS_INTERNAL_ELEMENT_TYPE_OF_H_
+#ifndef LOCKSTEP_BASE_ELEMENT_TYPE_OF_H_
+#define LOCKSTEP_BASE_ELEMENT_TYPE_OF_H_
 
 #include <optional>
 
+#include "base/element_type.h"
 #include "c10/core/ScalarType.h"
-#include "numerics/internal/element_type.h"
 
 namespace lockstep {
-namespace numerics {
-namespace internal {
 
 inline std::optional<ElementType> ElementTypeOf(c10::ScalarType t) {
   switch (t) {
@@ -43,8 +41,6 @@ inline std::optional<ElementType> ElementTypeOf(c10::ScalarType t) {
   }
 }
 
-}  // namespace internal
-}  // namespace numerics
 }  // namespace lockstep
 
-#endif  // LOCKSTEP_NUMERICS_INTERNAL_ELEMENT_TYPE_OF_H_
+#endif  // LOCKSTEP_BASE_ELEMENT_TYPE_OF_H_
