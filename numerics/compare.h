@@ -42,6 +42,9 @@
 namespace lockstep {
 namespace numerics {
 
+// The limits a comparison holds `actual` to (see the top of this file): the elementwise atol and
+// rtol, the relative L2 bound, whether NaN equals NaN, and bitwise mode. The setters chain;
+// CompareTensors checks the limits with Validate.
 class Tolerance {
  public:
   // The defaults: atol 1e-5, rtol 0.016, relative L2 0.03, NaN unequal to NaN, not bitwise.
@@ -49,31 +52,43 @@ class Tolerance {
   // Bitwise equality.
   static Tolerance Bitwise() { return Tolerance().set_bitwise(true); }
 
+  // The absolute allowance of the elementwise criterion, in the tensors' own units (finite,
+  // >= 0). Default: 1e-5.
   Tolerance& set_atol(double v) {
     atol_ = v;
     return *this;
   }
+  // The elementwise allowance relative to |expected|, a fraction (finite, >= 0). Default: 0.016.
   Tolerance& set_rtol(double v) {
     rtol_ = v;
     return *this;
   }
+  // The largest ||a - b||_2 / ||b||_2 that passes (finite, >= 0). Default: 0.03.
   Tolerance& set_relative_l2(double v) {
     relative_l2_ = v;
     return *this;
   }
+  // Whether a NaN in `actual` equals a NaN at the same position of `expected`. Default: false.
   Tolerance& set_nan_equal(bool v) {
     nan_equal_ = v;
     return *this;
   }
+  // Bitwise mode: a tensor passes only when every element's bytes are equal, and the other limits
+  // decide nothing (their figures are still reported). Default: false.
   Tolerance& set_bitwise(bool v) {
     bitwise_ = v;
     return *this;
   }
 
+  // As set by set_atol.
   double atol() const { return atol_; }
+  // As set by set_rtol.
   double rtol() const { return rtol_; }
+  // As set by set_relative_l2.
   double relative_l2() const { return relative_l2_; }
+  // As set by set_nan_equal.
   bool nan_equal() const { return nan_equal_; }
+  // As set by set_bitwise.
   bool bitwise() const { return bitwise_; }
 
   // kInvalidArgument naming the field for a negative or non-finite limit.
@@ -89,28 +104,39 @@ class Tolerance {
 
 // What comparing one pair found.
 struct TensorComparison {
+  // Whether the pair was compared, or why not; every outcome but kCompared is a failure.
   enum class Outcome {
-    kCompared,  // same shape, dtype and device: the figures below hold
-    kShapeMismatch,
-    kDtypeMismatch,
-    kDeviceMismatch,
-    kMissing,  // in the expected set only
-    kExtra,    // in the actual set only
+    kCompared,        // same shape, dtype and device: the figures below hold
+    kShapeMismatch,   // same dtype, different shapes
+    kDtypeMismatch,   // different dtypes (checked first)
+    kDeviceMismatch,  // same dtype and shape, different devices
+    kMissing,         // in the expected set only
+    kExtra,           // in the actual set only
   };
+  // The pair's name: CompareTensors' `name`, or the name in the sets.
   std::string name;
+  // Whether the pair was compared, or why not.
   Outcome outcome = Outcome::kCompared;
+  // The verdict: in bitwise mode bitwise_equal, otherwise elementwise_passed and
+  // relative_l2_passed; always false for an outcome other than kCompared.
   bool passed = false;
-  // Each criterion's verdict (kCompared only).
+  // The elementwise criterion's verdict (kCompared only): every element within atol + rtol * |b|.
   bool elementwise_passed = false;
+  // relative_l2 <= the tolerance's relative_l2 (kCompared only).
   bool relative_l2_passed = false;
+  // Every element's bytes equal (kCompared only; reported in either mode).
   bool bitwise_equal = false;
+  // The number of elements compared (0 for an outcome other than kCompared).
   int64_t elements = 0;
   // Elements failing the elementwise criterion (bitwise mode: elements whose bytes differ).
   int64_t over_tolerance = 0;
+  // max |a - b| over the elements, in the tensors' units (infinite when a non-finite pair fails).
   double max_abs_diff = 0;
   // max |a - b| / (atol + rtol * |b|): <= 1 passes (infinite where the allowance is 0 and the
   // difference is not).
   double max_tolerance_ratio = 0;
+  // ||a - b||_2 / ||b||_2: 0 when both norms are 0, infinite when only the difference's is or
+  // when a non-finite pair fails.
   double relative_l2 = 0;
   // Multi-dimensional index of the first failing element in row-major order; empty if none.
   std::vector<int64_t> first_offending_index;
@@ -121,6 +147,8 @@ struct TensorComparison {
   std::string Summary() const;
 };
 
+// "compared", "shape_mismatch", "dtype_mismatch", "device_mismatch", "missing" or "extra" (the
+// JSON's outcome).
 std::string OutcomeName(TensorComparison::Outcome outcome);
 
 // Compares `actual` with `expected` (see the top of this file). Errors only for an invalid
@@ -133,14 +161,21 @@ absl::StatusOr<TensorComparison> CompareTensors(const at::Tensor& actual,
 // Comparison of two named sets: every name in either, sorted by name; a name in only one set is
 // a failure (kMissing / kExtra).
 struct SetComparison {
+  // The tolerance the sets were compared under.
   Tolerance tolerance;
+  // One comparison per name in either set, sorted by name.
   std::vector<TensorComparison> tensors;
+  // How many of `tensors` passed.
   int passed = 0;
+  // How many of `tensors` failed (a kMissing or kExtra name included).
   int failed = 0;
+  // Whether every tensor passed (none failed).
   bool all_passed() const { return failed == 0; }
-  // Names of the (up to `n`) compared tensors with the largest tolerance ratio / relative L2,
-  // worst first.
+  // Names of the (up to `n`) compared tensors (kCompared) with the largest max_tolerance_ratio,
+  // worst first; ties keep name order.
   std::vector<std::string> WorstByToleranceRatio(size_t n) const;
+  // Names of the (up to `n`) compared tensors (kCompared) with the largest relative_l2, worst
+  // first; ties keep name order.
   std::vector<std::string> WorstByRelativeL2(size_t n) const;
 };
 
@@ -149,14 +184,16 @@ absl::StatusOr<SetComparison> CompareTensorSets(const NamedTensors& actual,
                                                 const NamedTensors& expected,
                                                 const Tolerance& tolerance);
 
-// JSON of a tolerance ({atol, rtol, relative_l2, nan_equal, bitwise}), a comparison ({name,
-// outcome, passed, elementwise_passed, relative_l2_passed, bitwise_equal, elements,
-// over_tolerance, max_abs_diff, max_tolerance_ratio, relative_l2, first_offending_index,
-// detail}) and a set comparison ({tolerance, passed, failed, all_passed,
-// worst_by_tolerance_ratio, worst_by_relative_l2, tensors: [comparison...]}). An infinite figure
-// is the string "inf" (JSON has no infinity); NaN never occurs.
+// JSON of a tolerance: {atol, rtol, relative_l2, nan_equal, bitwise}.
 nlohmann::json ToleranceJson(const Tolerance& tolerance);
+// JSON of a comparison: {name, outcome (OutcomeName), passed, elementwise_passed,
+// relative_l2_passed, bitwise_equal, elements, over_tolerance, max_abs_diff,
+// max_tolerance_ratio, relative_l2, first_offending_index, detail}. An infinite figure is the
+// string "inf" (JSON has no infinity); NaN never occurs.
 nlohmann::json ComparisonJson(const TensorComparison& comparison);
+// JSON of a set comparison: {tolerance (ToleranceJson), passed, failed, all_passed,
+// worst_by_tolerance_ratio, worst_by_relative_l2 (up to 10 names each), tensors: [ComparisonJson
+// of each...]}.
 nlohmann::json SetComparisonJson(const SetComparison& comparison);
 
 }  // namespace numerics

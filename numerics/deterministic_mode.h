@@ -45,14 +45,23 @@
 namespace lockstep {
 namespace numerics {
 
-// The settings the mode requires, and those it found in force when it returned.
+// The settings the mode requires, and those it found in force when it returned. The defaults
+// are the required values; EnforceDeterministicMode returns them with cublas_workspace_config as
+// found in the environment (":4096:8" or ":16:8").
 struct DeterministicSettings {
+  // torch.use_deterministic_algorithms: on.
   bool deterministic_algorithms = true;
+  // Its warn-only mode: off (a nondeterministic operator fails rather than warns).
   bool deterministic_algorithms_warn_only = false;
+  // cuDNN deterministic: on.
   bool cudnn_deterministic = true;
+  // cuDNN benchmark mode (kernel choice timed at run time): off.
   bool cudnn_benchmark = false;
+  // CUBLAS_WORKSPACE_CONFIG: ":4096:8" (":16:8" is accepted too).
   std::string cublas_workspace_config = ":4096:8";
+  // NCCL_ALGO: "Ring".
   std::string nccl_algo = "Ring";
+  // NCCL_PROTO: "Simple".
   std::string nccl_proto = "Simple";
 };
 

@@ -32,6 +32,8 @@ namespace numerics {
 // XXH3-128 in canonical form: the high 64 bits big-endian, then the low 64 bits big-endian.
 using Digest128 = std::array<uint8_t, 16>;
 
+// C, the chunk size in bytes (DIGEST.md step 2): a tensor's bytes are hashed in chunks of 16 KiB,
+// the last one padded with zero bytes.
 inline constexpr size_t kDigestChunkBytes = 16384;
 
 // The 32 lowercase hex digits of a digest.

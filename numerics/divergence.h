@@ -52,33 +52,46 @@ namespace numerics {
 // What a record holds: a module's forward output, or the gradient at its output or input; for a
 // parameter (a leaf), one backward's contribution as it arrives, or its accumulated .grad.
 enum class RecordKind {
-  kForwardOutput,
-  kGradientAtOutput,
-  kGradientAtInput,
-  kIncomingGradient,
-  kAccumulatedGradient,
+  kForwardOutput,        // a module's output (Recorder::Exit)
+  kGradientAtOutput,     // the gradient arriving at a module's output (Recorder::Exit's hook)
+  kGradientAtInput,      // the gradient leaving a module through its input (Recorder::Enter's hook)
+  kIncomingGradient,     // one backward's contribution to a parameter (Recorder::TapParameter)
+  kAccumulatedGradient,  // a parameter's .grad (Recorder::RecordAccumulated)
 };
+// "forward_output", "gradient_at_output", "gradient_at_input", "incoming_gradient" or
+// "accumulated_gradient" (the JSON's kind, and the last part of a kept tensor's name).
 std::string RecordKindName(RecordKind kind);
 
+// Figures of a recorded tensor, computed in float64; all 0 for an empty tensor.
 struct RecordSummary {
-  double sum = 0;
-  double mean_abs = 0;
-  double min = 0;
-  double max = 0;
-  double l2 = 0;
+  double sum = 0;       // the sum of the elements
+  double mean_abs = 0;  // the mean of |x|
+  double min = 0;       // the smallest element
+  double max = 0;       // the largest element
+  double l2 = 0;        // the L2 norm
 };
 
+// One recorded tensor: where it was taken, its digest and summary, and (the first
+// keep_full_tensors records) the tensor itself.
 struct Record {
   int64_t index = 0;  // position in execution order
+  // The module name given to Enter and Exit, or for a parameter's records the name given to
+  // TapParameter and RecordAccumulated.
   std::string module;
+  // Which of the module's (or parameter's) tensors it is.
   RecordKind kind = RecordKind::kForwardOutput;
+  // The tensor's safetensors dtype name ("F32", "BF16", ...).
   std::string dtype;
+  // The tensor's size along each dimension.
   std::vector<int64_t> shape;
+  // The tensor's digest (DigestTensor, numerics/digest.h).
   Digest128 digest{};
+  // The tensor's sum, mean |x|, min, max and L2 norm.
   RecordSummary summary;
-  at::Tensor tensor;  // defined for the first keep_full_tensors records
+  at::Tensor tensor;  // defined for the first keep_full_tensors records (a copy on the CPU)
 };
 
+// What a Recorder keeps besides digests and summaries.
 class RecorderOptions {
  public:
   RecorderOptions() = default;
@@ -87,18 +100,24 @@ class RecorderOptions {
     keep_full_tensors_ = n;
     return *this;
   }
+  // As set by set_keep_full_tensors.
   int keep_full_tensors() const { return keep_full_tensors_; }
 
  private:
   int keep_full_tensors_ = 0;
 };
 
+// One run's records, in execution order: a Recorder's Snapshot, or a recording file loaded.
 class Recording {
  public:
   // kInvalidArgument (naming the file) for a file that is not a valid recording.
   static absl::StatusOr<Recording> Load(const std::string& path);
+  // A recording of `records`, in execution order; each one's index is its position.
   explicit Recording(std::vector<Record> records) : records_(std::move(records)) {}
+  // The records, in execution order.
   const std::vector<Record>& records() const { return records_; }
+  // Writes the recording to `path` as a safetensors file (see the top of this file): the records
+  // as JSON (RecordJson) in its metadata, the kept tensors as "<index>/<module>/<kind>".
   absl::Status Save(const std::string& path) const;
 
  private:
@@ -109,7 +128,9 @@ class Recording {
 // destroyed, so a parameter that outlives one recording is not recorded into it again. Move-only.
 class ParameterTap {
  public:
+  // Takes over `other`'s hook; `other` then removes nothing when destroyed.
   ParameterTap(ParameterTap&& other) noexcept;
+  // Removes this tap's hook, then takes over `other`'s.
   ParameterTap& operator=(ParameterTap&& other) noexcept;
   ParameterTap(const ParameterTap&) = delete;
   ParameterTap& operator=(const ParameterTap&) = delete;
@@ -123,8 +144,11 @@ class ParameterTap {
   unsigned hook_ = 0;
 };
 
+// Records one run's module outputs and gradients, fed by the taps a model places around its
+// modules (see the top of this file).
 class Recorder {
  public:
+  // An empty recorder that keeps tensors as `options` says.
   explicit Recorder(RecorderOptions options = RecorderOptions());
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
@@ -149,6 +173,7 @@ class Recorder {
   absl::Status status() const;
   // The records so far, in execution order.
   Recording Snapshot() const;
+  // Saves the records so far (Snapshot, then Recording::Save).
   absl::Status Save(const std::string& path) const { return Snapshot().Save(path); }
 
  private:
@@ -165,13 +190,16 @@ class Recorder {
 
 // Where two recordings first differ.
 struct Divergence {
+  // The index of the first record that differs.
   int64_t index = 0;
+  // That record's module (`a`'s when both have one).
   std::string module;
+  // That record's kind (`a`'s when both have one).
   RecordKind kind = RecordKind::kForwardOutput;
   // Why: "digest", "structure" (module, kind, dtype or shape differ), "length" (one ended).
   std::string reason;
-  std::optional<Record> a;  // the records there (absent past a recording's end)
-  std::optional<Record> b;
+  std::optional<Record> a;  // the record of `a` there (absent past its end)
+  std::optional<Record> b;  // the record of `b` there (absent past its end)
   // When both records kept their tensors: the full comparison there.
   std::optional<TensorComparison> comparison;
 };
@@ -187,16 +215,22 @@ absl::StatusOr<std::optional<Divergence>> FirstDivergence(const Recording& a, co
 // sets of digests, whatever their order) yet accumulated different gradients (the order of the
 // additions, or the accumulation itself).
 struct GradientLocalization {
+  // Where the gradient first differs (see above).
   enum Verdict { kSame, kIncoming, kAccumulation };
+  // What LocalizeParameterGradient found for `parameter`.
   Verdict verdict = kSame;
+  // The parameter's name in the recordings.
   std::string parameter;
-  int64_t incoming_a = 0;  // contributions each run received
-  int64_t incoming_b = 0;
+  int64_t incoming_a = 0;  // contributions `a` received (its kIncomingGradient records)
+  int64_t incoming_b = 0;  // contributions `b` received
   // kIncoming: the first contribution of `a`, in arrival order, with no equal in `b` (-1: the
   // difference is one in `b` only, at first_unmatched_b).
   int64_t first_unmatched_a = -1;
+  // kIncoming: the first contribution of `b`, in arrival order, with no equal in `a` (-1: the
+  // difference is one in `a` only). -1 for the other verdicts, as first_unmatched_a.
   int64_t first_unmatched_b = -1;
 };
+// "same", "incoming" or "accumulation" (the JSON's verdict).
 std::string GradientVerdictName(GradientLocalization::Verdict verdict);
 
 // kNotFound when either recording has no accumulated record of `parameter`; kFailedPrecondition
@@ -205,7 +239,13 @@ absl::StatusOr<GradientLocalization> LocalizeParameterGradient(const Recording& 
                                                                const Recording& b,
                                                                const std::string& parameter);
 
+// JSON of a record, as a recording file holds it: {index, module, kind (RecordKindName), dtype,
+// shape, digest (32 hex digits), summary: {sum, mean_abs, min, max, l2}, kept (whether the tensor
+// is kept)}. A non-finite figure is the string "nan", "inf" or "-inf".
 nlohmann::json RecordJson(const Record& record);
+// {"diverged": false} for nullopt; otherwise {diverged: true, index, module, kind, reason, a, b
+// (RecordJson, or null past a recording's end), and comparison (ComparisonJson) when there is
+// one}.
 nlohmann::json DivergenceJson(const std::optional<Divergence>& divergence);
 // {"parameter", "verdict": "same"|"incoming"|"accumulation", "incoming_a", "incoming_b",
 //  "first_unmatched_a", "first_unmatched_b"}.

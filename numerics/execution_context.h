@@ -37,6 +37,7 @@
 namespace lockstep {
 namespace numerics {
 
+// The safetensors metadata key under which ContextMetadata puts the record (its JSON dump).
 inline constexpr char kContextMetadataKey[] = "lockstep.execution_context";
 
 // The record described above; `caller` fields go under stable.caller.

@@ -28,16 +28,18 @@
 namespace lockstep {
 namespace numerics {
 
+// One tensor of an inventory.
 struct InventoryEntry {
-  std::string name;
-  std::string dtype;  // the safetensors name ("F32", "BF16", ...)
-  std::vector<int64_t> shape;
+  std::string name;              // its name in the set (or the file)
+  std::string dtype;             // the safetensors name ("F32", "BF16", ...)
+  std::vector<int64_t> shape;    // its size along each dimension
   std::vector<int64_t> strides;  // in elements, as held (a file's are contiguous)
   std::string device;            // "cpu", "cuda:0"; a file's are "file"
   int64_t bytes = 0;             // logical bytes (elements x element size)
-  Digest128 digest{};
+  Digest128 digest{};            // its tensor digest (numerics/digest.h)
 };
 
+// The inventory of a set of tensors (see the top of this file): its entries and its state digest.
 class Inventory {
  public:
   // The inventory of `tensors`. kInvalidArgument for a duplicate name, an undefined tensor or a
@@ -48,7 +50,9 @@ class Inventory {
 
   // Sorted by name (bytewise).
   const std::vector<InventoryEntry>& entries() const { return entries_; }
+  // The state digest over the entries' names and tensor digests (DIGEST.md, "A state").
   const Digest128& state_digest() const { return state_digest_; }
+  // The sum of the entries' logical bytes.
   int64_t total_bytes() const;
 
  private:
@@ -60,7 +64,7 @@ class Inventory {
 
 // One way two inventories differ: a name in only one, or a differing dtype, shape or digest.
 struct InventoryDifference {
-  std::string name;
+  std::string name;  // the tensor's name
   std::string what;  // "only in A", "dtype F32 vs F16", "shape [2] vs [3]", "digest 1f.. vs 9c.."
 };
 

@@ -16,6 +16,7 @@
 namespace lockstep {
 namespace numerics {
 
+// (name, tensor) pairs, in the caller's order (see the top of this file).
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 }  // namespace numerics

@@ -55,11 +55,12 @@ namespace numerics {
 // columns of a token-by-token matrix (attention scores). Precondition: no other dimension of the
 // recorded tensors has size `rows` (choose a token count unlike the model's widths).
 struct RowWindow {
-  int64_t rows = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
+  int64_t rows = 0;   // the token count: a dimension of this size is narrowed to the window
+  int64_t begin = 0;  // the window's first row (>= 0)
+  int64_t end = 0;    // one past its last row; begin < end <= rows
 };
 
+// How an OperatorRecorder records: how often it flushes, the row window, and the rank it names.
 class OperatorRecorderOptions {
  public:
   OperatorRecorderOptions() = default;
@@ -68,18 +69,21 @@ class OperatorRecorderOptions {
     flush_every_ = n;
     return *this;
   }
+  // As set by set_flush_every.
   int flush_every() const { return flush_every_; }
   // See RowWindow. Default: none (whole tensors).
   OperatorRecorderOptions& set_row_window(RowWindow window) {
     row_window_ = window;
     return *this;
   }
+  // As set by set_row_window; nullopt: whole tensors.
   const std::optional<RowWindow>& row_window() const { return row_window_; }
   // The rank written in the recording's header line. Default: 0.
   OperatorRecorderOptions& set_rank(int rank) {
     rank_ = rank;
     return *this;
   }
+  // As set by set_rank.
   int rank() const { return rank_; }
 
  private:
@@ -88,6 +92,8 @@ class OperatorRecorderOptions {
   int rank_ = 0;
 };
 
+// Records every ATen operator call made while a Scope is open into an operator recording file
+// (see the top of this file). One at a time per process.
 class OperatorRecorder {
  public:
   // Starts recording into `path` (a JSON-lines file: a header line, then one line per call).
@@ -104,6 +110,8 @@ class OperatorRecorder {
   // Non-copyable, non-movable; scopes nest LIFO.
   class Scope {
    public:
+    // Opens a scope of `recorder` labelled `label` (the module of the calls made while it is the
+    // innermost); it closes when destroyed. `recorder` must outlive it.
     Scope(OperatorRecorder& recorder, std::string label);
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;

@@ -37,13 +37,15 @@
 namespace lockstep {
 namespace numerics {
 
+// The header line's key; its value is the format version.
 inline constexpr char kOperatorRecordingKey[] = "lockstep.operator_recording";
+// The format version this build writes and reads (Load refuses another).
 inline constexpr int kOperatorRecordingVersion = 1;
 
 // One input or output of a call. Tensors inside a list are values of their own (same `arg`,
 // `item` their position in the list).
 struct OperatorValue {
-  int arg = 0;
+  int arg = 0;    // its position among the call's inputs (arguments) or outputs (returns)
   int item = -1;  // -1: the argument itself, not a list item
   // "tensor", "uninitialized" (contents not yet written), "out" (an out= argument: written, not
   // read), "opaque", "undefined", "none", "scalar", "other".
@@ -52,25 +54,33 @@ struct OperatorValue {
   std::vector<int64_t> shape;  // tensors: the full shape
   // Tensors a RowWindow applied to: the dimensions narrowed to [window_begin, window_end).
   std::vector<int> window_dims;
-  int64_t window_begin = -1;
-  int64_t window_end = -1;
-  std::string value;  // scalars: by value; others: the type name
-  double sum = 0;     // output tensors: over the digested elements
-  double max_abs = 0;
+  int64_t window_begin = -1;  // the window's first row (RowWindow::begin); -1 without a window
+  int64_t window_end = -1;    // one past its last row (RowWindow::end); -1 without a window
+  std::string value;          // scalars: by value; others: the type name
+  double sum = 0;             // output tensors: the sum of the digested elements, in float64
+  double max_abs = 0;         // output tensors: max |x| over the digested elements
 };
 
+// One operator call: what it was, where it ran, its inputs and outputs and their digests.
 struct OperatorRecord {
   int64_t index = 0;  // call order (by start)
   std::string op;     // RecordFunction's name, e.g. "aten::index_add_"
+  // The label of the innermost OperatorRecorder::Scope open when the call started.
   std::string module;
   int64_t parent = -1;  // the call this one runs inside, on its thread; -1: none
+  // How many calls it runs inside, on its thread (0: a call the program made itself).
   int depth = 0;
+  // Its inputs, as they were when the call started.
   std::vector<OperatorValue> inputs;
+  // Its outputs, as they were when the call ended.
   std::vector<OperatorValue> outputs;
+  // OperatorSideDigest of the inputs.
   Digest128 inputs_digest{};
+  // OperatorSideDigest of the outputs.
   Digest128 outputs_digest{};
 };
 
+// One rank's operator recording (see the top of this file), in call order.
 class OperatorRecording {
  public:
   // kInvalidArgument naming the file and line for a malformed recording (a record out of order,
@@ -78,9 +88,13 @@ class OperatorRecording {
   static absl::StatusOr<OperatorRecording> Load(const std::string& path);
   // Whether `path` starts like an operator recording (its header line), without loading it.
   static bool LooksLikeOne(const std::string& path);
+  // The recording of rank `rank` holding `records`, in call order; each one's index is its
+  // position.
   OperatorRecording(int rank, std::vector<OperatorRecord> records)
       : rank_(rank), records_(std::move(records)) {}
+  // The rank named in the header line (0 when it names none).
   int rank() const { return rank_; }
+  // The calls, in index order.
   const std::vector<OperatorRecord>& records() const { return records_; }
 
  private:
@@ -96,6 +110,10 @@ std::vector<int64_t> DigestedShape(const OperatorValue& value);
 Digest128 OperatorSideDigest(const std::vector<OperatorValue>& values,
                              const std::vector<Digest128>& tensor_digests);
 
+// A call's line of the recording: {index, op, module, parent, depth, inputs, outputs,
+// inputs_digest, outputs_digest (32 hex digits each)}. A value is {arg, kind}, with item, dtype,
+// shape, window and window_dims, and value where they apply, and an output tensor's sum and
+// max_abs (a non-finite one as "nan", "inf" or "-inf").
 nlohmann::json OperatorRecordJson(const OperatorRecord& record);
 
 }  // namespace numerics

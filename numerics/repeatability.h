@@ -39,10 +39,15 @@ namespace numerics {
 // One pass: forward + backward; returns the outputs to compare.
 using StepFunction = std::function<absl::StatusOr<NamedTensors>()>;
 
+// What RunRepeatability found: the passes compared pairwise (see the top of this file).
 struct RepeatabilityReport {
-  // Outputs as "output/<name>", gradients as "grad/<parameter name>".
+  // warm1 (actual) against cold (expected). Outputs as "output/<name>", gradients as
+  // "grad/<parameter name>"; a difference here alone shows state that warms up.
   SetComparison warm1_vs_cold;
+  // warm2 (actual) against warm1 (expected), named as above; a difference shows nondeterminism.
   SetComparison warm2_vs_warm1;
+  // Whether both comparisons passed: every output and gradient within the tolerance, pass to
+  // pass.
   bool repeatable() const { return warm1_vs_cold.all_passed() && warm2_vs_warm1.all_passed(); }
 };
 

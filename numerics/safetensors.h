@@ -52,21 +52,25 @@ namespace numerics {
 // The format's limit on the JSON header.
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
-// The safetensors name of a LibTorch dtype ("F32", "BF16", ...), and back. kInvalidArgument
-// naming the dtype for one the format or this LibTorch does not have.
+// The safetensors name of a LibTorch dtype ("F32", "BF16", ...). kInvalidArgument naming the
+// dtype for one the format or this LibTorch does not have.
 absl::StatusOr<std::string> SafetensorsDtypeName(at::ScalarType dtype);
+// The LibTorch dtype of a safetensors dtype name: SafetensorsDtypeName's inverse.
+// kInvalidArgument naming it, and the names this LibTorch reads, for any other name.
 absl::StatusOr<at::ScalarType> SafetensorsDtype(absl::string_view name);
 
 // One tensor of a file: where its bytes are, without copying them.
 struct SafetensorsEntry {
-  std::string name;
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> shape;
+  std::string name;                   // its key in the header
+  at::ScalarType dtype = at::kFloat;  // LibTorch's dtype for the header's dtype name
+  std::vector<int64_t> shape;         // its size along each dimension (each >= 0)
   // The tensor's logical contiguous bytes, inside the file's mapping (valid while the
   // SafetensorsFile or a copy of it lives).
   absl::string_view bytes;
 };
 
+// A safetensors file (or bytes in its format), validated (see the top of this file): its
+// entries, found by name, and its metadata. A copy shares the mapped or owned bytes.
 class SafetensorsFile {
  public:
   // Maps and validates `path` (see the top of this file).
@@ -74,9 +78,11 @@ class SafetensorsFile {
   // Validates `bytes` as a file's contents; `what` names it in errors.
   static absl::StatusOr<SafetensorsFile> FromBytes(std::string bytes, std::string what);
 
+  // What names it in errors: the path given to Open, or FromBytes' `what`.
   const std::string& what() const { return what_; }
   // Every tensor, in buffer order.
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // The header's "__metadata__" object, key to value (empty without one).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The entry named `name`, or null.
   const SafetensorsEntry* Find(absl::string_view name) const;
