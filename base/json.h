@@ -58,17 +58,23 @@ std::string Utf8Escaped(absl::string_view text);
 
 // The member `key` of `object`, of the type asked for. kInvalidArgument naming `what`, the key
 // and the type found, for a missing member, a wrong type, or an `object` that is not an object.
+
+// The string member `key` of `object` (see above).
 absl::StatusOr<std::string> JsonString(const nlohmann::json& object, absl::string_view key,
                                        absl::string_view what);
+// The integer member `key` of `object`: a JSON integer that fits in 64 signed bits (see above).
 absl::StatusOr<int64_t> JsonInt(const nlohmann::json& object, absl::string_view key,
                                 absl::string_view what);
+// The number member `key` of `object`, integer or not, as a double (see above).
 absl::StatusOr<double> JsonNumber(const nlohmann::json& object, absl::string_view key,
                                   absl::string_view what);
+// The boolean member `key` of `object` (see above).
 absl::StatusOr<bool> JsonBool(const nlohmann::json& object, absl::string_view key,
                               absl::string_view what);
-// An object or array member, by pointer into `object` (valid while it is).
+// The object member `key` of `object`, by pointer into `object` (valid while it is; see above).
 absl::StatusOr<const nlohmann::json*> JsonObject(const nlohmann::json& object,
                                                  absl::string_view key, absl::string_view what);
+// The array member `key` of `object`, by pointer into `object` (valid while it is; see above).
 absl::StatusOr<const nlohmann::json*> JsonArray(const nlohmann::json& object, absl::string_view key,
                                                 absl::string_view what);
 

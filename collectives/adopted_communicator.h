@@ -56,11 +56,14 @@ class Store;
 namespace lockstep {
 namespace collectives {
 
+// A Communicator over a c10d process group the program already made (see the top of this file).
 class AdoptedCommunicator : public internal::CommunicatorBase {
  public:
+  // What Adopt needs to know of the group, which c10d's group does not say.
   struct Options {
     // The members' global ranks in group-rank order, of a world of `world_size` processes.
     std::vector<int> global_ranks;
+    // Number of processes in the program's world (> every global rank). Default: 0, refused.
     int world_size = 0;
     // How long a collective (and the host lane's setup) waits for peers. Default: 60 s.
     absl::Duration timeout = absl::Seconds(60);
@@ -68,6 +71,7 @@ class AdoptedCommunicator : public internal::CommunicatorBase {
     // key in it (under "lockstep/"), the same on every member and new to the store: name the
     // group and count its adoptions.
     c10::intrusive_ptr<c10d::Store> store;
+    // The host lane's key in `store` (required with a store; see above).
     std::string lane_key;
     // Where the group's collectives take their tensors when its backend takes no CPU tensors
     // (NCCL: the rank's CUDA device). Unset: the group takes CPU tensors (Gloo).
@@ -88,9 +92,13 @@ class AdoptedCommunicator : public internal::CommunicatorBase {
   // Whether CPU tensors of at most HostLane::kMaxBytes take the host lane.
   bool has_host_lane() const;
 
+  // Communicator::Broadcast over the adopted group (see communicator.h).
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
+  // Communicator::AllGather over the adopted group (see communicator.h).
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;
+  // Communicator::AllReduceSum over the adopted group (see communicator.h).
   absl::Status AllReduceSum(at::Tensor& tensor) override;
+  // Communicator::Barrier over the adopted group (see communicator.h).
   absl::Status Barrier() override;
 
  private:

@@ -19,6 +19,8 @@ class ProcessGroup;
 namespace lockstep {
 namespace collectives {
 
+// The c10d type a Gloo or NCCL group's collectives are called on: c10d::Backend from LibTorch
+// 2.0, c10d::ProcessGroup before (see the top of this file).
 #if TORCH_VERSION_MAJOR >= 2
 using C10dGroup = c10d::Backend;
 #else

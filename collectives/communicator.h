@@ -45,6 +45,8 @@
 namespace lockstep {
 namespace collectives {
 
+// lockstep's narrow view of a communication group (see the top of this file for the contract
+// every implementation keeps).
 class Communicator {
  public:
   virtual ~Communicator() = default;

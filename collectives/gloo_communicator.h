@@ -50,8 +50,10 @@
 namespace lockstep {
 namespace collectives {
 
+// A Communicator over c10d's ProcessGroupGloo (see the top of this file).
 class GlooCommunicator : public internal::CommunicatorBase {
  public:
+  // The world communicator's settings, which the groups made from it share.
   struct Options {
     // How long a collective (and group creation) waits for peers. Default: 60 s.
     absl::Duration timeout = absl::Seconds(60);
@@ -72,9 +74,13 @@ class GlooCommunicator : public internal::CommunicatorBase {
 
   ~GlooCommunicator() override;
 
+  // Communicator::Broadcast over Gloo (see communicator.h).
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
+  // Communicator::AllGather over Gloo (see communicator.h).
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;
+  // Communicator::AllReduceSum over Gloo (see communicator.h).
   absl::Status AllReduceSum(at::Tensor& tensor) override;
+  // Communicator::Barrier over Gloo (see communicator.h).
   absl::Status Barrier() override;
 
  private:

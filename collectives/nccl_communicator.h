@@ -55,6 +55,7 @@
 namespace lockstep {
 namespace collectives {
 
+// A Communicator over the NCCL API, on this process's CUDA device (see the top of this file).
 class NcclCommunicator : public internal::CommunicatorBase {
  public:
   // How CPU tensors reach NCCL (Note [CPU staging] in internal/nccl_staging.h).
@@ -63,6 +64,7 @@ class NcclCommunicator : public internal::CommunicatorBase {
     kDeviceCopies,  // pinned host and device buffers, with copies queued around the collective
   };
 
+  // The world communicator's settings, which the groups made from it share.
   struct Options {
     // How long creation and each collective wait for peers. Default: 60 s.
     absl::Duration timeout = absl::Seconds(60);
@@ -89,14 +91,18 @@ class NcclCommunicator : public internal::CommunicatorBase {
   // member on this host).
   bool uses_host_lane() const;
 
+  // Communicator::Broadcast over NCCL (see communicator.h).
   absl::Status Broadcast(at::Tensor& tensor, int root) override;
+  // Communicator::AllGather over NCCL (see communicator.h).
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& input) override;
   // CUDA tensors: `then` runs once the all-gather is queued on the current stream, before the
   // wait.
   absl::StatusOr<std::vector<at::Tensor>> AllGatherThen(
       const at::Tensor& input,
       const std::function<absl::Status(const std::vector<at::Tensor>&)>& then) override;
+  // Communicator::AllReduceSum over NCCL (see communicator.h).
   absl::Status AllReduceSum(at::Tensor& tensor) override;
+  // Communicator::Barrier over NCCL (see communicator.h).
   absl::Status Barrier() override;
 
  private:

@@ -39,12 +39,15 @@ namespace collectives {
 struct GroupOutcome {
   // Per group rank: its attempt's status code.
   std::vector<absl::StatusCode> codes;
-  // The first member whose attempt failed (lowest group rank), its global rank and its status
-  // (code and message); -1 and OK when every member succeeded.
+  // The group rank of the first member whose attempt failed (the lowest); -1 when every member
+  // succeeded.
   int first_failed = -1;
+  // The first failing member's global rank; -1 when every member succeeded.
   int first_failed_global = -1;
+  // The first failing member's status (code and message); OK when every member succeeded.
   absl::Status first_failure;
 
+  // Whether every member's attempt succeeded.
   bool ok() const { return first_failed < 0; }
   // Members that ran out of memory (kResourceExhausted).
   int64_t out_of_memory() const;

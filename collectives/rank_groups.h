@@ -36,6 +36,8 @@
 namespace lockstep {
 namespace collectives {
 
+// One rank's world and its TP, CP, DP and TP x CP groups under a Topology (see the top of this
+// file).
 class RankGroups {
  public:
   // Makes the rank's groups of `world` under `topology`. kInvalidArgument when the topology's
@@ -49,22 +51,34 @@ class RankGroups {
 
   // The world, for a program that shares it; `world()` is never null.
   Communicator& world() const { return *world_; }
+  // The world as shared; it owns nothing when made by CreateBorrowing.
   const std::shared_ptr<Communicator>& shared_world() const { return world_; }
+  // The topology the groups were made under.
   const Topology& topology() const { return topology_; }
   // This rank's global rank and its coordinates in the topology.
   int rank() const { return world_->rank(); }
+  // This rank's coordinates in the topology.
   const Coordinates& coordinates() const { return coordinates_; }
 
   // The rank's groups, always made (a group of one where its dimension has size 1).
+
+  // The TP group (Topology::TpGroup), never null.
   const std::shared_ptr<Communicator>& tp() const { return tp_; }
+  // The CP group (Topology::CpGroup), never null.
   const std::shared_ptr<Communicator>& cp() const { return cp_; }
+  // The DP group (Topology::DpGroup), never null.
   const std::shared_ptr<Communicator>& dp() const { return dp_; }
+  // The TP x CP group (Topology::TpCpGroup): this rank and its replicas, never null.
   const std::shared_ptr<Communicator>& tp_cp() const { return tp_cp_; }
 
   // The group each dimension's collectives run over, or nullptr when it has no other member
   // (Note [A group of one is no group]).
+
+  // The TP group, or nullptr at TP 1: what TP collectives run over.
   Communicator* tp_or_null() const { return WithOthers(tp_.get()); }
+  // The CP group, or nullptr at CP 1: what CP collectives run over.
   Communicator* cp_or_null() const { return WithOthers(cp_.get()); }
+  // The DP group, or nullptr at DP 1: what DP collectives (gradient reduction) run over.
   Communicator* dp_or_null() const { return WithOthers(dp_.get()); }
 
   // The ranks that hold replicas of this rank's model-stream draws and receive the same

@@ -57,12 +57,12 @@ namespace collectives {
 
 // The torchrun variables, parsed and validated.
 struct LaunchEnvironment {
-  std::string master_addr;
-  int master_port = 0;
-  int rank = 0;
-  int world_size = 0;
-  int local_rank = 0;
-  int local_world_size = 0;  // 0: not given
+  std::string master_addr;   // MASTER_ADDR: host of rank 0's TCP store, non-empty
+  int master_port = 0;       // MASTER_PORT: its port, 1..65535
+  int rank = 0;              // RANK: this process's global rank, in [0, world_size)
+  int world_size = 0;        // WORLD_SIZE: number of processes, positive
+  int local_rank = 0;        // LOCAL_RANK: rank on this host (selects the GPU); default 0
+  int local_world_size = 0;  // LOCAL_WORLD_SIZE: ranks per host; 0: not given
 };
 
 // Parses the variables through `lookup` (nullopt for an unset variable). kInvalidArgument names
@@ -74,6 +74,8 @@ absl::StatusOr<LaunchEnvironment> ParseLaunchEnvironment(
 // ParseLaunchEnvironment over the process environment.
 absl::StatusOr<LaunchEnvironment> LaunchEnvironmentFromProcess();
 
+// The job's shared key-value store plus this process's rank, world size and local rank (see the
+// top of this file).
 class Rendezvous {
  public:
   // A FileStore at `path` (a file on a filesystem every rank sees; created if absent). A file
@@ -91,12 +93,17 @@ class Rendezvous {
 
   ~Rendezvous();
 
+  // This process's global rank, in [0, world_size()).
   int rank() const { return rank_; }
+  // Number of processes in the job.
   int world_size() const { return world_size_; }
+  // This process's rank on its host (LOCAL_RANK; 0 for File and OverStore).
   int local_rank() const { return local_rank_; }
   // The TCP store's host and port as given (MASTER_ADDR); empty and 0 for other stores.
   const std::string& store_host() const { return store_host_; }
+  // The TCP store's port (MASTER_PORT); 0 for other stores.
   int store_port() const { return store_port_; }
+  // The timeout it was made with: how long the rendezvous, each store call and Get wait.
   absl::Duration timeout() const { return timeout_; }
 
   // Stores `value` under `key` for every rank to read.
@@ -118,11 +125,16 @@ class Rendezvous {
   // counting. StartHeartbeat is idempotent; communicators start it. Heartbeat(r) reads rank r's
   // counter (0 before its first beat).
   static constexpr absl::Duration kHeartbeatPeriod = absl::Milliseconds(250);
+  // Starts this process's heartbeat thread, once (later calls do nothing); a failing store only
+  // stops the beats.
   void StartHeartbeat();
+  // Rank `rank`'s heartbeat counter, 0 before its first beat. A store that does not answer is an
+  // error, kept as the store lost (Note [Store lost]).
   absl::StatusOr<int64_t> Heartbeat(int rank);
 
   // Implementation detail for communicators in this package (collectives/internal/).
   struct Impl;
+  // The store behind this rendezvous, for communicators in this package (collectives/internal/).
   Impl& impl() const { return *impl_; }
   // A rendezvous over a store the program already has (`impl` from collectives/internal/
   // store.h; AdoptedCommunicator::Adopt wraps torch.distributed's). Exchanges nothing: the

@@ -30,10 +30,12 @@
 namespace lockstep {
 namespace collectives {
 
+// A rank's position in a Topology: its index along each dimension, each 0-based.
 struct Coordinates {
-  int dp = 0;
-  int cp = 0;
-  int tp = 0;
+  int dp = 0;  // the DP worker, in [0, dp_size)
+  int cp = 0;  // the CP coordinate, in [0, cp_size)
+  int tp = 0;  // the TP coordinate, in [0, tp_size)
+  // Whether both name the same dp, cp and tp.
   bool operator==(const Coordinates& o) const { return dp == o.dp && cp == o.cp && tp == o.tp; }
 };
 
@@ -41,6 +43,7 @@ struct Coordinates {
 // bits, so no combination of valid int sizes overflows.
 inline constexpr int kMaxWorldSize = 1 << 20;
 
+// A world of ranks laid out DP x TP x CP in Megatron's order (see the top of this file).
 class Topology {
  public:
   // A topology of `world_size` ranks with the given TP and CP sizes; DP is what remains.
@@ -52,20 +55,30 @@ class Topology {
   static absl::StatusOr<Topology> CreateExact(int world_size, int dp_size, int tp_size,
                                               int cp_size);
 
+  // Number of ranks: dp_size * tp_size * cp_size.
   int world_size() const { return dp_size_ * tp_size_ * cp_size_; }
+  // Number of DP workers (data-parallel size), >= 1.
   int dp_size() const { return dp_size_; }
+  // Tensor-parallel size, >= 1.
   int tp_size() const { return tp_size_; }
+  // Context-parallel size, >= 1.
   int cp_size() const { return cp_size_; }
 
-  // kInvalidArgument when the rank or the coordinates are out of range.
+  // The coordinates of `global_rank`; kInvalidArgument when the rank is outside the world.
   absl::StatusOr<Coordinates> CoordinatesOf(int global_rank) const;
+  // The global rank at `coordinates`; kInvalidArgument when a coordinate is out of range.
   absl::StatusOr<int> GlobalRankOf(const Coordinates& coordinates) const;
 
   // Groups of `global_rank`, as sorted global ranks; empty for a rank outside the world (which
   // NewGroup and Leader refuse, so a bad rank surfaces as an error, never an abort).
+
+  // The TP group: the tp_size ranks of the rank's DP worker with its CP coordinate.
   std::vector<int> TpGroup(int global_rank) const;
+  // The CP group: the cp_size ranks of the rank's DP worker with its TP coordinate.
   std::vector<int> CpGroup(int global_rank) const;
+  // The TP x CP group: the tp_size * cp_size ranks of the rank's DP worker (its replicas).
   std::vector<int> TpCpGroup(int global_rank) const;
+  // The DP group: the dp_size ranks with the rank's CP and TP coordinates, one per DP worker.
   std::vector<int> DpGroup(int global_rank) const;
 
   // The leader of a group is its first (lowest) global rank; -1 for an empty group.

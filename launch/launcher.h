@@ -34,15 +34,19 @@
 namespace lockstep {
 namespace launch {
 
-// The most processes launch starts on one machine, and the most nodes of one job.
+// The most processes launch starts on one machine.
 inline constexpr int kMaxLocalProcesses = 1024;
+// The most nodes of one job.
 inline constexpr int kMaxNodes = 1024;
 
+// What Launch starts, and how it stops it (see the top of this file).
 struct LaunchOptions {
   // Number of processes on this node; 1..kMaxLocalProcesses. Default: 1.
   int nproc = 1;
-  // Nodes of the job, 1..kMaxNodes, and this node's index among them. Default: 1 and 0.
+  // Nodes of the job, 1..kMaxNodes. Default: 1.
   int nnodes = 1;
+  // This node's index among them, in [0, nnodes): its ranks are node_rank x nproc onwards.
+  // Default: 0.
   int node_rank = 0;
   // Address of rank 0's rendezvous store. Default: the loopback address.
   std::string master_addr = "127.0.0.1";
@@ -59,6 +63,7 @@ struct LaunchOptions {
   int output_fd = 1;
 };
 
+// How the ranks of a Launch ended.
 struct LaunchResult {
   // 0 when every rank exited 0; else the first failing rank's exit code, or 128 + signal.
   int exit_code = 0;

@@ -57,21 +57,22 @@
 namespace lockstep {
 namespace qualification {
 
+// A deliberate bug qualify can plant (see the top of this file for what each breaks).
 enum class NegativeControl {
-  kNone,
-  kNoSync,
-  kWorldSync,
-  kUnscopedModelWork,
-  kAliasingSnapshot,
-  kShardLocalPhilox,
-  kDoubleCountedRetry,
-  kInputInsideScope,
-  kNoSyncAfterMicrobatch,
-  kNoSyncAfterDpForward,
-  kNoRestoreOnUnwind,
-  kStagingReplaces,
-  kResumeWithoutNamedStreams,
-  kNondeterministicOp,
+  kNone,                       // no control: lockstep as it is
+  kNoSync,                     // no-sync
+  kWorldSync,                  // world-sync
+  kUnscopedModelWork,          // unscoped-model-work
+  kAliasingSnapshot,           // aliasing-snapshot
+  kShardLocalPhilox,           // shard-local-philox
+  kDoubleCountedRetry,         // double-counted-retry
+  kInputInsideScope,           // input-inside-scope
+  kNoSyncAfterMicrobatch,      // no-sync-after-microbatch
+  kNoSyncAfterDpForward,       // no-sync-after-dp-forward
+  kNoRestoreOnUnwind,          // no-restore-on-unwind
+  kStagingReplaces,            // staging-replaces
+  kResumeWithoutNamedStreams,  // resume-without-named-streams
+  kNondeterministicOp,         // nondeterministic-op
 };
 
 // The command-line name of `control` ("" for kNone).
@@ -92,7 +93,10 @@ trainer::internal::ContractSeams TrainerSeamsFor(NegativeControl control);
 // into themselves, so a recompute does not rewind and draws different masks than the forward.
 class AliasingRngSaver : public checkpoint::RngStateSaver {
  public:
+  // A saver that aliases the default CPU generator and, where `generators` has one, that CUDA
+  // device's default generator.
   explicit AliasingRngSaver(rng::DefaultGenerators generators) : generators_(generators) {}
+  // Handles to the live generators, not their values (the bug; see above).
   absl::StatusOr<std::unique_ptr<checkpoint::SavedRngState>> Save() const override;
 
  private:

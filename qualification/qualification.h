@@ -62,14 +62,19 @@
 namespace lockstep {
 namespace qualification {
 
+// One check's verdict on one rank, as the table and the evidence JSON report it.
 struct CheckResult {
+  // The check's name in the table and the evidence ("replica_agreement", "oom_recovery", ...).
   std::string name;
+  // Whether the check passed on this rank.
   bool passed = false;
+  // What the check found: its figures on a pass, what broke on a failure.
   std::string detail;
   // The figures behind the verdict, where a check has more than its detail (the variability
   // checks); null otherwise. Goes into the evidence JSON and the report.
   nlohmann::json evidence;
 
+  // A result of `name`, `passed` and `detail`, with no evidence.
   static CheckResult Make(std::string name, bool passed, std::string detail) {
     CheckResult result;
     result.name = std::move(name);
@@ -82,15 +87,22 @@ struct CheckResult {
 // One rank's state for the checks: its groups, its streams, and the caller state the checks
 // start from (synchronized across the TP x CP group unless a negative control says otherwise).
 struct RankSetup {
+  // A setup over `groups`, the rest at the defaults below (SetUpRank fills it in).
   explicit RankSetup(collectives::RankGroups groups) : groups(std::move(groups)) {}
 
   // The world (borrowed: SetUpRank's precondition) and the rank's groups in it.
   collectives::RankGroups groups;
+  // The rank's RNG streams over its default CPU generator.
   std::shared_ptr<rng::RankStreams> streams;
+  // The negative control the checks plant (kNone: none). Default: kNone.
   NegativeControl control = NegativeControl::kNone;
+  // The caller state right after SetUpRank's synchronization, which the checks rewind to;
+  // nullopt until SetUpRank sets it.
   std::optional<rng::RngSnapshot> synced;
-  // oom_recovery: failures to inject, and where the rank's ledger goes (empty: a temporary file).
+  // Out-of-memory failures oom_recovery injects, 0..kMaxInjectedOom. Default: 1.
   int inject_oom = 1;
+  // Where oom_recovery writes the rank's ledger (empty: a temporary directory), and where the
+  // variability checks keep the actors' state and evidence (empty: no actors). Default: empty.
   std::string ledger_dir;
   // Where the trainer's oracle runs: "cpu" or "cuda" (the rank's GPU: rank modulo the GPUs).
   std::string device = "cpu";
@@ -102,13 +114,29 @@ struct RankSetup {
 absl::StatusOr<RankSetup> SetUpRank(collectives::Communicator& world,
                                     const collectives::Topology& topology, NegativeControl control);
 
-// The checks; each starts from setup.synced and is collective over the world.
+// The checks (see the top of this file); each starts from setup.synced and is collective over
+// the world.
+
+// replica_agreement: every replica draws what its TP x CP group's leader draws.
 absl::StatusOr<CheckResult> CheckReplicaAgreement(RankSetup& setup);
+// dp_workers_independent: no DP worker draws what DP worker 0 draws (passes with one DP worker).
 absl::StatusOr<CheckResult> CheckDpWorkersIndependent(RankSetup& setup);
+// model_stream: two model-stream scopes leave the caller's draws untouched, the stream advances
+// from one to the next, and the replicas' model masks agree.
 absl::StatusOr<CheckResult> CheckModelStream(RankSetup& setup);
+// exception_restoration: an exception thrown through a model-stream scope, and an error returned
+// from inside one, each leave the caller's generators (CPU, and the rank's CUDA generator with
+// setup.device "cuda") bit-exact.
 absl::StatusOr<CheckResult> CheckExceptionRestoration(RankSetup& setup);
+// partition_invariance: the TP x CP shards of a Philox dropout mask reassemble to the unsharded
+// mask.
 absl::StatusOr<CheckResult> CheckPartitionInvariance(RankSetup& setup);
+// checkpoint_recompute: a checkpointed MLP block with dropout against the plain block (mask
+// replayed, gradients bit-identical, caller untouched, nothing retained, replicas agree).
 absl::StatusOr<CheckResult> CheckRecompute(RankSetup& setup);
+// oom_recovery: setup.inject_oom out-of-memory failures on one replica of each TP x CP group,
+// recovered by admission's RecoveringRunner to the gradient of the run without failures, with
+// every token counted once in the rank's ledger (written under setup.ledger_dir).
 absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup);
 // The trainer's oracle, under the negative control that targets it (if any).
 absl::StatusOr<std::vector<CheckResult>> CheckTrainer(RankSetup& setup);
@@ -133,6 +161,8 @@ inline constexpr int kMaxInjectedOom = 8;
 // The largest world qualify runs: local processes on one machine.
 inline constexpr int kMaxQualifyWorld = 64;
 
+// What RunQualify runs: the topology, the negative control, the device, limits, and where the
+// evidence and report go. Made by Topology, then set field by field (qualify: from its flags).
 class QualifyOptions {
  public:
   // A DP x TP x CP topology; the other options at their defaults.
@@ -144,9 +174,12 @@ class QualifyOptions {
     return options;
   }
 
-  int dp = 1, tp = 1, cp = 1;
+  int dp = 1,  // DP workers, 1..kMaxQualifyWorld (with dp x tp x cp at most that). Default: 1.
+      tp = 1,  // TP size, 1..kMaxQualifyWorld. Default: 1.
+      cp = 1;  // CP size, 1..kMaxQualifyWorld. Default: 1.
   // Where to write the JSON evidence; empty: nowhere. Default: empty.
   std::string evidence_path;
+  // The negative control to plant (negative_controls.h); qualify must then fail. Default: kNone.
   NegativeControl control = NegativeControl::kNone;
   // Out-of-memory failures oom_recovery injects, 0..kMaxInjectedOom. Default: 1.
   int inject_oom = 1;
@@ -168,9 +201,9 @@ class QualifyOptions {
   // the table and writes the evidence and report; the others run their ranks and say how they
   // ended. Defaults: one node, 127.0.0.1, a free port.
   int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;
+  int node_rank = 0;                      // this node's index, in [0, nnodes); node 0 reports
+  std::string master_addr = "127.0.0.1";  // the host of rank 0's rendezvous store
+  int master_port = 0;                    // its port (0: a free one; required across nodes)
   // Internal (workers): run only the second actor of the actors check. Default: false.
   bool actor_round = false;
   // Enforce lockstep's deterministic mode (numerics/deterministic_mode.h) in every worker before
@@ -196,7 +229,10 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options);
 // kBytesPerWorker of available memory each. kResourceExhausted naming the flags, the machine's
 // figure and the limit otherwise.
 inline constexpr int kProcessesPerCore = 16;
+// The available memory each qualify worker needs: 256 MiB.
 inline constexpr int64_t kBytesPerWorker = int64_t{256} << 20;
+// Checks this node's dp * tp * cp / nnodes workers against its `cores` (kProcessesPerCore each)
+// and `available_bytes` (kBytesPerWorker each; negative: unknown, not checked), as above.
 absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
                                     int64_t available_bytes);
 

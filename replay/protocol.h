@@ -45,6 +45,7 @@
 namespace lockstep {
 namespace replay {
 
+// What RunProtocol runs and compares (see the top of this file); PrepareProtocol checks it.
 struct ProtocolOptions {
   // The directory for the launches' captures, logs and report.json. Required.
   std::string out;
@@ -69,6 +70,7 @@ struct ProtocolOptions {
 // created; for compare_only it must be a directory.
 absl::Status PrepareProtocol(const ProtocolOptions& options);
 
+// What the evidence of a replay says, in report.json and as tools/replay's exit status.
 enum class ProtocolVerdict {
   // The independent and resumed runs match the reference and every broken resume differs.
   kPass,
@@ -83,10 +85,13 @@ enum class ProtocolVerdict {
 // The exit status tools/replay gives a verdict, also recorded in the report: 0, 1, 2.
 int ProtocolExitCode(ProtocolVerdict verdict);
 
+// What RunProtocol found: its verdict and the report it wrote.
 struct ProtocolResult {
+  // The verdict over every comparison. Default: kEvidence.
   ProtocolVerdict verdict = ProtocolVerdict::kEvidence;
   // What OUT/report.json holds (format lockstep.replay_report/1).
   nlohmann::json report;
+  // Where the report was written: OUT/report.json.
   std::string report_path;
 };
 

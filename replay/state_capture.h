@@ -80,20 +80,28 @@ class Optimizer;
 namespace lockstep {
 namespace replay {
 
+// The "format" of a capture's index.json and complete.json; LoadStateCapture refuses any other.
 inline constexpr char kStateCaptureFormat[] = "lockstep.state_capture/1";
 
 // The components, in capture order.
 inline constexpr const char* kCaptureComponents[] = {"data",      "ledger",  "rng",
                                                      "optimizer", "weights", "gradients"};
 
+// What WriteStateCapture captures of a rank: each component given, or declared absent with a
+// reason (see the top of this file).
 struct CaptureComponents {
   // Parameters and buffers by name; their gradients are the "gradients" component.
   numerics::NamedTensors weights;
+  // The optimizer whose state is the "optimizer" component (numerics::OptimizerState's fields);
+  // null: absent.
   const torch::optim::Optimizer* optimizer = nullptr;
   // Every stream of the rank: the caller's default generators, the model stream, named streams.
   // Precondition: outside any model-stream scope or named-stream fork.
   const rng::RankStreams* streams = nullptr;
+  // The caller's data cursor (batches consumed): the "data" component; nullopt: absent.
   std::optional<int64_t> data_position;
+  // The ledger's last committed step (admission/ledger.h): the "ledger" component; nullopt:
+  // absent.
   std::optional<int64_t> ledger_step;
   // component name -> why this program does not have it. Required for each component left out;
   // refused for one that is given.

@@ -38,9 +38,9 @@ namespace replay {
 
 // A checked capture: its index and its mapped state file.
 struct LoadedCapture {
-  std::string dir;
-  nlohmann::json index;
-  numerics::SafetensorsFile state;
+  std::string dir;                  // the capture's directory, as given to LoadStateCapture
+  nlohmann::json index;             // its index.json, parsed
+  numerics::SafetensorsFile state;  // its state.safetensors, mapped
 };
 
 // Reads and checks the capture in `dir` as the top of this file says.
@@ -48,8 +48,8 @@ absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir);
 
 // Where two captures of one step and rank first differ.
 struct CaptureDifference {
-  int64_t step = 0;
-  int rank = 0;
+  int64_t step = 0;  // the captures' step, as their index says
+  int rank = 0;      // the captures' rank, as their index says
   // The state path ("rng/caller/cpu"), in capture order.
   std::string path;
   // "bytes"; "dtype" or "shape" (the tensors' forms differ); "only_in_a"/"only_in_b" (a path one
@@ -57,11 +57,13 @@ struct CaptureDifference {
   std::string kind;
   // For "bytes": the first differing byte inside the tensor's data, the element it belongs to,
   // the count of differing elements, and both elements' values.
-  int64_t byte_offset = -1;
-  int64_t element_index = -1;
-  int64_t differing_elements = 0;
-  int64_t elements = 0;
-  std::string a_value, b_value;
+
+  int64_t byte_offset = -1;        // the first differing byte, from the start of the tensor's data
+  int64_t element_index = -1;      // the element that byte belongs to (its flat index, 0-based)
+  int64_t differing_elements = 0;  // how many of the tensor's elements differ
+  int64_t elements = 0;            // the tensor's element count
+  std::string a_value,             // capture a's value of that element, printed ("%.9g")
+      b_value;                     // capture b's value of that element, printed ("%.9g")
   // Every path that differs in this pair of captures, in capture order.
   std::vector<std::string> differing_paths;
 };
@@ -71,10 +73,11 @@ struct CaptureDifference {
 absl::StatusOr<std::optional<CaptureDifference>> CompareCaptures(const LoadedCapture& a,
                                                                  const LoadedCapture& b);
 
+// What CompareRuns compared, and the first difference it found.
 struct RunComparison {
   int64_t first_step = 0;  // the steps compared, [first_step, last_step]
-  int64_t last_step = 0;
-  int64_t captures = 0;  // pairs compared
+  int64_t last_step = 0;   // the last step compared (see first_step)
+  int64_t captures = 0;    // pairs compared
   // The first difference in (step, rank) order; nullopt when all match.
   std::optional<CaptureDifference> first;
 };

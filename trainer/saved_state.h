@@ -50,6 +50,7 @@ namespace trainer {
 
 // What SaveState writes besides the weights, the optimizer and the trainer's own counters.
 struct SaveOptions {
+  // Every option at its default.
   static SaveOptions Defaults() { return SaveOptions(); }
   // Every RNG stream of the rank (the caller's default generators, the model stream, named
   // streams), so that a restart continues bit-exactly. Off by default: a restart then draws
@@ -59,9 +60,9 @@ struct SaveOptions {
 
 // What a load restored.
 struct LoadReport {
-  int weights = 0;
-  bool optimizer = false;
-  bool rng_streams = false;
+  int weights = 0;           // number of tensors of `weights` given their saved values
+  bool optimizer = false;    // whether the optimizer's state was loaded (given and saved)
+  bool rng_streams = false;  // whether the RNG streams were restored (saved with them)
 };
 
 // Removes a directory SaveTrainingState wrote (its files, then the directory), best effort.
@@ -75,9 +76,10 @@ absl::Status SaveTrainingState(const std::string& dir, const rng::RankStreams& s
                                const torch::optim::Optimizer* optimizer,
                                const SaveOptions& options);
 
+// What LoadTrainingState restored, and the trainer's counter it read.
 struct LoadedState {
-  LoadReport report;
-  int64_t forward_index = 0;
+  LoadReport report;          // what was restored
+  int64_t forward_index = 0;  // the saved forward counter (ShardWork::forward_index), >= 0
 };
 
 // Reads `dir` and, once all of it checked, copies each saved weight into the tensor of that name

@@ -43,9 +43,13 @@ struct ShardWork {
   // (LibTorch's exceptions; lockstep::ThrowAsTorchError for a status).
   using Block = checkpoint::CheckpointedFunction;
 
+  // The step's plan (as split so far), owned by the trainer; valid during the forward call.
   const planner::Plan* plan = nullptr;
+  // Index of this microbatch in `plan`'s microbatches.
   int microbatch = 0;
+  // This rank's CP coordinate: which shard of the microbatch it holds, in [0, cp_size).
   int cp_rank = 0;
+  // The topology's CP size: the number of shards of the microbatch.
   int cp_size = 1;
   // Forward calls of this TrainerRank so far (0 for the first microbatch it runs; an attempt that
   // failed does not count).
@@ -75,7 +79,9 @@ struct ShardWork {
   // c10::Error if the tensor cannot be allocated (the trainer reports it as the forward's
   // status). Not thread-safe.
   const at::Tensor& packed_offsets() const;
+  // Per token of the shard (int64 [n], CPU): the caller's id of its sequence (see above).
   const at::Tensor& sequence_ids() const;
+  // Per token of the shard (int64 [n], CPU): its position in its sequence, 0-based (see above).
   const at::Tensor& positions() const;
 
  private:

@@ -37,12 +37,14 @@ namespace trainer {
 // A DP rank's batch: its sequences and, row by row, the caller's per-token inputs (sequence 0's
 // tokens first, then sequence 1's, ...), materialised under the caller's RNG.
 struct TrainerInputs {
+  // The batch of `sequences` with their input `rows`.
   static TrainerInputs Of(std::vector<planner::Sequence> sequences, at::Tensor rows) {
     TrainerInputs inputs;
     inputs.sequences = std::move(sequences);
     inputs.rows = std::move(rows);
     return inputs;
   }
+  // The batch's sequences, in the order of their rows in `rows`.
   std::vector<planner::Sequence> sequences;
   // [total tokens, ...]; its first dimension must equal the sequences' token count.
   at::Tensor rows;
@@ -54,6 +56,7 @@ using CustomObjectFactory = std::function<absl::StatusOr<numerics::NamedTensors>
 
 // One microbatch's full outputs, as every replica receives them.
 struct MicrobatchOutput {
+  // Index of the microbatch in the step's plan (as split by out-of-memory recovery).
   int microbatch = 0;
   // [tokens, ...] in packed order.
   at::Tensor outputs;
@@ -92,6 +95,8 @@ struct TrainerConfig {
   // are then yielded as separate microbatches. No gradient is involved: the caller's backward runs
   // after the hand-back. Default: off.
   std::optional<admission::MemoryModel> memory_model;
+  // The memory cap in bytes; with a memory model it must be > 0 (Create refuses it otherwise).
+  // Default: 0.
   int64_t memory_cap_bytes = 0;
   // recovery.max_split_depth as above (default 4). recovery.admission is not read: the trainer
   // admits one microbatch per wave, its outputs held until the end for ForwardAllMicrobatches.
@@ -109,6 +114,8 @@ struct TrainerConfig {
 // What a TrainerRank uses but does not own, each held by shared ownership so that none of them
 // can be destroyed while the trainer uses it.
 struct Collaborators {
+  // The required collaborators: the job's topology, this rank's global rank, its TP x CP group
+  // and its streams; no memory probe, no ledger.
   static Collaborators Of(collectives::Topology topology, int world_rank,
                           std::shared_ptr<collectives::Communicator> tp_cp_group,
                           std::shared_ptr<rng::RankStreams> streams) {
@@ -118,19 +125,24 @@ struct Collaborators {
     collaborators.streams = std::move(streams);
     return collaborators;
   }
+  // Sets memory_probe to `value`; returns *this.
   Collaborators& WithMemoryProbe(std::shared_ptr<admission::MemoryProbe> value) {
     memory_probe = std::move(value);
     return *this;
   }
+  // Sets ledger to `value`; returns *this.
   Collaborators& WithLedger(std::shared_ptr<admission::Ledger> value) {
     ledger = std::move(value);
     return *this;
   }
 
+  // The job's DP x TP x CP topology.
   collectives::Topology topology;
+  // This rank's global rank in `topology`.
   int world_rank = 0;
   // The rank's TP x CP group (topology.TpCpGroup(world_rank)); nullptr only for a world of one.
   std::shared_ptr<collectives::Communicator> tp_cp_group;
+  // The rank's RNG streams (the caller's generators, the model stream, named streams); required.
   std::shared_ptr<rng::RankStreams> streams;
 
   // Releases cached device memory after out of memory and reads the peak of each attempt

@@ -94,7 +94,9 @@ struct StreamState;
 // plan as split by out-of-memory recovery, the microbatches' ledger ids).
 class MicrobatchStream {
  public:
+  // Takes over the other stream's step; the moved-from stream must not be used again.
   MicrobatchStream(MicrobatchStream&&) noexcept;
+  // Drops this stream's step for the other's; the moved-from stream must not be used again.
   MicrobatchStream& operator=(MicrobatchStream&&) noexcept;
   MicrobatchStream(const MicrobatchStream&) = delete;
   MicrobatchStream& operator=(const MicrobatchStream&) = delete;
@@ -118,6 +120,9 @@ class MicrobatchStream {
   std::unique_ptr<internal::StreamState> state_;
 };
 
+// The rank-local trainer core: plans, runs the model's forward on this rank's CP shard, and hands
+// the full outputs to every TP x CP replica under lockstep's RNG contract (see the top of this
+// file).
 class TrainerRank {
  public:
   // What the trainer uses but does not own (trainer_config.h).
@@ -179,8 +184,11 @@ class TrainerRank {
   absl::StatusOr<LoadReport> LoadState(const std::string& dir, numerics::NamedTensors& weights,
                                        torch::optim::Optimizer* optimizer);
 
+  // This rank's CP coordinate, in [0, cp_size()).
   int cp_rank() const;
+  // The topology's CP size.
   int cp_size() const;
+  // The rank's streams (Collaborators::streams), shared with the caller.
   rng::RankStreams& streams();
   // Out-of-memory outcomes recovered so far (with admission).
   int64_t out_of_memory_recovered() const;
