@@ -6,12 +6,12 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda_boundary.h"
+#include "base/element_type_of.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
 #include "c10/cuda/CUDAStream.h"
 #include "numerics/internal/compare_device.h"
 #include "numerics/internal/compare_kernel.h"
-#include "base/element_type_of.h"
 
 namespace lockstep {
 namespace numerics {

@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "numerics/internal/compare_visit.h"
 #include "base/element_type.h"
+#include "numerics/internal/compare_visit.h"
 
 namespace lockstep {
 namespace numerics {
