@@ -266,8 +266,9 @@ Lane ChooseLane(ncclComm_t& comm, ncclComm_t& fast, cudaStream_t fast_stream, in
 }
 
 absl::Status InPlace(ncclComm_t& parent, ncclComm_t& fast, cudaStream_t fast_stream,
-                     Staging& staging, int device, absl::Duration timeout, const std::string& what,
-                     at::Tensor& tensor, const InPlaceOp& op, bool upload) {
+                     internal::NcclStaging& staging, int device, absl::Duration timeout,
+                     const std::string& what, at::Tensor& tensor, const InPlaceOp& op,
+                     bool upload) {
   LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device, what));
   LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(tensor.scalar_type(), what));
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -428,7 +429,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGatherThen(
     }
     if (bytes > 0) {
       // Staged (Note [CPU staging]): [input | size() outputs] in the group's buffers.
-      Staging& staging = group_->staging;
+      internal::NcclStaging& staging = group_->staging;
       const int64_t total = bytes * (size() + 1);
       LOCKSTEP_RETURN_IF_ERROR(staging.Reserve(total, what));
       std::memcpy(staging.host(), input.data_ptr(), bytes);
