@@ -45,6 +45,14 @@ class TempDir {
   // The directory's path, "<root>/lockstep_<prefix>_XXXXXX" (empty once moved from).
   const std::string& path() const { return path_; }
 
+  // Keeps the directory for a reader (something in it needs looking into): returns its path and
+  // owns none from then on, so destruction removes nothing.
+  std::string Release() {
+    std::string kept = std::move(path_);
+    path_.clear();
+    return kept;
+  }
+
  private:
   explicit TempDir(std::string path) : path_(std::move(path)) {}
   std::string path_;

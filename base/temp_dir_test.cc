@@ -45,6 +45,23 @@ TEST(TempDirTest, IsUniqueUnderTheTestsTemporaryDirectoryAndRemovedWithItsConten
   EXPECT_TRUE(Exists(outside)) << "the link's target was removed through the link";
 }
 
+// A released directory is the reader's: its path is returned, and the TempDir removes nothing.
+TEST(TempDirTest, AReleasedDirectoryIsKept) {
+  std::string kept;
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("released"));
+    const std::string path = dir.path();
+    std::ofstream(path + "/evidence.json") << "{}";
+    kept = dir.Release();
+    EXPECT_EQ(kept, path);
+    EXPECT_TRUE(dir.path().empty());
+  }
+  struct stat st;
+  EXPECT_EQ(stat((kept + "/evidence.json").c_str(), &st), 0) << kept << " was removed";
+  ASSERT_EQ(unlink((kept + "/evidence.json").c_str()), 0);
+  ASSERT_EQ(rmdir(kept.c_str()), 0);
+}
+
 TEST(TempDirTest, AnImpossibleRootIsNamed) {
   setenv("TEST_TMPDIR", "/nonexistent-root-for-temp-dirs", 1);
   const absl::Status s = TempDir::Make("unit").status();

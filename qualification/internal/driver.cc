@@ -3,8 +3,6 @@
 #include "qualification/internal/checks.h"
 #include "qualification/internal/reports.h"
 
-#include <ftw.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -292,20 +290,6 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
 
 namespace {
 
-// Removes the job's directory: reports, ledgers, the actors' state and evidence (best effort).
-// POSIX calls, not std::filesystem::remove_all, which crashed a process on the GPU machine's host
-// (collectives/internal/host_lane_test.cc says more).
-void RemoveDirectory(const std::string& dir) {
-  nftw(
-      dir.c_str(),
-      [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path), 0; }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
-
-}  // namespace
-
-namespace {
-
 // MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
 int64_t AvailableMemory() {
   std::ifstream meminfo("/proc/meminfo");
@@ -348,38 +332,6 @@ absl::Status CheckRunnable(const QualifyOptions& options) {
 }  // namespace
 
 namespace {
-
-// The job's working directory: the workers' reports and output. Removed when it goes out of
-// scope, unless Keep() was called because something in it needs looking into.
-class JobDirectory {
- public:
-  static absl::StatusOr<JobDirectory> Make() {
-    std::string dir = absl::StrCat(TempDir::Root(), "/qualify.XXXXXX");
-    if (mkdtemp(dir.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("mkdtemp ", dir, ": ", std::strerror(errno)));
-    }
-    return JobDirectory(std::move(dir));
-  }
-  JobDirectory(JobDirectory&& other) noexcept : path_(std::move(other.path_)) {
-    other.path_.clear();
-  }
-  JobDirectory& operator=(JobDirectory&&) = delete;
-  ~JobDirectory() {
-    if (!path_.empty()) RemoveDirectory(path_);
-  }
-
-  const std::string& path() const { return path_; }
-  // Leaves the directory in place for the reader; returns its path.
-  const std::string& Keep() {
-    kept_ = path_;
-    path_.clear();
-    return kept_;
-  }
-
- private:
-  explicit JobDirectory(std::string path) : path_(std::move(path)) {}
-  std::string path_, kept_;
-};
 
 // Refuses, before the job runs and creating nothing under the evidence's name, outputs that
 // could not be written after it.
@@ -452,7 +404,7 @@ void PrintJob(const QualifyOptions& options, int nproc, std::ostream& out) {
 // errors its ranks reported, and leaves the table and the verdict to node 0 (Note [Reports
 // across nodes]). Whether its ranks ran.
 bool FinishOtherNode(const QualifyOptions& options, const launch::LaunchOptions& launch,
-                     const launch::LaunchResult& launched, JobDirectory& dir, std::ostream& out) {
+                     const launch::LaunchResult& launched, TempDir& dir, std::ostream& out) {
   std::string second_failure;
   if (launched.exit_code == 0) second_failure = internal::LaunchSecondActor(launch, dir.path());
   const bool ran = launched.exit_code == 0 && second_failure.empty();
@@ -463,7 +415,7 @@ bool FinishOtherNode(const QualifyOptions& options, const launch::LaunchOptions&
        internal::NodeErrors(dir.path(), options.node_rank * launch.nproc, launch.nproc)) {
     out << "error: " << line << "\n";
   }
-  if (!ran) out << "worker output: " << dir.Keep() << "\n";
+  if (!ran) out << "worker output: " << dir.Release() << "\n";
   return ran;
 }
 
@@ -476,7 +428,9 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
   const int world = options.dp * options.tp * options.cp;
   LOCKSTEP_RETURN_IF_ERROR(CheckRunnable(options));
   LOCKSTEP_RETURN_IF_ERROR(CheckOutputs(options));
-  LOCKSTEP_ASSIGN_OR_RETURN(JobDirectory dir, JobDirectory::Make());
+  // The job's working directory (the workers' reports and output): removed at the end unless
+  // something in it needs looking into (Release).
+  LOCKSTEP_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make("qualify"));
   const std::string log_path = absl::StrCat(dir.path(), "/workers.log");
   FILE* log = std::fopen(log_path.c_str(), "w");
   if (log == nullptr)
@@ -515,7 +469,7 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
         !s.ok()) {
       return absl::InternalError(absl::StrCat("cannot write the evidence file: ", s.message(),
                                               " (per-rank reports and worker output kept in ",
-                                              dir.Keep(), ")"));
+                                              dir.Release(), ")"));
     }
     out << "evidence: " << options.evidence_path << "\n";
   }
@@ -523,12 +477,12 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     if (absl::Status s = WriteReport(evidence, options.report_dir); !s.ok()) {
       return absl::InternalError(absl::StrCat("the report: ", s.message(),
                                               " (per-rank reports and worker output kept in ",
-                                              dir.Keep(), ")"));
+                                              dir.Release(), ")"));
     }
     out << "report: " << options.report_dir << "/index.html\n";
   }
   // Keep the per-rank reports and worker log only when something needs looking into.
-  if (!all_passed) out << "per-rank reports and worker output: " << dir.Keep() << "\n";
+  if (!all_passed) out << "per-rank reports and worker output: " << dir.Release() << "\n";
   return all_passed;
 }
 
