@@ -58,8 +58,6 @@ class MemoryCap {
 
 // How AdmitWaves forms waves.
 struct AdmissionOptions {
-  // Every option at its default.
-  static AdmissionOptions Defaults() { return AdmissionOptions(); }
   // Most microbatches in one wave (>= 1). Default: no limit.
   int max_microbatches_per_wave = 1 << 30;
   // Whether each wave's retained bytes (MemoryModel::PredictRetained: its outputs and what their

@@ -172,7 +172,7 @@ void BM_AdmitWaves10k(benchmark::State& state) {
   }
   state.counters["microbatches"] = plan->microbatches_size();
   for (auto _ : state) {
-    auto admitted = AdmitWaves(*plan, *model, int64_t{80} << 30, AdmissionOptions::Defaults());
+    auto admitted = AdmitWaves(*plan, *model, int64_t{80} << 30, AdmissionOptions());
     if (!admitted.ok()) {
       state.SkipWithError(std::string(admitted.status().message()).c_str());
       return;

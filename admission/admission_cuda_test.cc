@@ -185,11 +185,9 @@ TEST(AdmissionCudaTest, SweepAdmittedAtNinetyPercentOfDeviceMemoryCompletes) {
   GradientStaging staging(f.model->parameters());
   RecoveryOptions options;
   options.admission.max_microbatches_per_wave = 1;
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      auto runner,
-      RecoveringRunner::Create(
-          RecoveringRunner::Collaborators::Of(&model, &staging).WithProbe(f.probe.get()), cap,
-          options));
+  auto collaborators = RecoveringRunner::Collaborators::Of(&model, &staging);
+  collaborators.probe = f.probe.get();
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto runner, RecoveringRunner::Create(collaborators, cap, options));
   LOCKSTEP_ASSERT_OK(f.probe->ReleaseCachedMemory());
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(StepReport report,
                                 runner->RunStep(0, plan, [&](const WaveWork& work) -> absl::Status {
@@ -228,9 +226,9 @@ TEST(AdmissionCudaTest, RealOutOfMemoryIsRecoveredBySplitAndRetryWithTheSameGrad
     GradientStaging staging(toy.parameters());
     RecoveryOptions options;
     options.admission.max_microbatches_per_wave = 1;
-    auto runner = RecoveringRunner::Create(
-        RecoveringRunner::Collaborators::Of(&model, &staging).WithProbe(f.probe.get()), cap,
-        options);
+    auto collaborators = RecoveringRunner::Collaborators::Of(&model, &staging);
+    collaborators.probe = f.probe.get();
+    auto runner = RecoveringRunner::Create(collaborators, cap, options);
     if (!runner.ok()) {
       ADD_FAILURE() << runner.status();
       return at::Tensor();

@@ -74,7 +74,7 @@ TEST(MemoryModelTest, CalibrationRecoversTheTermsFromProbeReadings) {
 
   // Without the attention term the fit is worse on these readings, and says so.
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Calibration linear,
-                                MemoryModel::Calibrate(samples, CalibrationOptions::Defaults()));
+                                MemoryModel::Calibrate(samples, CalibrationOptions()));
   EXPECT_GT(linear.worst_relative_error, fit.worst_relative_error);
 }
 

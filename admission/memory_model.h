@@ -87,8 +87,6 @@ class MemoryModel;
 
 // What MemoryModel::Calibrate fits.
 struct CalibrationOptions {
-  // Every option at its default.
-  static CalibrationOptions Defaults() { return CalibrationOptions(); }
   // Fit the quadratic attention term too (needs samples with varied sequence lengths).
   bool attention_term = false;
 };

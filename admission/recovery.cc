@@ -29,9 +29,11 @@ absl::StatusOr<std::unique_ptr<RecoveringRunner>> RecoveringRunner::Create(
 absl::StatusOr<StepReport> RecoveringRunner::RunStep(int64_t step, const planner::Plan& plan,
                                                      const RunWave& run) {
   RecoveryCollaborators loop_collaborators = RecoveryCollaborators::Of(c_.group);
-  loop_collaborators.WithModel(c_.model, cap_bytes_)
-      .WithProbe(c_.probe)
-      .WithLedger(c_.ledger, LedgerStep::Writes::kDirect);
+  loop_collaborators.model = c_.model;
+  loop_collaborators.cap_bytes = cap_bytes_;
+  loop_collaborators.probe = c_.probe;
+  loop_collaborators.ledger = c_.ledger;
+  loop_collaborators.writes = LedgerStep::Writes::kDirect;
   LOCKSTEP_ASSIGN_OR_RETURN(RecoveryLoop loop,
                             RecoveryLoop::Begin(loop_collaborators, options_, step, plan));
   AttemptHooks hooks;

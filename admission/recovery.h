@@ -30,10 +30,12 @@
 //
 // Example:
 //   GradientStaging staging(model->parameters());
+//   auto collaborators = RecoveringRunner::Collaborators::Of(&memory_model, &staging);
+//   collaborators.probe = &probe;
+//   collaborators.group = tp_cp_group;
+//   collaborators.ledger = ledger;
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto runner, RecoveringRunner::Create(
-//       RecoveringRunner::Collaborators::Of(&memory_model, &staging)
-//           .WithProbe(&probe).WithGroup(tp_cp_group).WithLedger(ledger),
-//       cap_bytes, RecoveryOptions::Defaults()));
+//       collaborators, cap_bytes, RecoveryOptions()));
 //   LOCKSTEP_ASSIGN_OR_RETURN(StepReport report, runner->RunStep(step, plan,
 //       [&](const WaveWork& work) { return ForwardBackward(work); }));
 //   optimizer.step();
@@ -90,21 +92,6 @@ class RecoveringRunner {
       c.model = model;
       c.staging = staging;
       return c;
-    }
-    // Sets `probe`; returns these collaborators, to chain.
-    Collaborators& WithProbe(MemoryProbe* p) {
-      probe = p;
-      return *this;
-    }
-    // Sets `group`; returns these collaborators, to chain.
-    Collaborators& WithGroup(collectives::Communicator* g) {
-      group = g;
-      return *this;
-    }
-    // Sets `ledger`; returns these collaborators, to chain.
-    Collaborators& WithLedger(std::shared_ptr<Ledger> l) {
-      ledger = std::move(l);
-      return *this;
     }
     // Predicts each wave; its safety factor is raised after out of memory. Required.
     MemoryModel* model = nullptr;

@@ -40,10 +40,13 @@
 // Thread-safety: one thread uses a RecoveryLoop at a time.
 //
 // Example:
-//   LOCKSTEP_ASSIGN_OR_RETURN(RecoveryLoop loop, RecoveryLoop::Begin(
-//       RecoveryCollaborators::Of(group).WithModel(&model, cap_bytes).WithLedger(
-//           ledger, LedgerStep::Writes::kQueued),
-//       RecoveryOptions::Defaults(), step, plan));
+//   RecoveryCollaborators collaborators = RecoveryCollaborators::Of(group);
+//   collaborators.model = &model;
+//   collaborators.cap_bytes = cap_bytes;
+//   collaborators.ledger = ledger;
+//   collaborators.writes = LedgerStep::Writes::kQueued;
+//   LOCKSTEP_ASSIGN_OR_RETURN(RecoveryLoop loop,
+//                             RecoveryLoop::Begin(collaborators, RecoveryOptions(), step, plan));
 //   while (!loop.done()) {
 //     LOCKSTEP_ASSIGN_OR_RETURN(WaveWork wave, loop.RunNext(hooks));
 //     LOCKSTEP_RETURN_IF_ERROR(loop.Complete(wave));
@@ -112,47 +115,29 @@ struct RecoveryCollaborators {
     c.group = group;
     return c;
   }
-  // Admission and recovery: waves are admitted under `cap_bytes` by `model`'s predictions and an
-  // out-of-memory attempt is split and retried. Without a model every microbatch is its own wave
-  // and out of memory fails the step like any other failure.
-  RecoveryCollaborators& WithModel(MemoryModel* m, int64_t cap) {
-    model = m;
-    cap_bytes = cap;
-    return *this;
-  }
-  // Peaks read after each successful attempt; cached memory released after out of memory.
-  RecoveryCollaborators& WithProbe(MemoryProbe* p) {
-    probe = p;
-    return *this;
-  }
-  // The step's events recorded in `l` (ledger_step.h), written `w`.
-  RecoveryCollaborators& WithLedger(std::shared_ptr<Ledger> l, LedgerStep::Writes w) {
-    ledger = std::move(l);
-    writes = w;
-    return *this;
-  }
   // The members that agree (Of); null: this member alone.
   collectives::Communicator* group = nullptr;
-  // The memory model of admission and recovery (WithModel); null: neither.
+  // The memory model of admission and recovery: waves are admitted under `cap_bytes` by its
+  // predictions and an out-of-memory attempt is split and retried. Default: null (every
+  // microbatch is its own wave, and out of memory fails the step like any other failure).
   MemoryModel* model = nullptr;
-  // The memory cap in bytes (WithModel); > 0 with a model.
+  // The memory cap in bytes; > 0 with a model. Default: 0.
   int64_t cap_bytes = 0;
-  // The memory probe (WithProbe); null: no readings, no cache release.
+  // Peaks read after each successful attempt; cached memory released after out of memory.
+  // Default: null (no readings, no cache release).
   MemoryProbe* probe = nullptr;
-  // The ledger (WithLedger); null: nothing is recorded.
+  // Where the step's events are recorded (ledger_step.h). Default: null (nothing is recorded).
   std::shared_ptr<Ledger> ledger;
-  // How the ledger is written (WithLedger). Default: directly.
+  // How the ledger is written. Default: directly.
   LedgerStep::Writes writes = LedgerStep::Writes::kDirect;
 };
 
 // How the loop admits and recovers.
 struct RecoveryOptions {
-  // Every option at its default.
-  static RecoveryOptions Defaults() { return RecoveryOptions(); }
   // Most times one original microbatch may be halved (>= 0).
   int max_split_depth = 4;
-  // How waves are formed (with a model). Default: AdmissionOptions::Defaults().
-  AdmissionOptions admission = AdmissionOptions::Defaults();
+  // How waves are formed (with a model). Default: AdmissionOptions().
+  AdmissionOptions admission = AdmissionOptions();
 };
 
 // What a step's loop did.

@@ -63,11 +63,10 @@ absl::StatusOr<GroupRun> RunGroupStep(collectives::Communicator& group, int cp_r
   GradientStaging staging(objective.parameters());
   RecoveryOptions options;
   options.admission.max_microbatches_per_wave = 1;
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      auto runner, RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&model, &staging)
-                                                .WithGroup(&group)
-                                                .WithLedger(ledger),
-                                            1 << 20, options));
+  auto collaborators = RecoveringRunner::Collaborators::Of(&model, &staging);
+  collaborators.group = &group;
+  collaborators.ledger = ledger;
+  LOCKSTEP_ASSIGN_OR_RETURN(auto runner, RecoveringRunner::Create(collaborators, 1 << 20, options));
   GroupRun run;
   LOCKSTEP_ASSIGN_OR_RETURN(run.report,
                             runner->RunStep(1, plan, [&](const WaveWork& work) -> absl::Status {

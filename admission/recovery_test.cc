@@ -73,13 +73,12 @@ absl::StatusOr<RunResult> RunToyStep(const planner::Plan& plan, const OomRule& o
   FakeMemoryProbe probe(1 << 20);
   RecoveryOptions options;
   options.admission.max_microbatches_per_wave = max_wave;
+  auto collaborators = RecoveringRunner::Collaborators::Of(
+      &model, staging_override != nullptr ? staging_override : &staging);
+  collaborators.probe = &probe;
+  collaborators.ledger = ledger;
   LOCKSTEP_ASSIGN_OR_RETURN(
-      auto runner, RecoveringRunner::Create(
-                       RecoveringRunner::Collaborators::Of(
-                           &model, staging_override != nullptr ? staging_override : &staging)
-                           .WithProbe(&probe)
-                           .WithLedger(ledger),
-                       /*cap_bytes=*/1 << 20, options));
+      auto runner, RecoveringRunner::Create(collaborators, /*cap_bytes=*/1 << 20, options));
   RunResult result;
   LOCKSTEP_ASSIGN_OR_RETURN(result.report,
                             runner->RunStep(7, plan, [&](const WaveWork& work) -> absl::Status {
@@ -235,7 +234,7 @@ class RecoveryRigTest : public ::testing::Test {
 };
 
 TEST_F(RecoveryRigTest, ThrownOutOfMemoryIsRecoveredLikeAStatus) {
-  ASSERT_NO_FATAL_FAILURE(Build(RecoveryOptions::Defaults()));
+  ASSERT_NO_FATAL_FAILURE(Build(RecoveryOptions()));
   bool thrown = false;
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
       StepReport report, runner_->RunStep(0, plan_, [&](const WaveWork& work) -> absl::Status {
@@ -265,7 +264,7 @@ TEST_F(RecoveryRigTest, OutOfMemoryBeyondTheSplitDepthFailsNamingTheMicrobatch) 
 }
 
 TEST_F(RecoveryRigTest, OtherFailuresStopTheStepWithContextAndDropTheContribution) {
-  ASSERT_NO_FATAL_FAILURE(Build(RecoveryOptions::Defaults()));
+  ASSERT_NO_FATAL_FAILURE(Build(RecoveryOptions()));
   absl::StatusOr<StepReport> report =
       runner_->RunStep(3, plan_, [&](const WaveWork& work) -> absl::Status {
         LOCKSTEP_RETURN_IF_ERROR(objective_->RunWave(work, 0));
@@ -277,12 +276,12 @@ TEST_F(RecoveryRigTest, OtherFailuresStopTheStepWithContextAndDropTheContributio
   EXPECT_FALSE(objective_->weight().grad().defined()) << "a failed attempt's gradient must go";
 
   EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&*model_, nullptr), 1,
-                                     RecoveryOptions::Defaults())
+                                     RecoveryOptions())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RecoveringRunner::Create(RecoveringRunner::Collaborators::Of(&*model_, staging_.get()),
-                                     0, RecoveryOptions::Defaults())
+                                     0, RecoveryOptions())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -23,12 +23,12 @@ absl::Status Errno(absl::string_view what) {
 
 // In the child, right after fork: die with the parent, take a group of its own if asked.
 void SetUpChild(const ChildOptions& options, pid_t parent) {
-  if (options.die_with_parent()) {
+  if (options.die_with_parent) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     // The parent may have died between fork and prctl: then nobody would signal us.
     if (getppid() != parent) _exit(137);
   }
-  if (options.own_process_group()) setpgid(0, 0);
+  if (options.own_process_group) setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
 }
@@ -54,7 +54,7 @@ absl::StatusOr<std::pair<pid_t, int>> ForkWithPipe(const ChildOptions& options,
   }
   close(fds[1]);
   // Also here, so the group exists before the parent might signal it.
-  if (options.own_process_group()) setpgid(pid, pid);
+  if (options.own_process_group) setpgid(pid, pid);
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   return std::make_pair(pid, fds[0]);
 }
@@ -64,7 +64,7 @@ absl::StatusOr<std::pair<pid_t, int>> ForkWithPipe(const ChildOptions& options,
 absl::StatusOr<Child> Child::Fork(const ChildOptions& options,
                                   const std::function<int(int channel_fd)>& body) {
   auto forked = ForkWithPipe(options, [&](int channel) {
-    if (options.channel_is_output()) {
+    if (options.channel_is_output) {
       dup2(channel, STDOUT_FILENO);
       dup2(channel, STDERR_FILENO);
     } else {
@@ -75,7 +75,7 @@ absl::StatusOr<Child> Child::Fork(const ChildOptions& options,
     _exit(code);
   });
   if (!forked.ok()) return forked.status();
-  return Child(forked->first, forked->second, options.own_process_group());
+  return Child(forked->first, forked->second, options.own_process_group);
 }
 
 absl::StatusOr<Child> Child::Exec(
@@ -83,7 +83,7 @@ absl::StatusOr<Child> Child::Exec(
     const std::vector<std::pair<std::string, std::string>>& environment) {
   if (argv.empty()) return absl::InvalidArgumentError("no program given");
   auto forked = ForkWithPipe(options, [&](int channel) {
-    if (options.channel_is_output()) {
+    if (options.channel_is_output) {
       dup2(channel, STDOUT_FILENO);  // dup2 clears close-on-exec on the copies
       dup2(channel, STDERR_FILENO);
     }
@@ -96,7 +96,7 @@ absl::StatusOr<Child> Child::Exec(
     _exit(127);
   });
   if (!forked.ok()) return forked.status();
-  return Child(forked->first, forked->second, options.own_process_group());
+  return Child(forked->first, forked->second, options.own_process_group);
 }
 
 Child::Child(Child&& other) noexcept

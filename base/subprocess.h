@@ -45,39 +45,24 @@ namespace lockstep {
 
 // How Child::Fork and Child::Exec start a child: what its channel carries, and its process group
 // and parent-death settings.
-class ChildOptions {
- public:
+struct ChildOptions {
   // A child whose body reports through its channel descriptor; stdout/stderr are inherited.
-  static ChildOptions Reporting() { return ChildOptions(false); }
+  static ChildOptions Reporting() { return ChildOptions(); }
   // A child whose stdout and stderr are its channel.
-  static ChildOptions Output() { return ChildOptions(true); }
-
-  // Puts the child in a process group of its own, so that Signal reaches whatever it starts.
-  // Default: false.
-  ChildOptions& set_own_process_group(bool value) {
-    own_process_group_ = value;
-    return *this;
-  }
-  // Kills the child (SIGKILL) when this process dies. Default: true.
-  ChildOptions& set_die_with_parent(bool value) {
-    die_with_parent_ = value;
-    return *this;
+  static ChildOptions Output() {
+    ChildOptions options;
+    options.channel_is_output = true;
+    return options;
   }
 
   // Whether the channel carries the child's stdout and stderr (Output) rather than what its
-  // body writes to the channel descriptor (Reporting).
-  bool channel_is_output() const { return channel_is_output_; }
-  // As set by set_own_process_group.
-  bool own_process_group() const { return own_process_group_; }
-  // As set by set_die_with_parent.
-  bool die_with_parent() const { return die_with_parent_; }
-
- private:
-  explicit ChildOptions(bool channel_is_output) : channel_is_output_(channel_is_output) {}
-
-  bool channel_is_output_;
-  bool own_process_group_ = false;
-  bool die_with_parent_ = true;
+  // body writes to the channel descriptor (Reporting). Default: false.
+  bool channel_is_output = false;
+  // Puts the child in a process group of its own, so that Signal reaches whatever it starts.
+  // Default: false.
+  bool own_process_group = false;
+  // Kills the child (SIGKILL) when this process dies. Default: true.
+  bool die_with_parent = true;
 };
 
 // A child process started by Fork or Exec, with its channel; kills and reaps the process when

@@ -91,9 +91,10 @@ TEST(SubprocessTest, AProgramThatCannotStartExits127SayingWhy) {
 }
 
 TEST(SubprocessTest, SignalsAreDescribedAndReachTheWholeGroup) {
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Child child,
-                                Child::Exec(ChildOptions::Output().set_own_process_group(true),
-                                            {"sh", "-c", "sleep 60 & echo started; wait"}, {}));
+  ChildOptions options = ChildOptions::Output();
+  options.own_process_group = true;
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      Child child, Child::Exec(options, {"sh", "-c", "sleep 60 & echo started; wait"}, {}));
   std::string first;
   while (first.find("started") == std::string::npos) {
     ASSERT_TRUE(PollChannels({&child}, absl::Seconds(20), [&](size_t, absl::string_view b) {

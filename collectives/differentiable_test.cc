@@ -135,8 +135,7 @@ TEST(DifferentiableCollectivesTest, ReduceScatterRowsKeepsTheOwnRowsOfTheSum) {
 // A member that fails in backward: the others' backward collective fails too (no hang), and the
 // status code survives the exception that carries it.
 TEST(DifferentiableCollectivesTest, AFailedBackwardCollectiveIsAStatusEverywhere) {
-  collectives::FakeWorld world(kMembers,
-                               collectives::FakeWorld::Options::WithTimeout(absl::Seconds(2)));
+  collectives::FakeWorld world(kMembers, collectives::FakeWorld::Options::Of(absl::Seconds(2)));
   world.InjectFailure(/*rank=*/1, /*call_index=*/0);
   const std::vector<absl::Status> results = world.Run([](Communicator& group) {
     at::Tensor x = Input(0, 2).requires_grad_();

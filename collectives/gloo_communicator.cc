@@ -21,15 +21,25 @@
 namespace lockstep {
 namespace collectives {
 
-struct GlooCommunicator::Transport {
+namespace internal {
+
+struct GlooTransport {
   std::shared_ptr<::gloo::transport::Device> device;
   absl::Duration engine_timeout;  // Gloo's own, inside each operation
 };
 
-struct GlooCommunicator::Group {
-  explicit Group(internal::ProcessGroupCalls c) : calls(std::move(c)) {}
-  internal::ProcessGroupCalls calls;  // Gloo takes CPU and CUDA tensors itself: no staging
+struct GlooGroup {
+  // The process group of `identity` over `transport` (Note [Transport and group]).
+  static absl::StatusOr<std::unique_ptr<GlooGroup>> Create(const GlooTransport& transport,
+                                                           const WorldState& world,
+                                                           const GroupIdentity& identity,
+                                                           absl::Duration timeout);
+
+  explicit GlooGroup(ProcessGroupCalls c) : calls(std::move(c)) {}
+  ProcessGroupCalls calls;  // Gloo takes CPU and CUDA tensors itself: no staging
 };
+
+}  // namespace internal
 
 namespace {
 
@@ -62,13 +72,22 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroupGloo>> MakeProcessGroup(
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<internal::GlooGroup>> internal::GlooGroup::Create(
+    const GlooTransport& transport, const WorldState& world, const GroupIdentity& identity,
+    absl::Duration timeout) {
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,
+      MakeProcessGroup(world, identity, transport.device, transport.engine_timeout));
+  return std::make_unique<GlooGroup>(
+      ProcessGroupCalls(std::move(process_group), identity.global_ranks, std::nullopt, timeout));
+}
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<internal::WorldState> world,
                                    internal::GroupIdentity identity,
-                                   std::shared_ptr<Transport> transport,
-                                   std::unique_ptr<Group> group)
-    : CommunicatorBase(std::move(world), std::move(identity)),
-      transport_(std::move(transport)),
-      group_(std::move(group)) {}
+                                   std::shared_ptr<internal::GlooTransport> transport,
+                                   std::unique_ptr<internal::GlooGroup> group)
+    : TransportCommunicator(std::move(world), std::move(identity), std::move(transport),
+                            std::move(group)) {}
 
 GlooCommunicator::~GlooCommunicator() = default;
 
@@ -109,7 +128,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   LOCKSTEP_RETURN_IF_ERROR(internal::IgnoreSigpipeAtDefault());
   LOCKSTEP_ASSIGN_OR_RETURN(internal::NewWorld world,
                             internal::StartWorld("gloo", rendezvous, options.timeout));
-  auto transport = std::make_shared<Transport>();
+  auto transport = std::make_shared<internal::GlooTransport>();
   transport->engine_timeout =
       options.engine_timeout > absl::ZeroDuration() ? options.engine_timeout : options.timeout;
   // Note [Gloo's address]: which local address peers reach this rank at. The host's name is
@@ -132,35 +151,18 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       transport->device = c10d::ProcessGroupGloo::createDefaultDevice();
     }
   }));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,
-      MakeProcessGroup(*world.state, world.identity, transport->device, transport->engine_timeout));
-  auto group = std::make_unique<Group>(internal::ProcessGroupCalls(
-      std::move(process_group), world.identity.global_ranks, std::nullopt, options.timeout));
-  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
-      std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateGroup(
-    internal::GroupIdentity identity) {
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group,
-      MakeProcessGroup(*world_state(), identity, transport_->device, transport_->engine_timeout));
-  auto group = std::make_unique<Group>(internal::ProcessGroupCalls(
-      std::move(process_group), identity.global_ranks, std::nullopt, timeout()));
-  return std::unique_ptr<Communicator>(
-      new GlooCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
+  return CreateWorld(std::move(world), std::move(transport), options.timeout);
 }
 
 absl::Status GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
   const std::string op = absl::StrCat("broadcast from group rank ", root);
-  return Collective(op, [&] { return group_->calls.Broadcast(tensor, root, What(op)); });
+  return Collective(op, [&] { return group().calls.Broadcast(tensor, root, What(op)); });
 }
 
 absl::StatusOr<std::vector<at::Tensor>> GlooCommunicator::AllGather(const at::Tensor& input) {
   std::vector<at::Tensor> outputs;
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(outputs, group_->calls.AllGather(input, What("all-gather")));
+    LOCKSTEP_ASSIGN_OR_RETURN(outputs, group().calls.AllGather(input, What("all-gather")));
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
@@ -169,11 +171,11 @@ absl::StatusOr<std::vector<at::Tensor>> GlooCommunicator::AllGather(const at::Te
 
 absl::Status GlooCommunicator::AllReduceSum(at::Tensor& tensor) {
   return Collective("all-reduce (sum)",
-                    [&] { return group_->calls.AllReduceSum(tensor, What("all-reduce (sum)")); });
+                    [&] { return group().calls.AllReduceSum(tensor, What("all-reduce (sum)")); });
 }
 
 absl::Status GlooCommunicator::Barrier() {
-  return Collective("barrier", [&] { return group_->calls.Barrier(What("barrier")); });
+  return Collective("barrier", [&] { return group().calls.Barrier(What("barrier")); });
 }
 
 }  // namespace collectives

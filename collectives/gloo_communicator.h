@@ -49,9 +49,15 @@
 
 namespace lockstep {
 namespace collectives {
+namespace internal {
+struct GlooTransport;  // the Gloo device, shared with every group (Note [Transport and group])
+struct GlooGroup;      // one group's process group
+}  // namespace internal
 
 // A Communicator over c10d's ProcessGroupGloo (see the top of this file).
-class GlooCommunicator : public internal::CommunicatorBase {
+class GlooCommunicator final
+    : public internal::TransportCommunicator<GlooCommunicator, internal::GlooTransport,
+                                             internal::GlooGroup> {
  public:
   // The world communicator's settings, which the groups made from it share.
   struct Options {
@@ -84,15 +90,10 @@ class GlooCommunicator : public internal::CommunicatorBase {
   absl::Status Barrier() override;
 
  private:
-  struct Transport;  // the rendezvous and Gloo device, shared with every group
-  struct Group;      // this group's process group
+  friend TransportCommunicator;  // constructs the world and every group
   GlooCommunicator(std::shared_ptr<internal::WorldState> world, internal::GroupIdentity identity,
-                   std::shared_ptr<Transport> transport, std::unique_ptr<Group> group);
-  absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
-      internal::GroupIdentity identity) override;
-
-  std::shared_ptr<Transport> transport_;
-  std::unique_ptr<Group> group_;
+                   std::shared_ptr<internal::GlooTransport> transport,
+                   std::unique_ptr<internal::GlooGroup> group);
 };
 
 }  // namespace collectives

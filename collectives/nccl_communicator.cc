@@ -35,20 +35,24 @@ using internal::InitComm;
 using internal::NcclError;
 using internal::NcclType;
 
-struct NcclCommunicator::Transport {
+namespace internal {
+
+struct NcclTransport {
   std::shared_ptr<Rendezvous> rendezvous;
   int device = 0;
-  CpuStaging cpu_staging = CpuStaging::kMappedHost;
+  NcclCommunicator::CpuStaging cpu_staging = NcclCommunicator::CpuStaging::kMappedHost;
   bool host_lane = true;
 };
 
-struct NcclCommunicator::Group {
-  // The group's NCCL communicator, its fast lane and (with Transport::host_lane) its host lane.
-  static absl::StatusOr<std::unique_ptr<Group>> Create(const Transport& transport,
-                                                       const internal::GroupIdentity& identity,
-                                                       absl::Duration timeout);
-  Group(CpuStaging mode, int device) : staging(mode, device) {}
-  ~Group() {
+struct NcclGroup {
+  // The group's NCCL communicator, its fast lane and (with NcclTransport::host_lane) its host
+  // lane (Note [Transport and group]).
+  static absl::StatusOr<std::unique_ptr<NcclGroup>> Create(const NcclTransport& transport,
+                                                           const WorldState& world,
+                                                           const GroupIdentity& identity,
+                                                           absl::Duration timeout);
+  NcclGroup(NcclCommunicator::CpuStaging mode, int device) : staging(mode, device) {}
+  ~NcclGroup() {
     // Abort rather than destroy: destroy waits for outstanding work, which could be a hang.
     if (comm != nullptr) ncclCommAbort(comm);
     if (fast != nullptr) ncclCommAbort(fast);
@@ -64,6 +68,8 @@ struct NcclCommunicator::Group {
   // The host lane (Note [Host lane]); null when off or when a member is on another host.
   std::unique_ptr<internal::HostLane> host_lane;
 };
+
+}  // namespace internal
 
 namespace {
 
@@ -180,9 +186,10 @@ absl::Status SetUpFastLane(Rendezvous& rendezvous, const internal::GroupIdentity
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator::Group>> NcclCommunicator::Group::Create(
-    const Transport& transport, const internal::GroupIdentity& identity, absl::Duration timeout) {
-  auto group = std::make_unique<Group>(transport.cpu_staging, transport.device);
+absl::StatusOr<std::unique_ptr<internal::NcclGroup>> internal::NcclGroup::Create(
+    const NcclTransport& transport, const WorldState& world, const GroupIdentity& identity,
+    absl::Duration timeout) {
+  auto group = std::make_unique<NcclGroup>(transport.cpu_staging, transport.device);
   LOCKSTEP_RETURN_IF_ERROR(
       CreateComm(*transport.rendezvous, identity, transport.device, timeout, group->comm));
   LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport.rendezvous, identity, transport.device, timeout,
@@ -198,17 +205,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator::Group>> NcclCommunicator::Group
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<internal::WorldState> world,
                                    internal::GroupIdentity identity,
-                                   std::shared_ptr<Transport> transport,
-                                   std::unique_ptr<Group> group)
-    : CommunicatorBase(std::move(world), std::move(identity)),
-      transport_(std::move(transport)),
-      group_(std::move(group)) {}
+                                   std::shared_ptr<internal::NcclTransport> transport,
+                                   std::unique_ptr<internal::NcclGroup> group)
+    : TransportCommunicator(std::move(world), std::move(identity), std::move(transport),
+                            std::move(group)) {}
 
 NcclCommunicator::~NcclCommunicator() = default;
 
-int NcclCommunicator::device() const { return transport_->device; }
+int NcclCommunicator::device() const { return transport().device; }
 
-bool NcclCommunicator::uses_host_lane() const { return group_->host_lane != nullptr; }
+bool NcclCommunicator::uses_host_lane() const { return group().host_lane != nullptr; }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<Rendezvous> rendezvous, Options options) {
@@ -225,23 +231,12 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         options.device >= 0 ? "device " : "LOCAL_RANK ", device, " selects CUDA device ", device,
         ", but this process sees ", count, " device(s)"));
   }
-  auto transport = std::make_shared<Transport>();
+  auto transport = std::make_shared<internal::NcclTransport>();
   transport->rendezvous = rendezvous;
   transport->device = device;
   transport->cpu_staging = options.cpu_staging;
   transport->host_lane = options.host_lane;
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Group> group,
-                            Group::Create(*transport, world.identity, options.timeout));
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
-      std::move(world.state), std::move(world.identity), std::move(transport), std::move(group)));
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateGroup(
-    internal::GroupIdentity identity) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Group> group,
-                            Group::Create(*transport_, identity, timeout()));
-  return std::unique_ptr<Communicator>(
-      new NcclCommunicator(world_state(), std::move(identity), transport_, std::move(group)));
+  return CreateWorld(std::move(world), std::move(transport), options.timeout);
 }
 
 namespace {
@@ -335,15 +330,15 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": root is outside [0, ", size(), ")"));
     }
-    if (TakesHostLane(group_->host_lane.get(), tensor)) {
+    if (TakesHostLane(group().host_lane.get(), tensor)) {
       LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device(), what));
       LOCKSTEP_RETURN_IF_ERROR(NcclType(tensor.scalar_type(), what).status());
-      return group_->host_lane->Broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()),
+      return group().host_lane->Broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()),
                                           root, what);
     }
     // Only the root's bytes matter: the others' staging buffer is overwritten.
     return InPlace(
-        group_->comm, group_->fast, group_->fast_stream, group_->staging, device(), timeout(), what,
+        group().comm, group().fast, group().fast_stream, group().staging, device(), timeout(), what,
         tensor,
         [root](void* data, size_t count, ncclDataType_t type, ncclComm_t comm,
                cudaStream_t stream) {
@@ -356,13 +351,13 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
 absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
   const std::string what = What("all-reduce (sum)");
   return Collective("all-reduce (sum)", [&]() -> absl::Status {
-    if (TakesHostLane(group_->host_lane.get(), tensor) && tensor.scalar_type() != at::kBool) {
+    if (TakesHostLane(group().host_lane.get(), tensor) && tensor.scalar_type() != at::kBool) {
       // Every member gathers every contribution and adds them up in rank order, so all members
       // hold the same sum.
       LOCKSTEP_RETURN_IF_ERROR(CheckTensor(tensor, device(), what));
       LOCKSTEP_RETURN_IF_ERROR(NcclType(tensor.scalar_type(), what).status());
       LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(tensor, size(), what));
-      LOCKSTEP_RETURN_IF_ERROR(group_->host_lane->AllGather(
+      LOCKSTEP_RETURN_IF_ERROR(group().host_lane->AllGather(
           tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), gathered.data_ptr(), what));
       return CallTorch(what + ": adding up", [&] {
         at::Tensor sum = gathered[0].clone();
@@ -371,7 +366,7 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
       });
     }
     return InPlace(
-        group_->comm, group_->fast, group_->fast_stream, group_->staging, device(), timeout(), what,
+        group().comm, group().fast, group().fast_stream, group().staging, device(), timeout(), what,
         tensor,
         [](void* data, size_t count, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
           return ncclAllReduce(data, data, count, type, ncclSum, comm, stream);
@@ -402,15 +397,15 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGatherThen(
     LOCKSTEP_RETURN_IF_ERROR(CheckTensor(input, device(), what));
     LOCKSTEP_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type(), what));
     const int64_t bytes = static_cast<int64_t>(input.nbytes());
-    if (TakesHostLane(group_->host_lane.get(), input)) {
+    if (TakesHostLane(group().host_lane.get(), input)) {
       LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor gathered, GatherOutput(input, size(), what));
       LOCKSTEP_RETURN_IF_ERROR(
-          group_->host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
+          group().host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
       return split(gathered);
     }
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device()));
     const size_t count = static_cast<size_t>(input.numel());
-    const Lane lane = ChooseLane(group_->comm, group_->fast, group_->fast_stream, device(),
+    const Lane lane = ChooseLane(group().comm, group().fast, group().fast_stream, device(),
                                  input.is_cpu(), bytes * (size() + 1));
     ncclComm_t& comm = *lane.comm;
     cudaStream_t stream = lane.stream;
@@ -429,7 +424,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGatherThen(
     }
     if (bytes > 0) {
       // Staged (Note [CPU staging]): [input | size() outputs] in the group's buffers.
-      internal::NcclStaging& staging = group_->staging;
+      internal::NcclStaging& staging = group().staging;
       const int64_t total = bytes * (size() + 1);
       LOCKSTEP_RETURN_IF_ERROR(staging.Reserve(total, what));
       std::memcpy(staging.host(), input.data_ptr(), bytes);

@@ -54,9 +54,16 @@
 
 namespace lockstep {
 namespace collectives {
+namespace internal {
+struct NcclTransport;  // the rendezvous and device, shared with every group (Note [Transport
+                       // and group])
+struct NcclGroup;      // one group's NCCL communicators and staging buffers
+}  // namespace internal
 
 // A Communicator over the NCCL API, on this process's CUDA device (see the top of this file).
-class NcclCommunicator : public internal::CommunicatorBase {
+class NcclCommunicator final
+    : public internal::TransportCommunicator<NcclCommunicator, internal::NcclTransport,
+                                             internal::NcclGroup> {
  public:
   // How CPU tensors reach NCCL (Note [CPU staging] in internal/nccl_staging.h).
   enum class CpuStaging {
@@ -106,15 +113,10 @@ class NcclCommunicator : public internal::CommunicatorBase {
   absl::Status Barrier() override;
 
  private:
-  struct Transport;  // the rendezvous and device, shared with every group
-  struct Group;      // this group's NCCL communicator and staging buffers
+  friend TransportCommunicator;  // constructs the world and every group
   NcclCommunicator(std::shared_ptr<internal::WorldState> world, internal::GroupIdentity identity,
-                   std::shared_ptr<Transport> transport, std::unique_ptr<Group> group);
-  absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(
-      internal::GroupIdentity identity) override;
-
-  std::shared_ptr<Transport> transport_;
-  std::unique_ptr<Group> group_;
+                   std::shared_ptr<internal::NcclTransport> transport,
+                   std::unique_ptr<internal::NcclGroup> group);
 };
 
 }  // namespace collectives

@@ -142,9 +142,11 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   std::vector<Child> ranks;
   const int first = options.node_rank * options.nproc;  // this node's first global rank
   const int world = options.nnodes * options.nproc;
+  ChildOptions child_options = ChildOptions::Output();
+  child_options.own_process_group = true;  // a rank's own children are stopped with it
   for (int r = 0; r < options.nproc; ++r) {
     absl::StatusOr<Child> child =
-        Child::Exec(ChildOptions::Output().set_own_process_group(true), options.command,
+        Child::Exec(child_options, options.command,
                     {{"MASTER_ADDR", options.master_addr},
                      {"MASTER_PORT", std::to_string(port)},
                      {"RANK", std::to_string(first + r)},

@@ -88,7 +88,7 @@ namespace internal {
 void FillComparison(const ComparePartial& total, const Tolerance& tol, at::IntArrayRef sizes,
                     TensorComparison& out) {
   out.bitwise_equal = total.bit_differs == 0;
-  out.over_tolerance = tol.bitwise() ? total.bit_differs : total.over;
+  out.over_tolerance = tol.bitwise ? total.bit_differs : total.over;
   out.max_abs_diff = total.max_diff;
   out.max_tolerance_ratio = total.max_ratio;
   if (total.nonfinite > 0) {
@@ -100,10 +100,10 @@ void FillComparison(const ComparePartial& total, const Tolerance& tol, at::IntAr
     out.relative_l2 = denominator > 0 ? numerator / denominator : (numerator == 0 ? 0 : kInf);
   }
   out.elementwise_passed = total.over == 0;
-  out.relative_l2_passed = out.relative_l2 <= tol.relative_l2();
-  const int64_t first = tol.bitwise() ? total.first_bit_diff : total.first_over;
+  out.relative_l2_passed = out.relative_l2 <= tol.relative_l2;
+  const int64_t first = tol.bitwise ? total.first_bit_diff : total.first_over;
   if (first >= 0 && !sizes.empty()) out.first_offending_index = Unravel(first, sizes);
-  out.passed = tol.bitwise() ? out.bitwise_equal : out.elementwise_passed && out.relative_l2_passed;
+  out.passed = tol.bitwise ? out.bitwise_equal : out.elementwise_passed && out.relative_l2_passed;
 }
 
 }  // namespace internal
@@ -112,7 +112,7 @@ namespace {
 
 absl::Status MeasureCpu(const at::Tensor& actual, const at::Tensor& expected, const Tolerance& tol,
                         TensorComparison& out) {
-  const internal::CompareParams params{tol.atol(), tol.rtol(), tol.nan_equal()};
+  const internal::CompareParams params{tol.atol, tol.rtol, tol.nan_equal};
   internal::ComparePartial total;
   const at::Tensor a = actual.contiguous();
   const at::Tensor b = expected.contiguous();
@@ -158,9 +158,9 @@ absl::Status MeasureCpu(const at::Tensor& actual, const at::Tensor& expected, co
 }  // namespace
 
 absl::Status Tolerance::Validate() const {
-  for (const auto& [name, value] : {std::pair<const char*, double>{"atol", atol_},
-                                    {"rtol", rtol_},
-                                    {"relative_l2", relative_l2_}}) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"atol", atol},
+                                    {"rtol", rtol},
+                                    {"relative_l2", relative_l2}}) {
     if (!(std::isfinite(value) && value >= 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("tolerance ", name, " is ", value, "; it must be finite and >= 0"));
@@ -323,11 +323,11 @@ absl::StatusOr<SetComparison> CompareTensorSets(const NamedTensors& actual,
 }
 
 json ToleranceJson(const Tolerance& t) {
-  return {{"atol", t.atol()},
-          {"rtol", t.rtol()},
-          {"relative_l2", t.relative_l2()},
-          {"nan_equal", t.nan_equal()},
-          {"bitwise", t.bitwise()}};
+  return {{"atol", t.atol},
+          {"rtol", t.rtol},
+          {"relative_l2", t.relative_l2},
+          {"nan_equal", t.nan_equal},
+          {"bitwise", t.bitwise}};
 }
 
 json ComparisonJson(const TensorComparison& c) {

@@ -43,63 +43,31 @@ namespace lockstep {
 namespace numerics {
 
 // The limits a comparison holds `actual` to (see the top of this file): the elementwise atol and
-// rtol, the relative L2 bound, whether NaN equals NaN, and bitwise mode. The setters chain;
-// CompareTensors checks the limits with Validate.
-class Tolerance {
- public:
-  // The defaults: atol 1e-5, rtol 0.016, relative L2 0.03, NaN unequal to NaN, not bitwise.
-  Tolerance() = default;
-  // Bitwise equality.
-  static Tolerance Bitwise() { return Tolerance().set_bitwise(true); }
-
-  // The absolute allowance of the elementwise criterion, in the tensors' own units (finite,
-  // >= 0). Default: 1e-5.
-  Tolerance& set_atol(double v) {
-    atol_ = v;
-    return *this;
+// rtol, the relative L2 bound, whether NaN equals NaN, and bitwise mode. CompareTensors checks the
+// limits with Validate. A default-constructed Tolerance holds every default below.
+struct Tolerance {
+  // Bitwise equality; the other limits at their defaults.
+  static Tolerance Bitwise() {
+    Tolerance tolerance;
+    tolerance.bitwise = true;
+    return tolerance;
   }
-  // The elementwise allowance relative to |expected|, a fraction (finite, >= 0). Default: 0.016.
-  Tolerance& set_rtol(double v) {
-    rtol_ = v;
-    return *this;
-  }
-  // The largest ||a - b||_2 / ||b||_2 that passes (finite, >= 0). Default: 0.03.
-  Tolerance& set_relative_l2(double v) {
-    relative_l2_ = v;
-    return *this;
-  }
-  // Whether a NaN in `actual` equals a NaN at the same position of `expected`. Default: false.
-  Tolerance& set_nan_equal(bool v) {
-    nan_equal_ = v;
-    return *this;
-  }
-  // Bitwise mode: a tensor passes only when every element's bytes are equal, and the other limits
-  // decide nothing (their figures are still reported). Default: false.
-  Tolerance& set_bitwise(bool v) {
-    bitwise_ = v;
-    return *this;
-  }
-
-  // As set by set_atol.
-  double atol() const { return atol_; }
-  // As set by set_rtol.
-  double rtol() const { return rtol_; }
-  // As set by set_relative_l2.
-  double relative_l2() const { return relative_l2_; }
-  // As set by set_nan_equal.
-  bool nan_equal() const { return nan_equal_; }
-  // As set by set_bitwise.
-  bool bitwise() const { return bitwise_; }
 
   // kInvalidArgument naming the field for a negative or non-finite limit.
   absl::Status Validate() const;
 
- private:
-  double atol_ = 1e-5;
-  double rtol_ = 0.016;
-  double relative_l2_ = 0.03;
-  bool nan_equal_ = false;
-  bool bitwise_ = false;
+  // The absolute allowance of the elementwise criterion, in the tensors' own units (finite,
+  // >= 0). Default: 1e-5.
+  double atol = 1e-5;
+  // The elementwise allowance relative to |expected|, a fraction (finite, >= 0). Default: 0.016.
+  double rtol = 0.016;
+  // The largest ||a - b||_2 / ||b||_2 that passes (finite, >= 0). Default: 0.03.
+  double relative_l2 = 0.03;
+  // Whether a NaN in `actual` equals a NaN at the same position of `expected`. Default: false.
+  bool nan_equal = false;
+  // Bitwise mode: a tensor passes only when every element's bytes are equal, and the other limits
+  // decide nothing (their figures are still reported). Default: false.
+  bool bitwise = false;
 };
 
 // What comparing one pair found.

@@ -44,7 +44,12 @@ TEST(CompareCudaTest, FiguresMatchTheCpuPathForEveryDtype) {
   const at::Tensor ints = at::randint(-100, 100, {1000}, at::kLong);
   const at::Tensor other = ints + (at::rand({1000}) < 0.01).to(at::kLong);
   for (at::ScalarType t : {at::kLong, at::kInt, at::kShort, at::kChar}) {
-    ExpectSameFigures(other.to(t), ints.to(t), Tolerance().set_atol(0.5).set_rtol(0));
+    ExpectSameFigures(other.to(t), ints.to(t), [] {
+      Tolerance tolerance;
+      tolerance.atol = 0.5;
+      tolerance.rtol = 0;
+      return tolerance;
+    }());
   }
   ExpectSameFigures(other.abs().to(at::kByte), ints.abs().to(at::kByte), Tolerance());
   ExpectSameFigures(other.gt(0), ints.gt(0), Tolerance());
@@ -55,10 +60,12 @@ TEST(CompareCudaTest, NanInfAndTheFirstOffendingIndex) {
   const double inf = std::numeric_limits<double>::infinity();
   const at::Tensor a = at::tensor({1.0, nan, inf, -inf, 2.0, nan}, at::kDouble).reshape({2, 3});
   const at::Tensor b = at::tensor({1.0, nan, inf, inf, 3.0, 1.0}, at::kDouble).reshape({2, 3});
+  Tolerance nan_equal;
+  nan_equal.nan_equal = true;
   ExpectSameFigures(a, b, Tolerance());
-  ExpectSameFigures(a, b, Tolerance().set_nan_equal(true));
+  ExpectSameFigures(a, b, nan_equal);
   const at::Tensor settled = at::tensor({nan, inf, 0.0}, at::kDouble);
-  ExpectSameFigures(settled, settled.clone(), Tolerance().set_nan_equal(true));
+  ExpectSameFigures(settled, settled.clone(), nan_equal);
   ExpectSameFigures(at::tensor({-0.0}), at::tensor({0.0}), Tolerance::Bitwise());
 }
 

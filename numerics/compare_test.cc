@@ -34,7 +34,19 @@ TensorComparison Compare(const at::Tensor& a, const at::Tensor& b, const Toleran
 }
 
 Tolerance Only(double atol, double rtol, double rel_l2 = 1e9) {
-  return Tolerance().set_atol(atol).set_rtol(rtol).set_relative_l2(rel_l2);
+  Tolerance tolerance;
+  tolerance.atol = atol;
+  tolerance.rtol = rtol;
+  tolerance.relative_l2 = rel_l2;
+  return tolerance;
+}
+
+// The default tolerance with NaN equal to NaN (bitwise mode too, when `bitwise`).
+Tolerance NanEqual(bool bitwise = false) {
+  Tolerance tolerance;
+  tolerance.nan_equal = true;
+  tolerance.bitwise = bitwise;
+  return tolerance;
 }
 
 TEST(CompareTest, AbsoluteToleranceAtAndPastTheBoundary) {
@@ -113,14 +125,20 @@ TEST(CompareTest, TheLargestRatioIsTheDivisionsBitForBit) {
 
 TEST(CompareTest, TheDefaultsAreTheDocumentedOnes) {
   const Tolerance t;
-  EXPECT_EQ(t.atol(), 1e-5);
-  EXPECT_EQ(t.rtol(), 0.016);
-  EXPECT_EQ(t.relative_l2(), 0.03);
-  EXPECT_FALSE(t.nan_equal());
-  EXPECT_FALSE(t.bitwise());
-  EXPECT_THAT(Tolerance().set_atol(-1).Validate().message(), HasSubstr("atol is -1"));
-  EXPECT_FALSE(Tolerance().set_rtol(kNan).Validate().ok());
-  EXPECT_FALSE(CompareTensors(D({1}), D({1}), Tolerance().set_relative_l2(kInf)).ok());
+  EXPECT_EQ(t.atol, 1e-5);
+  EXPECT_EQ(t.rtol, 0.016);
+  EXPECT_EQ(t.relative_l2, 0.03);
+  EXPECT_FALSE(t.nan_equal);
+  EXPECT_FALSE(t.bitwise);
+  Tolerance negative_atol;
+  negative_atol.atol = -1;
+  EXPECT_THAT(negative_atol.Validate().message(), HasSubstr("atol is -1"));
+  Tolerance nan_rtol;
+  nan_rtol.rtol = kNan;
+  EXPECT_FALSE(nan_rtol.Validate().ok());
+  Tolerance infinite_l2;
+  infinite_l2.relative_l2 = kInf;
+  EXPECT_FALSE(CompareTensors(D({1}), D({1}), infinite_l2).ok());
 }
 
 TEST(CompareTest, FirstOffendingIndexIsMultiDimensionalInRowMajorOrder) {
@@ -141,12 +159,12 @@ TEST(CompareTest, NanEqualsNanOnlyWhenAsked) {
   EXPECT_EQ(strict.max_tolerance_ratio, kInf);
   EXPECT_EQ(strict.relative_l2, kInf);
   EXPECT_THAT(strict.first_offending_index, ElementsAre(0));
-  TensorComparison lenient = Compare(D({kNan, 1}), D({kNan, 1}), Tolerance().set_nan_equal(true));
+  TensorComparison lenient = Compare(D({kNan, 1}), D({kNan, 1}), NanEqual());
   EXPECT_TRUE(lenient.passed);
   EXPECT_EQ(lenient.relative_l2, 0);
   // NaN against a number fails either way.
-  EXPECT_FALSE(Compare(D({kNan}), D({1}), Tolerance().set_nan_equal(true)).passed);
-  EXPECT_FALSE(Compare(D({1}), D({kNan}), Tolerance().set_nan_equal(true)).passed);
+  EXPECT_FALSE(Compare(D({kNan}), D({1}), NanEqual()).passed);
+  EXPECT_FALSE(Compare(D({1}), D({kNan}), NanEqual()).passed);
 }
 
 TEST(CompareTest, InfinitiesPassOnlyWhenEqual) {
@@ -195,8 +213,8 @@ TEST(CompareTest, BitwiseModeSeesSignedZerosAndNanPayloads) {
   at::Tensor payload = quiet.clone();
   payload.view(at::kLong).add_(1);  // another NaN
   ASSERT_TRUE(std::isnan(payload.item<double>()));
-  EXPECT_TRUE(Compare(payload, quiet, Tolerance().set_nan_equal(true)).passed);
-  EXPECT_FALSE(Compare(payload, quiet, Tolerance::Bitwise().set_nan_equal(true)).passed);
+  EXPECT_TRUE(Compare(payload, quiet, NanEqual()).passed);
+  EXPECT_FALSE(Compare(payload, quiet, NanEqual(/*bitwise=*/true)).passed);
   EXPECT_TRUE(Compare(quiet, quiet.clone(), Tolerance::Bitwise()).passed);
 }
 

@@ -148,7 +148,7 @@ void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
   }
   record.digest = *digest;
   record.index = static_cast<int64_t>(shared.records.size());
-  if (record.index < shared.options.keep_full_tensors()) {
+  if (record.index < shared.options.keep_full_tensors) {
     record.tensor = record.tensor.to(at::kCPU).clone();
   } else {
     record.tensor = at::Tensor();

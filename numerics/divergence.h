@@ -20,7 +20,9 @@
 // Thread-safety: a Recorder may be fed from autograd's threads (its records are locked).
 //
 // Example:
-//   numerics::Recorder recorder(numerics::RecorderOptions().set_keep_full_tensors(4));
+//   numerics::RecorderOptions options;
+//   options.keep_full_tensors = 4;
+//   numerics::Recorder recorder(options);
 //   ... forward with taps, loss.backward() ...
 //   LOCKSTEP_RETURN_IF_ERROR(recorder.Save("run_a.rec"));
 //   // Later, with run_b.rec recorded the same way:
@@ -92,19 +94,10 @@ struct Record {
 };
 
 // What a Recorder keeps besides digests and summaries.
-class RecorderOptions {
- public:
-  RecorderOptions() = default;
-  // Keep the full tensors of the first `n` records (default 0: digests and summaries only).
-  RecorderOptions& set_keep_full_tensors(int n) {
-    keep_full_tensors_ = n;
-    return *this;
-  }
-  // As set by set_keep_full_tensors.
-  int keep_full_tensors() const { return keep_full_tensors_; }
-
- private:
-  int keep_full_tensors_ = 0;
+struct RecorderOptions {
+  // Keep the full tensors of the first `keep_full_tensors` records. Default: 0 (digests and
+  // summaries only).
+  int keep_full_tensors = 0;
 };
 
 // One run's records, in execution order: a Recorder's Snapshot, or a recording file loaded.

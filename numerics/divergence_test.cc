@@ -34,7 +34,9 @@ Recording RecordRun(int forward_k, int backward_k, int keep = 0) {
   }
   // The input requires grad, so that block0's backward shows in a gradient the taps see.
   at::Tensor x = at::randn({4, 16}).requires_grad_();
-  Recorder recorder(RecorderOptions().set_keep_full_tensors(keep));
+  RecorderOptions options;
+  options.keep_full_tensors = keep;
+  Recorder recorder(options);
   for (int i = 0; i < kModules; ++i) {
     const std::string name = absl::StrCat("block", i);
     x = recorder.Enter(name, x);

@@ -220,7 +220,7 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
       }
     }
     internal::CaptureAll(fn.inputs(), /*is_output=*/false, facts.arguments, p.record.op,
-                         state->options.row_window(), state->unwritten, &p.record.inputs,
+                         state->options.row_window, state->unwritten, &p.record.inputs,
                          &p.input_kept, &p.input_storages);
   } catch (const std::exception& e) {
     state->KeepError(
@@ -253,7 +253,7 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     WaitForCopiesToHost(p.input_device, outputs);
     internal::CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
                          /*is_output=*/true, Facts(fn).returns, p.record.op,
-                         state.options.row_window(), state.unwritten, &p.record.outputs,
+                         state.options.row_window, state.unwritten, &p.record.outputs,
                          &p.output_kept, &output_storages);
   } catch (const std::exception& e) {
     state.KeepError(absl::InternalError(
@@ -272,7 +272,7 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     }
   }
   p.done = true;
-  if (++state.completed_unwritten >= state.options.flush_every()) {
+  if (++state.completed_unwritten >= state.options.flush_every) {
     state.KeepError(state.FlushLocked(/*all=*/false));
   }
 }
@@ -370,11 +370,11 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
 
 absl::StatusOr<std::unique_ptr<OperatorRecorder>> OperatorRecorder::Create(
     const std::string& path, OperatorRecorderOptions options) {
-  if (options.flush_every() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "operator recorder: flush_every is ", options.flush_every(), "; it must be at least 1"));
+  if (options.flush_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("operator recorder: flush_every is ",
+                                                   options.flush_every, "; it must be at least 1"));
   }
-  if (const auto& w = options.row_window();
+  if (const auto& w = options.row_window;
       w && (w->begin < 0 || w->end <= w->begin || w->end > w->rows)) {
     return absl::InvalidArgumentError(absl::StrCat("operator recorder: row window [", w->begin,
                                                    ", ", w->end, ") of ", w->rows,
@@ -393,10 +393,10 @@ absl::StatusOr<std::unique_ptr<OperatorRecorder>> OperatorRecorder::Create(
   if (!state->out) {
     return absl::ErrnoToStatus(errno, absl::StrCat("opening the operator recording '", path, "'"));
   }
-  json header = {{kOperatorRecordingKey, kOperatorRecordingVersion}, {"rank", options.rank()}};
-  if (options.row_window()) {
-    header["row_window"] = {options.row_window()->rows, options.row_window()->begin,
-                            options.row_window()->end};
+  json header = {{kOperatorRecordingKey, kOperatorRecordingVersion}, {"rank", options.rank}};
+  if (options.row_window) {
+    header["row_window"] = {options.row_window->rows, options.row_window->begin,
+                            options.row_window->end};
   }
   state->out << DumpJson(header) << "\n";
   state->out.flush();

@@ -61,35 +61,13 @@ struct RowWindow {
 };
 
 // How an OperatorRecorder records: how often it flushes, the row window, and the rank it names.
-class OperatorRecorderOptions {
- public:
-  OperatorRecorderOptions() = default;
-  // Completed calls between flushes (digests computed, lines written). Default: 256.
-  OperatorRecorderOptions& set_flush_every(int n) {
-    flush_every_ = n;
-    return *this;
-  }
-  // As set by set_flush_every.
-  int flush_every() const { return flush_every_; }
-  // See RowWindow. Default: none (whole tensors).
-  OperatorRecorderOptions& set_row_window(RowWindow window) {
-    row_window_ = window;
-    return *this;
-  }
-  // As set by set_row_window; nullopt: whole tensors.
-  const std::optional<RowWindow>& row_window() const { return row_window_; }
+struct OperatorRecorderOptions {
+  // Completed calls between flushes (digests computed, lines written), at least 1. Default: 256.
+  int flush_every = 256;
+  // See RowWindow. Default: nullopt (whole tensors).
+  std::optional<RowWindow> row_window;
   // The rank written in the recording's header line. Default: 0.
-  OperatorRecorderOptions& set_rank(int rank) {
-    rank_ = rank;
-    return *this;
-  }
-  // As set by set_rank.
-  int rank() const { return rank_; }
-
- private:
-  int flush_every_ = 256;
-  std::optional<RowWindow> row_window_;
-  int rank_ = 0;
+  int rank = 0;
 };
 
 // Records every ATen operator call made while a Scope is open into an operator recording file

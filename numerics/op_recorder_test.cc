@@ -28,6 +28,13 @@ namespace lockstep {
 namespace numerics {
 namespace {
 
+// Options recording only `window`'s rows.
+OperatorRecorderOptions Window(RowWindow window) {
+  OperatorRecorderOptions options;
+  options.row_window = window;
+  return options;
+}
+
 using ::testing::HasSubstr;
 
 class OperatorRecorderTest : public ::testing::Test {
@@ -42,8 +49,9 @@ class OperatorRecorderTest : public ::testing::Test {
   OperatorRecording Record(const std::string& name, const std::function<void()>& run,
                            OperatorRecorderOptions options = OperatorRecorderOptions()) {
     const std::string path = absl::StrCat(dir_->path(), "/", name, ".jsonl");
+    options.flush_every = 7;
     absl::StatusOr<std::unique_ptr<OperatorRecorder>> recorder =
-        OperatorRecorder::Create(path, options.set_flush_every(7));
+        OperatorRecorder::Create(path, options);
     EXPECT_TRUE(recorder.ok()) << recorder.status();
     if (!recorder.ok()) return OperatorRecording(0, {});
     run_recorder_ = recorder->get();
@@ -259,11 +267,9 @@ TEST_F(OperatorRecorderTest, RowWindowNamesThePlacementDependentOperator) {
   const at::Tensor packed = at::sin(at::arange(60, at::kFloat) * 0.53).reshape({15, 4});
   const at::Tensor alone = packed.slice(0, 5, 10).clone();
   const OperatorRecording a = Record(
-      "alone", [&] { PlacementModel(recorder(), alone); },
-      OperatorRecorderOptions().set_row_window({5, 0, 5}));
+      "alone", [&] { PlacementModel(recorder(), alone); }, Window({5, 0, 5}));
   const OperatorRecording b = Record(
-      "packed", [&] { PlacementModel(recorder(), packed); },
-      OperatorRecorderOptions().set_row_window({15, 5, 10}));
+      "packed", [&] { PlacementModel(recorder(), packed); }, Window({15, 5, 10}));
   const OperatorDivergence d = FirstOperatorDivergence(a, b);
   ASSERT_TRUE(d.first_outputs_differ.has_value()) << OperatorDivergenceJson(d).dump(1);
   EXPECT_EQ(d.first_outputs_differ->op, "aten::mean");
@@ -322,9 +328,10 @@ TEST_F(OperatorRecorderTest, OneRecorderAtATime) {
       OperatorRecorder::Create(dir_->path() + "/two.jsonl");
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   LOCKSTEP_EXPECT_OK(first->Close());
-  EXPECT_EQ(
-      OperatorRecorder::Create(path, OperatorRecorderOptions().set_flush_every(0)).status().code(),
-      absl::StatusCode::kInvalidArgument);
+  OperatorRecorderOptions never_flushes;
+  never_flushes.flush_every = 0;
+  EXPECT_EQ(OperatorRecorder::Create(path, never_flushes).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(OperatorRecorderTest, MalformedRecordingIsRefusedNamingFileAndLine) {

@@ -109,22 +109,12 @@ inline constexpr int64_t kMaxListedTokens = int64_t{1} << 31;
 // and the loss normalisation.
 struct PlanOptions {
   // The options for a budget of `max_tokens_per_microbatch` tokens over `cp_size` CP ranks, with
-  // the defaults below for the rest; the With* setters change one field and chain.
+  // the defaults below for the rest.
   static PlanOptions Of(int64_t max_tokens_per_microbatch, int cp_size = 1) {
     PlanOptions options;
     options.max_tokens_per_microbatch = max_tokens_per_microbatch;
     options.cp_size = cp_size;
     return options;
-  }
-  // Sets `packing`; returns this options object, to chain.
-  PlanOptions& WithPacking(PackingPolicy value) {
-    packing = value;
-    return *this;
-  }
-  // Sets `loss_normalization`; returns this options object, to chain.
-  PlanOptions& WithLossNormalization(LossNormalization value) {
-    loss_normalization = value;
-    return *this;
   }
 
   // Most tokens a microbatch may hold. Required: positive and at least 2 * cp_size.

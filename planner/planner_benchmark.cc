@@ -213,8 +213,7 @@ bool PrintEfficiencyTable() {
       const std::vector<Sequence> batch = RandomBatch(batch_options);
       const absl::StatusOr<Plan> planned_default =
           PlanMicrobatches(batch, PlanOptions::Of(kBudget));
-      const absl::StatusOr<Plan> planned_in_order =
-          PlanMicrobatches(batch, PlanOptions::Of(kBudget).WithPacking(PACKING_IN_ORDER));
+      const absl::StatusOr<Plan> planned_in_order = PlanMicrobatches(batch, InOrder(kBudget));
       if (!planned_default.ok() || !planned_in_order.ok()) {
         std::fprintf(stderr, "planner_benchmark: cannot plan the %s batch of seed %lu: %s\n",
                      DistributionName(d).c_str(), static_cast<unsigned long>(seed),

@@ -216,8 +216,8 @@ TEST_P(PropertyTest, RandomBatchesGiveValidBalancedLossPreservingPlans) {
     const std::vector<Sequence> batch = RandomBatch(batch_options);
     const PackingPolicy packing = rng() % 4 == 0 ? PACKING_IN_ORDER : PACKING_FIRST_FIT_DECREASING;
     const LossNormalization norm = norms[rng() % 3];
-    const PlanOptions options =
-        PlanOptions::Of(budget, cp).WithPacking(packing).WithLossNormalization(norm);
+    PlanOptions options = Normalized(budget, norm, cp);
+    options.packing = packing;
     SCOPED_TRACE(absl::StrCat(DistributionName(distribution), " case ", c, ": ", batch.size(),
                               " sequences, budget ", budget, ", cp ", cp, ", packing ",
                               options.packing, ", loss ", options.loss_normalization));
@@ -298,8 +298,7 @@ TEST(PropertyTest, RepeatedSplitsOfOneLongSequenceKeepTheLoss) {
   batch_options.weighted_fraction = 1.0;
   std::vector<Sequence> batch = RandomBatch(batch_options);
   for (LossNormalization norm : {LOSS_TOKEN_MEAN, LOSS_SUM, LOSS_SEQUENCE_MEAN}) {
-    LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-        Plan plan, PlanMicrobatches(batch, PlanOptions::Of(1024, 2).WithLossNormalization(norm)));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Plan plan, PlanMicrobatches(batch, Normalized(1024, norm, 2)));
     const double reference = UnsplitLoss(batch, norm);
     int equal_chunk = 0;
     bool split_any = true;
@@ -333,8 +332,7 @@ TEST(PropertyTest, LongTailPacksAtLeast95Percent) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(Plan plan, PlanMicrobatches(batch, PlanOptions::Of(65536)));
   ASSERT_TRUE(VerifyPlan(plan, batch).ok()) << VerifyPlan(plan, batch);
   EXPECT_GE(PackingEfficiency(plan), 0.95);
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-      Plan in_order, PlanMicrobatches(batch, PlanOptions::Of(65536).WithPacking(PACKING_IN_ORDER)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(Plan in_order, PlanMicrobatches(batch, InOrder(65536)));
   EXPECT_GE(PackingEfficiency(plan), PackingEfficiency(in_order));
 }
 

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_check.h"
+#include "planner/planner_testutil.h"
 
 namespace lockstep {
 namespace planner {
@@ -99,7 +100,7 @@ TEST(PackingTest, DefaultFallsBackToInOrderWhenThatNeedsFewerMicrobatches) {
 }
 
 TEST(PackingTest, InOrderPolicyNeverReorders) {
-  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}), PlanOptions::Of(10).WithPacking(PACKING_IN_ORDER));
+  Plan plan = MustPlan(Lengths({6, 5, 4, 3, 2}), InOrder(10));
   EXPECT_EQ(plan.packing_applied(), PACKING_IN_ORDER);
   ASSERT_EQ(plan.microbatches_size(), 3);
   EXPECT_THAT(Indices(plan.microbatches(0)), ElementsAre(0));
@@ -117,7 +118,7 @@ TEST(PackingTest, HugeLengthsUseRankedBuckets) {
 }
 
 TEST(BoundariesTest, OffsetsPositionsAndCuSeqlens) {
-  Plan plan = MustPlan(Lengths({3, 2, 4}), PlanOptions::Of(16).WithPacking(PACKING_IN_ORDER));
+  Plan plan = MustPlan(Lengths({3, 2, 4}), InOrder(16));
   ASSERT_EQ(plan.microbatches_size(), 1);
   const Microbatch& mb = plan.microbatches(0);
   EXPECT_EQ(mb.num_tokens(), 9);
@@ -159,7 +160,7 @@ TEST(CpShardTest, LeftoverTokensGoInMirroredPairsTakingTurns) {
 TEST(CpShardTest, TinySequencesSpreadOverRanks) {
   // Sequences shorter than 2 x CP: chunks of 0 or 1 token; the leftover slots continue across
   // sequences: F0 | B0 | F1 B1 F2 | B2 F3 (Fr: rank r's front chunk r, Br: its back chunk 7 - r).
-  Plan plan = MustPlan(Lengths({1, 1, 3, 2}), PlanOptions::Of(64, 4).WithPacking(PACKING_IN_ORDER));
+  Plan plan = MustPlan(Lengths({1, 1, 3, 2}), InOrder(64, 4));
   using P = std::vector<int64_t>;
   EXPECT_THAT(Pieces(plan, 0, 0), ElementsAre(P{0, 1, 0}, P{1, 2, 7}));
   EXPECT_THAT(Pieces(plan, 0, 1), ElementsAre(P{2, 3, 1}, P{4, 5, 6}));
@@ -255,7 +256,7 @@ TEST(LossTest, NormalisationsGiveTheDocumentedWeights) {
   std::vector<Sequence> batch = Lengths({2, 3});
   batch[1].loss_weights = {0.0f, 1.0f, 3.0f};  // weight total: 2 + 4 = 6
   auto weights = [&](LossNormalization norm) {
-    return WeightsByToken(MustPlan(batch, PlanOptions::Of(4).WithLossNormalization(norm)), batch);
+    return WeightsByToken(MustPlan(batch, Normalized(4, norm)), batch);
   };
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto mean, weights(LOSS_TOKEN_MEAN));
   EXPECT_THAT(mean[0], ElementsAre(DoubleEq(1.0 / 6), DoubleEq(1.0 / 6)));
@@ -269,7 +270,7 @@ TEST(LossTest, NormalisationsGiveTheDocumentedWeights) {
 }
 
 TEST(LossTest, LossScaleIsStoredOncePerMicrobatchUnlessItDiffers) {
-  const PlanOptions per_sequence = PlanOptions::Of(8).WithLossNormalization(LOSS_SEQUENCE_MEAN);
+  const PlanOptions per_sequence = Normalized(8, LOSS_SEQUENCE_MEAN);
   // Longest first: sequence 1 (3 tokens), then sequence 0 (2 tokens).
   Plan plan = MustPlan(Lengths({2, 3}), per_sequence);
   ASSERT_EQ(plan.microbatches_size(), 1);
@@ -294,7 +295,7 @@ TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
 
 TEST(SplitTest, SplitsAtTheSequenceBoundaryNearestHalf) {
   std::vector<Sequence> batch = Lengths({4, 2, 3, 5});
-  Plan plan = MustPlan(batch, PlanOptions::Of(14).WithPacking(PACKING_IN_ORDER));
+  Plan plan = MustPlan(batch, InOrder(14));
   ASSERT_EQ(plan.microbatches_size(), 1);
   absl::StatusOr<Plan> split = SplitMicrobatch(plan, 0);
   ASSERT_TRUE(split.ok()) << split.status();
@@ -506,7 +507,7 @@ TEST(DeterminismTest, PlanningIntoAReusedPlanGivesTheSameBytes) {
       {Lengths(many), PlanOptions::Of(64, 4)},
       {Lengths({9, 1, 30, 7}), PlanOptions::Of(32, 2)},
       {Lengths({4, 3, 3, 4, 3, 3}), PlanOptions::Of(10)},  // falls back
-      {Lengths(many), PlanOptions::Of(128).WithPacking(PACKING_IN_ORDER)},
+      {Lengths(many), InOrder(128)},
       {Lengths({3}), PlanOptions::Of(8, 4)},
   };
   Plan reused;
@@ -544,7 +545,7 @@ TEST(DeterminismTest, OneDifferentLossWeightWithTheSameTotalsChangesTheDigest) {
   other[1].loss_weights[4] = 0.25f;
   other[1].loss_weights[2] = 1.25f;
   for (LossNormalization norm : {LOSS_TOKEN_MEAN, LOSS_SUM, LOSS_SEQUENCE_MEAN}) {
-    const PlanOptions options = PlanOptions::Of(16, 2).WithLossNormalization(norm);
+    const PlanOptions options = Normalized(16, norm, 2);
     Plan a = MustPlan(batch, options);
     Plan b = MustPlan(other, options);
     EXPECT_NE(a.loss_weights_digest(), b.loss_weights_digest());
@@ -669,15 +670,19 @@ INSTANTIATE_TEST_SUITE_P(
                  {"loss weights sum to 0", "token-mean"}},
         BadInput{"SequenceWeightsZeroForSequenceMean",
                  WithWeights({2, 3}, 1, {0, 0, 0}),
-                 PlanOptions::Of(8).WithLossNormalization(LOSS_SEQUENCE_MEAN),
+                 Normalized(8, LOSS_SEQUENCE_MEAN),
                  {"sequence 1 (id 101): its loss weights sum to 0", "per-sequence-mean"}},
         BadInput{"UnspecifiedPacking",
                  Lengths({2}),
-                 PlanOptions::Of(8).WithPacking(PACKING_POLICY_UNSPECIFIED),
+                 [] {
+                   PlanOptions options = PlanOptions::Of(8);
+                   options.packing = PACKING_POLICY_UNSPECIFIED;
+                   return options;
+                 }(),
                  {"packing policy 0"}},
         BadInput{"UnspecifiedNormalisation",
                  Lengths({2}),
-                 PlanOptions::Of(8).WithLossNormalization(LOSS_NORMALIZATION_UNSPECIFIED),
+                 Normalized(8, LOSS_NORMALIZATION_UNSPECIFIED),
                  {"loss normalization 0"}}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
 

@@ -71,5 +71,17 @@ PlanOptions DeterminismOptions() {
   return options;
 }
 
+PlanOptions InOrder(int64_t budget, int cp) {
+  PlanOptions options = PlanOptions::Of(budget, cp);
+  options.packing = PACKING_IN_ORDER;
+  return options;
+}
+
+PlanOptions Normalized(int64_t budget, LossNormalization norm, int cp) {
+  PlanOptions options = PlanOptions::Of(budget, cp);
+  options.loss_normalization = norm;
+  return options;
+}
+
 }  // namespace planner
 }  // namespace lockstep

@@ -49,6 +49,11 @@ std::vector<Sequence> RandomBatch(const RandomBatchOptions& options);
 std::vector<Sequence> DeterminismBatch(uint64_t seed);
 PlanOptions DeterminismOptions();
 
+// PlanOptions::Of(budget, cp) with in-order packing.
+PlanOptions InOrder(int64_t budget, int cp = 1);
+// PlanOptions::Of(budget, cp) with loss normalization `norm`.
+PlanOptions Normalized(int64_t budget, LossNormalization norm, int cp = 1);
+
 }  // namespace planner
 }  // namespace lockstep
 

@@ -34,6 +34,13 @@ namespace lockstep {
 namespace qualification {
 namespace {
 
+// Options recording only `window`'s rows.
+numerics::OperatorRecorderOptions Window(numerics::RowWindow window) {
+  numerics::OperatorRecorderOptions options;
+  options.row_window = window;
+  return options;
+}
+
 using ::testing::HasSubstr;
 
 #ifdef LOCKSTEP_OPERATORS_ON_CUDA
@@ -194,12 +201,11 @@ TEST_F(OperatorLocalizationTest, NamesTheFirstOperatorWhoseOutputDependsOnThePla
     const int64_t begin = (input_rows == offsets[s]).nonzero().item<int64_t>();
     ASSERT_TRUE(at::equal(input_rows.slice(0, begin, begin + length),
                           at::arange(offsets[s], offsets[s] + length, input_rows.options())));
-    const numerics::OperatorRecording a =
-        Record(absl::StrCat("alone", s), placement, alone, /*whole_step=*/false,
-               numerics::OperatorRecorderOptions().set_row_window({length, 0, length}));
+    const numerics::OperatorRecording a = Record(absl::StrCat("alone", s), placement, alone,
+                                                 /*whole_step=*/false, Window({length, 0, length}));
     const numerics::OperatorRecording b =
         Record(absl::StrCat("packed", s), placement, batch, /*whole_step=*/false,
-               numerics::OperatorRecorderOptions().set_row_window({total, begin, begin + length}));
+               Window({total, begin, begin + length}));
     const numerics::OperatorDivergence d = numerics::FirstOperatorDivergence(a, b);
     std::cout << "sequence " << s << " (" << length << " tokens, rows " << begin << ".."
               << begin + length << " of " << total

@@ -163,8 +163,7 @@ inline constexpr int kMaxQualifyWorld = 64;
 
 // What RunQualify runs: the topology, the negative control, the device, limits, and where the
 // evidence and report go. Made by Topology, then set field by field (qualify: from its flags).
-class QualifyOptions {
- public:
+struct QualifyOptions {
   // A DP x TP x CP topology; the other options at their defaults.
   static QualifyOptions Topology(int dp, int tp, int cp) {
     QualifyOptions options;

@@ -126,7 +126,9 @@ Placement StepPlacement(NegativeControl control) {
 
 absl::StatusOr<numerics::NamedTensors> RecordedStep(Program& program, int dp_index,
                                                     numerics::Recording& recording) {
-  numerics::Recorder recorder(numerics::RecorderOptions().set_keep_full_tensors(kKeepEveryTensor));
+  numerics::RecorderOptions options;
+  options.keep_full_tensors = kKeepEveryTensor;
+  numerics::Recorder recorder(options);
   program.model->SetTaps(std::make_shared<RecorderTaps>(&recorder));
   std::vector<numerics::ParameterTap> taps;
   for (const auto& [name, tensor] : program.parameters) {

@@ -17,7 +17,7 @@
 //
 // Example:
 //   collectives::FakeWorld world(
-//       4, collectives::FakeWorld::Options::WithTimeout(absl::Seconds(2)));
+//       4, collectives::FakeWorld::Options::Of(absl::Seconds(2)));
 //   world.InjectFailure(/*rank=*/3, /*call_index=*/0);
 //   std::vector<absl::Status> results = world.Run([](collectives::Communicator& comm) {
 //     return comm.Barrier();
@@ -45,10 +45,8 @@ namespace collectives {
 class FakeWorld {
  public:
   struct Options {
-    // Options with the defaults below.
-    static Options Defaults() { return Options(); }
     // Options whose collectives wait `timeout` for their peers.
-    static Options WithTimeout(absl::Duration timeout) {
+    static Options Of(absl::Duration timeout) {
       Options options;
       options.timeout = timeout;
       return options;

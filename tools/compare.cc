@@ -56,12 +56,12 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("expected two safetensors files, got ", args.size(), " arguments")));
   }
-  const numerics::Tolerance tolerance = numerics::Tolerance()
-                                            .set_atol(absl::GetFlag(FLAGS_atol))
-                                            .set_rtol(absl::GetFlag(FLAGS_rtol))
-                                            .set_relative_l2(absl::GetFlag(FLAGS_rel_l2))
-                                            .set_bitwise(absl::GetFlag(FLAGS_bitwise))
-                                            .set_nan_equal(absl::GetFlag(FLAGS_nan_equal));
+  numerics::Tolerance tolerance;
+  tolerance.atol = absl::GetFlag(FLAGS_atol);
+  tolerance.rtol = absl::GetFlag(FLAGS_rtol);
+  tolerance.relative_l2 = absl::GetFlag(FLAGS_rel_l2);
+  tolerance.bitwise = absl::GetFlag(FLAGS_bitwise);
+  tolerance.nan_equal = absl::GetFlag(FLAGS_nan_equal);
   if (absl::Status s = tolerance.Validate(); !s.ok()) return Fail(s);
   std::vector<numerics::SafetensorsFile> files;
   std::vector<numerics::NamedTensors> sets;

@@ -132,10 +132,10 @@ int main(int argc, char** argv) {
                      args[operators_a ? 1 : 0], "' is not: compare two of the same kind")));
   }
   if (operators_a) return DivergeOperators(args);
-  const numerics::Tolerance tolerance = numerics::Tolerance()
-                                            .set_atol(absl::GetFlag(FLAGS_atol))
-                                            .set_rtol(absl::GetFlag(FLAGS_rtol))
-                                            .set_relative_l2(absl::GetFlag(FLAGS_rel_l2));
+  numerics::Tolerance tolerance;
+  tolerance.atol = absl::GetFlag(FLAGS_atol);
+  tolerance.rtol = absl::GetFlag(FLAGS_rtol);
+  tolerance.relative_l2 = absl::GetFlag(FLAGS_rel_l2);
   if (absl::Status s = tolerance.Validate(); !s.ok()) return Fail(s);
   std::vector<numerics::Recording> recordings;
   for (const std::string& path : args) {

@@ -29,7 +29,9 @@ using ::testing::HasSubstr;
 std::string Record(const std::string& name, int bump) {
   at::manual_seed(0);
   at::Tensor x = at::randn({2, 4}).requires_grad_();
-  numerics::Recorder recorder(numerics::RecorderOptions().set_keep_full_tensors(3));
+  numerics::RecorderOptions options;
+  options.keep_full_tensors = 3;
+  numerics::Recorder recorder(options);
   for (int i = 0; i < 3; ++i) {
     const std::string block = absl::StrCat("block", i);
     at::Tensor w = at::randn({4, 4});

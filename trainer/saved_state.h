@@ -24,7 +24,7 @@
 //
 // Example:
 //   LOCKSTEP_RETURN_IF_ERROR(SaveTrainingState("ckpt/step7", *streams, forward_index, weights,
-//                                              &adam, SaveOptions::Defaults()));
+//                                              &adam, SaveOptions()));
 //   LOCKSTEP_ASSIGN_OR_RETURN(LoadedState loaded,
 //                             LoadTrainingState("ckpt/step7", *streams, weights, &adam));
 
@@ -50,8 +50,6 @@ namespace trainer {
 
 // What SaveState writes besides the weights, the optimizer and the trainer's own counters.
 struct SaveOptions {
-  // Every option at its default.
-  static SaveOptions Defaults() { return SaveOptions(); }
   // Every RNG stream of the rank (the caller's default generators, the model stream, named
   // streams), so that a restart continues bit-exactly. Off by default: a restart then draws
   // from whatever state the new process has.

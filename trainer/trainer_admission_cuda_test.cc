@@ -93,12 +93,12 @@ TEST(TrainerAdmissionCudaTest, WhatStaysHeldUntilTheHandBackIsAdmittedAndThePeak
     config.plan.packing = planner::PACKING_IN_ORDER;
     config.memory_model = fit.model;
     config.memory_cap_bytes = cap;
-    return TrainerRank::Create(
-        config,
-        TrainerRank::Collaborators::Of(topology, 0, nullptr, streams).WithMemoryProbe(probe),
-        [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-          return mlp.Forward(work.inputs);
-        });
+    auto collaborators = TrainerRank::Collaborators::Of(topology, 0, nullptr, streams);
+    collaborators.memory_probe = probe;
+    return TrainerRank::Create(config, collaborators,
+                               [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                                 return mlp.Forward(work.inputs);
+                               });
   };
 
   // Fits alone (with a 25% margin over the fit), not together.

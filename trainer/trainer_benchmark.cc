@@ -199,16 +199,16 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
   // When the trainer calls the model: the time before it is the trainer's own work ahead of the
   // forward (the GPU idles through it), the rest overlaps the forward's kernels or follows them.
   Clock::time_point model_called, model_returned;
+  auto collaborators = TrainerRank::Collaborators::Of(topology, rank, group, streams);
+  collaborators.ledger = ledger;
   LOCKSTEP_ASSIGN_OR_RETURN(
-      auto trainer,
-      TrainerRank::Create(
-          config, TrainerRank::Collaborators::Of(topology, rank, group, streams).WithLedger(ledger),
-          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-            model_called = Clock::now();
-            at::Tensor out = model(work.inputs);
-            model_returned = Clock::now();
-            return out;
-          }));
+      auto trainer, TrainerRank::Create(config, collaborators,
+                                        [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                                          model_called = Clock::now();
+                                          at::Tensor out = model(work.inputs);
+                                          model_returned = Clock::now();
+                                          return out;
+                                        }));
   const std::vector<planner::Sequence> batch = {planner::Sequence::Of(tokens, 1)};
   at::Tensor rows = at::randn({tokens, width}, options);
   // The bare side runs the model on the rows this rank's shard holds.

@@ -125,17 +125,6 @@ struct Collaborators {
     collaborators.streams = std::move(streams);
     return collaborators;
   }
-  // Sets memory_probe to `value`; returns *this.
-  Collaborators& WithMemoryProbe(std::shared_ptr<admission::MemoryProbe> value) {
-    memory_probe = std::move(value);
-    return *this;
-  }
-  // Sets ledger to `value`; returns *this.
-  Collaborators& WithLedger(std::shared_ptr<admission::Ledger> value) {
-    ledger = std::move(value);
-    return *this;
-  }
-
   // The job's DP x TP x CP topology.
   collectives::Topology topology;
   // This rank's global rank in `topology`.

@@ -202,12 +202,12 @@ absl::Status MakeLedgerRig(LedgerRig& rig, std::shared_ptr<admission::Ledger> le
     LOCKSTEP_ASSIGN_OR_RETURN(config.memory_model, admission::MemoryModel::Of(1e3, 1e2));
     config.memory_cap_bytes = int64_t{1} << 40;
   }
+  auto collaborators = TrainerRank::Collaborators::Of(topology, 0, nullptr, rig.streams);
+  collaborators.ledger = ledger;
   LOCKSTEP_ASSIGN_OR_RETURN(
       rig.trainer,
       TrainerRank::Create(
-          config,
-          TrainerRank::Collaborators::Of(topology, 0, nullptr, rig.streams).WithLedger(ledger),
-          [&rig](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+          config, collaborators, [&rig](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
             if (work.inputs.size(0) > rig.oom_above && rig.oom_left > 0) {
               --rig.oom_left;
               throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected out of memory");
@@ -334,8 +334,8 @@ TEST(TrainerRankTest, RestartFromSavedStateContinuesBitExactly) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> first_again, MakeSolo(5));
   LOCKSTEP_ASSERT_OK(Step(*first_again));
   const std::string no_rng = StateDir("no_rng");
-  LOCKSTEP_ASSERT_OK(first_again->trainer->SaveState(
-      no_rng, first_again->named(), first_again->adam.get(), SaveOptions::Defaults()));
+  LOCKSTEP_ASSERT_OK(first_again->trainer->SaveState(no_rng, first_again->named(),
+                                                     first_again->adam.get(), SaveOptions()));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> without, MakeSolo(77));
   auto without_named = without->named();
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(
@@ -566,7 +566,7 @@ TEST(TrainerRankFakeWorldTest, EveryRankGetsFullOutputsIncludingEmptyShards) {
 
 TEST(TrainerRankFakeWorldTest, ARankFailingInACollectiveFailsEveryRankWithoutAHang) {
   for (int call : {0, 1, 2}) {  // the plan agreement, the first outcome vote, the first gather
-    collectives::FakeWorld world(4, collectives::FakeWorld::Options::WithTimeout(absl::Seconds(5)));
+    collectives::FakeWorld world(4, collectives::FakeWorld::Options::Of(absl::Seconds(5)));
     world.InjectFailure(/*rank=*/2, call);
     const Stopwatch start;
     const std::vector<absl::Status> results = world.Run(FewPiecesGatherBody);
@@ -815,8 +815,7 @@ TEST(TrainerRankTest, ARefusedLoadChangesNothing) {
 TEST(TrainerRankTest, ASaveIsCompleteAndLeavesNoTemporary) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Solo> solo, MakeSolo(1));
   const std::string dir = StateDir("complete");
-  LOCKSTEP_ASSERT_OK(
-      solo->trainer->SaveState(dir, solo->named(), solo->adam.get(), SaveOptions::Defaults()));
+  LOCKSTEP_ASSERT_OK(solo->trainer->SaveState(dir, solo->named(), solo->adam.get(), SaveOptions()));
   int entries = 0;
   for (const auto& entry :
        std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path())) {
@@ -874,15 +873,14 @@ TEST(TrainerRankTest, AdmissionCountsWhatStaysHeldUntilTheHandBack) {
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(config.memory_model,
                                   peak_only.WithRetained(FakeDevice::kRetained));
     config.memory_cap_bytes = cap;
+    auto collaborators = TrainerRank::Collaborators::Of(topology, 0, nullptr, streams);
+    collaborators.memory_probe = device.probe;
     LOCKSTEP_ASSERT_OK_AND_ASSIGN(
-        auto trainer,
-        TrainerRank::Create(config,
-                            TrainerRank::Collaborators::Of(topology, 0, nullptr, streams)
-                                .WithMemoryProbe(device.probe),
-                            [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
-                              device.Forward(work.inputs.size(0));
-                              return work.inputs * 2;
-                            }));
+        auto trainer, TrainerRank::Create(config, collaborators,
+                                          [&](const ShardWork& work) -> absl::StatusOr<at::Tensor> {
+                                            device.Forward(work.inputs.size(0));
+                                            return work.inputs * 2;
+                                          }));
     const absl::StatusOr<std::vector<MicrobatchOutput>> all =
         trainer->ForwardAllMicrobatches(TrainerInputs::Of(batch, at::ones({32, 2})));
     if (cap == 2400) {

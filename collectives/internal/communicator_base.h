@@ -131,6 +131,54 @@ class CommunicatorBase : public Communicator {
   int64_t collectives_ = 0;  // sequence number of the next collective
 };
 
+// Note [Transport and group]
+// A backend's communicators are made of two parts. Its Transport is what the world communicator
+// and every group made from it share (Gloo's device; NCCL's rendezvous, device and staging
+// mode), held by shared ownership so that it outlives the last of them. Its Group is what one
+// communicator alone owns (a Gloo process group; an NCCL communicator, its lanes and staging
+// buffers), made for one group identity by
+//   static absl::StatusOr<std::unique_ptr<Group>> Group::Create(
+//       const Transport&, const WorldState&, const GroupIdentity&, absl::Duration timeout);
+// TransportCommunicator makes the world communicator and every later group the same way, so a
+// backend writes only its Transport, its Group and its collectives. `Derived` (the backend's
+// communicator) has a constructor taking (world, identity, transport, group) that it forwards
+// here, and befriends this class so that CreateWorld and CreateGroup can call it.
+template <typename Derived, typename Transport, typename Group>
+class TransportCommunicator : public CommunicatorBase {
+ protected:
+  TransportCommunicator(std::shared_ptr<WorldState> world, GroupIdentity identity,
+                        std::shared_ptr<Transport> transport, std::unique_ptr<Group> group)
+      : CommunicatorBase(std::move(world), std::move(identity)),
+        transport_(std::move(transport)),
+        group_(std::move(group)) {}
+
+  // The world communicator of `world` over `transport`: its Group, then the communicator.
+  static absl::StatusOr<std::unique_ptr<Derived>> CreateWorld(NewWorld world,
+                                                              std::shared_ptr<Transport> transport,
+                                                              absl::Duration timeout) {
+    absl::StatusOr<std::unique_ptr<Group>> group =
+        Group::Create(*transport, *world.state, world.identity, timeout);
+    if (!group.ok()) return group.status();
+    return std::unique_ptr<Derived>(new Derived(std::move(world.state), std::move(world.identity),
+                                                std::move(transport), *std::move(group)));
+  }
+
+  const Transport& transport() const { return *transport_; }
+  Group& group() const { return *group_; }
+
+ private:
+  absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(GroupIdentity identity) final {
+    absl::StatusOr<std::unique_ptr<Group>> group =
+        Group::Create(*transport_, *world_state(), identity, timeout());
+    if (!group.ok()) return group.status();
+    return std::unique_ptr<Communicator>(
+        new Derived(world_state(), std::move(identity), transport_, *std::move(group)));
+  }
+
+  std::shared_ptr<Transport> transport_;  // shared with the world and every group made from it
+  std::unique_ptr<Group> group_;          // this communicator's own
+};
+
 }  // namespace internal
 }  // namespace collectives
 }  // namespace lockstep

@@ -365,10 +365,11 @@ absl::Status Train() {
     std::optional<numerics::OperatorRecorder::Scope> recorded_step;
     if (!record_operators.empty() && step == record_step) {
       std::filesystem::create_directories(record_operators);
-      LOCKSTEP_ASSIGN_OR_RETURN(recorder,
-                                numerics::OperatorRecorder::Create(
-                                    absl::StrCat(record_operators, "/rank", rank, ".jsonl"),
-                                    numerics::OperatorRecorderOptions().set_rank(rank)));
+      numerics::OperatorRecorderOptions options;
+      options.rank = rank;
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          recorder, numerics::OperatorRecorder::Create(
+                        absl::StrCat(record_operators, "/rank", rank, ".jsonl"), options));
       recorded_step.emplace(*recorder, absl::StrCat("step", step));
     }
     // (5) The DP-local batch and the global token count the loss is divided by.

@@ -31,8 +31,8 @@ absl::StatusOr<bool> MeasureOnDevice(const at::Tensor& actual, const at::Tensor&
         at::empty({static_cast<int64_t>(kComparePartials * sizeof(ComparePartial))},
                   a.options().dtype(at::kByte));
     const cudaError_t error =
-        LaunchCompare(a.data_ptr(), b.data_ptr(), a.numel(), *type, tol.atol(), tol.rtol(),
-                      tol.nan_equal(), reinterpret_cast<ComparePartial*>(partials.data_ptr()),
+        LaunchCompare(a.data_ptr(), b.data_ptr(), a.numel(), *type, tol.atol, tol.rtol,
+                      tol.nan_equal, reinterpret_cast<ComparePartial*>(partials.data_ptr()),
                       c10::cuda::getCurrentCUDAStream(actual.device().index()).stream());
     if (error != cudaSuccess) {
       launched = CudaStatus(error, "launching the comparison kernel");

@@ -46,8 +46,7 @@ TEST(PlanWireTest, PlannedPlansMatchProtobufByteForByte) {
         options.seed = static_cast<uint64_t>(cp) * 7 + static_cast<uint64_t>(loss);
         options.weighted_fraction = 0.1;
         const std::vector<Sequence> batch = RandomBatch(options);
-        absl::StatusOr<Plan> plan =
-            PlanMicrobatches(batch, PlanOptions::Of(8192, cp).WithLossNormalization(loss));
+        absl::StatusOr<Plan> plan = PlanMicrobatches(batch, Normalized(8192, loss, cp));
         ASSERT_TRUE(plan.ok()) << plan.status();
         const std::string what = DistributionName(distribution) + " cp " + std::to_string(cp) +
                                  " loss " + std::to_string(loss);

@@ -26,12 +26,12 @@ namespace py = pybind11;
 
 numerics::Tolerance ToleranceOf(double atol, double rtol, double relative_l2, bool nan_equal,
                                 bool bitwise) {
-  numerics::Tolerance tolerance = numerics::Tolerance()
-                                      .set_atol(atol)
-                                      .set_rtol(rtol)
-                                      .set_relative_l2(relative_l2)
-                                      .set_nan_equal(nan_equal)
-                                      .set_bitwise(bitwise);
+  numerics::Tolerance tolerance;
+  tolerance.atol = atol;
+  tolerance.rtol = rtol;
+  tolerance.relative_l2 = relative_l2;
+  tolerance.nan_equal = nan_equal;
+  tolerance.bitwise = bitwise;
   ThrowIfError(tolerance.Validate());
   return tolerance;
 }
@@ -49,9 +49,9 @@ void BindNumerics(py::module_& m) {
         return DumpJson(numerics::ComparisonJson(
             ValueOrThrow(numerics::CompareTensors(actual, expected, tolerance, name))));
       },
-      py::arg("actual"), py::arg("expected"), py::arg("name"), py::arg("atol") = defaults.atol(),
-      py::arg("rtol") = defaults.rtol(), py::arg("relative_l2") = defaults.relative_l2(),
-      py::arg("nan_equal") = defaults.nan_equal(), py::arg("bitwise") = defaults.bitwise());
+      py::arg("actual"), py::arg("expected"), py::arg("name"), py::arg("atol") = defaults.atol,
+      py::arg("rtol") = defaults.rtol, py::arg("relative_l2") = defaults.relative_l2,
+      py::arg("nan_equal") = defaults.nan_equal, py::arg("bitwise") = defaults.bitwise);
   m.def(
       "_compare_sets",
       [](const numerics::NamedTensors& actual, const numerics::NamedTensors& expected, double atol,
@@ -61,9 +61,9 @@ void BindNumerics(py::module_& m) {
         return DumpJson(numerics::SetComparisonJson(
             ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance))));
       },
-      py::arg("actual"), py::arg("expected"), py::arg("atol") = defaults.atol(),
-      py::arg("rtol") = defaults.rtol(), py::arg("relative_l2") = defaults.relative_l2(),
-      py::arg("nan_equal") = defaults.nan_equal(), py::arg("bitwise") = defaults.bitwise());
+      py::arg("actual"), py::arg("expected"), py::arg("atol") = defaults.atol,
+      py::arg("rtol") = defaults.rtol, py::arg("relative_l2") = defaults.relative_l2,
+      py::arg("nan_equal") = defaults.nan_equal, py::arg("bitwise") = defaults.bitwise);
   m.def("_inventory", [](const numerics::NamedTensors& tensors) {
     return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::Of(tensors))));
   });

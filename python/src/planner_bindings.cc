@@ -117,10 +117,9 @@ void BindPlanner(py::module_& m) {
          const std::optional<std::vector<std::vector<float>>>& loss_weights) {
         PyPlan p;
         p.batch = Batch(lengths, ids, loss_weights);
-        planner::PlanOptions options =
-            planner::PlanOptions::Of(max_tokens, cp_size)
-                .WithPacking(PackingNamed(packing))
-                .WithLossNormalization(LossNormalizationNamed(loss_normalization));
+        planner::PlanOptions options = planner::PlanOptions::Of(max_tokens, cp_size);
+        options.packing = PackingNamed(packing);
+        options.loss_normalization = LossNormalizationNamed(loss_normalization);
         p.plan = ValueOrThrow(planner::PlanMicrobatches(p.batch, options));
         return p;
       },

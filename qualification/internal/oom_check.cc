@@ -81,12 +81,11 @@ absl::StatusOr<ToyStep> RunToyStep(RankSetup& setup, const planner::Plan& plan, 
   if (setup.control == NegativeControl::kStagingReplaces) staging = &replacing;
   admission::RecoveryOptions options;
   options.admission.max_microbatches_per_wave = 1;
-  LOCKSTEP_ASSIGN_OR_RETURN(auto runner,
-                            admission::RecoveringRunner::Create(
-                                admission::RecoveringRunner::Collaborators::Of(&model, staging)
-                                    .WithGroup(&group)
-                                    .WithLedger(ledger),
-                                int64_t{1} << 30, options));
+  auto collaborators = admission::RecoveringRunner::Collaborators::Of(&model, staging);
+  collaborators.group = &group;
+  collaborators.ledger = ledger;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      auto runner, admission::RecoveringRunner::Create(collaborators, int64_t{1} << 30, options));
   int failed = 0;
   ToyStep step;
   LOCKSTEP_ASSIGN_OR_RETURN(

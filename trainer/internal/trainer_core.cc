@@ -159,10 +159,12 @@ absl::StatusOr<admission::RecoveryLoop> TrainerCore::BeginStep(const TrainerInpu
 
   admission::RecoveryCollaborators collaborators = admission::RecoveryCollaborators::Of(Replicas());
   if (config_.memory_model.has_value()) {
-    collaborators.WithModel(&*config_.memory_model, config_.memory_cap_bytes)
-        .WithProbe(collaborators_.memory_probe.get());
+    collaborators.model = &*config_.memory_model;
+    collaborators.cap_bytes = config_.memory_cap_bytes;
+    collaborators.probe = collaborators_.memory_probe.get();
   }
-  collaborators.WithLedger(collaborators_.ledger, admission::LedgerStep::Writes::kQueued);
+  collaborators.ledger = collaborators_.ledger;
+  collaborators.writes = admission::LedgerStep::Writes::kQueued;
   admission::RecoveryOptions recovery = config_.recovery;
   recovery.admission.max_microbatches_per_wave = 1;
   recovery.admission.held_until_the_end = held_until_the_end;
