@@ -99,7 +99,8 @@ struct RankSetup {
   // The caller state right after SetUpRank's synchronization, which the checks rewind to;
   // nullopt until SetUpRank sets it.
   std::optional<rng::RngSnapshot> synced;
-  // Out-of-memory failures oom_recovery injects, 0..kMaxInjectedOom. Default: 1.
+  // Out-of-memory failures oom_recovery injects, 1..kMaxInjectedOom (none: the check fails, as
+  // it would prove nothing). Default: 1.
   int inject_oom = 1;
   // Where oom_recovery writes the rank's ledger (empty: a temporary directory), and where the
   // variability checks keep the actors' state and evidence (empty: no actors). Default: empty.
@@ -180,7 +181,7 @@ struct QualifyOptions {
   std::string evidence_path;
   // The negative control to plant (negative_controls.h); qualify must then fail. Default: kNone.
   NegativeControl control = NegativeControl::kNone;
-  // Out-of-memory failures oom_recovery injects, 0..kMaxInjectedOom. Default: 1.
+  // Out-of-memory failures oom_recovery injects, 1..kMaxInjectedOom. Default: 1.
   int inject_oom = 1;
   // Where the trainer's oracle runs: "cpu" (default) or "cuda" (the ranks' processes over Gloo,
   // each on GPU rank modulo the number of GPUs; a build with CUDA support and a GPU required).
@@ -220,7 +221,7 @@ absl::Duration DefaultDeadline(absl::Duration timeout);
 
 // kInvalidArgument naming the flag and the limit for a non-positive size, a world over
 // kMaxQualifyWorld (or one whose product overflows), a non-positive timeout or deadline, an
-// --inject_oom outside [0, kMaxInjectedOom], a --device other than cpu and cuda, or across nodes
+// --inject_oom outside [1, kMaxInjectedOom], a --device other than cpu and cuda, or across nodes
 // a --node_rank outside [0, nnodes), a world that nnodes does not divide, or no --master_port.
 absl::Status ValidateQualifyOptions(const QualifyOptions& options);
 
@@ -235,10 +236,15 @@ inline constexpr int64_t kBytesPerWorker = int64_t{256} << 20;
 absl::Status ValidateQualifyMachine(const QualifyOptions& options, int cores,
                                     int64_t available_bytes);
 
+// The checks RunQualify's verdict requires from every rank of `options`' topology, in the
+// table's order: sixteen, or fifteen at CP 1 (no empty_cp_shard). A check that no rank, or not
+// every rank, reported fails the verdict, so a family of checks that stops reporting cannot pass.
+std::vector<std::string> ExpectedChecks(const QualifyOptions& options);
+
 // Launches dp * tp * cp workers (the executable with --worker), collects their reports, prints
-// the table to `out`, writes the evidence, and returns whether every check passed on every
-// rank. An error when qualify itself could not run (bad options, no processes, unwritable
-// evidence path).
+// the table to `out`, writes the evidence, and returns whether every expected check
+// (ExpectedChecks) passed on every rank. An error when qualify itself could not run (bad options,
+// no processes, unwritable evidence path).
 absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out);
 
 // The HTML report of `evidence` (RunQualify's JSON): writes it to `dir`/evidence.json and the

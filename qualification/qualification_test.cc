@@ -5,7 +5,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,18 +33,20 @@ using ::testing::HasSubstr;
 
 using Check = absl::StatusOr<CheckResult> (*)(RankSetup&);
 
-// Runs `check` on every rank of a DP2 x TP1 x CP2 world under `control`; returns, per rank,
-// OK when the check passed, kFailedPrecondition carrying its detail when it failed, or the
-// error that stopped it.
-std::vector<absl::Status> RunCheck(NegativeControl control, Check check) {
+// Runs `check` on every rank of a DP2 x TP1 x CP2 world under `control` (after `adjust` changes
+// each rank's setup); returns, per rank, OK when the check passed, kFailedPrecondition carrying
+// its detail when it failed, or the error that stopped it.
+std::vector<absl::Status> RunCheck(NegativeControl control, Check check,
+                                   std::function<void(RankSetup&)> adjust = nullptr) {
   collectives::ProcessWorldOptions options;
   options.world_size = 4;
   return collectives::RunProcessWorld(
-      options, [control, check](int, collectives::Communicator& world) -> absl::Status {
+      options, [control, check, adjust](int, collectives::Communicator& world) -> absl::Status {
         absl::StatusOr<collectives::Topology> topology = collectives::Topology::Create(4, 1, 2);
         if (!topology.ok()) return topology.status();
         absl::StatusOr<RankSetup> setup = SetUpRank(world, *topology, control);
         if (!setup.ok()) return setup.status();
+        if (adjust) adjust(*setup);
         absl::StatusOr<CheckResult> result = check(*setup);
         if (!result.ok()) return result.status();
         if (!result->passed) return absl::FailedPreconditionError(result->detail);
@@ -106,6 +110,13 @@ TEST(QualificationTest, RecomputeAndItsNegativeControl) {
   ExpectPassesEverywhere(RunCheck(NegativeControl::kNone, &CheckRecompute));
   ExpectDetected(RunCheck(NegativeControl::kAliasingSnapshot, &CheckRecompute),
                  "recompute mask != forward mask");
+}
+
+// With no failure injected there is nothing recovered, and the check must not pass on that.
+TEST(QualificationTest, OomRecoveryWithNothingInjectedFails) {
+  ExpectDetected(RunCheck(NegativeControl::kNone, &CheckOomRecovery,
+                          [](RankSetup& setup) { setup.inject_oom = 0; }),
+                 "no out-of-memory failure was injected: nothing was recovered");
 }
 
 TEST(QualificationTest, OomRecoveryAndItsNegativeControl) {
@@ -186,6 +197,10 @@ TEST(QualifyOptionsTest, LimitsAreNamed) {
               HasSubstr("--dp 2147483647 exceeds qualify's world limit of 64"));
   EXPECT_THAT(ValidateQualifyOptions(QualifyOptions::Topology(16, 8, 1)).message(),
               HasSubstr("--dp 16 x --tp 8 x --cp 1 = 128 processes exceeds qualify's limit of 64"));
+  QualifyOptions no_failure = QualifyOptions::Topology(1, 1, 1);
+  no_failure.inject_oom = 0;
+  EXPECT_THAT(ValidateQualifyOptions(no_failure).message(),
+              HasSubstr("--inject_oom 0 is outside [1, 8]: oom_recovery needs at least one"));
   QualifyOptions no_time = QualifyOptions::Topology(1, 1, 1);
   no_time.timeout = absl::ZeroDuration();
   EXPECT_THAT(ValidateQualifyOptions(no_time).message(), HasSubstr("--timeout_seconds"));
@@ -211,25 +226,78 @@ TEST(QualifyOptionsTest, TheMachineLimitsAreNamed) {
   EXPECT_EQ(DefaultDeadline(absl::Seconds(120)), absl::Seconds(420));
 }
 
-// A stand-in worker: writes a passing report for its rank, then (when `stall`) stops itself
-// with SIGSTOP after reporting, as a rank wedged after its last collective would.
-std::string WriteStubWorker(bool stall) {
-  const std::string path = absl::StrCat(testing::TempDir(), "/stub_worker_", stall, ".sh");
+// A stand-in worker: writes a passing report for its rank naming every check `options` expects
+// but those in `omit` (the second actor's round, --actor_round, writes the actors check), then
+// (when `stall`) stops itself with SIGSTOP after reporting, as a rank wedged after its last
+// collective would.
+std::string WriteStubWorker(const QualifyOptions& options, bool stall,
+                            const std::vector<std::string>& omit = {}) {
+  std::string checks, sep;
+  for (const std::string& name : ExpectedChecks(options)) {
+    if (name == "actors" || std::find(omit.begin(), omit.end(), name) != omit.end()) continue;
+    absl::StrAppend(&checks, sep, "{\"name\": \"", name, "\", \"passed\": true, \"detail\": \"\"}");
+    sep = ", ";
+  }
+  static int scripts = 0;
+  const std::string path = absl::StrCat(testing::TempDir(), "/stub_worker_", ++scripts, ".sh");
   std::ofstream script(path, std::ios::trunc);
   script << "#!/bin/sh\n"
-            "for a; do case $a in --results_dir=*) dir=${a#--results_dir=};; esac; done\n"
-            "echo '{\"checks\": [{\"name\": \"stub\", \"passed\": true, \"detail\": \"\"}]}'"
-            " > \"$dir/rank$RANK.json\"\n"
-         << (stall ? "[ \"$RANK\" = 1 ] && kill -STOP $$\n" : "") << "exit 0\n";
+            "round=rank\n"
+            "for a; do case $a in --results_dir=*) dir=${a#--results_dir=};;"
+            " --actor_round) round=actors.rank;; esac; done\n"
+            "if [ $round = rank ]; then\n"
+            "  echo '{\"checks\": ["
+         << checks
+         << "]}' > \"$dir/rank$RANK.json\"\n"
+            "else\n"
+            "  echo '{\"checks\": [{\"name\": \"actors\", \"passed\": true, \"detail\": \"\"}]}'"
+            " > \"$dir/actors.rank$RANK.json\"\n"
+            "fi\n"
+         << (stall ? "[ $round = rank ] && [ \"$RANK\" = 1 ] && kill -STOP $$\n" : "")
+         << "exit 0\n";
   script.close();
   chmod(path.c_str(), 0755);
   return path;
 }
 
+TEST(RunQualifyTest, ACheckNoRankReportedFailsTheVerdict) {
+  QualifyOptions options = QualifyOptions::Topology(2, 1, 2);
+  options.timeout = absl::Seconds(5);
+  options.executable = WriteStubWorker(options, /*stall=*/false);
+  std::ostringstream all;
+  absl::StatusOr<bool> passed = RunQualify(options, all);
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  // The control: every expected check reported by every rank passes.
+  EXPECT_TRUE(*passed) << all.str();
+  // The trainer's family stops reporting on every rank.
+  options.executable = WriteStubWorker(options, /*stall=*/false,
+                                       {"replica_outputs", "caller_draws", "stream_progression",
+                                        "reference_match", "resume", "empty_cp_shard"});
+  std::ostringstream out;
+  passed = RunQualify(options, out);
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  EXPECT_FALSE(*passed) << out.str();
+  EXPECT_THAT(out.str(),
+              ::testing::ContainsRegex("replica_outputs +FAIL +0/4 +no rank reported it"));
+  EXPECT_THAT(out.str(),
+              ::testing::ContainsRegex("empty_cp_shard +FAIL +0/4 +no rank reported it"));
+  EXPECT_THAT(out.str(), HasSubstr("FAIL: DP2 x TP1 x CP2"));
+}
+
+TEST(RunQualifyTest, TheExpectedChecksAreSixteenAndFifteenAtCpOne) {
+  const std::vector<std::string> four = ExpectedChecks(QualifyOptions::Topology(2, 1, 2));
+  EXPECT_EQ(four.size(), 16u);
+  EXPECT_NE(std::find(four.begin(), four.end(), "resume"), four.end());
+  EXPECT_NE(std::find(four.begin(), four.end(), "empty_cp_shard"), four.end());
+  const std::vector<std::string> no_cp = ExpectedChecks(QualifyOptions::Topology(2, 2, 1));
+  EXPECT_EQ(no_cp.size(), 15u);
+  EXPECT_EQ(std::find(no_cp.begin(), no_cp.end(), "empty_cp_shard"), no_cp.end());
+}
+
 TEST(RunQualifyTest, ARankStalledAfterReportingIsNamedAtTheDeadline) {
   for (const bool stall : {false, true}) {
     QualifyOptions options = QualifyOptions::Topology(2, 1, 1);
-    options.executable = WriteStubWorker(stall);
+    options.executable = WriteStubWorker(options, stall);
     options.timeout = absl::Seconds(1);
     options.deadline = absl::Seconds(2);
     std::ostringstream out;

@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "replay/state_capture.h"
 #include "replay/state_replay.h"
+#include "rng/model_stream.h"
+#include "rng/named_streams.h"
 #include "rng/rank_streams.h"
 #include "torch/optim/adamw.h"
 
@@ -129,6 +131,60 @@ TEST_F(StateReplayTest, AnRngStreamThatMovedIsNamedBeforeTheWeights) {
   ASSERT_TRUE(c.first.has_value());
   EXPECT_EQ(c.first->path, "rng/caller/cpu");
   EXPECT_EQ(c.first->differing_paths, (std::vector<std::string>{"rng/caller/cpu", "weights/w"}));
+}
+
+// A path only one capture has is a difference, whichever side has it.
+TEST_F(StateReplayTest, APathOnlyOneCaptureHasIsNamedEitherWay) {
+  TinyState s;
+  s.Step();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  CaptureComponents more = s.Components(1);
+  more.weights.push_back({"extra", at::zeros({2})});
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("b"), 1, 0, 1, more));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison ab, CompareRuns(Root("a"), Root("b"), 1, 1, 1));
+  ASSERT_TRUE(ab.first.has_value());
+  EXPECT_EQ(ab.first->path, "weights/extra");
+  EXPECT_EQ(ab.first->kind, "only_in_b");
+  EXPECT_EQ(ab.first->differing_paths, std::vector<std::string>{"weights/extra"});
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison ba, CompareRuns(Root("b"), Root("a"), 1, 1, 1));
+  ASSERT_TRUE(ba.first.has_value());
+  EXPECT_EQ(ba.first->path, "weights/extra");
+  EXPECT_EQ(ba.first->kind, "only_in_a");
+}
+
+// The model stream and every named stream are captured, and one that moved is named alone.
+TEST_F(StateReplayTest, TheModelAndNamedStreamsAreCapturedAndCompared) {
+  TinyState s;
+  LOCKSTEP_ASSERT_OK(s.streams->named().Add("data", 5));
+  auto draw_on_model_stream = [&] {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(rng::ModelStreamScope scope,
+                                  rng::ModelStreamScope::Enter(*s.streams));
+    at::rand({1});
+    LOCKSTEP_ASSERT_OK(scope.Exit());
+  };
+  draw_on_model_stream();
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadedCapture a,
+                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0)));
+  for (const char* path : {"rng/model/cpu", "rng/named/data/seed", "rng/named/data/cpu"}) {
+    EXPECT_NE(a.state.Find(path), nullptr) << path << " was not captured";
+  }
+  draw_on_model_stream();  // the model stream moves on; the caller's is restored by the scope
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("b"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison model, CompareRuns(Root("a"), Root("b"), 1, 1, 1));
+  ASSERT_TRUE(model.first.has_value());
+  EXPECT_EQ(model.first->path, "rng/model/cpu");
+  EXPECT_EQ(model.first->differing_paths, std::vector<std::string>{"rng/model/cpu"});
+  {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(rng::NamedStreamFork fork, s.streams->named().Fork("data"));
+    at::rand({1});
+    LOCKSTEP_ASSERT_OK(fork.Exit());
+  }
+  LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("c"), 1, 0, 1, s.Components(1)));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(RunComparison named, CompareRuns(Root("b"), Root("c"), 1, 1, 1));
+  ASSERT_TRUE(named.first.has_value());
+  EXPECT_EQ(named.first->path, "rng/named/data/cpu");
+  EXPECT_EQ(named.first->differing_paths, std::vector<std::string>{"rng/named/data/cpu"});
 }
 
 TEST_F(StateReplayTest, PartialOrDamagedOrMissingEvidenceIsRefused) {

@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the trainer's oracle runs: cpu, or cuda (each rank on GPU rank modulo the GPUs)");
 ABSL_FLAG(int, inject_oom, 1,
           "out-of-memory failures the oom_recovery check injects on one replica of each TP x CP "
-          "group (0..8)");
+          "group (1..8)");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout in the workers");
 ABSL_FLAG(bool, deterministic, false,
           "enforce lockstep's deterministic mode in every worker (numerics/deterministic_mode.h); "

@@ -42,7 +42,8 @@ cat "$tmp/n0.log" "$tmp/n1.log"
 grep -q "^PASS: DP2 x TP1 x CP2" "$tmp/n0.log" || { echo "FAIL: node 0 did not pass"; exit 1; }
 grep -q "this is node 1, ranks 2..3" "$tmp/n1.log" || { echo "FAIL: node 1 did not say its ranks"; exit 1; }
 grep -q "the table, the verdict and the evidence are node 0's" "$tmp/n1.log" || exit 1
-for check in replica_agreement reference_match repeatability actors packing_invariance; do
+# Every one of the 16 checks qualify expects at CP 2 (qualification::ExpectedChecks).
+for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery replica_outputs caller_draws stream_progression reference_match resume empty_cp_shard repeatability actors packing_invariance; do
   grep -q "^$check *PASS *4/4" "$tmp/n0.log" || { echo "FAIL: $check did not pass on 4 ranks"; exit 1; }
 done
 host_run 0 /usr/bin/python3 -c '

@@ -7,9 +7,18 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 "$qualify" --dp=2 --tp=1 --cp=2 --out="$tmp/dp2cp2.json"
 grep -q '"passed": true' "$tmp/dp2cp2.json" || { echo "evidence does not say passed"; exit 1; }
 grep -q "\"lockstep_commit\"" "$tmp/dp2cp2.json" || { echo "evidence lacks the execution context"; exit 1; }
-for check in replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery replica_outputs caller_draws stream_progression reference_match empty_cp_shard repeatability actors packing_invariance; do
-  grep -q "\"name\": \"$check\"" "$tmp/dp2cp2.json" || { echo "evidence lacks $check"; exit 1; }
-done
+# Exactly the 16 checks qualify expects at CP 2 (qualification::ExpectedChecks), each passed by
+# all 4 ranks.
+/usr/bin/python3 - "$tmp/dp2cp2.json" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))
+expected = "replica_agreement dp_workers_independent model_stream exception_restoration partition_invariance checkpoint_recompute oom_recovery replica_outputs caller_draws stream_progression reference_match resume empty_cp_shard repeatability actors packing_invariance".split()
+names = [c["name"] for c in e["checks"]]
+assert names == expected, f"checks {names}, expected {expected}"
+for c in e["checks"]:
+    assert c["passed"] and len(c["ranks"]) == 4, (c["name"], c["passed"], len(c["ranks"]))
+assert e["missing_checks"] == [], e["missing_checks"]
+PY
 
 "$qualify" --dp 2 --tp 2 --cp 1 --out "$tmp/dp2tp2.json"
 
@@ -111,7 +120,8 @@ bad "bogus" --bogus=1
 bad "cannot write the evidence file" --dp=1 --out=/nonexistent-dir/qualify.json
 bad "--worker needs --results_dir" --worker
 bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
-bad "--inject_oom 9 is outside \[0, 8\]" --dp=1 --inject_oom=9
+bad "--inject_oom 9 is outside \[1, 8\]" --dp=1 --inject_oom=9
+bad "--inject_oom 0 is outside \[1, 8\]: oom_recovery needs at least one injected failure" --dp=1 --inject_oom=0
 bad "--device 'tpu' is neither cpu nor cuda" --dp=1 --device=tpu
 bad "cannot write the report directory '/proc/qualify-report'" --dp=1 --report=/proc/qualify-report
 bad "--nnodes 3 does not divide the world of 4 processes" --dp=2 --cp=2 --nnodes=3 --master_port=29500

@@ -211,6 +211,11 @@ absl::StatusOr<LoadedState> LoadTrainingState(const std::string& dir, rng::RankS
   // can only fail if the live generators refuse a state they were checked to accept).
   auto put_back = [&] {
     if (optimizer_before.has_value()) {
+      // Cleared first: loading the old archive assigns only the state it holds, so state the
+      // refused load gave a parameter that had none would otherwise stay.
+      CallTorch("clearing the optimizer's state", [&] {
+        optimizer->state().clear();
+      }).IgnoreError();
       LoadOptimizer(*optimizer_before, *optimizer, "putting the optimizer back").IgnoreError();
     }
     CallTorch("putting the weights back", [&] {

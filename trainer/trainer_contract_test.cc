@@ -505,6 +505,16 @@ absl::Status CustomObjectsBody(int rank, collectives::Communicator& world) {
                                 }));
   LOCKSTEP_RETURN_IF_ERROR(Expect(factory_runs == 1 && again[0].second.is_same(head[0].second),
                                   "registering twice did not return the first object"));
+  // A non-contiguous tensor (a transposed view) receives the leader's values in place.
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      numerics::NamedTensors transposed,
+      trainer.RegisterCustomObject(
+          "head_t", "linear", [&]() -> absl::StatusOr<numerics::NamedTensors> {
+            return numerics::NamedTensors{{"w", at::full({4, 3}, other ? 2.0 : 1.0).t()}};
+          }));
+  LOCKSTEP_RETURN_IF_ERROR(Expect(
+      !transposed[0].second.is_contiguous() && at::equal(transposed[0].second, at::ones({3, 4})),
+      "a non-contiguous object did not receive the leader's values"));
   absl::Status kind = trainer
                           .RegisterCustomObject("head", "conv",
                                                 []() -> absl::StatusOr<numerics::NamedTensors> {

@@ -37,6 +37,7 @@
 #include "torch/optim/adam.h"
 #include "torch/serialize.h"
 #include "trainer/fake_cp_rank.h"
+#include "trainer/saved_state.h"
 
 namespace lockstep {
 namespace trainer {
@@ -808,6 +809,49 @@ TEST(TrainerRankTest, ARefusedLoadChangesNothing) {
                                 solo->trainer->LoadState(saved, named, solo->adam.get()));
   EXPECT_TRUE(report.optimizer && report.rng_streams);
   EXPECT_FALSE(at::equal(solo->model.w, weights));
+}
+
+// LibTorch loads an optimizer group by group and checks a group's size only when it reaches it, so
+// a refused load may already have changed the groups before; and it only assigns the state it
+// reads, so state it gave a parameter that had none stays after reloading the old archive. A
+// refused load puts back exactly the state from before: here the second group has another size.
+TEST(SavedStateTest, ARefusedOptimizerLoadPutsBackWhatThePartialLoadChanged) {
+  for (const bool stepped : {true, false}) {
+    SCOPED_TRACE(stepped ? "the loading optimizer has state" : "the loading optimizer has none");
+    at::manual_seed(3);
+    at::Tensor w = at::randn({3}).requires_grad_();
+    at::Tensor b = at::randn({2}).requires_grad_();
+    at::Tensor c = at::randn({2}).requires_grad_();
+    auto step = [](torch::optim::Optimizer& adam, const std::vector<at::Tensor>& params,
+                   double scale) {
+      adam.zero_grad();
+      at::Tensor loss = at::zeros({});
+      for (const at::Tensor& p : params) loss = loss + (p * scale).pow(2).sum();
+      loss.backward();
+      adam.step();
+    };
+    std::vector<torch::optim::OptimizerParamGroup> saved_groups = {
+        torch::optim::OptimizerParamGroup({w}), torch::optim::OptimizerParamGroup({b, c})};
+    torch::optim::Adam saved(saved_groups, torch::optim::AdamOptions(1e-2));
+    step(saved, {w, b, c}, 1.0);
+    step(saved, {w, b, c}, 1.0);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::shared_ptr<rng::RankStreams> streams,
+                                  rng::RankStreams::Create(rng::DefaultGenerators::CpuOnly()));
+    numerics::NamedTensors weights = {{"w", w}, {"b", b}, {"c", c}};
+    const std::string dir = StateDir(absl::StrCat("partial_optimizer_", stepped));
+    LOCKSTEP_ASSERT_OK(SaveTrainingState(dir, *streams, 0, weights, &saved, SaveOptions()));
+
+    std::vector<torch::optim::OptimizerParamGroup> loading_groups = {
+        torch::optim::OptimizerParamGroup({w}), torch::optim::OptimizerParamGroup({b})};
+    torch::optim::Adam loading(loading_groups, torch::optim::AdamOptions(1e-2));
+    if (stepped) step(loading, {w, b}, 3.0);
+    const std::string before = OptimizerBytes(loading);
+    const absl::Status refused = LoadTrainingState(dir, *streams, weights, &loading).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+    EXPECT_EQ(OptimizerBytes(loading), before) << "the refused load changed the optimizer";
+    EXPECT_EQ(loading.state().size(), stepped ? 2u : 0u);
+    RemoveSavedState(dir);
+  }
 }
 
 // A save leaves the directory complete and nothing beside it; a save over an existing directory

@@ -116,9 +116,12 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", options.device, "' is neither cpu nor cuda"));
   }
-  if (options.inject_oom < 0 || options.inject_oom > kMaxInjectedOom) {
-    return absl::InvalidArgumentError(absl::StrCat("--inject_oom ", options.inject_oom,
-                                                   " is outside [0, ", kMaxInjectedOom, "]"));
+  // Zero failures would leave oom_recovery nothing to recover: it would pass having proved
+  // nothing.
+  if (options.inject_oom < 1 || options.inject_oom > kMaxInjectedOom) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--inject_oom ", options.inject_oom, " is outside [1, ", kMaxInjectedOom,
+                     "]: oom_recovery needs at least one injected failure to prove a recovery"));
   }
   if (options.nnodes < 1 || options.nnodes > launch::kMaxNodes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -163,6 +163,9 @@ absl::StatusOr<CheckResult> CheckOomRecovery(RankSetup& setup) {
   }));
   std::vector<std::string> problems;
   const admission::StepReport& report = injected->report;
+  if (setup.inject_oom < 1) {
+    problems.push_back("no out-of-memory failure was injected: nothing was recovered");
+  }
   if (report.out_of_memory != setup.inject_oom) {
     problems.push_back(absl::StrCat(report.out_of_memory, " out-of-memory outcomes seen, ",
                                     setup.inject_oom, " injected"));

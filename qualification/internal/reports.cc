@@ -1,5 +1,6 @@
 #include "qualification/internal/reports.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -178,6 +179,22 @@ CollectedChecks CollectChecks(const std::vector<json>& reports, std::vector<std:
   return c;
 }
 
+}  // namespace internal
+
+std::vector<std::string> ExpectedChecks(const QualifyOptions& options) {
+  std::vector<std::string> names = {
+      "replica_agreement",    "dp_workers_independent", "model_stream",    "exception_restoration",
+      "partition_invariance", "checkpoint_recompute",   "oom_recovery",    "replica_outputs",
+      "caller_draws",         "stream_progression",     "reference_match", "resume"};
+  if (options.cp > 1) names.push_back("empty_cp_shard");
+  for (const char* name : {"repeatability", "actors", "packing_invariance"}) {
+    names.push_back(name);
+  }
+  return names;
+}
+
+namespace internal {
+
 json TableAndEvidence(const QualifyOptions& options, const CollectedChecks& checks,
                       const launch::LaunchResult& launched, const std::string& log_path,
                       std::ostream& out) {
@@ -199,8 +216,24 @@ json TableAndEvidence(const QualifyOptions& options, const CollectedChecks& chec
   evidence["transport"] = checks.transport;
   evidence["context"] = numerics::CaptureExecutionContext(
       {{"topology", topology}, {"negative_control", NegativeControlName(options.control)}});
+  // Every expected check in its order (one no rank reported is a failure: a family that stopped
+  // reporting must not pass), then any other a rank reported.
+  std::vector<std::string> names = ExpectedChecks(options);
+  json missing = json::array();
   for (const std::string& name : checks.order) {
-    const std::vector<json>& entries = checks.per_check.at(name);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  for (const std::string& name : names) {
+    const auto found = checks.per_check.find(name);
+    if (found == checks.per_check.end()) {
+      all_passed = false;
+      missing.push_back(name);
+      out << absl::StrFormat("%-24s %-6s %d/%-5d %s\n", name, "FAIL", 0, world,
+                             "no rank reported it");
+      evidence["checks"].push_back({{"name", name}, {"passed", false}, {"ranks", json::array()}});
+      continue;
+    }
+    const std::vector<json>& entries = found->second;
     int passed = 0;
     for (const json& e : entries) passed += e.value("passed", false) ? 1 : 0;
     const bool ok = passed == world;
@@ -209,6 +242,7 @@ json TableAndEvidence(const QualifyOptions& options, const CollectedChecks& chec
                            entries[0].value("detail", std::string()));
     evidence["checks"].push_back({{"name", name}, {"passed", ok}, {"ranks", entries}});
   }
+  evidence["missing_checks"] = missing;
   for (const std::string& e : checks.errors) out << "error: " << e << "\n";
   if (launched.exit_code != 0) {
     out << "launch: " << launched.summary << " (worker output in " << log_path << ")\n";
