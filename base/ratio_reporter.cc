@@ -10,6 +10,7 @@ namespace benchmarking {
 
 void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
   for (const Run& run : runs) {
+    reported_.insert(run.benchmark_name());
     if (run.error_occurred) {
       std::cerr << "benchmark " << run.benchmark_name()
                 << " could not measure: " << run.error_message << std::endl;
@@ -43,6 +44,13 @@ void RatioReporter::PrintCounter(const std::string& what, const std::string& nam
   auto run = counters_.find(name);
   const bool found = run != counters_.end() && run->second.count(counter) > 0;
   if (!found) {
+    // Google Benchmark runs everything for an empty filter, "." or "all".
+    const std::string filter = benchmark::GetBenchmarkFilter();
+    if (reported_.count(name) == 0 && !filter.empty() && filter != "." && filter != "all") {
+      std::cerr << "ratio " << what << ": not measured (run '" << name
+                << "' left out by --benchmark_filter=" << filter << ")" << std::endl;
+      return;
+    }
     std::cerr << "ratio " << what << ": NOT MEASURED (no counter '" << counter << "' of run '"
               << name << "'; the run was filtered out, skipped or failed)" << std::endl;
     ++unmeasured_;

@@ -6,7 +6,9 @@
 // comes from a paired loop (PairedSamples: both sides alternate in one loop, each timed on its
 // own, medians compared); ratios of separate runs are printed for context only, without a target.
 // A target ratio that could not be measured is reported on stderr and makes all_measured() false,
-// so the binary can exit non-zero.
+// so the binary can exit non-zero; so does a run that ended in an error (SkipWithError). A target
+// whose run a --benchmark_filter left out is reported on stderr as filtered out and is not a
+// failure: a filtered run (tools/benchmark_smoke.sh's, at a minimal size) measures what it ran.
 //
 // Example:
 //   benchmarking::RatioReporter reporter;
@@ -19,6 +21,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,7 +50,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
   // Prints "ratio <what>: <value of counter `counter` of run `name`> (target <= <target>: ...)"
   // for benchmarks that compute their own ratio of paired medians. When the run or the counter is
-  // missing, says so on stderr and records that a target went unmeasured.
+  // missing, says so on stderr and records that a target went unmeasured, unless the run never
+  // reported and a --benchmark_filter is set (it was filtered out: said on stderr, not recorded).
   void PrintCounter(const std::string& what, const std::string& name, const std::string& counter,
                     double target);
 
@@ -61,6 +65,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
   bool all_measured() const { return unmeasured_ == 0 && failed_runs_ == 0; }
 
  private:
+  std::set<std::string> reported_;  // every run reported, errors included
   std::map<std::string, double> seconds_;
   std::map<std::string, std::map<std::string, double>> counters_;
   int unmeasured_ = 0;

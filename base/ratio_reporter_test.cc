@@ -47,6 +47,37 @@ TEST(RatioReporterTest, PrintsCountersAgainstTargetsAndRemembersMissingOnes) {
   EXPECT_FALSE(reporter.Seconds("BM_Filtered").has_value());
 }
 
+// A run that a --benchmark_filter left out is said to be filtered out, not a failure; a run that
+// reported without its counter, or ended in an error, still is one.
+TEST(RatioReporterTest, ARunLeftOutByAFilterIsNotAFailure) {
+  const std::string filter = benchmark::GetBenchmarkFilter();
+  benchmark::SetBenchmarkFilter("BM_Paired");
+  RatioReporter reporter;
+  benchmark::BenchmarkReporter::Run failed = MakeRun("BM_Failed", 1.0, 1.0);
+  failed.error_occurred = true;
+  failed.error_message = "no device";
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  reporter.ReportRuns({MakeRun("BM_Paired", 2.0, 1.05)});
+  reporter.PrintCounter("left out", "BM_Other", "ratio", 1.2);
+  const std::string left_out = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(left_out, HasSubstr("ratio left out: not measured (run 'BM_Other' left out by "
+                                  "--benchmark_filter=BM_Paired)"));
+  EXPECT_TRUE(reporter.all_measured());
+  testing::internal::CaptureStderr();
+  reporter.PrintCounter("no such counter", "BM_Paired", "missing", 1.2);
+  EXPECT_FALSE(reporter.all_measured());
+  RatioReporter errors;
+  errors.ReportRuns({failed});
+  errors.PrintCounter("failed", "BM_Failed", "ratio", 1.2);
+  const std::string err = testing::internal::GetCapturedStderr();
+  testing::internal::GetCapturedStdout();
+  EXPECT_THAT(err, HasSubstr("ratio no such counter: NOT MEASURED"));
+  EXPECT_THAT(err, HasSubstr("benchmark BM_Failed could not measure: no device"));
+  EXPECT_FALSE(errors.all_measured());
+  benchmark::SetBenchmarkFilter(filter);
+}
+
 TEST(PairedSamplesTest, MediansAndCounts) {
   PairedSamples samples;
   for (double v : {5.0, 1.0, 100.0, 3.0, 2.0}) samples.Add("a", v);

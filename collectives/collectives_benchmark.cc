@@ -5,6 +5,7 @@
 // This process is rank 0 of each Gloo world; the other ranks are forked before any LibTorch
 // work and follow rank 0's commands: before each timed loop rank 0 broadcasts (operation,
 // payload bytes, iterations), so every rank runs exactly the iterations the benchmark times.
+// Exits 1 if a run could not measure (a collective failed).
 
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/ratio_reporter.h"
 #include "benchmark/benchmark.h"
 #include "testing/commanded_world.h"
 #include "testing/fake_communicator.h"
@@ -105,8 +107,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   // Forks the peers before this process does any LibTorch work.
   lockstep::collectives::Worlds().Start({2, 4});
-  benchmark::RunSpecifiedBenchmarks();
+  lockstep::benchmarking::RatioReporter reporter;  // counts runs that could not measure
+  benchmark::RunSpecifiedBenchmarks(&reporter);
   lockstep::collectives::Worlds().Stop();
   benchmark::Shutdown();
-  return 0;
+  return reporter.all_measured() ? 0 : 1;
 }

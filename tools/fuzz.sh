@@ -8,15 +8,25 @@
 # Usage: tools/fuzz.sh [seconds per target, default 600] [target ...]  (default: every target)
 # Work goes to $FUZZ_DIR (default ~/.cache/lockstep-fuzz; the corpora persist between runs).
 # Prints one line "fuzz result: <target> PASSED|FAILED ..." per target and exits non-zero on any
-# finding (the crashing input is kept under $FUZZ_DIR/<target>/) or when a target cannot run.
+# finding (the crashing input is kept under $FUZZ_DIR/<target>/), when a target cannot run, or
+# when the query for the targets fails or finds none (exit 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 targets=("$@")
+tmp_err=$(mktemp)
+trap 'rm -f "$tmp_err"' EXIT
 if [[ ${#targets[@]} == 0 ]]; then
-  # Every fuzz target (base/fuzz.bzl tags them).
-  mapfile -t targets < <(bazel query --noshow_progress 'attr(tags, "\bfuzz\b", kind(cc_binary, //...))' 2>/dev/null)
+  # Every fuzz target (base/fuzz.bzl tags them). A query that fails, or finds none, is an error:
+  # it would otherwise fuzz nothing and pass.
+  if ! query=$(bazel query --noshow_progress 'attr(tags, "\bfuzz\b", kind(cc_binary, //...))' 2>"$tmp_err"); then
+    echo "fuzz: the query for the fuzz targets failed:" >&2
+    tail -20 "$tmp_err" >&2
+    exit 2
+  fi
+  mapfile -t targets <<<"$query"
+  [[ -n $query ]] || { echo "fuzz: the query found no fuzz targets" >&2; exit 2; }
 fi
 echo "fuzz: ${#targets[@]} targets: ${targets[*]}"
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 1 ]] || { echo "fuzz: seconds '$seconds' is not a positive integer" >&2; exit 2; }

@@ -107,7 +107,8 @@ bins=()
 for t in "${targets[@]}"; do bins+=("bazel-bin/$(sed 's|^//||; s|:|/|' <<<"$t")"); done
 rm -rf .gpu-bundle
 SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
-# Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named, never counted.
+# Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named and counted as not
+# run, never as passed.
 cp tools/gpu_run.sh .gpu-bundle/run.sh
 if ((!subset)); then
 # The Python package and its pytest suites, run there by python/gpu_run.sh.

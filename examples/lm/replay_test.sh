@@ -9,7 +9,9 @@
 #      completion record re-sealed to match): exit 2, naming the field;
 #   4. a normal run that differs (one weight byte flipped, re-sealed): exit 1, naming the step,
 #      rank, path, byte and element;
-# and the report's page (report) of the passing run shows the verdict and the differences.
+# and the report's page (report) of the passing run shows the verdict and the differences (where
+# there is no report binary, as in the GPU bundle: "NOT RUN: the report page", and the test counts
+# as not run, docs/building.md).
 # REPLAY_BIN names the folder of replay and train (the GPU bundle); REPLAY_TRAIN_FLAGS adds flags
 # to every launch (--device=cuda --deterministic on the H200).
 set -euo pipefail
@@ -56,7 +58,7 @@ if [[ -x $report ]]; then
   done
   echo "report page: $tmp/page/index.html ($(wc -c <"$tmp/page/index.html") bytes)"
 else
-  echo "report page: NOT RUN (no $report here)"
+  echo "NOT RUN: the report page (no $report here)"
 fi
 
 # Evidence damaged in a copy of the run; the tool re-compares without launching (--compare_only).

@@ -11,7 +11,8 @@
 # The same script runs on the H200 from the GPU bundle (tools/gpu_bundle.sh): LM_BIN names the
 # folder of launch, train and compare, LM_TRAIN_FLAGS adds flags to every run (--device=cuda),
 # LM_PYTHON names a Python other than /usr/bin/python3, and LM_PLOT_OPTIONAL=1 reports the plot
-# as not run where that Python has no matplotlib; LM_KEEP_DIR keeps every run's CSV and output.
+# as not run where that Python has no matplotlib (a line "NOT RUN: ...": the test then counts as
+# not run, docs/building.md); LM_KEEP_DIR keeps every run's CSV and output.
 set -euo pipefail
 here=$(dirname "$0")
 launch=${LM_BIN:-tools}/launch
@@ -71,7 +72,7 @@ echo "negative control: the mask drawn before the hand-back makes the losses dif
 
 # 5. The loss curve.
 if [[ ${LM_PLOT_OPTIONAL:-0} == 1 ]] && ! "$python" -c "import matplotlib" 2>/dev/null; then
-  echo "loss curve: not run (no matplotlib for $python here)"; echo "PASS"; exit 0
+  echo "NOT RUN: the loss curve (no matplotlib for $python here)"; echo "PASS"; exit 0
 fi
 plot=$here/lm/plot_loss.py  # Bazel runs the test as examples/train_test; the bundle beside it
 [[ -f $plot ]] || plot=$here/plot_loss.py

@@ -1,7 +1,10 @@
 # testing/netns/hosts.sh — hosts made of Linux namespaces, for tests of jobs across machines.
 # Source it from a bash test (set -euo pipefail), then:
 #
-#   hosts_require_root            exits 0 with "NOT RUN: ..." where namespaces cannot be made
+#   hosts_require_root            where namespaces cannot be made: prints "NOT RUN: <why>" and
+#                                 exits 0 (the not-run convention, docs/building.md), or, where
+#                                 LOCKSTEP_REQUIRE_NETNS=1 (.ci/run sets it when it runs as
+#                                 root), says why and exits 1: there the test must run
 #   hosts_up N                    makes hosts 0..N-1: each its own network namespace with eth0 at
 #                                 10.77.0.(K+1)/24 on a bridge in a switch namespace of its own
 #   host_run K CMD...             runs CMD on host K: in its network namespace and in the IPC,
@@ -27,15 +30,21 @@ HOSTS_PIDS=()
 HOSTS_INITS=()  # per host: the first process of its PID namespace, as the caller sees it
 
 hosts_require_root() {
+  local why=""
   if [[ $(id -u) != 0 ]] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then
-    echo "NOT RUN: this test makes network namespaces and needs root with iproute2 and unshare"
-    exit 0
+    why="this test makes network namespaces and needs root with iproute2 and unshare"
+  elif ! ip netns add "$HOSTS_PREFIX-probe" 2>/dev/null; then
+    why="this machine refuses to make network namespaces (ip netns add failed)"
+  else
+    ip netns del "$HOSTS_PREFIX-probe"
+    return 0
   fi
-  if ! ip netns add "$HOSTS_PREFIX-probe" 2>/dev/null; then
-    echo "NOT RUN: this machine refuses to make network namespaces (ip netns add failed)"
-    exit 0
+  if [[ ${LOCKSTEP_REQUIRE_NETNS:-0} == 1 ]]; then
+    echo "FAILED: $why; LOCKSTEP_REQUIRE_NETNS=1 says this machine must run it"
+    exit 1
   fi
-  ip netns del "$HOSTS_PREFIX-probe"
+  echo "NOT RUN: $why"
+  exit 0
 }
 
 hosts_down() {
