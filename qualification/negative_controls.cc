@@ -53,6 +53,10 @@ constexpr Named kControls[] = {
     {NegativeControl::kStagingReplaces, "staging-replaces"},
     {NegativeControl::kResumeWithoutNamedStreams, "resume-without-named-streams"},
     {NegativeControl::kNondeterministicOp, "nondeterministic-op"},
+    {NegativeControl::kResumeWithoutCallerStream, "resume-without-caller-stream"},
+    {NegativeControl::kResumeWithoutModelStream, "resume-without-model-stream"},
+    {NegativeControl::kResumeWithoutOptimizer, "resume-without-optimizer"},
+    {NegativeControl::kRepeatabilityStreamNotRestored, "repeatability-stream-not-restored"},
 };
 
 }  // namespace

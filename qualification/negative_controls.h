@@ -29,6 +29,18 @@
 //   resume-without-named-streams
 //                        the trainer oracle's restart leaves its named streams fresh instead of
 //                        restoring them
+//   resume-without-caller-stream
+//                        the trainer oracle's restart keeps the caller's generators as the new
+//                        process had them instead of restoring the saved ones
+//   resume-without-model-stream
+//                        the trainer oracle's restart leaves the model stream to be derived
+//                        afresh instead of restoring it
+//   resume-without-optimizer
+//                        the trainer oracle's restart drops the optimizer's restored state (Adam
+//                        starts again from nothing)
+//   repeatability-stream-not-restored
+//                        repeatability's passes do not restore the model and named streams
+//                        between them, so each pass draws where the previous one stopped
 //   nondeterministic-op  one module of the reference model (qualification/variability.h's
 //                        kNondeterministicModule) reduces in an order that changes from call to
 //                        call: floating-point atomics on a GPU, a randomly ordered sum on the CPU
@@ -59,20 +71,24 @@ namespace qualification {
 
 // A deliberate bug qualify can plant (see the top of this file for what each breaks).
 enum class NegativeControl {
-  kNone,                       // no control: lockstep as it is
-  kNoSync,                     // no-sync
-  kWorldSync,                  // world-sync
-  kUnscopedModelWork,          // unscoped-model-work
-  kAliasingSnapshot,           // aliasing-snapshot
-  kShardLocalPhilox,           // shard-local-philox
-  kDoubleCountedRetry,         // double-counted-retry
-  kInputInsideScope,           // input-inside-scope
-  kNoSyncAfterMicrobatch,      // no-sync-after-microbatch
-  kNoSyncAfterDpForward,       // no-sync-after-dp-forward
-  kNoRestoreOnUnwind,          // no-restore-on-unwind
-  kStagingReplaces,            // staging-replaces
-  kResumeWithoutNamedStreams,  // resume-without-named-streams
-  kNondeterministicOp,         // nondeterministic-op
+  kNone,                            // no control: lockstep as it is
+  kNoSync,                          // no-sync
+  kWorldSync,                       // world-sync
+  kUnscopedModelWork,               // unscoped-model-work
+  kAliasingSnapshot,                // aliasing-snapshot
+  kShardLocalPhilox,                // shard-local-philox
+  kDoubleCountedRetry,              // double-counted-retry
+  kInputInsideScope,                // input-inside-scope
+  kNoSyncAfterMicrobatch,           // no-sync-after-microbatch
+  kNoSyncAfterDpForward,            // no-sync-after-dp-forward
+  kNoRestoreOnUnwind,               // no-restore-on-unwind
+  kStagingReplaces,                 // staging-replaces
+  kResumeWithoutNamedStreams,       // resume-without-named-streams
+  kNondeterministicOp,              // nondeterministic-op
+  kResumeWithoutCallerStream,       // resume-without-caller-stream
+  kResumeWithoutModelStream,        // resume-without-model-stream
+  kResumeWithoutOptimizer,          // resume-without-optimizer
+  kRepeatabilityStreamNotRestored,  // repeatability-stream-not-restored
 };
 
 // The command-line name of `control` ("" for kNone).

@@ -192,6 +192,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   };
 
   if (!load_dir.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const rng::RngSnapshot fresh_caller, caller_state());
     LOCKSTEP_ASSIGN_OR_RETURN(trainer::LoadReport loaded,
                               trainer->LoadState(load_dir, named, adam.get()));
     if (loaded.weights != static_cast<int>(named.size()) || !loaded.optimizer ||
@@ -202,6 +203,18 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
       // The bug: the named streams start afresh instead of where the saved run left them.
       LOCKSTEP_RETURN_IF_ERROR(streams->named().Reset());
       LOCKSTEP_RETURN_IF_ERROR(streams->named().Add(kNamedStream, kNamedStreamSeed));
+    }
+    if (setup.control == NegativeControl::kResumeWithoutCallerStream) {
+      // The bug: the caller's generators as the new process had them.
+      LOCKSTEP_RETURN_IF_ERROR(fresh_caller.Restore());
+    }
+    if (setup.control == NegativeControl::kResumeWithoutModelStream) {
+      // The bug: the model stream derived afresh at the next scope.
+      LOCKSTEP_RETURN_IF_ERROR(streams->model().Restore(std::nullopt));
+    }
+    if (setup.control == NegativeControl::kResumeWithoutOptimizer) {
+      // The bug: Adam's moments and step counts dropped.
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch("dropping Adam's state", [&] { adam->state().clear(); }));
     }
   }
   for (int step = first_step; step < kSteps; ++step) {

@@ -235,7 +235,9 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::Repeatability() {
   auto step = [&]() -> absl::StatusOr<numerics::NamedTensors> {
     // The harness restores the default generators; the model stream and the named streams are
     // the rank's, restored here.
-    LOCKSTEP_RETURN_IF_ERROR(rng::RestoreResumeState(start, *program->streams));
+    if (control_ != NegativeControl::kRepeatabilityStreamNotRestored) {
+      LOCKSTEP_RETURN_IF_ERROR(rng::RestoreResumeState(start, *program->streams));
+    }
     numerics::Recording recording({});
     LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors outputs,
                               variability::RecordedStep(*program, dp_index, recording));

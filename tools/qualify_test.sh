@@ -81,6 +81,10 @@ expect_fail no-sync-after-dp-forward caller_draws
 expect_fail no-restore-on-unwind exception_restoration
 expect_fail staging-replaces oom_recovery
 expect_fail resume-without-named-streams resume
+expect_fail resume-without-caller-stream resume
+expect_fail resume-without-model-stream resume
+expect_fail resume-without-optimizer resume
+expect_fail repeatability-stream-not-restored repeatability
 expect_fail nondeterministic-op repeatability
 # The broken module is named as the first divergence, pass to pass and actor to actor, and the
 # packing check tells it from a placement effect.

@@ -57,6 +57,9 @@ if [[ -x $report ]]; then
     grep -qF "$text" "$tmp/page/index.html" || fail "the replay page lacks $text"
   done
   echo "report page: $tmp/page/index.html ($(wc -c <"$tmp/page/index.html") bytes)"
+elif [[ -n ${TEST_SRCDIR:-} ]]; then
+  # Under Bazel the report is a data dependency of this test: missing, it is a packaging bug.
+  fail "no report binary at $report"
 else
   echo "NOT RUN: the report page (no $report here)"
 fi
@@ -121,4 +124,20 @@ print("flipped the last byte of", name)
 PY
 reseal "$capture"
 expect_exit 1 mismatch "resumed vs reference: differ first at step 4 rank 0 path weights/"
+
+# 5. A broken resume that matches the reference (its omitted restore went unseen): the resumed
+# run's captures, which match, stand in for broken-rng's.
+damaged broken_matches
+for step in "$tmp/broken_matches/resumed/captures"/step*; do
+  rm -rf "$tmp/broken_matches/broken-rng/captures/$(basename "$step")"
+  cp -r "$step" "$tmp/broken_matches/broken-rng/captures/"
+done
+expect_exit 1 broken_matches "broken-rng vs reference: match.*MISMATCH: the omitted restore went unseen"
+"$python" - "$tmp/broken_matches/report.json" <<'PY' || fail "broken_matches: report.json"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["exit_code"] == 1, r["exit_code"]
+by = {c["name"]: c for c in r["comparisons"]}
+assert by["broken-rng"]["expected"] == "differ" and by["broken-rng"]["verdict"] == "mismatch", by["broken-rng"]
+PY
 echo "PASS"

@@ -176,3 +176,41 @@ def test_saved_state_restores_weights_and_streams():
         for r in run_world(2, _save_and_load, root):
             assert r["same"] and r["after"], r
             assert r["report"] == {"weights": 1, "rng_streams": True}
+
+
+def _custom_objects(rank, world_size):
+    group = groups_of(world_size, 2)
+    torch.manual_seed(rank)  # the replicas' factories draw different values
+    trainer = TrainerRank(make_forward(model_weights(), [0]), rng.RankStreams(), group, cp=2,
+                          max_tokens=MAX_TOKENS)
+    runs = [0]
+
+    def factory():
+        runs[0] += 1
+        return [("w", torch.randn(3, 4))]
+
+    head = trainer.register_custom_object("head", factory, metadata="linear")
+    again = trainer.register_custom_object("head", factory, metadata="linear")
+    with pytest.raises(errors.LockstepError) as kind:
+        trainer.register_custom_object("head", factory, metadata="conv")
+    with pytest.raises(errors.LockstepError) as shape:
+        trainer.register_custom_object(
+            "other", lambda: [("w", torch.zeros(4, 3) if rank == 1 else torch.zeros(3, 4))])
+    mine = torch.full((4, 3), float(rank + 1)).t()  # non-contiguous: a transposed view
+    transposed = trainer.register_custom_object("head_t", lambda: [("w", mine)])
+    return {"head": head[0][1].tolist(), "name": head[0][0], "again": again[0][1].tolist(),
+            "runs": runs[0], "kind": str(kind.value), "shape": str(shape.value),
+            "mine": mine.tolist(), "returned": transposed[0][1].tolist()}
+
+
+def test_custom_objects_take_the_leaders_values_all_or_nothing():
+    leader, other = run_world(2, _custom_objects)
+    assert leader["name"] == "w"
+    assert other["head"] == leader["head"], "the leader's values did not win"
+    assert other["again"] == leader["head"] and other["runs"] == leader["runs"] == 1, \
+        "registering twice ran the factory again or returned other values"
+    for r in (leader, other):
+        assert "registered already with metadata 'linear'" in r["kind"], r["kind"]
+        assert "global rank 1" in r["shape"] and "nothing registered" in r["shape"], r["shape"]
+        # The non-contiguous tensor the factory returned holds the leader's values in place.
+        assert r["mine"] == [[1.0] * 4] * 3 and r["returned"] == r["mine"], r["mine"]
