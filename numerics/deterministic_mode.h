@@ -1,8 +1,12 @@
 // numerics/deterministic_mode.h
 //
-// lockstep's deterministic mode: one call that makes a process's LibTorch, cuBLAS and NCCL run
-// the same computation the same way every time, and proves it did. Call it once per process,
-// before any CUDA work (a cuBLAS handle reads its workspace setting when it is created):
+// lockstep's deterministic mode: one call that sets every LibTorch, cuBLAS and NCCL setting a
+// process needs to run the same computation the same way every time, and verifies that each
+// setting is in force (VerifyDeterministicMode). It does not compare results: that is the
+// repeatability harness's work (numerics/repeatability.h, qualify's repeatability and actors).
+// Call it once per process, before any CUDA work (a cuBLAS handle reads its workspace setting
+// when it is created, and an NCCL communicator its algorithm when it is made; one made before
+// the call keeps what it read):
 //
 //   LOCKSTEP_ASSIGN_OR_RETURN(numerics::DeterministicSettings mode,
 //                             numerics::EnforceDeterministicMode());

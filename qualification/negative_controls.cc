@@ -57,6 +57,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kResumeWithoutModelStream, "resume-without-model-stream"},
     {NegativeControl::kResumeWithoutOptimizer, "resume-without-optimizer"},
     {NegativeControl::kRepeatabilityStreamNotRestored, "repeatability-stream-not-restored"},
+    {NegativeControl::kMisroutedGather, "misrouted-gather"},
 };
 
 }  // namespace
@@ -100,6 +101,9 @@ trainer::internal::ContractSeams TrainerSeamsFor(NegativeControl control) {
       break;
     case NegativeControl::kUnscopedModelWork:
       seams.model_stream_scope = false;
+      break;
+    case NegativeControl::kMisroutedGather:
+      seams.route_gathered_rows = false;
       break;
     default:
       break;

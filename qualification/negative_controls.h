@@ -38,6 +38,8 @@
 //   resume-without-optimizer
 //                        the trainer oracle's restart drops the optimizer's restored state (Adam
 //                        starts again from nothing)
+//   misrouted-gather     the trainer's output gather reads each other CP rank's rows from the
+//                        next CP rank's shard (CP > 1)
 //   repeatability-stream-not-restored
 //                        repeatability's passes do not restore the model and named streams
 //                        between them, so each pass draws where the previous one stopped
@@ -89,6 +91,7 @@ enum class NegativeControl {
   kResumeWithoutModelStream,        // resume-without-model-stream
   kResumeWithoutOptimizer,          // resume-without-optimizer
   kRepeatabilityStreamNotRestored,  // repeatability-stream-not-restored
+  kMisroutedGather,                 // misrouted-gather
 };
 
 // The command-line name of `control` ("" for kNone).

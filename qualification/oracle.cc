@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "base/torch_boundary.h"
 #include "collectives/rank_groups.h"
 #include "numerics/compare.h"
+#include "planner/planner.h"
 #include "qualification/reference_model.h"
 #include "rng/model_stream.h"
 #include "rng/snapshot.h"
@@ -43,6 +45,16 @@ constexpr char kNamedStream[] = "reference-model";
 constexpr uint64_t kNamedStreamSeed = 4242;
 
 // The SHA-256 of `state`'s bytes, as a byte tensor.
+// The SHA-256 of `rows`' bytes (a byte tensor of 32), whatever their device.
+at::Tensor RowsDigest(const at::Tensor& rows) {
+  const at::Tensor host = rows.detach().to(at::kCPU).contiguous();
+  const Sha256Digest digest =
+      Sha256Framed({std::string(static_cast<const char*>(host.data_ptr()), host.nbytes())});
+  at::Tensor t = at::empty({static_cast<int64_t>(digest.size())}, at::kByte);
+  std::memcpy(t.data_ptr<uint8_t>(), digest.data(), digest.size());
+  return t;
+}
+
 at::Tensor StateDigest(const rng::RngSnapshot& state) {
   std::string bytes = state.cpu_state();
   if (state.cuda().has_value()) {
@@ -87,6 +99,20 @@ struct RunRecord {
   std::vector<std::string> caller_moved;
   int model_stream_still = 0;
   bool empty_shard = false;
+  // Note [Rows against their owners]: per hand-back, in order, uint8 [(1 + cp_size) * 32]: the
+  // digest of the rows this rank's forward computed (its CP shard), then of the rows at each CP
+  // rank's shard in the full outputs this rank received. replica_outputs compares what every
+  // member received of CP rank c's rows against what CP rank c's members computed: comparing
+  // the members' full outputs cannot fail at TP 1, where every row has one owner and every
+  // member's copy of it is the owner's, moved byte for byte.
+  std::vector<at::Tensor> row_digests;
+};
+
+// What one forward call computed, kept until its hand-back.
+struct ComputedShard {
+  int microbatch = 0;
+  at::Tensor own;                                // RowsDigest of the shard's rows
+  std::vector<std::vector<int64_t>> rows_by_cp;  // each CP rank's packed offsets
 };
 
 std::vector<planner::Sequence> Batch(int step, int forward, int dp_index) {
@@ -129,13 +155,29 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   config.plan.packing = planner::PACKING_IN_ORDER;
   config.activation_checkpointing = setup.checkpoint_blocks;
   const trainer::internal::ContractSeams seams = TrainerSeamsFor(setup.control);
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      std::unique_ptr<trainer::TrainerRank> trainer,
-      trainer::internal::CreateWithSeams(
-          config,
-          trainer::TrainerRank::Collaborators::Of(*setup.topology, setup.world_rank, setup.tp_cp,
-                                                  streams),
-          [&model](const trainer::ShardWork& work) { return model.Forward(work); }, seams));
+  // Note [Rows against their owners]: each forward's rows, digested before the gather.
+  std::deque<ComputedShard> computed;
+  auto forward = [&model, &computed](const trainer::ShardWork& work) -> absl::StatusOr<at::Tensor> {
+    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor out, model.Forward(work));
+    ComputedShard shard;
+    shard.microbatch = work.microbatch;
+    for (int c = 0; c < work.cp_size; ++c) {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> rows,
+                                planner::ShardTokenIndices(*work.plan, work.microbatch, c));
+      shard.rows_by_cp.push_back(std::move(rows));
+    }
+    const int64_t mine = static_cast<int64_t>(shard.rows_by_cp[work.cp_rank].size());
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting the shard's rows",
+                                       [&] { shard.own = RowsDigest(out.narrow(0, 0, mine)); }));
+    computed.push_back(std::move(shard));
+    return out;
+  };
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<trainer::TrainerRank> trainer,
+                            trainer::internal::CreateWithSeams(
+                                config,
+                                trainer::TrainerRank::Collaborators::Of(
+                                    *setup.topology, setup.world_rank, setup.tp_cp, streams),
+                                forward, seams));
   LOCKSTEP_ASSIGN_OR_RETURN(
       numerics::NamedTensors head,
       trainer->RegisterCustomObject(
@@ -161,8 +203,23 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
 
   const bool leader = setup.tp_cp == nullptr || setup.tp_cp->rank() == 0;
   auto caller_state = [&]() { return rng::RngSnapshot::Capture(streams->generators()); };
-  // The loss of one microbatch's outputs, with a token mask the caller draws now.
+  // The loss of one microbatch's outputs, with a token mask the caller draws now; first the
+  // digests of the rows received (Note [Rows against their owners]).
   auto backward = [&](const trainer::MicrobatchOutput& out) -> absl::Status {
+    if (computed.empty() || computed.front().microbatch != out.microbatch) {
+      return absl::InternalError(
+          absl::StrCat("microbatch ", out.microbatch, " was handed back without its forward call"));
+    }
+    const ComputedShard shard = std::move(computed.front());
+    computed.pop_front();
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting the received rows", [&] {
+      std::vector<at::Tensor> digests = {shard.own};
+      for (const std::vector<int64_t>& rows : shard.rows_by_cp) {
+        const at::Tensor index = at::tensor(rows, at::kLong).to(out.outputs.device());
+        digests.push_back(RowsDigest(out.outputs.index_select(0, index)));
+      }
+      record.row_digests.push_back(at::cat(digests));
+    }));
     return CallTorch("caller loss and backward", [&] {
       at::Tensor mask = at::bernoulli(at::full({out.outputs.size(0)}, 0.8, f32));
       at::Tensor z = at::mm(out.outputs, head[0].second.t()).squeeze(1);
@@ -319,6 +376,44 @@ absl::StatusOr<std::vector<at::Tensor>> ShardsOf(const std::vector<at::Tensor>& 
   return shards;
 }
 
+// Note [Rows against their owners]: over the TP x CP group, whether every member received each CP
+// rank's rows as that CP rank's members computed them (and those TP replicas computed the same).
+// Empty when they did; otherwise what differs first.
+absl::StatusOr<std::string> RowsDisagreeWithOwners(Communicator* group, const Topology& topology,
+                                                   const std::vector<at::Tensor>& digests) {
+  if (group == nullptr || digests.empty()) return std::string();
+  at::Tensor mine;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("joining the row digests", [&] { mine = at::cat(digests); }));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(mine));
+  std::vector<int> cp_of;
+  for (int global : group->global_ranks()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topology.CoordinatesOf(global));
+    cp_of.push_back(c.cp);
+  }
+  constexpr int64_t kDigest = 32;
+  const int64_t per = digests.front().numel();  // (1 + cp_size) digests per hand-back
+  auto digest = [&](int member, size_t hand_back, int64_t slot) {
+    return all[member].narrow(0, static_cast<int64_t>(hand_back) * per + slot * kDigest, kDigest);
+  };
+  for (size_t i = 0; i < digests.size(); ++i) {
+    for (int k = 0; k < group->size(); ++k) {
+      for (int j = 0; j < group->size(); ++j) {
+        if (cp_of[j] == cp_of[k] && !at::equal(digest(k, i, 0), digest(j, i, 0))) {
+          return absl::StrCat("hand-back ", i, ": the TP replicas of CP rank ", cp_of[k],
+                              " (group ranks ", j, " and ", k, ") computed different rows");
+        }
+      }
+      for (int m = 0; m < group->size(); ++m) {
+        if (!at::equal(digest(m, i, 1 + cp_of[k]), digest(k, i, 0))) {
+          return absl::StrCat("hand-back ", i, ": group rank ", m, " received CP rank ", cp_of[k],
+                              "'s rows other than group rank ", k, " computed them");
+        }
+      }
+    }
+  }
+  return std::string();
+}
+
 absl::StatusOr<bool> AllEqualAcross(Communicator* group, const std::vector<at::Tensor>& tensors,
                                     int* disagreeing) {
   *disagreeing = 0;
@@ -429,16 +524,16 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
 
   std::vector<OracleCheck> checks;
   int disagreeing = 0;
-  LOCKSTEP_ASSIGN_OR_RETURN(bool outputs_agree,
-                            AllEqualAcross(tp_cp.get(), run.outputs, &disagreeing));
-  checks.push_back(Check("replica_outputs", outputs_agree,
-                         outputs_agree ? absl::StrCat(run.outputs.size(),
-                                                      " microbatches' full outputs bit-identical "
-                                                      "on the ",
-                                                      tp_cp->size(), " replicas")
-                                       : absl::StrCat(disagreeing,
-                                                      " replica(s) received other "
-                                                      "outputs")));
+  LOCKSTEP_ASSIGN_OR_RETURN(const std::string misrouted,
+                            RowsDisagreeWithOwners(tp_cp.get(), topology, run.row_digests));
+  checks.push_back(Check(
+      "replica_outputs", misrouted.empty(),
+      misrouted.empty()
+          ? absl::StrCat(run.row_digests.size(), " hand-backs: every one of the ",
+                         tp_cp == nullptr ? 1 : tp_cp->size(),
+                         " replicas received each CP rank's rows bit-identical to what that CP "
+                         "rank computed")
+          : misrouted));
   LOCKSTEP_ASSIGN_OR_RETURN(bool masks_agree, AllEqualAcross(tp_cp.get(), run.masks, &disagreeing));
   const int masks_disagreeing = disagreeing;
   LOCKSTEP_ASSIGN_OR_RETURN(bool states_agree,

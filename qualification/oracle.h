@@ -8,7 +8,8 @@
 // DP-local batches. The split run checkpoints every block of the model (ShardWork::RunBlock:
 // recomputed in backward, collectives and dropout included); the reference runs them plainly.
 // The caller's inputs are token ids it draws. Each rank then checks:
-//   replica_outputs     every TP/CP replica received bit-identical full outputs
+//   replica_outputs     every TP/CP replica received each CP rank's rows bit-identical to what that
+//                       CP rank computed (and TP replicas computed the same rows)
 //   caller_draws        right after every hand-back the replicas' caller states are bit-identical
 //                       and their token masks agree, although between hand-backs the leader draws
 //                       more than the others (as a leader that logs a sample does); DP workers'

@@ -57,9 +57,11 @@ TEST(TrainerOracleTest, Tp2Cp2) { ExpectAllPass(1, 2, 2); }
 TEST(TrainerOracleTest, Dp2Tp2) { ExpectAllPass(2, 2, 1); }
 TEST(TrainerOracleTest, Dp1Cp4) { ExpectAllPass(1, 1, 4); }
 
-// The control must make `check` fail on at least one rank, and no rank may error out.
-void ExpectDetected(NegativeControl control, const std::string& check) {
-  const std::vector<absl::Status> results = RunOracleWorld(1, 2, 2, control);
+// The control must make `check` fail on at least one rank of DP`dp` x TP`tp` x CP`cp`, and no
+// rank may error out.
+void ExpectDetected(NegativeControl control, const std::string& check, int dp = 1, int tp = 2,
+                    int cp = 2) {
+  const std::vector<absl::Status> results = RunOracleWorld(dp, tp, cp, control);
   int detected = 0;
   for (size_t r = 0; r < results.size(); ++r) {
     if (results[r].ok()) continue;
@@ -70,6 +72,19 @@ void ExpectDetected(NegativeControl control, const std::string& check) {
     }
   }
   EXPECT_GT(detected, 0) << "the negative control went undetected by " << check;
+}
+
+// A gather that reads another CP rank's shard: caught at TP 1 too, where every row has one owner
+// (comparing the members' full outputs could not see it there, had every member read alike).
+TEST(TrainerOracleTest, NegativeControlMisroutedGather) {
+  ExpectDetected(NegativeControl::kMisroutedGather, "replica_outputs");
+  ExpectDetected(NegativeControl::kMisroutedGather, "replica_outputs", 1, 1, 2);
+}
+
+TEST(TrainerOracleTest, NegativeControlResumeWithoutTheCallerStreamModelStreamOrOptimizer) {
+  ExpectDetected(NegativeControl::kResumeWithoutCallerStream, "resume", 1, 1, 2);
+  ExpectDetected(NegativeControl::kResumeWithoutModelStream, "resume", 1, 1, 2);
+  ExpectDetected(NegativeControl::kResumeWithoutOptimizer, "resume", 1, 1, 2);
 }
 
 TEST(TrainerOracleTest, NegativeControlSynchronizationDisabled) {

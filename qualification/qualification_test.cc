@@ -156,6 +156,7 @@ TEST(QualificationTest, TrainerAndItsNegativeControls) {
   ExpectDetected(RunCheck(NegativeControl::kNoSyncAfterMicrobatch, &TrainerRows), "caller_draws");
   ExpectDetected(RunCheck(NegativeControl::kNoSyncAfterDpForward, &TrainerRows), "caller_draws");
   ExpectDetected(RunCheck(NegativeControl::kResumeWithoutNamedStreams, &TrainerRows), "resume");
+  ExpectDetected(RunCheck(NegativeControl::kMisroutedGather, &TrainerRows), "replica_outputs");
 }
 
 // The aliasing saver itself (moved here from checkpoint_test with the saver): forward is

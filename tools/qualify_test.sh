@@ -85,6 +85,7 @@ expect_fail resume-without-caller-stream resume
 expect_fail resume-without-model-stream resume
 expect_fail resume-without-optimizer resume
 expect_fail repeatability-stream-not-restored repeatability
+expect_fail misrouted-gather replica_outputs
 expect_fail nondeterministic-op repeatability
 # The broken module is named as the first divergence, pass to pass and actor to actor, and the
 # packing check tells it from a placement effect.

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "admission/ledger.h"
 #include "admission/memory_model.h"
 #include "base/status_macros.h"
@@ -322,7 +324,9 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
       std::vector<double>{bare_median, trainer_median, peer_median, gather_median}, at::kDouble);
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(medians));
   if (rank == 0) {
-    double worst = 0, worst_added = -1, worst_of_peer = 0, slowest_gather = 0, slowest_extra = 0;
+    double worst = 0, worst_added = -1, worst_of_peer = 0, slowest_gather = 0;
+    // Starts below any difference, so that "no rank slower than its bare forward" shows.
+    double slowest_extra = -std::numeric_limits<double>::infinity();
     for (const at::Tensor& m : all) {
       worst = std::max(worst, m[1].item<double>() / m[0].item<double>());
       worst_added = std::max(worst_added, m[1].item<double>() - m[0].item<double>());
@@ -366,6 +370,16 @@ absl::Status Body(int rank, collectives::Communicator& world, const std::string&
           "us: %s)\n",
           1e6 * worst_added, added_us_target,
           1e6 * worst_added <= added_us_target ? "met" : "NOT met");
+    }
+    if (grouped && !(slowest_extra > 0)) {
+      // The gather share divides by this time: with none measured it would be infinite and
+      // "met". A benchmark that cannot measure says so and fails.
+      std::fflush(stdout);
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "lockstep's time beyond the bare forward was not measurable (no rank's trainer "
+          "microbatch was slower than its bare forward: largest difference %.3g s), so the "
+          "gather share cannot be judged; use more iterations or a larger microbatch",
+          slowest_extra));
     }
     if (grouped) {
       // Bus bandwidth as NCCL's tests define it for an all-gather: (n - 1) / n of the gathered

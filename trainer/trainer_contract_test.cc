@@ -259,16 +259,15 @@ absl::Status LeaderDrawsAfterCreateBody(int rank, collectives::Communicator& wor
   if (rig->group->rank() == 0) (void)at::rand({5});  // the leader's own draw
   LOCKSTEP_ASSIGN_OR_RETURN(bool agree, ModelStreamsAgree(*rig->group, *rig->streams));
   LOCKSTEP_RETURN_IF_ERROR(Expect(agree, "the model streams differ after a leader-only draw"));
-  // And through a forward: the full outputs (gathered) agree across the replicas.
+  // And through a forward: each replica's forward drew its own shard's masks from its own model
+  // stream, and the streams still agree after it. (Comparing the gathered full outputs could not
+  // fail here: at TP 1 every row has one owner, whose rows every member receives alike.)
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::vector<MicrobatchOutput> outs,
       rig->trainer->ForwardAllMicrobatches(TrainerInputs::Of(Batch(), Rows())));
-  for (const MicrobatchOutput& out : outs) {
-    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all,
-                              rig->group->AllGather(out.outputs.detach().contiguous()));
-    LOCKSTEP_RETURN_IF_ERROR(Expect(at::equal(all[0], all[1]), "replica outputs differ"));
-  }
-  return absl::OkStatus();
+  LOCKSTEP_RETURN_IF_ERROR(Expect(!outs.empty(), "no microbatch was handed back"));
+  LOCKSTEP_ASSIGN_OR_RETURN(bool still, ModelStreamsAgree(*rig->group, *rig->streams));
+  return Expect(still, "the model streams differ after a forward");
 }
 
 TEST(TrainerContractTest, TheModelStreamAgreesWhateverTheCallerDrawsAfterCreate) {

@@ -70,3 +70,70 @@ def test_members_that_call_different_collectives_get_an_error_not_a_hang(lane, w
     assert "FAILED_PRECONDITION" in codes, results
     assert set(codes) <= {"FAILED_PRECONDITION", "UNAVAILABLE"}, results
     assert any(words in message for code, message in results if code == "FAILED_PRECONDITION")
+
+
+def _temporaries_then_synchronize(rank, world_size, iterations):
+    from lockstep import rng
+    os.environ["LOCKSTEP_HOST_LANE"] = "0"
+    group = dist.new_group([0, 1])
+    streams = rng.RankStreams()
+    for i in range(iterations):
+        distributed.all_reduce_sum(torch.full((LARGE,), float(i)), group)
+    for _ in range(20):
+        rng.synchronize(group, streams)  # a Gloo worker may free a temporary meanwhile
+    return "ok"
+
+
+def test_synchronize_after_many_temporaries_does_not_deadlock():
+    assert run_world(2, _temporaries_then_synchronize, 300, timeout=100) == ["ok", "ok"]
+
+
+def _blocking_calls(group):
+    """Each blocking binding, as a call on `group` (both ranks make the same one)."""
+    from lockstep import rng
+    streams = rng.RankStreams()
+    return {
+        "rng.synchronize": lambda: rng.synchronize(group, streams),
+        "distributed.all_reduce_sum": lambda: distributed.all_reduce_sum(torch.ones(LARGE), group),
+        "distributed.all_gather": lambda: distributed.all_gather(torch.ones(LARGE), group),
+        "distributed.gather_rows": lambda: distributed.gather_rows(torch.ones(4, 8), 4, group),
+        "distributed.reduce_from_group":
+            lambda: distributed.reduce_from_group(torch.ones(LARGE), group),
+    }
+
+
+def _ticks_during(rank, world_size, name):
+    import threading
+    import time
+    os.environ["LOCKSTEP_HOST_LANE"] = "0"
+    group = dist.new_group([0, 1])
+    call = _blocking_calls(group)[name]
+    call()  # connections made before the measured call
+    ticks, stop = [0], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    if rank == 1:
+        time.sleep(1.0)  # rank 0 waits in the call for about a second
+    before = ticks[0]
+    call()
+    during = ticks[0] - before
+    stop.set()
+    thread.join()
+    return during
+
+
+# A blocking call that kept the GIL while it waits for its peers would stop every other Python
+# thread (and deadlock with a Gloo worker that must free a Python tensor): a ticker thread counts
+# how far Python got while rank 0 waited about a second for rank 1.
+@pytest.mark.parametrize("name", ["distributed.all_gather", "distributed.all_reduce_sum",
+                                  "distributed.gather_rows", "distributed.reduce_from_group",
+                                  "rng.synchronize"])
+def test_every_blocking_binding_releases_the_gil_while_it_waits(name):
+    waiting, _ = run_world(2, _ticks_during, name)
+    assert waiting >= 50, f"{name}: only {waiting} ticks of another thread during a 1 s wait"

@@ -82,6 +82,10 @@ absl::StatusOr<std::shared_ptr<TrainerCore>> TrainerCore::Create(TrainerConfig c
     LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topology.CoordinatesOf(members[g]));
     if (cp_holders[c.cp] < 0) cp_holders[c.cp] = static_cast<int>(g);
   }
+  if (!seams.route_gathered_rows && cp_holders.size() > 1) {
+    // The control: CP rank c's rows read from CP rank c + 1's shard.
+    std::rotate(cp_holders.begin(), cp_holders.begin() + 1, cp_holders.end());
+  }
   std::shared_ptr<TrainerCore> core(new TrainerCore(std::move(config), std::move(collaborators),
                                                     std::move(forward), seams, mine.cp,
                                                     std::move(cp_holders)));

@@ -59,6 +59,9 @@ struct ContractSeams {
   bool synchronize_at_registration = true;
   bool synchronize_after_each_microbatch = true;
   bool synchronize_after_all_microbatches = true;
+  // Off: the output gather reads each other CP rank's rows from the next CP rank's gathered
+  // shard (a misrouted gather; no effect at CP 1, where nothing is gathered).
+  bool route_gathered_rows = true;
 };
 
 // Where a hand-back synchronizes the caller (Note [Hand-back rule]).
