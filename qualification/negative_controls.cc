@@ -58,6 +58,8 @@ constexpr Named kControls[] = {
     {NegativeControl::kResumeWithoutOptimizer, "resume-without-optimizer"},
     {NegativeControl::kRepeatabilityStreamNotRestored, "repeatability-stream-not-restored"},
     {NegativeControl::kMisroutedGather, "misrouted-gather"},
+    {NegativeControl::kCpLocalAttention, "cp-local-attention"},
+    {NegativeControl::kTpUnreducedGradient, "tp-unreduced-gradient"},
 };
 
 }  // namespace

@@ -38,6 +38,12 @@
 //   resume-without-optimizer
 //                        the trainer oracle's restart drops the optimizer's restored state (Adam
 //                        starts again from nothing)
+//   cp-local-attention   the reference model's attention over its own CP rank's keys only (the
+//                        keys, values and their tokens not gathered), in the split run and in
+//                        the unsplit reference alike, where it changes nothing (CP > 1)
+//   tp-unreduced-gradient
+//                        the reference model's TP-split MLP input not reduced over TP in backward
+//                        (each TP rank keeps a partial gradient), in both runs alike (TP > 1)
 //   misrouted-gather     the trainer's output gather reads each other CP rank's rows from the
 //                        next CP rank's shard (CP > 1)
 //   repeatability-stream-not-restored
@@ -92,6 +98,8 @@ enum class NegativeControl {
   kResumeWithoutOptimizer,          // resume-without-optimizer
   kRepeatabilityStreamNotRestored,  // repeatability-stream-not-restored
   kMisroutedGather,                 // misrouted-gather
+  kCpLocalAttention,                // cp-local-attention
+  kTpUnreducedGradient,             // tp-unreduced-gradient
 };
 
 // The command-line name of `control` ("" for kNone).

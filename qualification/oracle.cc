@@ -149,6 +149,14 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
       ReferenceModel model,
       ReferenceModel::Create(setup.tp_rank, setup.tp_size, setup.tp, setup.cp, device));
   model.DrawFromNamedStream(streams, kNamedStream);
+  // The split-arithmetic controls are planted in the model, in the reference run too (where they
+  // change nothing): a difference is the split's.
+  if (setup.control == NegativeControl::kCpLocalAttention) {
+    model.BreakSplitArithmetic(ReferenceModel::SplitBug::kCpLocalAttention);
+  }
+  if (setup.control == NegativeControl::kTpUnreducedGradient) {
+    model.BreakSplitArithmetic(ReferenceModel::SplitBug::kTpUnreducedGradient);
+  }
   record.tp_rank = setup.tp_rank;
   record.tp_size = setup.tp_size;
   trainer::TrainerConfig config = trainer::TrainerConfig::Of(kBudget);
@@ -520,6 +528,10 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
   reference.seed = 1000 + leader;
   reference.dp = split.dp;
   reference.device = device;
+  if (control == NegativeControl::kCpLocalAttention ||
+      control == NegativeControl::kTpUnreducedGradient) {
+    reference.control = control;  // planted in the reference too (a no-op there)
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(RunRecord expected, Train(reference));
 
   std::vector<OracleCheck> checks;

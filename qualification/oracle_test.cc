@@ -87,6 +87,17 @@ TEST(TrainerOracleTest, NegativeControlResumeWithoutTheCallerStreamModelStreamOr
   ExpectDetected(NegativeControl::kResumeWithoutOptimizer, "resume", 1, 1, 2);
 }
 
+// Wrong split arithmetic, planted in the reference run too (a no-op there): reference_match
+// catches each, and neither changes anything without the split it breaks.
+TEST(TrainerOracleTest, NegativeControlsOfTheSplitArithmetic) {
+  ExpectDetected(NegativeControl::kCpLocalAttention, "reference_match", 1, 1, 2);
+  ExpectDetected(NegativeControl::kTpUnreducedGradient, "reference_match", 1, 2, 1);
+  for (NegativeControl control :
+       {NegativeControl::kCpLocalAttention, NegativeControl::kTpUnreducedGradient}) {
+    for (const absl::Status& s : RunOracleWorld(2, 1, 1, control)) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 TEST(TrainerOracleTest, NegativeControlSynchronizationDisabled) {
   ExpectDetected(NegativeControl::kNoSync, "caller_draws");
 }

@@ -248,7 +248,8 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward: tapping the embedding",
                                      [&] { x = Exit("embedding", x, ids, positions); }));
   key_meta = query_meta;
-  if (cp_group_ != nullptr) {
+  const bool local_attention = split_bug_ == SplitBug::kCpLocalAttention;
+  if (cp_group_ != nullptr && !local_attention) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, cp_group_->AllGather(padded));
     LOCKSTEP_RETURN_IF_ERROR(
         CallTorch("reference forward: the keys' tokens", [&] { key_meta = at::cat(all, 0); }));
@@ -256,18 +257,22 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
   // The block runs again in backward under activation checkpointing, after `work` is gone: it
   // captures what it needs by value.
   const int64_t widest = work.widest_shard;
+  const bool reduce_tp_gradient = split_bug_ != SplitBug::kTpUnreducedGradient;
+  // The CP group the keys and values are gathered over (none: this rank's own, the control).
+  collectives::Communicator* const keys_from = local_attention ? nullptr : cp_group_;
   for (int b = 0; b < kBlocks; ++b) {
-    trainer::ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions,
-                                       widest](const std::vector<at::Tensor>& in) {
+    trainer::ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions, widest,
+                                       keys_from,
+                                       reduce_tp_gradient](const std::vector<at::Tensor>& in) {
       const std::string attention = absl::StrCat("block", b, ".attention");
       const std::string mlp = absl::StrCat("block", b, ".mlp");
       const at::Tensor h = Enter(attention, in[0]);
       // Attention, causal within each sequence, over every key of the microbatch.
       const at::Tensor q = at::mm(h, Weight(b, kWq).t());
       const at::Tensor keys =
-          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWk).t()), widest, cp_group_));
+          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWk).t()), widest, keys_from));
       const at::Tensor values =
-          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWv).t()), widest, cp_group_));
+          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWv).t()), widest, keys_from));
       const at::Tensor visible =
           (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
           (key_meta.select(1, 1).unsqueeze(0) <= query_meta.select(1, 1).unsqueeze(1));
@@ -278,7 +283,9 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
       const at::Tensor after_attention =
           Enter(mlp, Exit(attention, h + at::mm(attended, Weight(b, kWo).t()), ids, positions));
       // The TP-split MLP with partition-invariant dropout seeded from the model stream.
-      const at::Tensor in_tp = ValueOrThrow(CopyToGroup(after_attention, tp_group_));
+      const at::Tensor in_tp = reduce_tp_gradient
+                                   ? ValueOrThrow(CopyToGroup(after_attention, tp_group_))
+                                   : after_attention;
       const at::Tensor hidden = at::gelu(at::mm(in_tp, Weight(b, kW1).t()));
       if (!dropout_) {
         const at::Tensor partial = at::mm(hidden, Weight(b, kW2).t());

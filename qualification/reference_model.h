@@ -96,6 +96,21 @@ class ReferenceModel {
   // microbatch would otherwise get another mask. Default: dropout on.
   void DisableDropout() { dropout_ = false; }
 
+  // Wrong split arithmetic, for the negative controls of reference_match. Planted in the model
+  // itself, so the unsplit reference runs the same code, where each is a no-op (no CP group, no
+  // TP group): a difference from the reference is the split's alone.
+  enum class SplitBug {
+    kNone,
+    // Attention over this CP rank's own keys only: the keys, values and their tokens are not
+    // gathered from the CP group.
+    kCpLocalAttention,
+    // The TP-split MLP's input not reduced over the TP group in backward (CopyToGroup skipped):
+    // the forward is unchanged, each TP rank keeps only its partial gradient.
+    kTpUnreducedGradient,
+  };
+  // Plants `bug` in every later forward. Default: kNone.
+  void BreakSplitArithmetic(SplitBug bug) { split_bug_ = bug; }
+
   // The negative control of the variability checks: `module` (a ModuleTaps name) adds to its
   // output the rounding residue of a reduction whose order changes from call to call, so the
   // model is no longer deterministic there (Note [Deliberate nondeterminism] in
@@ -127,6 +142,7 @@ class ReferenceModel {
   std::shared_ptr<ModuleTaps> taps_;
   bool dropout_ = true;
   std::string broken_module_;
+  SplitBug split_bug_ = SplitBug::kNone;
 
   at::Tensor Enter(const std::string& module, const at::Tensor& input) const {
     return taps_ != nullptr ? taps_->Enter(module, input) : input;

@@ -59,16 +59,21 @@ set -e
 grep -q "use --inject_oom, not --inject-oom" "$tmp/hyphen.txt" || { cat "$tmp/hyphen.txt"; exit 1; }
 
 # Each negative control must make qualify fail (exit 1) through the check that catches it.
-expect_fail() {  # control check
+expect_fail() {  # control check [topology flags, default DP2 x CP2]
+  local control=$1 check=$2
+  shift 2
+  (($# > 0)) || set -- --dp=2 --tp=1 --cp=2
   set +e
-  "$qualify" --dp=2 --tp=1 --cp=2 --negative_control="$1" --out="$tmp/$1.json" >"$tmp/$1.txt"
+  "$qualify" "$@" --negative_control="$control" --out="$tmp/$control.json" >"$tmp/$control.txt"
   local rc=$?
   set -e
-  cat "$tmp/$1.txt"
-  [[ $rc == 1 ]] || { echo "negative control $1 exited $rc, expected 1"; exit 1; }
-  grep -q "^$2 *FAIL" "$tmp/$1.txt" || { echo "$2 did not fail under $1"; exit 1; }
-  grep -q '"passed": false' "$tmp/$1.json"
+  cat "$tmp/$control.txt"
+  [[ $rc == 1 ]] || { echo "negative control $control exited $rc, expected 1"; exit 1; }
+  grep -q "^$check *FAIL" "$tmp/$control.txt" || { echo "$check did not fail under $control"; exit 1; }
+  grep -q '"passed": false' "$tmp/$control.json"
+  tested+=("$control")
 }
+tested=()
 expect_fail no-sync replica_agreement
 expect_fail world-sync dp_workers_independent
 expect_fail unscoped-model-work model_stream
@@ -86,6 +91,14 @@ expect_fail resume-without-model-stream resume
 expect_fail resume-without-optimizer resume
 expect_fail repeatability-stream-not-restored repeatability
 expect_fail misrouted-gather replica_outputs
+expect_fail cp-local-attention reference_match
+expect_fail tp-unreduced-gradient reference_match --dp=1 --tp=2 --cp=1
+# Every control qualify knows (its refusal of an unknown one lists them) is tried above.
+known=$("$qualify" --dp=1 --negative_control=no-such-control 2>&1 | grep -o "known: [a-z, -]*" | sed 's/known: //; s/,/ /g') || true
+[[ -n $known ]] || { echo "qualify did not list its negative controls"; exit 1; }
+for control in $known; do
+  [[ " ${tested[*]} " == *" $control "* ]] || { echo "negative control $control is not tried here"; exit 1; }
+done
 expect_fail nondeterministic-op repeatability
 # The broken module is named as the first divergence, pass to pass and actor to actor, and the
 # packing check tells it from a placement effect.

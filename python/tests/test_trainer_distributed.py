@@ -1,7 +1,8 @@
 """lockstep.trainer.TrainerRank from Python under torch.distributed (Gloo, 127.0.0.1): outputs
 and gradients equal an unsplit reference written in plain PyTorch here, the caller's draws agree
 after each hand-back, a failing forward is an error on every replica and the trainer stays
-usable, saved state restores; the negative control (dropout that depends on the shard) is caught.
+usable, saved state restores, custom objects take the leader's values; the negative control (a
+dropout mask indexed by the position inside the shard) is caught at CP 2 and harmless at CP 1.
 """
 
 import os
@@ -45,14 +46,27 @@ def reference(rows, weight, step):
     return torch.cat(out)
 
 
+def shard_local_positions(work):
+    """Each token's position counted from the start of its shard piece (the bug's index): the
+    same as ``work.positions`` when the shard holds whole sequences, as at CP 1."""
+    pos, ids = work.positions, work.sequence_ids
+    local, start = pos.clone(), 0
+    for t in range(1, len(pos) + 1):
+        if t == len(pos) or ids[t] != ids[t - 1] or pos[t] != pos[t - 1] + 1:
+            local[start:t] = pos[start:t] - pos[start]
+            start = t
+    return local
+
+
 def make_forward(weight, step, shard_dependent=False, fail_on=None):
     def forward(work):
         if fail_on is not None and dist.get_rank() == fail_on:
             raise ValueError("the model broke on this rank")
         h = torch.tanh(work.inputs @ weight)
-        if shard_dependent:  # the bug: dropout drawn over the shard, not by global position
-            return torch.nn.functional.dropout(h, P, True)
-        mask = global_mask(step[0])[work.sequence_ids, work.positions]
+        # The bug (shard_dependent): the global mask indexed by the position inside the shard's
+        # piece instead of the position in the sequence.
+        positions = shard_local_positions(work) if shard_dependent else work.positions
+        mask = global_mask(step[0])[work.sequence_ids, positions]
         return h * mask / (1 - P)
     return forward
 
@@ -114,13 +128,23 @@ def test_outputs_and_gradients_equal_the_unsplit_reference(layout):
         assert results[0]["draws"] != results[size]["draws"], "DP workers stay independent"
 
 
-def test_negative_control_dropout_over_the_shard_is_caught():
-    results = run_world(2, _train, 2, 1, True)
-    expected, _ = _reference_outputs(0)
+def _summed_outputs(result):
+    expected, _ = _reference_outputs(result["dp"])
     got = torch.zeros_like(expected)
-    for full in results[0]["outputs"]:
+    for full in result["outputs"]:
         got += torch.tensor(full)
+    return got, expected
+
+
+def test_negative_control_shard_local_index_is_caught():
+    got, expected = _summed_outputs(run_world(2, _train, 2, 1, True)[0])
     assert not torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_shard_local_index_is_no_bug_at_cp1():
+    """The control plants exactly a CP bug: with whole sequences on one rank it is correct."""
+    got, expected = _summed_outputs(run_world(1, _train, 1, 1, True)[0])
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def _failing_forward(rank, world_size):
