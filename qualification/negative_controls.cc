@@ -60,6 +60,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kMisroutedGather, "misrouted-gather"},
     {NegativeControl::kCpLocalAttention, "cp-local-attention"},
     {NegativeControl::kTpUnreducedGradient, "tp-unreduced-gradient"},
+    {NegativeControl::kEmptyShardSkipsGather, "empty-shard-skips-gather"},
 };
 
 }  // namespace
@@ -106,6 +107,9 @@ trainer::internal::ContractSeams TrainerSeamsFor(NegativeControl control) {
       break;
     case NegativeControl::kMisroutedGather:
       seams.route_gathered_rows = false;
+      break;
+    case NegativeControl::kEmptyShardSkipsGather:
+      seams.gather_with_an_empty_shard = false;
       break;
     default:
       break;

@@ -44,6 +44,9 @@
 //   tp-unreduced-gradient
 //                        the reference model's TP-split MLP input not reduced over TP in backward
 //                        (each TP rank keeps a partial gradient), in both runs alike (TP > 1)
+//   empty-shard-skips-gather
+//                        a microbatch that leaves a CP rank without tokens skips the trainer's
+//                        output gather: each member hands back its own rows, the others zero
 //   misrouted-gather     the trainer's output gather reads each other CP rank's rows from the
 //                        next CP rank's shard (CP > 1)
 //   repeatability-stream-not-restored
@@ -100,6 +103,7 @@ enum class NegativeControl {
   kMisroutedGather,                 // misrouted-gather
   kCpLocalAttention,                // cp-local-attention
   kTpUnreducedGradient,             // tp-unreduced-gradient
+  kEmptyShardSkipsGather,           // empty-shard-skips-gather
 };
 
 // The command-line name of `control` ("" for kNone).

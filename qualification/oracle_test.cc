@@ -89,6 +89,10 @@ TEST(TrainerOracleTest, NegativeControlResumeWithoutTheCallerStreamModelStreamOr
 
 // Wrong split arithmetic, planted in the reference run too (a no-op there): reference_match
 // catches each, and neither changes anything without the split it breaks.
+TEST(TrainerOracleTest, NegativeControlEmptyShardSkipsTheGather) {
+  ExpectDetected(NegativeControl::kEmptyShardSkipsGather, "empty_cp_shard", 1, 1, 2);
+}
+
 TEST(TrainerOracleTest, NegativeControlsOfTheSplitArithmetic) {
   ExpectDetected(NegativeControl::kCpLocalAttention, "reference_match", 1, 1, 2);
   ExpectDetected(NegativeControl::kTpUnreducedGradient, "reference_match", 1, 2, 1);

@@ -282,6 +282,20 @@ absl::StatusOr<RanMicrobatch> TrainerCore::RunNext(
       attempt->out.outputs = attempt->local;
       return absl::OkStatus();
     }
+    if (!seams_.gather_with_an_empty_shard &&
+        std::any_of(attempt->pieces.begin(), attempt->pieces.end(),
+                    [](const std::vector<planner::ShardPiece>& p) { return p.empty(); })) {
+      // The control: no gather; the other CP ranks' rows stay zero.
+      const int64_t tokens = wave.plan->microbatches(attempt->work.microbatch).num_tokens();
+      return CallTorch("handing back only this rank's rows", [&] {
+        const at::Tensor& offsets = attempt->work.packed_offsets();
+        std::vector<int64_t> shape = attempt->local.sizes().vec();
+        shape[0] = tokens;
+        attempt->out.outputs = at::zeros(shape, attempt->local.options())
+                                   .index_copy(0, offsets.to(attempt->local.device()),
+                                               attempt->local.narrow(0, 0, offsets.numel()));
+      });
+    }
     ShardLayout layout;
     layout.microbatch = &wave.plan->microbatches(attempt->work.microbatch);
     layout.pieces = std::move(attempt->pieces);

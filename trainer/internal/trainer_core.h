@@ -62,6 +62,10 @@ struct ContractSeams {
   // Off: the output gather reads each other CP rank's rows from the next CP rank's gathered
   // shard (a misrouted gather; no effect at CP 1, where nothing is gathered).
   bool route_gathered_rows = true;
+  // Off: a microbatch that leaves a CP rank without tokens skips the output gather, and each
+  // member hands back its own rows with the others' left zero (every member decides alike, from
+  // the agreed plan, so none waits for the rest).
+  bool gather_with_an_empty_shard = true;
 };
 
 // Where a hand-back synchronizes the caller (Note [Hand-back rule]).
