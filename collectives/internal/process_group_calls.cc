@@ -51,21 +51,21 @@ bool MovesAsBytes(const at::Tensor& tensor) { return tensor.scalar_type() == at:
 // A contiguous tensor's bytes, sharing its storage.
 at::Tensor BytesOf(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
 
-enum CallKind : int64_t { kBroadcast = 1, kAllGather = 2, kAllReduce = 3, kBarrier = 4 };
+using CallKind = ProcessGroupCalls::CallKind;
 
 std::string DescribeCall(const int64_t* fields) {
   std::string kind;
   switch (fields[0]) {
-    case kBroadcast:
+    case CallKind::kBroadcast:
       kind = absl::StrCat("broadcast from group rank ", fields[1]);
       break;
-    case kAllGather:
+    case CallKind::kAllGather:
       kind = "all-gather";
       break;
-    case kAllReduce:
+    case CallKind::kAllReduce:
       kind = "all-reduce (sum)";
       break;
-    case kBarrier:
+    case CallKind::kBarrier:
       return absl::StrCat("barrier (collective #", fields[4], ")");
     default:
       kind = absl::StrCat("an unknown collective (", fields[0], ")");

@@ -51,7 +51,12 @@ class ProcessGroupCalls {
 
   int size() const { return static_cast<int>(global_ranks_.size()); }
 
+  // The collectives, as the in-step exchange names them.
+  enum CallKind : int64_t { kBroadcast = 1, kAllGather = 2, kAllReduce = 3, kBarrier = 4 };
+
  private:
+  friend class ProcessGroupCallsTestPeer;  // a peer that checks in and then stalls
+
   // What a member is calling, as the in-step exchange compares it.
   struct Call {
     int64_t kind = 0;
