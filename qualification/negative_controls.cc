@@ -61,6 +61,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kCpLocalAttention, "cp-local-attention"},
     {NegativeControl::kTpUnreducedGradient, "tp-unreduced-gradient"},
     {NegativeControl::kEmptyShardSkipsGather, "empty-shard-skips-gather"},
+    {NegativeControl::kActorPartialLoad, "actor-partial-load"},
 };
 
 }  // namespace

@@ -47,6 +47,7 @@
 //   empty-shard-skips-gather
 //                        a microbatch that leaves a CP rank without tokens skips the trainer's
 //                        output gather: each member hands back its own rows, the others zero
+//   actor-partial-load   each actor's load leaves Adam's state behind (both actors alike)
 //   misrouted-gather     the trainer's output gather reads each other CP rank's rows from the
 //                        next CP rank's shard (CP > 1)
 //   repeatability-stream-not-restored
@@ -104,6 +105,7 @@ enum class NegativeControl {
   kCpLocalAttention,                // cp-local-attention
   kTpUnreducedGradient,             // tp-unreduced-gradient
   kEmptyShardSkipsGather,           // empty-shard-skips-gather
+  kActorPartialLoad,                // actor-partial-load
 };
 
 // The command-line name of `control` ("" for kNone).

@@ -278,6 +278,47 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::Repeatability() {
   return check;
 }
 
+namespace {
+
+// An actor's evidence is small (an inventory and a context); far below this.
+constexpr size_t kMaxActorEvidenceBytes = size_t{256} << 20;
+
+// The names whose digests differ between two inventories' JSON, or that only one holds.
+std::vector<std::string> InventoryDifferences(const json& a, const json& b) {
+  std::map<std::string, std::pair<std::string, std::string>> digests;
+  for (const json& e : a.value("entries", json::array())) {
+    digests[e.value("name", "")].first = e.value("digest", "");
+  }
+  for (const json& e : b.value("entries", json::array())) {
+    digests[e.value("name", "")].second = e.value("digest", "");
+  }
+  std::vector<std::string> differ;
+  for (const auto& [name, pair] : digests) {
+    if (pair.first != pair.second) differ.push_back(name);
+  }
+  return differ;
+}
+
+// What an actor holds: its weights and its optimizer's state (the parameters belong to no
+// torch::nn::Module, so the optimizer's entries are named by group and index).
+absl::StatusOr<numerics::Inventory> ActorInventory(Program& program) {
+  numerics::NamedTensors state;
+  for (const auto& [name, tensor] : program.parameters)
+    state.emplace_back("weight/" + name, tensor);
+  torch::nn::Module none;
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors optimizer,
+                            numerics::ModuleState(none, program.adam.get()));
+  for (auto& entry : optimizer) state.push_back(std::move(entry));
+  return numerics::Inventory::Of(state);
+}
+
+// Where SaveActorState writes the inventory of what rank `rank` saved.
+std::string SavedInventoryPath(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rank", rank, ".inventory.json");
+}
+
+}  // namespace
+
 absl::Status VariabilityRank::SaveActorState(const std::string& dir) {
   DeterministicMode deterministic;
   LOCKSTEP_ASSIGN_OR_RETURN(
@@ -293,8 +334,14 @@ absl::Status VariabilityRank::SaveActorState(const std::string& dir) {
   }
   trainer::SaveOptions options;
   options.include_rng_streams = true;
-  return program->trainer->SaveState(absl::StrCat(dir, "/rank", world_.rank()), program->parameters,
-                                     program->adam.get(), options);
+  LOCKSTEP_RETURN_IF_ERROR(program->trainer->SaveState(absl::StrCat(dir, "/rank", world_.rank()),
+                                                       program->parameters, program->adam.get(),
+                                                       options));
+  // What was saved, for the actors to compare what they loaded against (a load that restores
+  // less than was saved makes both actors alike and wrong).
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::Inventory saved, ActorInventory(*program));
+  return WriteFileAtomically(SavedInventoryPath(dir, world_.rank()),
+                             DumpJson(numerics::InventoryJson(saved), 1));
 }
 
 absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::string& prefix) {
@@ -310,16 +357,22 @@ absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::
       !loaded.rng_streams) {
     return absl::InternalError("the actor's saved state was not restored in full");
   }
-  // What the actor holds: its weights and its optimizer's state (the parameters belong to no
-  // torch::nn::Module, so the optimizer's entries are named by group and index).
-  numerics::NamedTensors state;
-  for (const auto& [name, tensor] : program->parameters)
-    state.emplace_back("weight/" + name, tensor);
-  torch::nn::Module none;
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::NamedTensors optimizer,
-                            numerics::ModuleState(none, program->adam.get()));
-  for (auto& entry : optimizer) state.push_back(std::move(entry));
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::Inventory inventory, numerics::Inventory::Of(state));
+  if (control_ == NegativeControl::kActorPartialLoad) {
+    // The bug: the load leaves Adam's state behind.
+    LOCKSTEP_RETURN_IF_ERROR(
+        CallTorch("dropping Adam's state", [&] { program->adam->state().clear(); }));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::Inventory inventory, ActorInventory(*program));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::string saved_text,
+      ReadFileToString(SavedInventoryPath(state_dir, rank), kMaxActorEvidenceBytes));
+  LOCKSTEP_ASSIGN_OR_RETURN(json saved, ParseJson(saved_text, SavedInventoryPath(state_dir, rank)));
+  const json loaded_json = numerics::InventoryJson(inventory);
+  std::vector<std::string> restored_less = InventoryDifferences(saved, loaded_json);
+  if (restored_less.empty() &&
+      saved.value("state_digest", "") != loaded_json.value("state_digest", "")) {
+    restored_less.push_back("state digest");
+  }
   const json context = numerics::CaptureExecutionContext(
       {{"topology", absl::StrCat("DP", topology_.dp_size(), " x TP", topology_.tp_size(), " x CP",
                                  topology_.cp_size())},
@@ -338,14 +391,12 @@ absl::Status VariabilityRank::RunActor(const std::string& state_dir, const std::
   LOCKSTEP_RETURN_IF_ERROR(recording.Save(base + ".rec"));
   LOCKSTEP_RETURN_IF_ERROR(numerics::WriteSafetensors(base + ".safetensors", tensors,
                                                       numerics::ContextMetadata(context)));
-  const json record = {{"inventory", numerics::InventoryJson(inventory)}, {"context", context}};
+  const json record = {
+      {"inventory", loaded_json}, {"context", context}, {"saved_vs_loaded", restored_less}};
   return WriteFileAtomically(base + ".json", DumpJson(record, 1));
 }
 
 namespace {
-
-// An actor's evidence is small (an inventory and a context); far below this.
-constexpr size_t kMaxActorEvidenceBytes = size_t{256} << 20;
 
 absl::StatusOr<json> ReadJson(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFileToString(path, kMaxActorEvidenceBytes);
@@ -361,22 +412,6 @@ absl::StatusOr<json> ReadJson(const std::string& path) {
                      parsed.ok() ? "" : absl::StrCat(": ", parsed.status().message())));
   }
   return *std::move(parsed);
-}
-
-// The names whose digests differ between two inventories' JSON, or that only one holds.
-std::vector<std::string> InventoryDifferences(const json& a, const json& b) {
-  std::map<std::string, std::pair<std::string, std::string>> digests;
-  for (const json& e : a.value("entries", json::array())) {
-    digests[e.value("name", "")].first = e.value("digest", "");
-  }
-  for (const json& e : b.value("entries", json::array())) {
-    digests[e.value("name", "")].second = e.value("digest", "");
-  }
-  std::vector<std::string> differ;
-  for (const auto& [name, pair] : digests) {
-    if (pair.first != pair.second) differ.push_back(name);
-  }
-  return differ;
 }
 
 }  // namespace
@@ -409,9 +444,22 @@ absl::StatusOr<VariabilityCheck> CompareActors(const std::string& prefix_a,
   LOCKSTEP_ASSIGN_OR_RETURN(variability::RecordingsVerdict verdict,
                             variability::CompareRecordings(a_rec, b_rec));
 
+  // Each actor against what was saved: two actors whose loads restored the same too little agree
+  // with each other.
+  std::vector<std::string> restored_less;
+  for (const auto& [label, actor] : {std::pair<const char*, const json*>{"a", &a}, {"b", &b}}) {
+    const json less = actor->value("saved_vs_loaded", json::array());
+    if (!less.is_array() || less.empty()) continue;
+    restored_less.push_back(
+        absl::StrCat("actor ", label, "'s load restored less than was saved: ", less.size(),
+                     " inventory entries differ (first: ",
+                     less[0].is_string() ? less[0].get<std::string>() : "?", ")"));
+  }
+
   VariabilityCheck check;
   check.name = "actors";
-  check.passed = inventories_equal && context_differs.empty() && tensors.all_passed();
+  check.passed =
+      restored_less.empty() && inventories_equal && context_differs.empty() && tensors.all_passed();
   check.evidence = verdict.evidence;
   check.evidence["inventory_a"] = a["inventory"];
   check.evidence["inventory_b"] = b["inventory"];
@@ -428,7 +476,7 @@ absl::StatusOr<VariabilityCheck> CompareActors(const std::string& prefix_a,
                                 numerics::ContextDigest(a["context"]).substr(0, 12), "), ",
                                 tensors.passed, " outputs and gradients bit-identical");
   } else {
-    std::vector<std::string> parts;
+    std::vector<std::string> parts = restored_less;
     if (!inventories_equal) {
       parts.push_back(
           absl::StrCat(inventory_differs.size(), " inventory entries differ (first: ",

@@ -172,6 +172,19 @@ TEST(ActorsTest, ANondeterministicModuleMakesTheActorsDifferThere) {
   }
 }
 
+// Both actors' loads leave Adam's state behind: they agree with each other, and only the
+// inventory written when the state was saved shows what they lost.
+TEST(ActorsTest, ALoadThatRestoresLessThanWasSavedFails) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("actors_partial"));
+  for (const json& check : RunActors(NegativeControl::kActorPartialLoad, dir.path())) {
+    EXPECT_FALSE(check.value("passed", true));
+    EXPECT_THAT(check.value("detail", ""),
+                HasSubstr("actor a's load restored less than was saved"));
+    EXPECT_EQ(check["evidence"]["inventory_a"]["state_digest"],
+              check["evidence"]["inventory_b"]["state_digest"]);
+  }
+}
+
 // Two actors' memory caps (48 and 24 tokens) pack the batch differently; admission's recovery
 // splits a third way. Each placement reproduces its own bits, and a sequence's outputs either
 // match across placements or the first module that depends on the placement is named.

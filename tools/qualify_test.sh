@@ -92,6 +92,7 @@ expect_fail resume-without-optimizer resume
 expect_fail repeatability-stream-not-restored repeatability
 expect_fail misrouted-gather replica_outputs
 expect_fail empty-shard-skips-gather empty_cp_shard
+expect_fail actor-partial-load actors
 expect_fail cp-local-attention reference_match
 expect_fail tp-unreduced-gradient reference_match --dp=1 --tp=2 --cp=1
 # Every control qualify knows (its refusal of an unknown one lists them) is tried above.

@@ -86,9 +86,9 @@ void ExpectThePayloadWaitIsBounded(ProcessGroupCalls::CallKind kind) {
         // The bound is the timeout plus at most 5 s (here 1 s more), with slack for the machine.
         const absl::Duration limit = 2 * kTimeout + absl::Seconds(2);
         if (status.code() != absl::StatusCode::kDeadlineExceeded || took.Elapsed() > limit) {
-          return absl::InternalError(absl::StrCat(
-              "the payload wait ended after ", absl::FormatDuration(took.Elapsed()),
-              " (limit ", absl::FormatDuration(limit), ") with ", status.ToString()));
+          return absl::InternalError(
+              absl::StrCat("the payload wait ended after ", absl::FormatDuration(took.Elapsed()),
+                           " (limit ", absl::FormatDuration(limit), ") with ", status.ToString()));
         }
         return absl::OkStatus();
       });
