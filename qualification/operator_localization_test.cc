@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -162,21 +163,31 @@ TEST_F(OperatorLocalizationTest, WithoutTheControlTheRecordingsAreIdentical) {
   EXPECT_FALSE(d.diverged()) << numerics::OperatorDivergenceSummary(d);
 }
 
-#ifndef LOCKSTEP_OPERATORS_ON_CUDA
-// Whether this build's at::mm computes rows [begin, begin + length) of a [total, kWidth] x
+// Whether this device's at::mm computes rows [begin, begin + length) of a [total, kWidth] x
 // [kWidth, kWidth] product (the reference model's query projection) other than bit for bit as
 // the product of those rows alone: an independent probe of the placement dependence that the
 // recorder must find, on random values of the same shapes.
 bool ProductRowsDependOnPlacement(int64_t total, int64_t begin, int64_t length) {
   constexpr int64_t kWidth = ReferenceModel::kWidth;
   at::Generator generator = at::detail::createCPUGenerator(7);
-  const at::Tensor x = at::randn({total, kWidth}, generator, at::kFloat);
-  const at::Tensor w = at::randn({kWidth, kWidth}, generator, at::kFloat);
+  const at::Tensor x = at::randn({total, kWidth}, generator, at::kFloat).to(kDevice);
+  const at::Tensor w = at::randn({kWidth, kWidth}, generator, at::kFloat).to(kDevice);
   const at::Tensor packed = at::mm(x, w.t()).slice(0, begin, begin + length);
   const at::Tensor alone = at::mm(x.slice(0, begin, begin + length).clone(), w.t());
   return !at::equal(packed, alone);
 }
-#endif
+
+// Whether this device's softmax over a row of `total` keys, all but `length` of them masked to
+// -inf, differs from the softmax over those `length` keys alone (the attention's shape).
+[[maybe_unused]] bool SoftmaxRowsDependOnPlacement(int64_t total, int64_t begin, int64_t length) {
+  at::Generator generator = at::detail::createCPUGenerator(11);
+  const at::Tensor scores = at::randn({length, length}, generator, at::kFloat).to(kDevice);
+  at::Tensor wide =
+      at::full({length, total}, -std::numeric_limits<float>::infinity(), scores.options());
+  wide.slice(1, begin, begin + length).copy_(scores);
+  const at::Tensor packed = at::softmax(wide, 1).slice(1, begin, begin + length);
+  return !at::equal(packed, at::softmax(scores, 1));
+}
 
 // Each sequence of the fixed batch forwarded alone and packed with the other four (55 tokens,
 // one microbatch under a 64-token budget), recorded through a row window on its rows. Dropout
@@ -245,6 +256,21 @@ TEST_F(OperatorLocalizationTest, NamesTheFirstOperatorWhoseOutputDependsOnThePla
   }
 #ifndef LOCKSTEP_OPERATORS_ON_CUDA
   EXPECT_GE(findings, 1);
+#else
+  // On a GPU the kernels may or may not depend on the placement: the probes of the first
+  // operators that could say so decide whether there is anything to find.
+  bool placement_matters = false;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const int64_t length = batch.sequences[s].num_tokens;
+    const int64_t begin = (input_rows == offsets[s]).nonzero().item<int64_t>();
+    placement_matters = placement_matters || ProductRowsDependOnPlacement(total, begin, length) ||
+                        SoftmaxRowsDependOnPlacement(total, begin, length);
+  }
+  if (!placement_matters) {
+    GTEST_SKIP() << "this device's mm and softmax give a sequence's rows the same bits wherever "
+                    "it is packed: nothing to localize";
+  }
+  EXPECT_GE(findings, 1) << "the probes found a placement dependence the recorder did not";
 #endif
 }
 

@@ -67,9 +67,9 @@ def test_synchronize_makes_cuda_and_cpu_draws_agree_over_gloo():
     assert results[0] == results[1]
 
 
-def _nccl_draws(rank, world_size):
+def _nccl_draws(rank, world_size, backend="nccl"):
     torch.cuda.set_device(rank)  # one GPU per rank: NCCL refuses two ranks on one GPU
-    group = dist.new_group(list(range(world_size)), backend="nccl")
+    group = dist.new_group(list(range(world_size)), backend=backend)
     torch.manual_seed(rank)  # the replicas start apart
     streams = rng.RankStreams(cuda_device=rank)
     rng.synchronize(group, streams)  # the states, CPU tensors, staged through the GPU
@@ -94,12 +94,28 @@ def _check_nccl(results, world_size):
         assert r["gathered"] == [[float(m)] * 2 for m in range(world_size)]
 
 
+def _plain_draws(rank, world_size):
+    """What the caller of _nccl_draws draws at world 1, in plain PyTorch: a group of one has no one
+    to agree with, so synchronizing must not move the caller, nor model work."""
+    torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    torch.rand(11, device="cuda")  # the leader's own draw
+    return {"caller": torch.rand(4, device="cuda").tolist(), "cpu": torch.rand(4).tolist()}
+
+
 def test_an_nccl_group_of_one_adopts_and_stages_cpu_tensors_through_the_gpu():
     # The one-GPU machine's share of the NCCL path: adoption, the staged CPU states, the in-step
-    # exchange on the device (a group of one has no host lane).
-    results = run_world(1, _nccl_draws, start_method="spawn")
-    _check_nccl(results, 1)
-    assert results[0]["lane"] is False
+    # exchange on the device (a group of one has no host lane). Its results are compared with
+    # values made without NCCL: plain PyTorch for the caller's draws, a Gloo group of one for the
+    # model stream's (staging through the GPU must change nothing).
+    nccl = run_world(1, _nccl_draws, start_method="spawn")[0]
+    gloo = run_world(1, _nccl_draws, "gloo", start_method="spawn")[0]
+    plain = run_world(1, _plain_draws, start_method="spawn")[0]
+    assert nccl["caller"] == plain["caller"] and nccl["cpu"] == plain["cpu"], (nccl, plain)
+    for key in ("model", "caller", "cpu", "sum", "gathered"):
+        assert nccl[key] == gloo[key], (key, nccl[key], gloo[key])
+    _check_nccl([nccl], 1)
+    assert nccl["lane"] is False
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
