@@ -14,6 +14,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda_boundary.h"
+#include "base/nccl_settings.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/cuda/CUDAGuard.h"
@@ -190,6 +191,7 @@ absl::StatusOr<std::unique_ptr<internal::NcclGroup>> internal::NcclGroup::Create
     const NcclTransport& transport, const WorldState& world, const GroupIdentity& identity,
     absl::Duration timeout) {
   auto group = std::make_unique<NcclGroup>(transport.cpu_staging, transport.device);
+  RecordNcclCommunicatorSettings();  // Note [NCCL reads its settings at creation]
   LOCKSTEP_RETURN_IF_ERROR(
       CreateComm(*transport.rendezvous, identity, transport.device, timeout, group->comm));
   LOCKSTEP_RETURN_IF_ERROR(SetUpFastLane(*transport.rendezvous, identity, transport.device, timeout,

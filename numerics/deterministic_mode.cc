@@ -9,6 +9,7 @@
 #include "ATen/detail/CUDAHooksInterface.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/nccl_settings.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 
@@ -80,6 +81,18 @@ absl::Status CheckNoContradiction() {
   }
   if (context.benchmarkCuDNN()) {
     return Contradiction("cuDNN benchmark mode", "on", "off");
+  }
+  // Note [NCCL reads its settings at creation]: a communicator made before the mode keeps the
+  // algorithm and protocol it read.
+  for (const NcclSettings& made : NcclCommunicatorSettings()) {
+    if (made.algo != "Ring" || made.proto != "Simple") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "deterministic mode: an NCCL communicator of this process was created with NCCL_ALGO ",
+          made.algo.empty() ? "unset" : absl::StrCat("'", made.algo, "'"), " and NCCL_PROTO ",
+          made.proto.empty() ? "unset" : absl::StrCat("'", made.proto, "'"),
+          ", and keeps what it read, so its reductions may run in another order: enforce the "
+          "mode before creating NCCL communicators"));
+    }
   }
   if (Get("CUBLAS_WORKSPACE_CONFIG") == nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(const bool started, CudaWorkStarted());

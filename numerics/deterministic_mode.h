@@ -6,7 +6,8 @@
 // repeatability harness's work (numerics/repeatability.h, qualify's repeatability and actors).
 // Call it once per process, before any CUDA work (a cuBLAS handle reads its workspace setting
 // when it is created, and an NCCL communicator its algorithm when it is made; one made before
-// the call keeps what it read):
+// the call keeps what it read, and the mode refuses while one made with other settings exists:
+// Note [NCCL reads its settings at creation] in base/nccl_settings.h):
 //
 //   LOCKSTEP_ASSIGN_OR_RETURN(numerics::DeterministicSettings mode,
 //                             numerics::EnforceDeterministicMode());
