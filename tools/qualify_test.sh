@@ -95,13 +95,13 @@ expect_fail empty-shard-skips-gather empty_cp_shard
 expect_fail actor-partial-load actors
 expect_fail cp-local-attention reference_match
 expect_fail tp-unreduced-gradient reference_match --dp=1 --tp=2 --cp=1
+expect_fail nondeterministic-op repeatability
 # Every control qualify knows (its refusal of an unknown one lists them) is tried above.
 known=$("$qualify" --dp=1 --negative_control=no-such-control 2>&1 | grep -o "known: [a-z, -]*" | sed 's/known: //; s/,/ /g') || true
 [[ -n $known ]] || { echo "qualify did not list its negative controls"; exit 1; }
 for control in $known; do
   [[ " ${tested[*]} " == *" $control "* ]] || { echo "negative control $control is not tried here"; exit 1; }
 done
-expect_fail nondeterministic-op repeatability
 # The broken module is named as the first divergence, pass to pass and actor to actor, and the
 # packing check tells it from a placement effect.
 grep -q "^repeatability *FAIL .*first divergence at block1.mlp (forward_output" "$tmp/nondeterministic-op.txt" \
