@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -23,6 +22,8 @@
 #include "collectives/rank_groups.h"
 #include "numerics/compare.h"
 #include "planner/planner.h"
+#include "qualification/internal/oracle_compare.h"
+#include "qualification/internal/row_owners.h"
 #include "qualification/reference_model.h"
 #include "rng/model_stream.h"
 #include "rng/snapshot.h"
@@ -33,6 +34,10 @@
 namespace lockstep {
 namespace qualification {
 namespace {
+
+using internal::AllEqualAcross;
+using internal::CompareLists;
+using internal::Figures;
 
 using collectives::Communicator;
 using collectives::Topology;
@@ -45,16 +50,6 @@ constexpr char kNamedStream[] = "reference-model";
 constexpr uint64_t kNamedStreamSeed = 4242;
 
 // The SHA-256 of `state`'s bytes, as a byte tensor.
-// The SHA-256 of `rows`' bytes (a byte tensor of 32), whatever their device.
-at::Tensor RowsDigest(const at::Tensor& rows) {
-  const at::Tensor host = rows.detach().to(at::kCPU).contiguous();
-  const Sha256Digest digest =
-      Sha256Framed({std::string(static_cast<const char*>(host.data_ptr()), host.nbytes())});
-  at::Tensor t = at::empty({static_cast<int64_t>(digest.size())}, at::kByte);
-  std::memcpy(t.data_ptr<uint8_t>(), digest.data(), digest.size());
-  return t;
-}
-
 at::Tensor StateDigest(const rng::RngSnapshot& state) {
   std::string bytes = state.cpu_state();
   if (state.cuda().has_value()) {
@@ -100,20 +95,9 @@ struct RunRecord {
   int model_stream_still = 0;
   // Indices into `outputs` of the microbatches that left a CP rank without tokens.
   std::vector<size_t> empty_shard_outputs;
-  // Note [Rows against their owners]: per hand-back, in order, uint8 [(1 + cp_size) * 32]: the
-  // digest of the rows this rank's forward computed (its CP shard), then of the rows at each CP
-  // rank's shard in the full outputs this rank received. replica_outputs compares what every
-  // member received of CP rank c's rows against what CP rank c's members computed: comparing
-  // the members' full outputs cannot fail at TP 1, where every row has one owner and every
-  // member's copy of it is the owner's, moved byte for byte.
+  // Per hand-back: the digests of the rows computed and received (Note [Rows against their
+  // owners] in internal/row_owners.h).
   std::vector<at::Tensor> row_digests;
-};
-
-// What one forward call computed, kept until its hand-back.
-struct ComputedShard {
-  int microbatch = 0;
-  at::Tensor own;                                // RowsDigest of the shard's rows
-  std::vector<std::vector<int64_t>> rows_by_cp;  // each CP rank's packed offsets
 };
 
 std::vector<planner::Sequence> Batch(int step, int forward, int dp_index) {
@@ -165,28 +149,15 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   config.activation_checkpointing = setup.checkpoint_blocks;
   const trainer::internal::ContractSeams seams = TrainerSeamsFor(setup.control);
   // Note [Rows against their owners]: each forward's rows, digested before the gather.
-  std::deque<ComputedShard> computed;
-  auto forward = [&model, &computed](const trainer::ShardWork& work) -> absl::StatusOr<at::Tensor> {
-    LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor out, model.Forward(work));
-    ComputedShard shard;
-    shard.microbatch = work.microbatch;
-    for (int c = 0; c < work.cp_size; ++c) {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> rows,
-                                planner::ShardTokenIndices(*work.plan, work.microbatch, c));
-      shard.rows_by_cp.push_back(std::move(rows));
-    }
-    const int64_t mine = static_cast<int64_t>(shard.rows_by_cp[work.cp_rank].size());
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting the shard's rows",
-                                       [&] { shard.own = RowsDigest(out.narrow(0, 0, mine)); }));
-    computed.push_back(std::move(shard));
-    return out;
-  };
-  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<trainer::TrainerRank> trainer,
-                            trainer::internal::CreateWithSeams(
-                                config,
-                                trainer::TrainerRank::Collaborators::Of(
-                                    *setup.topology, setup.world_rank, setup.tp_cp, streams),
-                                forward, seams));
+  internal::RowOwnership owners;
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::unique_ptr<trainer::TrainerRank> trainer,
+      trainer::internal::CreateWithSeams(
+          config,
+          trainer::TrainerRank::Collaborators::Of(*setup.topology, setup.world_rank, setup.tp_cp,
+                                                  streams),
+          owners.Wrap([&model](const trainer::ShardWork& work) { return model.Forward(work); }),
+          seams));
   LOCKSTEP_ASSIGN_OR_RETURN(
       numerics::NamedTensors head,
       trainer->RegisterCustomObject(
@@ -215,20 +186,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   // The loss of one microbatch's outputs, with a token mask the caller draws now; first the
   // digests of the rows received (Note [Rows against their owners]).
   auto backward = [&](const trainer::MicrobatchOutput& out) -> absl::Status {
-    if (computed.empty() || computed.front().microbatch != out.microbatch) {
-      return absl::InternalError(
-          absl::StrCat("microbatch ", out.microbatch, " was handed back without its forward call"));
-    }
-    const ComputedShard shard = std::move(computed.front());
-    computed.pop_front();
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting the received rows", [&] {
-      std::vector<at::Tensor> digests = {shard.own};
-      for (const std::vector<int64_t>& rows : shard.rows_by_cp) {
-        const at::Tensor index = at::tensor(rows, at::kLong).to(out.outputs.device());
-        digests.push_back(RowsDigest(out.outputs.index_select(0, index)));
-      }
-      record.row_digests.push_back(at::cat(digests));
-    }));
+    LOCKSTEP_RETURN_IF_ERROR(owners.Received(out));
     return CallTorch("caller loss and backward", [&] {
       at::Tensor mask = at::bernoulli(at::full({out.outputs.size(0)}, 0.8, f32));
       at::Tensor z = at::mm(out.outputs, head[0].second.t()).squeeze(1);
@@ -365,6 +323,7 @@ absl::StatusOr<RunRecord> Train(const RunSetup& setup, int first_step = 0,
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("final parameters", [&] {
     for (const at::Tensor& p : parameters) record.parameters.push_back(p.detach().clone());
   }));
+  record.row_digests = owners.digests();
   return record;
 }
 
@@ -384,96 +343,6 @@ absl::StatusOr<std::vector<at::Tensor>> ShardsOf(const std::vector<at::Tensor>& 
     shards.push_back(std::move(shard));
   }
   return shards;
-}
-
-// Note [Rows against their owners]: over the TP x CP group, whether every member received each CP
-// rank's rows as that CP rank's members computed them (and those TP replicas computed the same).
-// Empty when they did; otherwise what differs first.
-absl::StatusOr<std::string> RowsDisagreeWithOwners(Communicator* group, const Topology& topology,
-                                                   const std::vector<at::Tensor>& digests) {
-  if (group == nullptr || digests.empty()) return std::string();
-  at::Tensor mine;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("joining the row digests", [&] { mine = at::cat(digests); }));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(mine));
-  std::vector<int> cp_of;
-  for (int global : group->global_ranks()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(collectives::Coordinates c, topology.CoordinatesOf(global));
-    cp_of.push_back(c.cp);
-  }
-  constexpr int64_t kDigest = 32;
-  const int64_t per = digests.front().numel();  // (1 + cp_size) digests per hand-back
-  auto digest = [&](int member, size_t hand_back, int64_t slot) {
-    return all[member].narrow(0, static_cast<int64_t>(hand_back) * per + slot * kDigest, kDigest);
-  };
-  for (size_t i = 0; i < digests.size(); ++i) {
-    for (int k = 0; k < group->size(); ++k) {
-      for (int j = 0; j < group->size(); ++j) {
-        if (cp_of[j] == cp_of[k] && !at::equal(digest(k, i, 0), digest(j, i, 0))) {
-          return absl::StrCat("hand-back ", i, ": the TP replicas of CP rank ", cp_of[k],
-                              " (group ranks ", j, " and ", k, ") computed different rows");
-        }
-      }
-      for (int m = 0; m < group->size(); ++m) {
-        if (!at::equal(digest(m, i, 1 + cp_of[k]), digest(k, i, 0))) {
-          return absl::StrCat("hand-back ", i, ": group rank ", m, " received CP rank ", cp_of[k],
-                              "'s rows other than group rank ", k, " computed them");
-        }
-      }
-    }
-  }
-  return std::string();
-}
-
-absl::StatusOr<bool> AllEqualAcross(Communicator* group, const std::vector<at::Tensor>& tensors,
-                                    int* disagreeing) {
-  *disagreeing = 0;
-  if (group == nullptr || tensors.empty()) return true;
-  at::Tensor flat;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("flattening", [&] {
-    std::vector<at::Tensor> parts;
-    for (const at::Tensor& t : tensors) parts.push_back(t.flatten().to(at::kFloat));
-    flat = at::cat(parts);
-  }));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(flat));
-  for (const at::Tensor& other : all) {
-    if (!at::equal(other, flat)) ++*disagreeing;
-  }
-  return *disagreeing == 0;
-}
-
-// The largest figures of every comparison made.
-struct Figures {
-  int compared = 0;
-  int bitwise_equal = 0;
-  double max_abs_diff = 0;
-  double max_relative_l2 = 0;
-};
-
-// Compares lists under `tolerance`, appending each failure's summary to `failures` and the
-// figures to `figures`.
-absl::Status CompareLists(const std::vector<at::Tensor>& actual,
-                          const std::vector<at::Tensor>& expected, const std::string& what,
-                          const numerics::Tolerance& tolerance, Figures& figures,
-                          std::vector<std::string>& failures) {
-  if (actual.size() != expected.size()) {
-    failures.push_back(absl::StrCat(what, ": ", actual.size(), " tensors vs ", expected.size()));
-    return absl::OkStatus();
-  }
-  for (size_t i = 0; i < actual.size(); ++i) {
-    if (actual[i].sizes() != expected[i].sizes()) {
-      failures.push_back(absl::StrCat(what, " ", i, ": shapes differ"));
-      continue;
-    }
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        numerics::TensorComparison c,
-        numerics::CompareTensors(actual[i], expected[i], tolerance, absl::StrCat(what, " ", i)));
-    if (!c.passed) failures.push_back(c.Summary());
-    ++figures.compared;
-    if (c.bitwise_equal) ++figures.bitwise_equal;
-    figures.max_abs_diff = std::max(figures.max_abs_diff, c.max_abs_diff);
-    figures.max_relative_l2 = std::max(figures.max_relative_l2, c.relative_l2);
-  }
-  return absl::OkStatus();
 }
 
 OracleCheck Check(std::string name, bool passed, std::string detail) {
@@ -538,8 +407,9 @@ absl::StatusOr<std::vector<OracleCheck>> RunTrainerOracle(Communicator& world,
 
   std::vector<OracleCheck> checks;
   int disagreeing = 0;
-  LOCKSTEP_ASSIGN_OR_RETURN(const std::string misrouted,
-                            RowsDisagreeWithOwners(tp_cp.get(), topology, run.row_digests));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const std::string misrouted,
+      internal::RowsDisagreeWithOwners(tp_cp.get(), topology, run.row_digests));
   checks.push_back(Check(
       "replica_outputs", misrouted.empty(),
       misrouted.empty()
