@@ -34,9 +34,8 @@ trainer::ForwardAdapter RowOwnership::Wrap(trainer::ForwardAdapter forward) {
       shard.rows_by_cp.push_back(std::move(rows));
     }
     const int64_t mine = static_cast<int64_t>(shard.rows_by_cp[work.cp_rank].size());
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting the shard's rows", [&] {
-      shard.own = RowsDigest(out.narrow(0, 0, mine));
-    }));
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting the shard's rows",
+                                       [&] { shard.own = RowsDigest(out.narrow(0, 0, mine)); }));
     computed_.push_back(std::move(shard));
     return out;
   };
