@@ -107,45 +107,6 @@ absl::StatusOr<at::Tensor> DropoutMask(const rng::PhiloxKey& key, const at::Tens
   });
 }
 
-// Note [Deliberate nondeterminism]
-// The negative control of the variability checks needs a module that computes different bits
-// from the same inputs, as real nondeterminism does, and does so on every run, so that the
-// check's verdict under the control is itself reproducible. The broken module adds to its output
-// the rounding residue of a sum whose exact value is 0: 2R copies of each element scaled by
-// +s_k and -s_k (large, varied s_k), reduced into one slot per element. Which residue comes out
-// depends only on the order of the additions:
-//   on a CUDA device, index_add_ with deterministic algorithms switched off around it: floating-
-//     point atomics, in the order the scheduler picks (the H200's real hazard);
-//   on the CPU, lockstep_controls::shuffled_sum (numerics/shuffled_sum.h): a sequential float
-//     sum over the copies in an order drawn from std::random_device on every call, a reduction
-//     whose order differs between passes and between actors, as a thread count or a
-//     work-stealing schedule makes it differ.
-at::Tensor RoundingResidue(const at::Tensor& output) {
-  const at::Tensor flat = output.detach().reshape({-1});
-  const int64_t half = flat.is_cuda() ? 1024 : 32;
-  const at::Tensor s = 1e3 * at::sin(at::arange(half, flat.options()) * 0.7 + 0.1);
-  const at::Tensor copies = at::cat({s, -s}).unsqueeze(1) * flat.unsqueeze(0);  // [2R, m]
-  at::Tensor sum;
-  if (flat.is_cuda()) {
-    // Deterministic algorithms off for this op only, back on however it ends.
-    struct Restore {
-      bool deterministic = at::globalContext().deterministicAlgorithms();
-      bool warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
-      ~Restore() { at::globalContext().setDeterministicAlgorithms(deterministic, warn_only); }
-    } restore;
-    at::globalContext().setDeterministicAlgorithms(false, false);
-    const at::Tensor slots =
-        at::arange(flat.numel(), flat.options().dtype(at::kLong)).repeat({2 * half});
-    sum = at::zeros_like(flat).index_add_(0, slots, copies.reshape({-1}));
-  } else {
-    // A loop of float additions (LibTorch's CPU reductions accumulate floats in double, which
-    // would round the residue away), as a dispatcher operator: the operator recorder names it.
-    sum = numerics::controls::ShuffledSum(copies.to(at::kFloat).contiguous());
-    sum = sum.to(flat.dtype());
-  }
-  return sum.reshape(output.sizes());
-}
-
 }  // namespace
 
 std::vector<std::string> ReferenceModel::ModuleNames() {
@@ -170,7 +131,7 @@ absl::Status ReferenceModel::BreakDeterminismAt(const std::string& module) {
 
 at::Tensor ReferenceModel::Exit(const std::string& module, at::Tensor output, const at::Tensor& ids,
                                 const at::Tensor& positions) {
-  if (module == broken_module_) output = output + RoundingResidue(output);
+  if (module == broken_module_) output = output + numerics::controls::RoundingResidue(output);
   return taps_ != nullptr ? taps_->Exit(module, output, ids, positions) : output;
 }
 

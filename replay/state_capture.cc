@@ -64,9 +64,12 @@ absl::Status AddRng(const rng::RankStreams& streams, numerics::NamedTensors& out
 // Which components are given, checked against the declared absences.
 absl::StatusOr<nlohmann::json> Components(const CaptureComponents& c) {
   const std::map<std::string, bool> given = {
-      {"data", c.data_position.has_value()}, {"ledger", c.ledger_step.has_value()},
-      {"rng", c.streams != nullptr},         {"optimizer", c.optimizer != nullptr},
-      {"weights", !c.weights.empty()},       {"gradients", !c.weights.empty()}};
+      {"data", c.data_position.has_value()},
+      {"ledger", c.ledger_step.has_value()},
+      {"rng", c.streams != nullptr},
+      {"optimizer", c.optimizer != nullptr || !c.optimizer_state.empty()},
+      {"weights", !c.weights.empty()},
+      {"gradients", !c.weights.empty()}};
   for (const auto& [name, reason] : c.absent) {
     if (given.count(name) == 0) {
       return absl::InvalidArgumentError(
@@ -74,6 +77,10 @@ absl::StatusOr<nlohmann::json> Components(const CaptureComponents& c) {
                        "' is not a capture component (data, ledger, rng, optimizer, weights, "
                        "gradients)"));
     }
+  }
+  if (c.optimizer != nullptr && !c.optimizer_state.empty()) {
+    return absl::InvalidArgumentError(
+        "the optimizer is given twice: as a torch::optim::Optimizer and as optimizer_state");
   }
   nlohmann::json out = nlohmann::json::object();
   for (const char* name : kCaptureComponents) {
@@ -97,6 +104,30 @@ absl::StatusOr<nlohmann::json> Components(const CaptureComponents& c) {
   return out;
 }
 
+// The program's own generators: each given or declared absent with a reason, never both.
+absl::StatusOr<nlohmann::json> ProgramRng(const CaptureComponents& c) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, tensor] : c.program_rng) {
+    if (name.empty() || out.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program generator name '", name, "' is empty or given twice"));
+    }
+    if (c.program_rng_absent.count(name) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program generator '", name, "' is given and also declared absent"));
+    }
+    out[name] = {{"present", true}};
+  }
+  for (const auto& [name, reason] : c.program_rng_absent) {
+    if (reason.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program generator '", name, "' is declared absent without a reason"));
+    }
+    out[name] = {{"present", false}, {"reason", reason}};
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string CaptureDirectory(const std::string& root, int64_t step, int rank) {
@@ -111,6 +142,7 @@ absl::Status WriteStateCapture(const std::string& root, int64_t step, int rank, 
         absl::StrCat("capture rank ", rank, " is outside [0, ", world_size, ")"));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json components, Components(c));
+  LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json program_rng, ProgramRng(c));
   numerics::NamedTensors tensors;
   nlohmann::json no_gradient = nlohmann::json::array();
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("capturing the step's state", [&] {
@@ -126,6 +158,14 @@ absl::Status WriteStateCapture(const std::string& root, int64_t step, int rank, 
                               numerics::OptimizerState(c.weights, *c.optimizer));
     for (auto& entry : optimizer) tensors.push_back(std::move(entry));
   }
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("capturing the program's generators and optimizer", [&] {
+    for (const auto& [name, tensor] : c.program_rng) {
+      tensors.emplace_back(absl::StrCat("rng/program/", name), tensor.detach());
+    }
+    for (const auto& [name, tensor] : c.optimizer_state) {
+      tensors.emplace_back(absl::StrCat("optimizer/", name), tensor.detach());
+    }
+  }));
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("capturing the weights and gradients", [&] {
     for (const auto& [name, tensor] : c.weights) {
       tensors.emplace_back(absl::StrCat("weights/", name), tensor.detach());
@@ -158,6 +198,7 @@ absl::Status WriteStateCapture(const std::string& root, int64_t step, int rank, 
                                 {"world_size", world_size},
                                 {"paths", paths},
                                 {"components", components},
+                                {"program_rng", program_rng},
                                 {"no_gradient", no_gradient},
                                 {"context", numerics::CaptureExecutionContext()}};
   const std::string index_text = DumpJson(index, 1);

@@ -16,7 +16,10 @@
 //   rng/<stream>/cpu              uint8: a CPU generator's state bytes; <stream> is "caller",
 //   rng/<stream>/cuda             "model" or "named/<name>"; cuda: int64 [seed, offset];
 //   rng/named/<name>/seed         named/<name>/seed: int64 [seed]
-//   optimizer/<param>/<field>     numerics::OptimizerState's fields (step, exp_avg, ...)
+//   rng/program/<name>            a generator outside LibTorch's (Python's random, NumPy's
+//                                 global state), as the program gives it
+//   optimizer/<param>/<field>     numerics::OptimizerState's fields (step, exp_avg, ...), or the
+//                                 program's own (an optimizer written in Python)
 //   weights/<name>                every parameter and buffer the caller names
 //   gradients/<name>              each weight's .grad(), where it has one
 // A component the caller cannot give (a program with no ledger, no optimizer) is declared absent
@@ -28,7 +31,8 @@
 //   state.safetensors   the tensors above, in that order
 //   index.json          {"format", "step", "rank", "world_size", "paths": [...], "components":
 //                        {"<c>": {"present": true} | {"present": false, "reason": ...}},
-//                        "no_gradient": [...], "context": <execution context record>}
+//                        "program_rng": {"<name>": {"present": ...}}, "no_gradient": [...],
+//                        "context": <execution context record>}
 //   complete.json       written last: {"format", "step", "rank", "state_sha256", "index_sha256"}
 //                       (plain SHA-256 of each file, as sha256sum prints it)
 // Each file is written atomically and durably; a capture without complete.json, or whose files
@@ -93,8 +97,18 @@ struct CaptureComponents {
   // Parameters and buffers by name; their gradients are the "gradients" component.
   numerics::NamedTensors weights;
   // The optimizer whose state is the "optimizer" component (numerics::OptimizerState's fields);
-  // null: absent.
+  // null: absent (or given as optimizer_state).
   const torch::optim::Optimizer* optimizer = nullptr;
+  // The optimizer's state as "<param>/<field>" tensors, for an optimizer that is not a
+  // torch::optim::Optimizer (one written in Python): the "optimizer" component, written as
+  // "optimizer/<param>/<field>". Refused together with `optimizer`. Default: empty.
+  numerics::NamedTensors optimizer_state;
+  // Generators outside LibTorch's (Python's random, NumPy's global state), each as a tensor of its
+  // state, by name: written as "rng/program/<name>" after the streams. Default: empty.
+  numerics::NamedTensors program_rng;
+  // name -> why the program has no such generator (the index records it beside those given, so
+  // a generator the program does not use is declared, not skipped). Default: empty.
+  std::map<std::string, std::string> program_rng_absent;
   // Every stream of the rank: the caller's default generators, the model stream, named streams.
   // Precondition: outside any model-stream scope or named-stream fork.
   const rng::RankStreams* streams = nullptr;
@@ -113,9 +127,11 @@ std::string CaptureDirectory(const std::string& root, int64_t step, int rank);
 
 // Writes the capture described above into CaptureDirectory(root, step, rank) (its parents are
 // created). kInvalidArgument for a negative step, a rank outside [0, world_size), a component
-// absent without a reason or given with one, an optimizer whose state numerics::OptimizerState
-// cannot name (kUnimplemented); kAlreadyExists when the capture directory exists; I/O errors as
-// base/file_io.h's. On failure no complete.json is left, so the capture reads as partial.
+// absent without a reason or given with one, both optimizer forms, a program generator both given
+// and declared absent (or absent without a reason), an optimizer whose state
+// numerics::OptimizerState cannot name (kUnimplemented); kAlreadyExists when the capture directory
+// exists; I/O errors as base/file_io.h's. On failure no complete.json is left, so the capture reads
+// as partial.
 absl::Status WriteStateCapture(const std::string& root, int64_t step, int rank, int world_size,
                                const CaptureComponents& components);
 

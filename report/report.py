@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""report: qualify's evidence JSON, or a state replay's report.json, as one self-contained page.
+"""report: qualify's evidence JSON (or lockstep.verify's, the same format), or a state replay's
+report.json, as one self-contained page.
 
     report EVIDENCE.json OUT_DIR     writes OUT_DIR/index.html (qualify --report=DIR runs it too)
     report REPLAY/report.json OUT_DIR   the state-replay protocol's page (tools/replay.cc)
@@ -176,11 +177,13 @@ def render(evidence):
     verdict = "PASS" if evidence.get("passed") else "FAIL"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>qualify {verdict}</title><style>{STYLE}</style></head><body>",
-        f"<h1>qualify: DP{topology.get('dp')} x TP{topology.get('tp')} x CP{topology.get('cp')}"
-        f" on {html.escape(str(evidence.get('device', '')))}</h1>",
+        f"<title>{html.escape(str(evidence.get('title') or 'qualify'))} {verdict}</title>"
+        f"<style>{STYLE}</style></head><body>",
+        (f"<h1>{html.escape(str(evidence['title']))}</h1>" if evidence.get("title") else
+         f"<h1>qualify: DP{topology.get('dp')} x TP{topology.get('tp')} x CP{topology.get('cp')}"
+         f" on {html.escape(str(evidence.get('device', '')))}</h1>"),
         f"<p class='verdict'>{verdict}</p><p>negative control: "
-        f"{html.escape(evidence.get('negative_control') or 'none')}; transport "
+        f"{html.escape(str(evidence.get('negative_control') or 'none'))}; transport "
         f"{html.escape(str(evidence.get('transport', '')))}</p>",
         "<h2>Checks</h2>", check_table(evidence)]
     for error in evidence.get("errors", []):
@@ -189,6 +192,11 @@ def render(evidence):
     if actors:
         parts += ["<h2>Execution contexts of the two actors (rank 0)</h2>",
                   context_table(actors.get("context_a"), actors.get("context_b"))]
+    operators = (actors or {}).get("operators") or {}
+    if operators.get("diverged"):
+        parts += ["<h2>Operators of the two actors (rank 0)</h2>",
+                  "".join(f"<p>{html.escape(line)}</p>"
+                          for line in str(operators.get("summary", "")).splitlines())]
     ratios = []
     for name in ("repeatability", "actors"):
         ev = rank0(checks[name]).get("evidence") if name in checks else None

@@ -12,6 +12,8 @@
 - ``module_state(module, optimizer=None)``: the named set lockstep digests for a model and its
   optimizer (numerics/module_state.h): parameters and buffers by module path, each parameter's
   optimizer state as "optimizer/<path>/<field>", a step as a 0-d int64 tensor.
+- ``write_safetensors(path, tensors, metadata)`` / ``read_safetensors(path)``: safetensors files
+  through the C++ library's one writer (atomic) and reader (checked).
 """
 
 import json
@@ -129,3 +131,16 @@ def inventory(obj):
     if isinstance(obj, (str, os.PathLike)):
         return Inventory(_C._inventory_of_file(os.fspath(obj)))
     return Inventory(_C._inventory(_named(obj)))
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes ``tensors`` (a named set, as ``inventory`` takes) to ``path`` as a safetensors file,
+    atomically, with the string ``metadata`` dict in its header."""
+    _C._write_safetensors(os.fspath(path), _named(tensors),
+                          {str(k): str(v) for k, v in (metadata or {}).items()})
+
+
+def read_safetensors(path):
+    """The ``(name, tensor)`` list and the metadata dict of the safetensors file at ``path``."""
+    tensors, metadata = _C._read_safetensors(os.fspath(path))
+    return list(tensors), dict(metadata)

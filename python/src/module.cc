@@ -9,9 +9,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "lockstep's C++ libraries, bound for Python (use the lockstep package, not this)";
   lockstep::python::BindCheckpoint(m);
   lockstep::python::BindCollectives(m);
+  lockstep::python::BindDeterminism(m);
   lockstep::python::BindDifferentiable(m);
   lockstep::python::BindNumerics(m);
   lockstep::python::BindPlanner(m);
+  lockstep::python::BindRecording(m);
   lockstep::python::BindRng(m);
   lockstep::python::BindTrainer(m);
+  lockstep::python::BindVariability(m);
 }

@@ -3,6 +3,7 @@
 // as the JSON the C++ library (and the compare/inventory tools) write, which lockstep/numerics.py
 // turns into result objects, so the figures are the library's own, to the last digit.
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "numerics/safetensors.h"
 #include "python/src/bindings.h"
 #include "python/src/status.h"
+#include "python/src/tolerance.h"
 #include "torch/csrc/utils/pybind.h"
 
 namespace lockstep {
@@ -23,18 +25,6 @@ namespace python {
 namespace {
 
 namespace py = pybind11;
-
-numerics::Tolerance ToleranceOf(double atol, double rtol, double relative_l2, bool nan_equal,
-                                bool bitwise) {
-  numerics::Tolerance tolerance;
-  tolerance.atol = atol;
-  tolerance.rtol = rtol;
-  tolerance.relative_l2 = relative_l2;
-  tolerance.nan_equal = nan_equal;
-  tolerance.bitwise = bitwise;
-  ThrowIfError(tolerance.Validate());
-  return tolerance;
-}
 
 }  // namespace
 
@@ -49,9 +39,7 @@ void BindNumerics(py::module_& m) {
         return DumpJson(numerics::ComparisonJson(
             ValueOrThrow(numerics::CompareTensors(actual, expected, tolerance, name))));
       },
-      py::arg("actual"), py::arg("expected"), py::arg("name"), py::arg("atol") = defaults.atol,
-      py::arg("rtol") = defaults.rtol, py::arg("relative_l2") = defaults.relative_l2,
-      py::arg("nan_equal") = defaults.nan_equal, py::arg("bitwise") = defaults.bitwise);
+      py::arg("actual"), py::arg("expected"), py::arg("name"), LOCKSTEP_TOLERANCE_ARGS(defaults));
   m.def(
       "_compare_sets",
       [](const numerics::NamedTensors& actual, const numerics::NamedTensors& expected, double atol,
@@ -61,15 +49,24 @@ void BindNumerics(py::module_& m) {
         return DumpJson(numerics::SetComparisonJson(
             ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance))));
       },
-      py::arg("actual"), py::arg("expected"), py::arg("atol") = defaults.atol,
-      py::arg("rtol") = defaults.rtol, py::arg("relative_l2") = defaults.relative_l2,
-      py::arg("nan_equal") = defaults.nan_equal, py::arg("bitwise") = defaults.bitwise);
+      py::arg("actual"), py::arg("expected"), LOCKSTEP_TOLERANCE_ARGS(defaults));
   m.def("_inventory", [](const numerics::NamedTensors& tensors) {
     return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::Of(tensors))));
   });
   m.def("_inventory_of_file", [](const std::string& path) {
     const numerics::SafetensorsFile file = ValueOrThrow(numerics::SafetensorsFile::Open(path));
     return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::OfFile(file))));
+  });
+  m.def(
+      "_write_safetensors",
+      [](const std::string& path, const numerics::NamedTensors& tensors,
+         const std::map<std::string, std::string>& metadata) {
+        ThrowIfError(Released([&] { return numerics::WriteSafetensors(path, tensors, metadata); }));
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata"));
+  m.def("_read_safetensors", [](const std::string& path) {
+    const numerics::SafetensorsFile file = ValueOrThrow(numerics::SafetensorsFile::Open(path));
+    return py::make_tuple(ValueOrThrow(file.Tensors()), file.metadata());
   });
   m.def("tensor_digest", [](const at::Tensor& tensor) {
     return numerics::DigestHex128(ValueOrThrow(numerics::DigestTensor(tensor)));
