@@ -3,6 +3,8 @@ trained through lockstep under DP x TP x CP from the torchrun environment.
 
     torchrun --nproc-per-node=4 train.py --cp=2 --steps=300 --log-csv=loss.csv
     (or: bazel-bin/tools/launch --nproc=4 -- python3 train.py --cp=2 ...)
+    bazel-bin/tools/replay --out=/tmp/replay --nproc=4 --broken=rng,optimizer,data \
+        -- python3 train.py --cp=2     (the state-replay protocol over this program)
 
 The order in which a program meets lockstep's pieces, each marked below with "(n)":
   (1) the world from the torchrun environment (torch.distributed, Gloo) and the DP x TP x CP
@@ -65,9 +67,6 @@ class Corpus:
             start = (h >> 16) % (len(self.data) - length)
             batch.append((step * count + i, list(self.data[start:start + length])))
         return batch
-
-    def dp_batch(self, step, count, dp_rank, dp_size):
-        return self.global_batch(step, count)[dp_rank::dp_size]
 
 
 def make_groups(tp, cp):
@@ -154,10 +153,23 @@ def train(args):
                           packing="in_order", loss_normalization="sum",
                           activation_checkpointing=True)
     first = 0
+    data_position = 0  # batches consumed: the data cursor a resume must restore
+    if args.resume_omit and not args.resume:
+        raise ValueError("--resume_omit needs --resume")
     if args.resume:
         first = int(os.path.basename(args.resume.rstrip("/"))[len("step"):])
+        data_position = 0 if args.resume_omit == "data" else first
+        # The broken resume that omits the RNG puts back the streams this process had before.
+        fresh_streams = rng.capture_resume_state(streams) if args.resume_omit == "rng" else None
         start_adam_state(model, adam)
+        # Copies: load_state writes into the state tensors in place.
+        fresh_adam = {p: {k: v.clone() for k, v in s.items()} for p, s in adam.state.items()}
         trainer.load_state(os.path.join(args.resume, f"rank{rank}"), saved_tensors(model, adam))
+        if args.resume_omit == "optimizer":
+            adam.state.clear()
+            adam.state.update(fresh_adam)
+        if fresh_streams is not None:
+            rng.restore_resume_state(streams, fresh_streams)
     corpus = Corpus(args.corpus, args.max_tokens)
     leader = groups["tp_cp"] is None or dist.get_rank(groups["tp_cp"]) == 0
     losses, log = [], None
@@ -167,10 +179,11 @@ def train(args):
     since, tokens_since = time.monotonic(), 0
     for step[0] in range(first, args.steps):
         # (5) The DP-local batch, and the global count of targets the loss is divided by.
-        global_batch = corpus.global_batch(step[0], args.sequences_per_step)
+        global_batch = corpus.global_batch(data_position, args.sequences_per_step)
+        data_position += 1
         global_targets = sum(len(tokens) - 1 for _, tokens in global_batch)
         tokens_since += sum(len(tokens) for _, tokens in global_batch)
-        sequences = corpus.dp_batch(step[0], args.sequences_per_step, dp_rank, dp_size)
+        sequences = global_batch[dp_rank::dp_size]
         rows = torch.tensor([t for _, tokens in sequences for t in tokens])
         targets = torch.tensor([tokens[i + 1] if i + 1 < len(tokens) else 0
                                 for _, tokens in sequences for i in range(len(tokens))])
@@ -212,6 +225,13 @@ def train(args):
         adam.step()
         losses.append(float(step_loss))
         done = step[0] + 1
+        if args.capture_dir:  # the state-replay protocol (tools/replay)
+            lockstep.replay.capture_state(
+                args.capture_dir, done, model=model, optimizer=adam, streams=streams,
+                data_position=data_position,
+                absent={"ledger": "this example keeps no recovery ledger",
+                        "python_random": "this example draws nothing from Python's random",
+                        "numpy_random": "this example does not use NumPy"})
         if log is not None:
             seconds = time.monotonic() - since
             log.write(f"{done},{float(step_loss)!r},{tokens_since / max(seconds, 1e-9):.0f}\n")
@@ -241,9 +261,15 @@ def parse(argv=None):
     parser.add_argument("--corpus", default="/usr/share/common-licenses/GPL-3")
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--log-csv", default="")
-    parser.add_argument("--save-every", type=int, default=0)
-    parser.add_argument("--save-dir", default="")
+    # The state-replay protocol's flags (tools/replay) are spelt with underscores.
+    parser.add_argument("--save-every", "--save_every", type=int, default=0)
+    parser.add_argument("--save-dir", "--save_dir", default="")
     parser.add_argument("--resume", default="")
+    parser.add_argument("--resume_omit", "--resume-omit", default="",
+                        choices=["", "rng", "optimizer", "data"],
+                        help="a broken resume for tools/replay: leave this part unrestored")
+    parser.add_argument("--capture_dir", "--capture-dir", default="",
+                        help="capture every rank's state after each step (lockstep.replay)")
     parser.add_argument("--mask-before-hand-back", action="store_true",
                         help="negative control: draw the mask's seed before the hand-back")
     return parser.parse_args(argv)
