@@ -113,7 +113,8 @@ std::string DivergenceSummary(const std::optional<Divergence>& first) {
 }
 
 absl::StatusOr<VerdictEvidence> RepeatabilityEvidence(const RepeatabilityReport& report,
-                                                      const std::vector<Recording>& passes) {
+                                                      const std::vector<Recording>& passes,
+                                                      const Tolerance& tolerance) {
   if (passes.size() != 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("repeatability needs the recordings of 3 passes (cold, warm1, warm2), not ",
@@ -132,8 +133,8 @@ absl::StatusOr<VerdictEvidence> RepeatabilityEvidence(const RepeatabilityReport&
   check.evidence["context"] = CaptureExecutionContext();
   const SetComparison& set = report.warm1_vs_cold;
   if (check.passed) {
-    check.detail = absl::StrCat("cold, warm1, warm2: ", set.passed,
-                                " outputs and gradients identical under the tolerance, ",
+    check.detail = absl::StrCat("cold, warm1, warm2: ", set.passed, " outputs and gradients ",
+                                tolerance.bitwise ? "bit-identical" : "within the tolerance", ", ",
                                 a.records().size(), " module and leaf records identical");
   } else {
     const SetComparison& failed = cold_differs ? set : report.warm2_vs_warm1;

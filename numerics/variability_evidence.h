@@ -72,9 +72,11 @@ struct VerdictEvidence {
 
 // The repeatability check from the harness's report and the recordings of its three passes
 // (cold, warm1, warm2, in that order): the pair localized is warm1 against cold when those
-// differ, else warm2 against warm1. kInvalidArgument unless there are exactly three recordings.
+// differ, else warm2 against warm1; `tolerance` is the one the harness compared under (the detail
+// says "bit-identical" for a bitwise one). kInvalidArgument unless there are three recordings.
 absl::StatusOr<VerdictEvidence> RepeatabilityEvidence(const RepeatabilityReport& report,
-                                                      const std::vector<Recording>& passes);
+                                                      const std::vector<Recording>& passes,
+                                                      const Tolerance& tolerance);
 
 // The names whose digests differ between two inventories' JSON (InventoryJson), or that only one
 // holds, sorted; "state digest" when every entry agrees but the state digests do not.

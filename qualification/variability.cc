@@ -178,8 +178,9 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::Repeatability() {
   if (passes.size() != 3) {
     return absl::InternalError(absl::StrCat("the harness ran ", passes.size(), " passes, not 3"));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::VerdictEvidence verdict,
-                            numerics::RepeatabilityEvidence(report, passes));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      numerics::VerdictEvidence verdict,
+      numerics::RepeatabilityEvidence(report, passes, numerics::Tolerance::Bitwise()));
   VariabilityCheck check;
   check.name = "repeatability";
   check.passed = verdict.passed;

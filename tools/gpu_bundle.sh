@@ -3,7 +3,8 @@
 # (../shared/gpu-sdk) with --config=cuda, and packs them into .gpu-bundle/ for the H200:
 #   tools/gpu_bundle.sh            then, on the device:  ./.gpu-bundle/run.sh
 #   tools/gpu_bundle.sh //trainer:trainer_benchmark ...   builds and packs only those targets
-#                                  (no Python package, no example), for a quick measurement.
+#                                  (no Python package, no example), for a quick measurement;
+#                                  with BUNDLE_PYTHON=1, the Python package and examples too.
 # The CPU tests of rng/collectives/base/checkpoint/tools are included too, so the 2.11 build of
 # the CPU paths runs there as well.
 set -euo pipefail
@@ -99,8 +100,10 @@ if [[ ! -f $sdk/lib/libtorch_python.so ]]; then
     "$sdk/lib/torch_python.s"
   rm -f "$sdk/lib/libtorch_python.so.syms" "$sdk/lib/torch_python.s"
 fi
-extra=(//python:package)
-((subset)) && extra=()
+python=1
+((subset)) && python=${BUNDLE_PYTHON:-0}
+extra=()
+((python)) && extra=(//python:package)
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" \
   --repo_env=PYTHON_INCLUDE="$python_headers/python3.12" "${targets[@]}" "${extra[@]}"
 bins=()
@@ -110,7 +113,7 @@ SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
 # Our run.sh: the SDK's, plus the tests that did not run (too few GPUs) named and counted as not
 # run, never as passed.
 cp tools/gpu_run.sh .gpu-bundle/run.sh
-if ((!subset)); then
+if ((python)); then
 # The Python package and its pytest suites, run there by python/gpu_run.sh.
 mkdir -p .gpu-bundle/python
 cp -r bazel-bin/python/pkg .gpu-bundle/python/ && chmod -R u+w .gpu-bundle/python
@@ -119,6 +122,8 @@ cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 mkdir -p .gpu-bundle/examples
 cp -r examples/lm/train_test.sh examples/lm/replay_test.sh examples/lm/operators_test.sh \
   examples/lm/deterministic_cost.sh examples/lm/cublas_call_probe.py examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
+# The Qwen-shaped LoRA program that python3 -m lockstep.verify checks, and its cost benchmark.
+cp -r examples/lora .gpu-bundle/examples/
 fi
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
 # only add copies of the SDK's link stubs (hundreds of MB).

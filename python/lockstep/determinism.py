@@ -23,13 +23,20 @@ Example::
 """
 
 import json
+import os
 
 from . import _C
 
 
 def enforce():
     """Sets and verifies deterministic mode; returns the settings in force (a dict)."""
-    return _C._enforce_deterministic_mode()
+    settings = _C._enforce_deterministic_mode()
+    # The C++ library set the process's environment; os.environ is Python's copy of it, read
+    # once at start-up, so it is told too (for the program and for what it launches with env=).
+    for variable, key in (("CUBLAS_WORKSPACE_CONFIG", "cublas_workspace_config"),
+                          ("NCCL_ALGO", "nccl_algo"), ("NCCL_PROTO", "nccl_proto")):
+        os.environ[variable] = settings[key]
+    return settings
 
 
 def verify():

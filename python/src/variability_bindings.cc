@@ -61,8 +61,8 @@ std::string RunRepeatability(py::function step, const numerics::NamedTensors& pa
   absl::StatusOr<numerics::RepeatabilityReport> report =
       numerics::RunRepeatability(call, parameters, tolerance);
   if (failure.has_value()) throw *failure;
-  const numerics::VerdictEvidence verdict =
-      ValueOrThrow(numerics::RepeatabilityEvidence(ValueOrThrow(std::move(report)), passes));
+  const numerics::VerdictEvidence verdict = ValueOrThrow(
+      numerics::RepeatabilityEvidence(ValueOrThrow(std::move(report)), passes, tolerance));
   return VerdictJson(verdict);
 }
 
