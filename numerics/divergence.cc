@@ -37,15 +37,63 @@ std::string TensorName(const Record& r) {
   return absl::StrCat(r.index, "/", r.module, "/", RecordKindName(r.kind));
 }
 
+// One pass over a CPU tensor's elements, accumulating in float64 (the same figures as the device
+// path below, without a dispatch per figure: the recorder runs inside every module's forward
+// and backward, on tensors that are often small).
+template <typename T>
+RecordSummary SummarizeCpu(const at::Tensor& contiguous) {
+  const T* x = contiguous.data_ptr<T>();
+  const int64_t n = contiguous.numel();
+  double sum = 0, abs_sum = 0, squares = 0;
+  double min = static_cast<double>(x[0]), max = min;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(x[i]);
+    sum += v;
+    abs_sum += std::abs(v);
+    squares += v * v;
+    // NaN propagates as LibTorch's min and max propagate it.
+    if (v < min || std::isnan(v)) min = std::isnan(min) ? min : v;
+    if (v > max || std::isnan(v)) max = std::isnan(max) ? max : v;
+  }
+  RecordSummary s;
+  s.sum = sum;
+  s.mean_abs = abs_sum / static_cast<double>(n);
+  s.min = min;
+  s.max = max;
+  s.l2 = std::sqrt(squares);
+  return s;
+}
+
+// The five figures reduced in float64: on the CPU in one pass, on a device as LibTorch
+// reductions brought back in one copy (one host synchronization per record, not one per figure).
 RecordSummary Summarize(const at::Tensor& t) {
   RecordSummary s;
   if (t.numel() == 0) return s;
+  if (t.device().is_cpu()) {
+    const at::Tensor c = t.detach().contiguous();
+    switch (c.scalar_type()) {
+      case at::kFloat:
+        return SummarizeCpu<float>(c);
+      case at::kDouble:
+        return SummarizeCpu<double>(c);
+      case at::kBFloat16:
+        return SummarizeCpu<at::BFloat16>(c);
+      case at::kHalf:
+        return SummarizeCpu<at::Half>(c);
+      default:
+        break;
+    }
+  }
   const at::Tensor d = t.detach().to(at::kDouble);
-  s.sum = d.sum().item<double>();
-  s.mean_abs = d.abs().mean().item<double>();
-  s.min = d.min().item<double>();
-  s.max = d.max().item<double>();
-  s.l2 = d.norm().item<double>();
+  const auto [min, max] = at::aminmax(d);
+  const at::Tensor figures =
+      at::stack({d.sum(), d.abs().mean(), min, max, at::linalg_vector_norm(d)}).to(at::kCPU);
+  const double* f = figures.data_ptr<double>();
+  s.sum = f[0];
+  s.mean_abs = f[1];
+  s.min = f[2];
+  s.max = f[3];
+  s.l2 = f[4];
   return s;
 }
 

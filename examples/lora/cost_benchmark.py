@@ -6,7 +6,8 @@ measured in the same run.
         [--device=cpu|cuda] [--dtype=float32|bfloat16] [--layers=N] [--hidden=H] \
         [--repeats=N] [--out=results.json]
 
-(the package dir is bazel-bin/python/pkg after a build; --help lists the other sizes.) The
+(the package dir is bazel-bin/python/pkg after `bazel build -c opt //python:package`: the
+figures are those of an optimized build; --help lists the other sizes.) The
 inventory target's size: each layer adds 68 tensors (26 of the model, 42 of AdamW), so
 --layers=295 gives 20,063; there, --measure=inventory skips the recorders, which take long.
 
