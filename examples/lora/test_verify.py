@@ -25,7 +25,7 @@ def verify(out, *flags):
          f"--init={out}.init.safetensors", *flags],
         capture_output=True, text=True, timeout=900, env=dict(os.environ, MPLCONFIGDIR=str(out)))
     with open(os.path.join(out, "evidence.json")) as f:
-        return done.returncode, done.stdout + done.stderr, json.load(f)
+        return done.returncode, done.stdout + done.stderr, json.load(f), out
 
 
 def checks(evidence):
@@ -43,7 +43,7 @@ def planted(tmp_path_factory):
 
 
 def test_two_actors_agree_bit_for_bit(clean):
-    code, out, evidence = clean
+    code, out, evidence, _ = clean
     assert code == 0, out
     by = checks(evidence)
     assert set(by) == {"repeatability", "repeatability_b", "actors"}
@@ -60,7 +60,7 @@ def test_two_actors_agree_bit_for_bit(clean):
 
 
 def test_a_planted_operator_is_named_down_to_the_operator_and_module(planted):
-    code, out, evidence = planted
+    code, out, evidence, folder = planted
     assert code == 1, out
     by = checks(evidence)
     assert not by["repeatability"]["passed"] and not by["actors"]["passed"]
@@ -71,8 +71,7 @@ def test_a_planted_operator_is_named_down_to_the_operator_and_module(planted):
     verdicts = {leaf["parameter"]: leaf["verdict"] for leaf in actors["leaf_gradients"]}
     assert verdicts["layers.0.self_attn.q_proj.lora_A"] == "incoming", verdicts
     assert "lockstep_controls::shuffled_sum in layers.1.mlp" in by["actors"]["ranks"][0]["detail"]
-    page = os.path.join(os.path.dirname(out.split("evidence: ")[-1].split()[0]), "report",
-                        "index.html")
+    page = os.path.join(folder, "report", "index.html")
     if os.path.exists(page):
         text = open(page).read()
         assert "lockstep_controls::shuffled_sum in layers.1.mlp" in text

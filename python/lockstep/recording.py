@@ -127,7 +127,8 @@ class ModuleRecorder:
 
     def __init__(self, module, *, keep_full_tensors=0, parameters=None):
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"ModuleRecorder records a torch.nn.Module, not {type(module).__name__}")
+            raise TypeError(
+                f"ModuleRecorder records a torch.nn.Module, not {type(module).__name__}")
         if keep_full_tensors < 0:
             raise ValueError(f"keep_full_tensors={keep_full_tensors} must be >= 0")
         self._module = module

@@ -108,7 +108,7 @@ def _rank_checks(out, rank):
     for actor in ("a", "b"):
         with open(os.path.join(out, f"actor_{actor}.rank{rank}.repeatability.json")) as f:
             r = json.load(f)
-        checks.append((f"repeatability" if actor == "a" else "repeatability_b", r["passed"],
+        checks.append(("repeatability" if actor == "a" else "repeatability_b", r["passed"],
                        f"actor {actor}: {r['detail']}", r["evidence"]))
     actors = variability.compare_actors(os.path.join(out, "actor_a"),
                                         os.path.join(out, "actor_b"), rank)

@@ -159,6 +159,12 @@ def test_a_planted_operator_is_named_with_its_module(tmp_path):
     found = d.first_outputs_differ
     assert found["op"] == "lockstep_controls::shuffled_sum", d.summary
     assert found["module"] == "blocks.0.mlp", d.summary
+    diverge = os.environ.get("DIVERGE")  # the recordings are tools/diverge's too
+    if diverge:
+        done = subprocess.run([diverge, str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+                              capture_output=True, text=True)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "lockstep_controls::shuffled_sum in blocks.0.mlp" in done.stdout, done.stdout
 
 
 def test_inputs_are_digested_before_an_in_place_write(tmp_path):
