@@ -78,3 +78,25 @@ def test_a_planted_operator_is_named_down_to_the_operator_and_module(planted):
         assert "first divergence: layers.1.mlp" in text
     else:
         pytest.skip(f"no report page ({out.splitlines()[-1]})")
+
+
+def test_a_program_that_does_not_cooperate_is_named(tmp_path):
+    program = tmp_path / "plain.py"
+    program.write_text("print('a program that never calls lockstep.verify.program')\n")
+    done = subprocess.run([sys.executable, "-m", "lockstep.verify", f"--out={tmp_path / 'v'}",
+                           "--", sys.executable, str(program)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "does the program call lockstep.verify.program" in done.stdout, done.stdout
+
+
+def test_bad_arguments_are_refused_naming_the_value(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "old.json").write_text("{}")
+    for flags, named in ((["--out", str(tmp_path / "used")], "is not an empty folder"),
+                         (["--out", str(tmp_path / "n"), "--nproc=0"], "--nproc=0"),
+                         (["--out", str(tmp_path / "t"), "--timeout=-1"], "--timeout=-1.0")):
+        done = subprocess.run([sys.executable, "-m", "lockstep.verify", *flags, "--",
+                               sys.executable, "-c", "pass"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and named in done.stderr, done.stderr

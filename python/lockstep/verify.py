@@ -102,6 +102,17 @@ def _launch(name, command, nproc, out, timeout, extra_env):
     return failure
 
 
+def _missing(out, name, nproc):
+    """Why launch ``name`` left no evidence (the program never called ``program``), or None."""
+    for rank in range(nproc):
+        path = (os.path.join(out, "state", f"rank{rank}.safetensors") if name == "save"
+                else os.path.join(out, f"{name}.rank{rank}.json"))
+        if not os.path.exists(path):
+            return (f"{name}: rank {rank} exited 0 but wrote no {os.path.relpath(path, out)}: does "
+                    f"the program call lockstep.verify.program(step, model, ...)?")
+    return None
+
+
 def _rank_checks(out, rank):
     """The repeatability and actors checks of one rank: (name, passed, detail, evidence)."""
     checks = []
@@ -178,6 +189,8 @@ def main(argv=None):
                       ("actor_b", {_ROLE: "actor", _ACTOR: "b"})):
         print(f"verify: {name} ({args.nproc} ranks)", flush=True)
         failure = _launch(name, command, args.nproc, out, args.timeout, dict(env, **{_DIR: out}))
+        if failure is None:
+            failure = _missing(out, name, args.nproc)
         if failure is not None:
             errors.append(failure)
             break
