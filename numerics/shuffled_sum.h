@@ -24,6 +24,7 @@ namespace lockstep {
 namespace numerics {
 namespace controls {
 
+// The operator's name, as the operator recorder and tools/diverge name it.
 inline constexpr char kShuffledSumOperator[] = "lockstep_controls::shuffled_sum";
 
 // Calls lockstep_controls::shuffled_sum through the dispatcher. Precondition: `terms` is a CPU

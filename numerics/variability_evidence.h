@@ -57,6 +57,8 @@ struct RecordingsVerdict {
   // {first_divergence, records (RecordComparisons), leaf_gradients: [localization...]}.
   nlohmann::json evidence;
 };
+// `a` against `b`: FirstDivergence, RecordComparisons and LocalizeParameterGradient for every
+// parameter `a` recorded an accumulated gradient of.
 absl::StatusOr<RecordingsVerdict> CompareRecordings(const Recording& a, const Recording& b);
 
 // "first divergence at block1.mlp (forward_output, record 4, digest): max |diff| ..." or that no
@@ -65,9 +67,9 @@ std::string DivergenceSummary(const std::optional<Divergence>& first);
 
 // A check's outcome: whether it passed, one line saying why, and every figure behind it.
 struct VerdictEvidence {
-  bool passed = false;
-  std::string detail;
-  nlohmann::json evidence;
+  bool passed = false;      // whether the check passed
+  std::string detail;       // one line: what was compared and, on failure, where it differs
+  nlohmann::json evidence;  // every figure behind the verdict (qualify's evidence per rank)
 };
 
 // The repeatability check from the harness's report and the recordings of its three passes

@@ -4,7 +4,8 @@
 # (.ci/run); so can anyone, from any directory:
 #   tools/benchmark_smoke.sh [target ...]   (default: every benchmark)
 # The benchmarks: every cc_binary named *_benchmark (a bazel query) and
-# python/bench/handback_benchmark.py. A gpu-tagged one (CUDA-only, from the GPU bundle) is not
+# the Python ones (python/bench/handback_benchmark.py, examples/lora/cost_benchmark.py). A
+# gpu-tagged one (CUDA-only, from the GPU bundle) is not
 # run here; one with no smoke arguments below fails, so a new benchmark is never left out.
 # Prints "benchmark smoke: N benchmarks: ...", then one line per benchmark,
 #   benchmark smoke: <target> PASSED | FAILED: why | NOT RUN: why
@@ -13,6 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 python=/usr/bin/python3
 handback=python/bench/handback_benchmark.py
+lora=examples/lora/cost_benchmark.py
+python_benchmarks=("$handback" "$lora")
+is_python() { [[ $1 == "$handback" || $1 == "$lora" ]]; }
 
 # Each one's smallest run: a --benchmark_filter of its smallest cases and the shortest time for
 # Google Benchmark's (cases with a fixed iteration count keep it), or its own flags. About 90 s
@@ -27,6 +31,7 @@ declare -A smoke_args=(
   [//rng:rng_benchmark]="--benchmark_filter=BM_ModelStreamScope|procs:2|elements:1048576/ --benchmark_min_time=0.01"
   [//trainer:trainer_benchmark]="--procs=2 --tokens=64 --width=32 --hidden=64 --iterations=10"
   [$handback]="--world 2 --iterations 20"
+  [$lora]="--repeats=3 --warmup=1"
 )
 
 work=$(mktemp -d)
@@ -43,7 +48,7 @@ if [[ ${#benchmarks[@]} == 0 ]]; then
   fi
   mapfile -t benchmarks <"$work/all"
   mapfile -t gpu <"$work/gpu"
-  benchmarks+=("$handback")
+  benchmarks+=("${python_benchmarks[@]}")
 fi
 echo "benchmark smoke: ${#benchmarks[@]} benchmarks: ${benchmarks[*]}"
 is_gpu() { local g; for g in "${gpu[@]+"${gpu[@]}"}"; do [[ $g == "$1" ]] && return 0; done; return 1; }
@@ -52,7 +57,7 @@ is_gpu() { local g; for g in "${gpu[@]+"${gpu[@]}"}"; do [[ $g == "$1" ]] && ret
 # does not build fails alone.
 build=()
 for b in "${benchmarks[@]}"; do
-  if [[ $b == "$handback" ]]; then build+=(//python:package); elif ! is_gpu "$b"; then build+=("$b"); fi
+  if is_python "$b"; then build+=(//python:package); elif ! is_gpu "$b"; then build+=("$b"); fi
 done
 bazel build --keep_going "${build[@]}" >"$work/build.log" 2>&1 || tail -30 "$work/build.log"
 bin=$(bazel info bazel-bin 2>/dev/null)
@@ -69,8 +74,8 @@ for b in "${benchmarks[@]}"; do
     continue
   fi
   read -r -a args <<<"${smoke_args[$b]}"
-  if [[ $b == "$handback" ]]; then
-    command=(env "PYTHONPATH=$bin/python/pkg" "$python" "$handback")
+  if is_python "$b"; then
+    command=(env "PYTHONPATH=$bin/python/pkg:$(dirname "$b")" "$python" "$b")
     binary=$bin/python/pkg/lockstep/_C.so
   else
     binary=$bin/$(sed 's|^//||; s|:|/|' <<<"$b")
