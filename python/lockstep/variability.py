@@ -38,6 +38,12 @@ from . import _C, determinism, numerics, replay
 from .numerics import _Result
 from .recording import ModuleRecorder, OperatorRecorder, Recording
 
+# Records (the first, in execution order) whose tensors a recorded pass keeps, for the figures
+# of the evidence (relative L2, tolerance ratio): every record of a small model; a bounded host
+# copy of a large one's (a model at full size records thousands of activations per step; past
+# this count the records keep their digests and summaries only).
+KEEP_FULL_TENSORS = 1024
+
 
 class CheckResult(_Result):
     """A check's outcome: ``passed``, ``detail`` (one line), ``evidence`` (every figure)."""
@@ -90,12 +96,13 @@ class _Restorer:
 
 
 def repeatability(step, model, *, parameters=None, streams=None, record=True,
-                  keep_full_tensors=1 << 20, atol=0.0, rtol=0.0, relative_l2=0.0,
+                  keep_full_tensors=KEEP_FULL_TENSORS, atol=0.0, rtol=0.0, relative_l2=0.0,
                   nan_equal=True, bitwise=True):
     """The repeatability check of ``step`` on ``model`` (see the module's docstring); a
     ``CheckResult``. ``parameters``: the ``(name, tensor)`` leaves whose gradients are compared
     (default: ``model``'s trainable parameters). ``record``: record each pass module by module
-    (``keep_full_tensors`` records keep their tensors, for the figures). The tolerance keywords
+    (the first ``keep_full_tensors`` records keep a host copy of their tensors, for the
+    figures; the others their digests and summaries). The tolerance keywords
     are numerics.compare's; the default is bitwise."""
     named = _trainable(model, parameters)
     restore = _Restorer(streams)
@@ -202,14 +209,15 @@ def load_state(directory, model, optimizer=None, *, streams=None, rank=None):
 
 
 def run_actor(directory, prefix, step, model, optimizer=None, *, streams=None, rank=None,
-              caller=None, load=None, record_operators=True):
+              caller=None, load=None, record_operators=True,
+              keep_full_tensors=KEEP_FULL_TENSORS):
     """One actor: loads the state ``save_state`` saved under ``directory`` (``load``, a callable
     ``(directory, model, optimizer, streams, rank)``, replaces ``load_state``), then writes its
     evidence under ``prefix`` (``<prefix>.rank<r>.*``): inventory, execution context (``caller``
     fields added), what the load restored less than was saved, the step's outputs and gradients
     and its module recording; its repeatability check (``.repeatability.json``); and, with
-    ``record_operators``, the step's operator recording (``.ops.jsonl``). Returns the
-    repeatability ``CheckResult``."""
+    ``record_operators``, the step's operator recording (``.ops.jsonl``). ``keep_full_tensors``:
+    as ``repeatability``'s. Returns the repeatability ``CheckResult``."""
     rank = _rank(rank)
     (load or load_state)(directory, model, optimizer, streams=streams, rank=rank)
     _, inventory_path = _state_paths(directory, rank)
@@ -219,13 +227,13 @@ def run_actor(directory, prefix, step, model, optimizer=None, *, streams=None, r
     saved_vs_loaded = list(_C._inventory_differences(saved_inventory, loaded.json()))
     context = determinism.execution_context(rank=rank, **(caller or {}))
     named = _trainable(model, None)
-    result = repeatability(step, model, streams=streams)
+    result = repeatability(step, model, streams=streams, keep_full_tensors=keep_full_tensors)
     base = f"{os.fspath(prefix)}.rank{rank}"
     _write_text(base + ".repeatability.json", json.dumps(result.as_dict()))
     restore = _Restorer(streams)
     for _, p in named:
         p.grad = None
-    with ModuleRecorder(model, keep_full_tensors=1 << 20, parameters=named) as recorder:
+    with ModuleRecorder(model, keep_full_tensors=keep_full_tensors, parameters=named) as recorder:
         outputs = _named_outputs(step())
     gradients = [(n, p.grad.detach()) for n, p in named if p.grad is not None]
     _C._write_actor_evidence(os.fspath(prefix), rank, loaded.json(), json.dumps(context),

@@ -185,3 +185,11 @@ def test_one_operator_recorder_at_a_time(tmp_path):
         with pytest.raises(errors.FailedPreconditionError):
             with recording.OperatorRecorder(tmp_path / "b.jsonl"):
                 pass
+
+
+def test_only_the_first_records_keep_their_tensors():
+    model = Net()
+    rec = record(model, keep_full_tensors=3)
+    kept = [r["index"] for r in rec.records if r["kept"]]
+    assert kept == [0, 1, 2], kept
+    assert len(rec) > 3
