@@ -13,19 +13,27 @@
 # there is no report binary, as in the GPU bundle: "NOT RUN: the report page", and the test counts
 # as not run, docs/building.md).
 # REPLAY_BIN names the folder of replay and train (the GPU bundle); REPLAY_TRAIN_FLAGS adds flags
-# to every launch (--device=cuda --deterministic on the H200).
+# to every launch (--device=cuda --deterministic on the H200). REPLAY_PROGRAM replaces the
+# program: the Python twin, "python3 examples/lm/python/train.py", with REPLAY_PYTHONPATH naming
+# the lockstep package (//examples:replay_python_test); REPLAY_PROGRAM_RNG then names a program
+# generator every capture's index must declare.
 set -euo pipefail
 replay=${REPLAY_BIN:-tools}/replay
-train=${REPLAY_BIN:-examples}/train
 python=${REPLAY_PYTHON:-/usr/bin/python3}
+read -r -a program <<<"${REPLAY_PROGRAM:-${REPLAY_BIN:-examples}/train}"
+[[ -n ${REPLAY_PYTHONPATH:-} ]] && export PYTHONPATH=$(realpath "$REPLAY_PYTHONPATH")
 read -r -a extra <<<"${REPLAY_TRAIN_FLAGS:-}"
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/replay.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$replay" --out="$tmp/run" --nproc=4 --steps=4 --resume_step=2 --broken=rng,optimizer,data \
-  -- "$train" --cp=2 --sequences_per_step=8 --log_every=1000 "${extra[@]+"${extra[@]}"}" \
+  -- "${program[@]}" --cp=2 --sequences_per_step=8 --log_every=1000 "${extra[@]+"${extra[@]}"}" \
   | tee "$tmp/replay.out" || fail "replay exited $? (want 0)"
+if [[ -n ${REPLAY_PROGRAM_RNG:-} ]]; then
+  grep -q "\"$REPLAY_PROGRAM_RNG\"" "$tmp/run/reference/captures/step1/rank0/index.json" \
+    || fail "the capture's index does not declare the program's $REPLAY_PROGRAM_RNG"
+fi
 
 # What the report says, checked by Python (json): the kinds' paths and the positions.
 "$python" - "$tmp/run/report.json" <<'PY' || fail "report.json does not say what it should"

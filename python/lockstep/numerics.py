@@ -11,7 +11,8 @@
   C++ library, the ``inventory`` tool and numerics/digest_reference.py.
 - ``module_state(module, optimizer=None)``: the named set lockstep digests for a model and its
   optimizer (numerics/module_state.h): parameters and buffers by module path, each parameter's
-  optimizer state as "optimizer/<path>/<field>", a step as a 0-d int64 tensor.
+  optimizer state as "optimizer/<path>/<field>" (``optimizer_entries``: the same without the
+  prefix), a step as a 0-d int64 tensor.
 - ``write_safetensors(path, tensors, metadata)`` / ``read_safetensors(path)``: safetensors files
   through the C++ library's one writer (atomic) and reader (checked).
 """
@@ -84,22 +85,30 @@ class Inventory(_Result):
         return f"<Inventory {self.tensors} tensors, state digest {self.state_digest}>"
 
 
+def optimizer_entries(module, optimizer):
+    """``optimizer``'s state as ``(<parameter path>/<field>, tensor)`` pairs, each parameter named
+    by its path in ``module`` (a step as a 0-d int64 tensor)."""
+    paths = {id(p): name for name, p in module.named_parameters()}
+    entries = []
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            state = optimizer.state.get(p, {})
+            prefix = paths.get(id(p), f"group{g}/param{i}")
+            for field in _OPTIMIZER_FIELDS:
+                value = state.get(field)
+                if value is None:
+                    continue
+                if field == "step":
+                    value = torch.tensor(int(value), dtype=torch.int64)
+                entries.append((f"{prefix}/{field}", value.detach()))
+    return entries
+
+
 def module_state(module, optimizer=None):
     """The named set of ``module`` (and ``optimizer``): see the module's docstring."""
     named = [(name, t.detach()) for name, t in module.state_dict(keep_vars=True).items()]
     if optimizer is not None:
-        paths = {id(p): name for name, p in module.named_parameters()}
-        for g, group in enumerate(optimizer.param_groups):
-            for i, p in enumerate(group["params"]):
-                state = optimizer.state.get(p, {})
-                prefix = paths.get(id(p), f"group{g}/param{i}")
-                for field in _OPTIMIZER_FIELDS:
-                    value = state.get(field)
-                    if value is None:
-                        continue
-                    if field == "step":
-                        value = torch.tensor(int(value), dtype=torch.int64)
-                    named.append((f"optimizer/{prefix}/{field}", value.detach()))
+        named += [(f"optimizer/{name}", t) for name, t in optimizer_entries(module, optimizer)]
     return sorted(named)
 
 

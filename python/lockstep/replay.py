@@ -33,7 +33,7 @@ import struct
 import torch
 
 from . import _C
-from .numerics import _OPTIMIZER_FIELDS
+from .numerics import optimizer_entries
 
 _PROGRAM_GENERATORS = ("python_random", "numpy_random")
 
@@ -76,30 +76,16 @@ def restore_numpy_random(state):
                             values[-2], _bits_float(values[-1])))
 
 
-def optimizer_state(model, optimizer):
-    """``optimizer``'s state as ``(<parameter name>/<field>, tensor)`` pairs, named by ``model``'s
-    parameter names (a step as a 0-d int64 tensor)."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    out = []
-    for g, group in enumerate(optimizer.param_groups):
-        for i, p in enumerate(group["params"]):
-            prefix = names.get(id(p), f"group{g}/param{i}")
-            for field in _OPTIMIZER_FIELDS:
-                value = optimizer.state.get(p, {}).get(field)
-                if value is None:
-                    continue
-                if field == "step":
-                    value = torch.tensor(int(value), dtype=torch.int64)
-                out.append((f"{prefix}/{field}", value.detach()))
-    return sorted(out, key=lambda e: e[0])
-
-
-def _rank_and_world(rank, world_size):
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+def rank_and_world(rank=None, world_size=None):
+    """``rank`` and ``world_size``, each defaulting to torch.distributed's (else $RANK and
+    $WORLD_SIZE, else 0 and 1)."""
+    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if rank is None:
+        rank = torch.distributed.get_rank() if initialized else os.environ.get("RANK", "0")
+    if world_size is None:
+        world_size = (torch.distributed.get_world_size() if initialized
+                      else os.environ.get("WORLD_SIZE", "1"))
+    return int(rank), int(world_size)
 
 
 def capture_state(capture_dir, step, *, model=None, weights=None, optimizer=None, streams=None,
@@ -126,8 +112,8 @@ def capture_state(capture_dir, step, *, model=None, weights=None, optimizer=None
                              f"(absent={{'{name}': 'why this program does not use it'}})")
     named = (list(model.state_dict(keep_vars=True).items()) if model is not None
              else [(str(n), t) for n, t in weights])
-    rank, world_size = _rank_and_world(rank, world_size)
+    rank, world_size = rank_and_world(rank, world_size)
     _C._capture_state(os.fspath(capture_dir), int(step), rank, world_size, named,
-                      optimizer_state(model, optimizer) if optimizer is not None else [],
+                      optimizer_entries(model, optimizer) if optimizer is not None else [],
                       streams, data_position, ledger_step, program_rng, program_rng_absent,
                       {str(k): str(v) for k, v in absent.items()})

@@ -104,29 +104,34 @@ def repeatability(step, model, *, parameters=None, streams=None, record=True,
     (the first ``keep_full_tensors`` records keep a host copy of their tensors, for the
     figures; the others their digests and summaries). The tolerance keywords
     are numerics.compare's; the default is bitwise."""
-    named = _trainable(model, parameters)
+    return _repeatability(step, model, _trainable(model, parameters), streams, record,
+                          keep_full_tensors, dict(atol=atol, rtol=rtol, relative_l2=relative_l2,
+                                                  nan_equal=nan_equal, bitwise=bitwise))
+
+
+def _repeatability(step, model, named, streams, record, keep_full_tensors, tolerance, last=None):
+    """``repeatability``'s work; ``last`` (a dict), when given, receives the warm2 pass's
+    ``outputs`` and ``recording`` (its gradients stay in the parameters' ``.grad``)."""
     restore = _Restorer(streams)
 
     def one_pass():
         restore()
         if not record:
-            return _named_outputs(step()), None
-        with ModuleRecorder(model, keep_full_tensors=keep_full_tensors,
-                            parameters=named) as recorder:
-            outputs = _named_outputs(step())
-        return outputs, recorder.recording._native
+            outputs, native = _named_outputs(step()), None
+        else:
+            with ModuleRecorder(model, keep_full_tensors=keep_full_tensors,
+                                parameters=named) as recorder:
+                outputs = _named_outputs(step())
+            native = recorder.recording._native
+        if last is not None:
+            last.update(outputs=outputs, recording=native)
+        return outputs, native
 
-    return CheckResult(_C._run_repeatability(one_pass, named, atol=atol, rtol=rtol,
-                                             relative_l2=relative_l2, nan_equal=nan_equal,
-                                             bitwise=bitwise))
+    return CheckResult(_C._run_repeatability(one_pass, named, **tolerance))
 
 
 def _rank(rank):
-    if rank is not None:
-        return int(rank)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0"))
+    return replay.rank_and_world(rank, None)[0]
 
 
 def _state_paths(directory, rank):
@@ -142,21 +147,22 @@ def save_state(directory, model, optimizer=None, *, streams=None, rank=None):
     rank = _rank(rank)
     os.makedirs(os.fspath(directory), exist_ok=True)
     state_path, inventory_path = _state_paths(directory, rank)
-    tensors = numerics.module_state(model, optimizer)
-    tensors.append(("rng/python_random", replay.python_random_state()))
+    generators = [("rng/python_random", replay.python_random_state())]
     try:
-        tensors.append(("rng/numpy_random", replay.numpy_random_state()))
+        generators.append(("rng/numpy_random", replay.numpy_random_state()))
     except ImportError:
         pass
+    tensors = numerics.module_state(model, optimizer) + generators
     metadata = {}
     if streams is not None:
         metadata["lockstep.rng_streams"] = _C.capture_resume_state(streams).hex()
     numerics.write_safetensors(state_path, tensors, metadata)
-    inventory = numerics.inventory(numerics.module_state(model, optimizer))
-    _write_text(inventory_path, inventory.json())
+    inventory = numerics.inventory(tensors[:len(tensors) - len(generators)])
+    write_text(inventory_path, inventory.json())
 
 
-def _write_text(path, text):
+def write_text(path, text):
+    """Writes ``text`` to ``path`` atomically and durably (a temporary file beside it, replaced)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "x", encoding="utf-8") as f:
         f.write(text)
@@ -227,17 +233,18 @@ def run_actor(directory, prefix, step, model, optimizer=None, *, streams=None, r
     saved_vs_loaded = list(_C._inventory_differences(saved_inventory, loaded.json()))
     context = determinism.execution_context(rank=rank, **(caller or {}))
     named = _trainable(model, None)
-    result = repeatability(step, model, streams=streams, keep_full_tensors=keep_full_tensors)
-    base = f"{os.fspath(prefix)}.rank{rank}"
-    _write_text(base + ".repeatability.json", json.dumps(result.as_dict()))
     restore = _Restorer(streams)
-    for _, p in named:
-        p.grad = None
-    with ModuleRecorder(model, keep_full_tensors=keep_full_tensors, parameters=named) as recorder:
-        outputs = _named_outputs(step())
+    # The warm2 pass's outputs, gradients and recording are the actor's evidence: the step is not
+    # run again for it.
+    last = {}
+    result = _repeatability(step, model, named, streams, True, keep_full_tensors,
+                            dict(bitwise=True, atol=0.0, rtol=0.0, relative_l2=0.0,
+                                 nan_equal=True), last)
+    base = f"{os.fspath(prefix)}.rank{rank}"
+    write_text(base + ".repeatability.json", json.dumps(result.as_dict()))
     gradients = [(n, p.grad.detach()) for n, p in named if p.grad is not None]
     _C._write_actor_evidence(os.fspath(prefix), rank, loaded.json(), json.dumps(context),
-                             saved_vs_loaded, outputs, gradients, recorder.recording._native)
+                             saved_vs_loaded, last["outputs"], gradients, last["recording"])
     if record_operators:
         restore()
         for _, p in named:

@@ -196,10 +196,7 @@ def main(argv=None):
             break
     evidence = evidence_of(out, args.nproc, command, errors)
     path = os.path.join(out, "evidence.json")
-    tmp = path + ".tmp"
-    with open(tmp, "x", encoding="utf-8") as f:
-        json.dump(evidence, f, indent=1)
-    os.replace(tmp, path)
+    variability.write_text(path, json.dumps(evidence, indent=1))
     for check in evidence["checks"]:
         print(f"{'PASS' if check['passed'] else 'FAIL'} {check['name']}: "
               f"{check['ranks'][0]['detail']}")
