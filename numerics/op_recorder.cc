@@ -338,6 +338,7 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
       kept.summary = at::Tensor();
     }
   }
+  std::string lines;
   for (Pending* p : ready) {
     OperatorRecord& r = p->record;
     std::vector<Digest128> side(r.inputs.size());
@@ -354,8 +355,10 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
       r.outputs[i].max_abs = kept.figures->second;
     }
     r.outputs_digest = OperatorSideDigest(r.outputs, side);
-    out << DumpJson(OperatorRecordJson(r)) << "\n";
+    AppendOperatorRecordLine(r, &lines);  // Note [Record lines]
+    lines.push_back('\n');
   }
+  out.write(lines.data(), static_cast<std::streamsize>(lines.size()));
   out.flush();
   if (!out) {
     return absl::InternalError(

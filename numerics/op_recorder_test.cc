@@ -9,9 +9,11 @@
 #include "numerics/op_recorder.h"
 #include "numerics/op_divergence.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -160,6 +162,31 @@ TEST_F(OperatorRecorderTest, DeterministicComputationRecordsIdentically) {
   ASSERT_EQ(first.outputs.size(), 1u);
   EXPECT_NEAR(first.outputs[0].sum, (Values() * 3.0).sum().item<double>(), 1e-4);
   EXPECT_NEAR(first.outputs[0].max_abs, (Values() * 3.0).abs().max().item<double>(), 1e-6);
+}
+
+// An output's figures, read from its bytes on the host, for each kind of dtype: a reduced float
+// converted exactly, an integer, and a NaN that makes max |x| NaN while the sum stays a sum.
+TEST_F(OperatorRecorderTest, FiguresOfEveryKindOfDtype) {
+  const OperatorRecording r = Record("r", [&] {
+    OperatorRecorder::Scope scope(recorder(), "step");
+    at::Tensor half = at::full({3}, -1.5, at::kBFloat16).neg();
+    at::Tensor ints = at::arange(-4, 3, at::kLong).neg();
+    at::Tensor with_nan = at::tensor({1.0, NAN, -7.0}, at::kDouble).mul(2.0);
+  });
+  std::map<std::string, const OperatorRecord*> by_dtype;
+  for (const OperatorRecord& record : r.records()) {
+    if (record.op != "aten::neg" && record.op != "aten::mul") continue;
+    by_dtype[record.outputs.at(0).dtype] = &record;
+  }
+  ASSERT_EQ(by_dtype.count("BF16"), 1u);
+  EXPECT_EQ(by_dtype["BF16"]->outputs[0].sum, 4.5);
+  EXPECT_EQ(by_dtype["BF16"]->outputs[0].max_abs, 1.5);
+  ASSERT_EQ(by_dtype.count("I64"), 1u);
+  EXPECT_EQ(by_dtype["I64"]->outputs[0].sum, 7.0);  // minus the sum of -4 .. 2
+  EXPECT_EQ(by_dtype["I64"]->outputs[0].max_abs, 4.0);
+  ASSERT_EQ(by_dtype.count("F64"), 1u);
+  EXPECT_TRUE(std::isnan(by_dtype["F64"]->outputs[0].sum));
+  EXPECT_TRUE(std::isnan(by_dtype["F64"]->outputs[0].max_abs));
 }
 
 TEST_F(OperatorRecorderTest, RecordsNothingOutsideAScopeNorItsOwnCalls) {

@@ -115,6 +115,9 @@ Digest128 OperatorSideDigest(const std::vector<OperatorValue>& values,
 // shape, window and window_dims, and value where they apply, and an output tensor's sum and
 // max_abs (a non-finite one as "nan", "inf" or "-inf").
 nlohmann::json OperatorRecordJson(const OperatorRecord& record);
+// Appends DumpJson(OperatorRecordJson(record)) to `line`, the same bytes, without building the
+// JSON value: the recorder writes one per operator call (Note [Record lines] in op_recording.cc).
+void AppendOperatorRecordLine(const OperatorRecord& record, std::string* line);
 
 }  // namespace numerics
 }  // namespace lockstep

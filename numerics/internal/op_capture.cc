@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "ATen/Dispatch.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -83,6 +84,43 @@ at::Tensor Summary(const at::Tensor& t) {
   return at::stack({d.sum(), max_abs});
 }
 
+// [sum, max |x|] of the contiguous CPU tensor `t` in one pass over its elements, as the summary
+// kernel computes them (each element converted to double, summed in order; a NaN makes max |x|
+// NaN): a callback runs in every operator call, and the ATen route costs several dispatched calls
+// and converted copies per output. Dtypes it does not read (float8, ...) take Summary's.
+std::pair<double, double> HostSummary(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: case at::kFloat: case at::kHalf: case at::kBFloat16: case at::kLong:
+    case at::kInt: case at::kShort: case at::kChar: case at::kByte: case at::kBool:
+      break;
+    default: {
+      const at::Tensor f = Summary(t);
+      const auto a = f.accessor<double, 1>();
+      return {a[0], a[1]};
+    }
+  }
+  std::pair<double, double> figures{0.0, 0.0};
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, t.scalar_type(),
+                             "lockstep_host_summary", [&] {
+                               const scalar_t* x = t.data_ptr<scalar_t>();
+                               const int64_t n = t.numel();
+                               double sum = 0;
+                               double max_abs = 0;
+                               for (int64_t i = 0; i < n; ++i) {
+                                 const double v = static_cast<double>(x[i]);
+                                 sum += v;
+                                 const double a = std::fabs(v);
+                                 if (std::isnan(a) || std::isnan(max_abs)) {
+                                   max_abs = std::nan("");
+                                 } else if (a > max_abs) {
+                                   max_abs = a;
+                                 }
+                               }
+                               figures = {sum, max_abs};
+                             });
+  return figures;
+}
+
 // The kind and text of `v`, which is not a tensor: none, a scalar (or a list of them), or other.
 void CaptureNonTensor(const c10::IValue& v, OperatorValue& value) {
   if (v.isNone()) {
@@ -147,15 +185,10 @@ void DigestInto(const at::Tensor& view, const std::string& dtype, bool summarize
     kept.digest = TensorBytesDigest(
         kept.dtype, kept.shape,
         absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
+    if (summarize && view.numel() > 0) kept.figures = HostSummary(bytes);
   }
-  if (summarize && !kept.summary.defined()) {  // a CPU tensor, or an empty one
-    if (view.numel() == 0) {
-      kept.figures = std::make_pair(0.0, 0.0);  // no device round trip for nothing
-    } else {
-      const at::Tensor figures = Summary(view);
-      const auto f = figures.accessor<double, 1>();
-      kept.figures = std::make_pair(f[0], f[1]);
-    }
+  if (summarize && !kept.summary.defined() && !kept.figures) {  // an empty tensor
+    kept.figures = std::make_pair(0.0, 0.0);  // no device round trip for nothing
   }
 }
 
