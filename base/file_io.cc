@@ -180,10 +180,18 @@ absl::StatusOr<std::pair<int, std::string>> CreateTemporaryBeside(const std::str
       absl::StrCat("cannot create a temporary file beside '", path, "': every name was taken"));
 }
 
+// WriteAll of each piece in order; errno is the failing write's.
+bool WritePieces(int fd, absl::Span<const absl::string_view> pieces) {
+  for (absl::string_view piece : pieces) {
+    if (!WriteAll(fd, piece)) return false;
+  }
+  return true;
+}
+
 // Writes to a direct target. A FIFO or pipe whose reader has gone raises SIGPIPE, which would kill
 // the process: it is blocked in this thread for the write and a pending one consumed after, so
 // that the write fails with EPIPE instead.
-absl::Status WriteDirectly(const Target& target, absl::string_view bytes) {
+absl::Status WriteDirectly(const Target& target, absl::Span<const absl::string_view> pieces) {
   absl::StatusOr<int> fd = OpenDirect(target);
   if (!fd.ok()) return fd.status();
   sigset_t pipe_signal, previous, pending;
@@ -192,7 +200,7 @@ absl::Status WriteDirectly(const Target& target, absl::string_view bytes) {
   sigpending(&pending);
   const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
   pthread_sigmask(SIG_BLOCK, &pipe_signal, &previous);
-  const bool written = WriteAll(*fd, bytes);
+  const bool written = WritePieces(*fd, pieces);
   const int error = errno;
   if (!written && error == EPIPE && !was_pending) {
     const timespec now = {0, 0};
@@ -204,7 +212,7 @@ absl::Status WriteDirectly(const Target& target, absl::string_view bytes) {
   return absl::OkStatus();
 }
 
-absl::Status ReplaceAtomically(const Target& target, absl::string_view bytes,
+absl::Status ReplaceAtomically(const Target& target, absl::Span<const absl::string_view> pieces,
                                const WriteOptions& options) {
   const std::string& path = target.path;
   absl::StatusOr<std::pair<int, std::string>> created = CreateTemporaryBeside(path);
@@ -221,7 +229,7 @@ absl::Status ReplaceAtomically(const Target& target, absl::string_view bytes,
       return OsError(error, "cannot set the permissions of", temporary);
     }
   }
-  const bool written = WriteAll(fd, bytes);
+  const bool written = WritePieces(fd, pieces);
   const int write_error = errno;
   if (!written || (options.durable && fsync(fd) != 0)) {
     const int error = written ? errno : write_error;
@@ -235,7 +243,8 @@ absl::Status ReplaceAtomically(const Target& target, absl::string_view bytes,
     return OsError(error, "cannot replace", path);
   }
   // Make the rename itself durable.
-  return options.durable ? SyncParentDirectory(path) : absl::OkStatus();
+  return options.durable && options.sync_directory ? SyncParentDirectory(path)
+                                                    : absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -409,10 +418,16 @@ absl::Status SyncParentDirectory(const std::string& path) {
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
                                  const WriteOptions& options) {
+  return WriteFileAtomically(path, absl::Span<const absl::string_view>(&bytes, 1), options);
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const absl::string_view> pieces,
+                                 const WriteOptions& options) {
   absl::StatusOr<Target> target = ResolveTarget(path);
   if (!target.ok()) return target.status();
-  if (target->direct) return WriteDirectly(*target, bytes);
-  return ReplaceAtomically(*target, bytes, options);
+  if (target->direct) return WriteDirectly(*target, pieces);
+  return ReplaceAtomically(*target, pieces, options);
 }
 
 absl::Status CheckWritable(const std::string& path) {

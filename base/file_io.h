@@ -52,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace lockstep {
 
@@ -61,6 +62,11 @@ struct WriteOptions {
   // power loss). Without it the replacement is still atomic for readers and survives the process
   // being killed.
   bool durable = true;
+  // With durable: also fsync the directory after the rename. A group of files written into one
+  // directory, the last of them a commit marker (a state capture), leaves it false on all but the
+  // marker: one directory fsync after the marker's rename makes every name durable, the earlier
+  // ones included (their contents were fsynced before it).
+  bool sync_directory = true;
 };
 
 // Writes `bytes` to `path` as the top of this file says. kInvalidArgument for an empty path, a
@@ -70,6 +76,11 @@ struct WriteOptions {
 // left. A new file gets the mode a plain create would give it (0666 less the process's umask,
 // which is never changed: a umask toggle is process-wide and races with every other thread).
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 const WriteOptions& options = WriteOptions());
+// The same, writing `pieces` one after another (the file's bytes are their concatenation):
+// large parts are written from where they lie, never copied into one buffer first.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const absl::string_view> pieces,
                                  const WriteOptions& options = WriteOptions());
 
 // Whether WriteFileAtomically(path, ...) could succeed now, found without writing: the target's

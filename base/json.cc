@@ -210,6 +210,18 @@ class DomBuilder {
 
 }  // namespace
 
+void AppendJsonString(absl::string_view text, std::string* out) {
+  for (char c : text) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
+      out->append(DumpJson(json(std::string(text))));
+      return;
+    }
+  }
+  out->push_back('"');
+  out->append(text.data(), text.size());
+  out->push_back('"');
+}
+
 std::string Utf8Escaped(absl::string_view text) {
   std::string out;
   out.reserve(text.size());

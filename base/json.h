@@ -56,6 +56,12 @@ double FigureFromJson(const nlohmann::json& figure);
 // `text` if it is valid UTF-8, otherwise with every byte outside a valid sequence as "\xXX".
 std::string Utf8Escaped(absl::string_view text);
 
+// Appends `text` as DumpJson writes a JSON string (quoted, escaped, non-UTF-8 bytes as Utf8Escaped
+// shows them), for writers that build a line per record or per tensor themselves instead of a
+// JSON value first (Note [Record lines] in numerics/op_recording.cc): text of printable ASCII
+// other than '"' and '\\' is quoted as it is, anything else goes through DumpJson.
+void AppendJsonString(absl::string_view text, std::string* out);
+
 // The member `key` of `object`, of the type asked for. kInvalidArgument naming `what`, the key
 // and the type found, for a missing member, a wrong type, or an `object` that is not an object.
 

@@ -191,23 +191,6 @@ json OperatorRecordJson(const OperatorRecord& r) {
 // them. op_recording_test checks the two agree, on every field and on strings to be escaped.
 namespace {
 
-// `s` as DumpJson writes a JSON string: quoted as it is when it holds only printable ASCII other
-// than '"' and '\\' (op names, dtypes, most labels), otherwise through DumpJson.
-void AppendString(absl::string_view s, std::string* line) {
-  bool plain = true;
-  for (char c : s) {
-    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
-      plain = false;
-      break;
-    }
-  }
-  if (plain) {
-    absl::StrAppend(line, "\"", s, "\"");
-  } else {
-    line->append(DumpJson(json(std::string(s))));
-  }
-}
-
 template <typename T>
 void AppendInts(const std::vector<T>& values, std::string* line) {
   absl::StrAppend(line, "[", absl::StrJoin(values, ","), "]");
@@ -217,11 +200,11 @@ void AppendValueLine(const OperatorValue& v, bool is_output, std::string* line) 
   absl::StrAppend(line, "{\"arg\":", v.arg);
   if (!v.dtype.empty()) {
     line->append(",\"dtype\":");
-    AppendString(v.dtype, line);
+    AppendJsonString(v.dtype, line);
   }
   if (v.item >= 0) absl::StrAppend(line, ",\"item\":", v.item);
   line->append(",\"kind\":");
-  AppendString(v.kind, line);
+  AppendJsonString(v.kind, line);
   const bool figures = is_output && v.kind == "tensor";
   if (figures) absl::StrAppend(line, ",\"max_abs\":", DumpJson(JsonFigure(v.max_abs)));
   if (v.kind == "tensor" || v.kind == "uninitialized" || v.kind == "opaque") {
@@ -231,7 +214,7 @@ void AppendValueLine(const OperatorValue& v, bool is_output, std::string* line) 
   if (figures) absl::StrAppend(line, ",\"sum\":", DumpJson(JsonFigure(v.sum)));
   if (!v.value.empty()) {
     line->append(",\"value\":");
-    AppendString(v.value, line);
+    AppendJsonString(v.value, line);
   }
   if (!v.window_dims.empty()) {
     absl::StrAppend(line, ",\"window\":[", v.window_begin, ",", v.window_end, "]");
@@ -257,9 +240,9 @@ void AppendOperatorRecordLine(const OperatorRecord& r, std::string* line) {
   absl::StrAppend(line, "{\"depth\":", r.depth, ",\"index\":", r.index, ",\"inputs\":");
   AppendValuesLine(r.inputs, /*is_output=*/false, line);
   absl::StrAppend(line, ",\"inputs_digest\":\"", DigestHex128(r.inputs_digest), "\",\"module\":");
-  AppendString(r.module, line);
+  AppendJsonString(r.module, line);
   line->append(",\"op\":");
-  AppendString(r.op, line);
+  AppendJsonString(r.op, line);
   line->append(",\"outputs\":");
   AppendValuesLine(r.outputs, /*is_output=*/true, line);
   absl::StrAppend(line, ",\"outputs_digest\":\"", DigestHex128(r.outputs_digest),

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <set>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/file_io.h"
 #include "base/json.h"
 #include "base/status_macros.h"
@@ -331,7 +331,14 @@ absl::StatusOr<NamedTensors> SafetensorsFile::Tensors() const {
   return tensors;
 }
 
-absl::StatusOr<std::string> SerializeSafetensors(
+// Note [Safetensors header text]
+// The header is written straight, not as an nlohmann value dumped: a capture names thousands of
+// tensors, and building the value (a map per tensor, a string per key) cost more than copying
+// their bytes. The text is what DumpJson of that value wrote: keys in byte order (the tensors'
+// names and __metadata__ together, as nlohmann's map sorts them), each entry's keys in the order
+// data_offsets, dtype, shape; no spaces; strings through AppendJsonString. safetensors_test holds
+// the two equal.
+absl::StatusOr<SafetensorsPieces> SafetensorsPieces::Make(
     const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   // The header is JSON text: a name or metadata string that is not UTF-8 cannot be written as it
   // is (DumpJson would escape it, and the file would read back under another name).
@@ -340,19 +347,27 @@ absl::StatusOr<std::string> SerializeSafetensors(
         absl::StrCat("the safetensors header cannot be written: ", what, " '", Utf8Escaped(text),
                      "' is not UTF-8 (the header is JSON text)"));
   };
-  for (const auto& [key, value] : metadata) {
-    if (Utf8Escaped(key) != key) return not_utf8("the metadata key", key);
-    if (Utf8Escaped(value) != value)
-      return not_utf8(absl::StrCat("metadata '", key, "''s value"), value);
+  std::map<std::string, std::string> entries;  // key -> its value's JSON text
+  if (!metadata.empty()) {
+    std::string text = "{";
+    for (const auto& [key, value] : metadata) {
+      if (Utf8Escaped(key) != key) return not_utf8("the metadata key", key);
+      if (Utf8Escaped(value) != value)
+        return not_utf8(absl::StrCat("metadata '", key, "''s value"), value);
+      if (text.size() > 1) text.push_back(',');
+      AppendJsonString(key, &text);
+      text.push_back(':');
+      AppendJsonString(value, &text);
+    }
+    text.push_back('}');
+    entries.emplace("__metadata__", std::move(text));
   }
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> contiguous;
+  SafetensorsPieces out;
+  out.buffer_.reserve(tensors.size());
   uint64_t offset = 0;
-  std::set<std::string> names;
   for (const auto& [name, tensor] : tensors) {
     if (Utf8Escaped(name) != name) return not_utf8("the tensor name", name);
-    if (name.empty() || name == "__metadata__" || !names.insert(name).second) {
+    if (name.empty() || name == "__metadata__" || entries.count(name) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor name '", name,
                        "' is empty, reserved or given twice; safetensors names are "
@@ -367,30 +382,56 @@ absl::StatusOr<std::string> SerializeSafetensors(
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("copying tensor '", name, "' for writing"),
                                        [&] { bytes = source.to(at::kCPU).contiguous(); }));
     const uint64_t size = bytes.numel() * bytes.element_size();
-    header[name] = {{"dtype", dtype},
-                    {"shape", tensor.sizes().vec()},
-                    {"data_offsets", {offset, offset + size}}};
+    std::string text = absl::StrCat("{\"data_offsets\":[", offset, ",", offset + size,
+                                    "],\"dtype\":");
+    AppendJsonString(dtype, &text);
+    absl::StrAppend(&text, ",\"shape\":[", absl::StrJoin(tensor.sizes(), ","), "]}");
+    entries.emplace(name, std::move(text));
     offset += size;
-    contiguous.push_back(std::move(bytes));
+    out.buffer_.push_back(std::move(bytes));
   }
-  std::string text = DumpJson(header);
+  std::string header = "{";
+  for (const auto& [key, value] : entries) {
+    if (header.size() > 1) header.push_back(',');
+    AppendJsonString(key, &header);
+    header.push_back(':');
+    header.append(value);
+  }
+  header.push_back('}');
   // The buffer 8-byte aligned: pad the header with spaces (the format allows trailing ones).
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::string out;
-  out.reserve(8 + text.size() + offset);
-  const uint64_t header_size = text.size();
-  out.append(reinterpret_cast<const char*>(&header_size), 8);
-  out.append(text);
-  for (const at::Tensor& t : contiguous) {
-    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t header_size = header.size();
+  out.prefix_.assign(reinterpret_cast<const char*>(&header_size), 8);
+  out.prefix_.append(header);
+  out.buffer_bytes_ = offset;
+  return out;
+}
+
+std::vector<absl::string_view> SafetensorsPieces::pieces() const {
+  std::vector<absl::string_view> views;
+  views.reserve(1 + buffer_.size());
+  views.emplace_back(prefix_);
+  for (const at::Tensor& t : buffer_) {
+    const size_t size = t.numel() * t.element_size();
+    if (size > 0) views.emplace_back(static_cast<const char*>(t.data_ptr()), size);
   }
+  return views;
+}
+
+absl::StatusOr<std::string> SerializeSafetensors(
+    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  LOCKSTEP_ASSIGN_OR_RETURN(SafetensorsPieces pieces, SafetensorsPieces::Make(tensors, metadata));
+  std::string out;
+  out.reserve(pieces.size());
+  for (absl::string_view piece : pieces.pieces()) out.append(piece.data(), piece.size());
   return out;
 }
 
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(tensors, metadata));
-  return WriteFileAtomically(path, bytes);
+  LOCKSTEP_ASSIGN_OR_RETURN(SafetensorsPieces pieces, SafetensorsPieces::Make(tensors, metadata));
+  const std::vector<absl::string_view> views = pieces.pieces();
+  return WriteFileAtomically(path, views);
 }
 
 }  // namespace numerics

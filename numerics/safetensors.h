@@ -112,13 +112,34 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// A safetensors file's bytes as pieces: its length and header, then each tensor's contiguous CPU
+// bytes where they lie, so that a writer (WriteSafetensors, a state capture) writes and hashes
+// them without first copying them into one buffer. Holds the tensors (a CUDA tensor's CPU copy,
+// a strided one's contiguous copy), so the pieces stay valid while it lives.
+class SafetensorsPieces {
+ public:
+  // Errors as SerializeSafetensors's.
+  static absl::StatusOr<SafetensorsPieces> Make(
+      const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
+  // The file's bytes, in order: views into this object, valid while it lives unmoved.
+  std::vector<absl::string_view> pieces() const;
+  // The file's size in bytes.
+  uint64_t size() const { return prefix_.size() + buffer_bytes_; }
+
+ private:
+  SafetensorsPieces() = default;
+  std::string prefix_;              // the u64 header length, then the header padded to 8 bytes
+  std::vector<at::Tensor> buffer_;  // each tensor's bytes, contiguous on the CPU, in file order
+  uint64_t buffer_bytes_ = 0;
+};
+
 // The bytes of a safetensors file holding `tensors` (in that order) and `metadata`.
 // kInvalidArgument for an empty or duplicate name, a name "__metadata__", or a dtype the format
 // lacks; a tensor on another device is copied to the CPU first.
 absl::StatusOr<std::string> SerializeSafetensors(
     const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 
-// SerializeSafetensors written to `path` atomically (base/file_io.h).
+// SerializeSafetensors written to `path` atomically (base/file_io.h), from SafetensorsPieces.
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 

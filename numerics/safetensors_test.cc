@@ -10,6 +10,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,6 +57,41 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeShapeAndLayout) {
     EXPECT_TRUE(at::equal(read, tensors[i].second)) << tensors[i].first;
   }
   EXPECT_EQ(file.Tensor("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Note [Safetensors header text]: the header written straight is the text DumpJson wrote of the
+// same header as an nlohmann value, names needing escapes and metadata included; the pieces are
+// the serialized bytes.
+TEST(SafetensorsTest, HeaderTextIsTheJsonValuesDump) {
+  const NamedTensors tensors = {
+      {"zeta", at::arange(6, at::kFloat).reshape({2, 3}).t()},
+      {"a \"quoted\" \\ name", at::ones({4}, at::kBFloat16)},
+      {"caf\xc3\xa9/\x01", at::zeros({0, 2}, at::kLong)},
+      {"_", at::ones({2}, at::kBool)},
+      {"Z", at::zeros({}, at::kDouble)}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"why \"\n", "\t"}};
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string bytes, SerializeSafetensors(tensors, metadata));
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  std::string header = bytes.substr(8, header_size);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  nlohmann::json expected = nlohmann::json::object();
+  expected["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const uint64_t size = tensor.numel() * tensor.element_size();
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string dtype, SafetensorsDtypeName(tensor.scalar_type()));
+    expected[name] = nlohmann::json{{"dtype", dtype},
+                                    {"shape", tensor.sizes().vec()},
+                                    {"data_offsets", {offset, offset + size}}};
+    offset += size;
+  }
+  EXPECT_EQ(header, DumpJson(expected));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const SafetensorsPieces pieces, SafetensorsPieces::Make(tensors, metadata));
+  std::string joined;
+  for (absl::string_view piece : pieces.pieces()) joined.append(piece.data(), piece.size());
+  EXPECT_EQ(joined, bytes);
+  EXPECT_EQ(pieces.size(), bytes.size());
 }
 
 TEST(SafetensorsTest, ReadsAFileWrittenFromTheSpecification) {
