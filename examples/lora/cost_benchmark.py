@@ -85,6 +85,9 @@ def parse(argv=None):
                              "dir); the disk baseline writes to the same filesystem")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
                         help="lockstep.determinism.enforce() first, as train.py does")
+    parser.add_argument("--init_on_device", action="store_true",
+                        help="draw the weights on the device in --dtype (QwenLora's "
+                             "init_on_device): for sizes whose float32 CPU init would not fit")
     parser.add_argument("--out", default="", help="also write the results here as JSON")
     args = parser.parse_args(argv)
     for name in ("layers", "batch", "seq", "microbatches", "repeats"):
@@ -166,7 +169,7 @@ class Bench:
         self.config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads,
                              kv_heads=args.kv_heads, intermediate=args.intermediate,
                              seed=args.seed, dtype=DTYPES[args.dtype])
-        self.model = QwenLora(self.config, device=device)
+        self.model = QwenLora(self.config, device=device, init_on_device=args.init_on_device)
         self.adapters = [p for _, p in lora_parameters(self.model)]
         self.optimizer = torch.optim.AdamW(self.adapters, lr=1e-3)
         self.batches = [(ids.to(device), targets.to(device)) for ids, targets in

@@ -70,9 +70,9 @@ class Config:
 class RMSNorm(nn.Module):
     """Root-mean-square norm; reduces in float32 whatever the input dtype, like Qwen2."""
 
-    def __init__(self, size, eps):
+    def __init__(self, size, eps, factory):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.ones(size, **factory))
         self.eps = eps
 
     def forward(self, x):
@@ -100,32 +100,33 @@ class LoraLinear(nn.Module):
     def __init__(self, base, rank, alpha):
         super().__init__()
         self.base = base
-        self.lora_A = nn.Parameter(torch.zeros(rank, base.in_features))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+        like = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_A = nn.Parameter(torch.zeros(rank, base.in_features, **like))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **like))
         self.scale = alpha / rank
 
     def forward(self, x):
         return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
 
 
-def _lora(config, fan_in, fan_out, bias):
+def _lora(config, fan_in, fan_out, bias, factory):
     # skip_init: the weights are overwritten by QwenLora's seeded init, so don't spend (or
     # advance) the caller's global RNG on nn.Linear's default init.
-    base = nn.utils.skip_init(nn.Linear, fan_in, fan_out, bias=bias, device="cpu")
+    base = nn.utils.skip_init(nn.Linear, fan_in, fan_out, bias=bias, **factory)
     return LoraLinear(base, config.lora_rank, config.lora_alpha)
 
 
 class Attention(nn.Module):
     """Causal grouped-query self-attention, written out as matmul, mask, softmax, matmul."""
 
-    def __init__(self, config):
+    def __init__(self, config, factory):
         super().__init__()
         self.config = config
         kv = config.kv_heads * config.head_dim
-        self.q_proj = _lora(config, config.hidden, config.hidden, bias=True)
-        self.k_proj = _lora(config, config.hidden, kv, bias=True)
-        self.v_proj = _lora(config, config.hidden, kv, bias=True)
-        self.o_proj = _lora(config, config.hidden, config.hidden, bias=False)
+        self.q_proj = _lora(config, config.hidden, config.hidden, True, factory)
+        self.k_proj = _lora(config, config.hidden, kv, True, factory)
+        self.v_proj = _lora(config, config.hidden, kv, True, factory)
+        self.o_proj = _lora(config, config.hidden, config.hidden, False, factory)
 
     def forward(self, x, positions):
         c = self.config
@@ -146,11 +147,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config):
+    def __init__(self, config, factory):
         super().__init__()
-        self.gate_proj = _lora(config, config.hidden, config.intermediate, bias=False)
-        self.up_proj = _lora(config, config.hidden, config.intermediate, bias=False)
-        self.down_proj = _lora(config, config.intermediate, config.hidden, bias=False)
+        self.gate_proj = _lora(config, config.hidden, config.intermediate, False, factory)
+        self.up_proj = _lora(config, config.hidden, config.intermediate, False, factory)
+        self.down_proj = _lora(config, config.intermediate, config.hidden, False, factory)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -159,12 +160,12 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.))."""
 
-    def __init__(self, config):
+    def __init__(self, config, factory):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden, config.rms_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden, config.rms_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden, config.rms_eps, factory)
+        self.self_attn = Attention(config, factory)
+        self.post_attention_layernorm = RMSNorm(config.hidden, config.rms_eps, factory)
+        self.mlp = MLP(config, factory)
 
     def forward(self, x, positions):
         x = x + self.self_attn(self.input_layernorm(x), positions)
@@ -173,26 +174,32 @@ class DecoderLayer(nn.Module):
 
 class QwenLora(nn.Module):
     """The whole model; parameters are seeded from config.seed, built on CPU in float32, then
-    moved to ``device`` and cast to config.dtype. Only lora_A / lora_B require grad."""
+    moved to ``device`` and cast to config.dtype. Only lora_A / lora_B require grad.
 
-    def __init__(self, config, device="cpu"):
+    ``init_on_device=True`` builds the parameters on ``device`` in config.dtype and draws them
+    from a generator there instead: for sizes whose float32 CPU copy would not fit or would take
+    minutes to draw (the GPU-size benchmarks). Its bits are not those of the CPU init."""
+
+    def __init__(self, config, device="cpu", *, init_on_device=False):
         super().__init__()
         self.config = config
+        factory = ({"device": torch.device(device), "dtype": config.dtype} if init_on_device
+                   else {"device": "cpu"})
         self.embed_tokens = nn.utils.skip_init(nn.Embedding, config.vocab, config.hidden,
-                                               device="cpu")
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.layers))
-        self.norm = RMSNorm(config.hidden, config.rms_eps)
+                                               **factory)
+        self.layers = nn.ModuleList(DecoderLayer(config, factory) for _ in range(config.layers))
+        self.norm = RMSNorm(config.hidden, config.rms_eps, factory)
         self.lm_head = nn.utils.skip_init(nn.Linear, config.hidden, config.vocab, bias=False,
-                                          device="cpu")
+                                          **factory)
         self._plant_handle, self.planted = None, None
-        self._init_weights()
+        self._init_weights(factory["device"])
         self.to(device, config.dtype)
 
     @torch.no_grad()
-    def _init_weights(self):
-        # One local CPU generator, drawn in module order: the same seed gives the same bits on
-        # any device, since values are made on CPU in float32 before the move and cast.
-        g = torch.Generator().manual_seed(self.config.seed)
+    def _init_weights(self, device):
+        # One local generator, drawn in module order: with the CPU init the same seed gives the
+        # same bits on any device, since values are made on CPU in float32 before the move.
+        g = torch.Generator(device=device).manual_seed(self.config.seed)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 module.weight.normal_(0.0, 0.02, generator=g)
