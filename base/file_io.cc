@@ -243,8 +243,7 @@ absl::Status ReplaceAtomically(const Target& target, absl::Span<const absl::stri
     return OsError(error, "cannot replace", path);
   }
   // Make the rename itself durable.
-  return options.durable && options.sync_directory ? SyncParentDirectory(path)
-                                                    : absl::OkStatus();
+  return options.durable && options.sync_directory ? SyncParentDirectory(path) : absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -224,8 +224,7 @@ void AppendValueLine(const OperatorValue& v, bool is_output, std::string* line) 
   line->append("}");
 }
 
-void AppendValuesLine(const std::vector<OperatorValue>& values, bool is_output,
-                      std::string* line) {
+void AppendValuesLine(const std::vector<OperatorValue>& values, bool is_output, std::string* line) {
   line->append("[");
   for (size_t i = 0; i < values.size(); ++i) {
     if (i > 0) line->append(",");

@@ -382,8 +382,8 @@ absl::StatusOr<SafetensorsPieces> SafetensorsPieces::Make(
     LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("copying tensor '", name, "' for writing"),
                                        [&] { bytes = source.to(at::kCPU).contiguous(); }));
     const uint64_t size = bytes.numel() * bytes.element_size();
-    std::string text = absl::StrCat("{\"data_offsets\":[", offset, ",", offset + size,
-                                    "],\"dtype\":");
+    std::string text =
+        absl::StrCat("{\"data_offsets\":[", offset, ",", offset + size, "],\"dtype\":");
     AppendJsonString(dtype, &text);
     absl::StrAppend(&text, ",\"shape\":[", absl::StrJoin(tensor.sizes(), ","), "]}");
     entries.emplace(name, std::move(text));

@@ -63,12 +63,11 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeShapeAndLayout) {
 // same header as an nlohmann value, names needing escapes and metadata included; the pieces are
 // the serialized bytes.
 TEST(SafetensorsTest, HeaderTextIsTheJsonValuesDump) {
-  const NamedTensors tensors = {
-      {"zeta", at::arange(6, at::kFloat).reshape({2, 3}).t()},
-      {"a \"quoted\" \\ name", at::ones({4}, at::kBFloat16)},
-      {"caf\xc3\xa9/\x01", at::zeros({0, 2}, at::kLong)},
-      {"_", at::ones({2}, at::kBool)},
-      {"Z", at::zeros({}, at::kDouble)}};
+  const NamedTensors tensors = {{"zeta", at::arange(6, at::kFloat).reshape({2, 3}).t()},
+                                {"a \"quoted\" \\ name", at::ones({4}, at::kBFloat16)},
+                                {"caf\xc3\xa9/\x01", at::zeros({0, 2}, at::kLong)},
+                                {"_", at::ones({2}, at::kBool)},
+                                {"Z", at::zeros({}, at::kDouble)}};
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"why \"\n", "\t"}};
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string bytes, SerializeSafetensors(tensors, metadata));
   uint64_t header_size = 0;
@@ -80,14 +79,16 @@ TEST(SafetensorsTest, HeaderTextIsTheJsonValuesDump) {
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     const uint64_t size = tensor.numel() * tensor.element_size();
-    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string dtype, SafetensorsDtypeName(tensor.scalar_type()));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::string dtype,
+                                  SafetensorsDtypeName(tensor.scalar_type()));
     expected[name] = nlohmann::json{{"dtype", dtype},
                                     {"shape", tensor.sizes().vec()},
                                     {"data_offsets", {offset, offset + size}}};
     offset += size;
   }
   EXPECT_EQ(header, DumpJson(expected));
-  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const SafetensorsPieces pieces, SafetensorsPieces::Make(tensors, metadata));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const SafetensorsPieces pieces,
+                                SafetensorsPieces::Make(tensors, metadata));
   std::string joined;
   for (absl::string_view piece : pieces.pieces()) joined.append(piece.data(), piece.size());
   EXPECT_EQ(joined, bytes);

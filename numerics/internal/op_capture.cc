@@ -90,8 +90,16 @@ at::Tensor Summary(const at::Tensor& t) {
 // and converted copies per output. Dtypes it does not read (float8, ...) take Summary's.
 std::pair<double, double> HostSummary(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kDouble: case at::kFloat: case at::kHalf: case at::kBFloat16: case at::kLong:
-    case at::kInt: case at::kShort: case at::kChar: case at::kByte: case at::kBool:
+    case at::kDouble:
+    case at::kFloat:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kLong:
+    case at::kInt:
+    case at::kShort:
+    case at::kChar:
+    case at::kByte:
+    case at::kBool:
       break;
     default: {
       const at::Tensor f = Summary(t);
@@ -188,7 +196,7 @@ void DigestInto(const at::Tensor& view, const std::string& dtype, bool summarize
     if (summarize && view.numel() > 0) kept.figures = HostSummary(bytes);
   }
   if (summarize && !kept.summary.defined() && !kept.figures) {  // an empty tensor
-    kept.figures = std::make_pair(0.0, 0.0);  // no device round trip for nothing
+    kept.figures = std::make_pair(0.0, 0.0);                    // no device round trip for nothing
   }
 }
 
