@@ -25,6 +25,8 @@ packages=(
   iproute2 procps            # the multi-host tests' namespaced hosts: ip, tc; pgrep, pkill
   python3-dev python3-torch  # the Python package (//python): headers, and torch on the same LibTorch
   pybind11-dev python3-pytest
+  python3-venv python3-pip   # the wheel (//python/wheel): installed into a fresh environment
+  python3-wheel binutils     # ...packed (wheel pack); readelf for its checks
   doxygen                    # tools/apidocs.sh: the API reference from the public headers
 )
 sudo=""

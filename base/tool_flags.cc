@@ -20,27 +20,38 @@ namespace lockstep {
 namespace {
 
 // absl::ParseCommandLine exits the process (status 1) on a flag it cannot parse. While it runs,
-// this handler turns that exit into the tools' bad-input status. Asking for --help (or another
-// usage flag) exits through absl too and keeps absl's status.
-std::atomic<bool> parsing{false};
+// this handler turns that exit into the tools' bad-input status. Asking for usage (--help,
+// --version, ...) exits through absl too, after it printed what was asked: that is a success,
+// status 0, as a Python user's tools (argparse, torchrun) exit.
+enum class Parsing { kNo, kFlags, kUsage };
+std::atomic<Parsing> parsing{Parsing::kNo};
 
 void ExitAsBadInput() {
-  if (parsing.load()) _exit(kBadInputExitCode);
+  const Parsing now = parsing.load();
+  if (now == Parsing::kNo) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(now == Parsing::kUsage ? 0 : kBadInputExitCode);
 }
 
-// Whether the command line asks for usage (--help, --helpfull, --version, --helpon=X, ...): the
-// flag's name exactly, with one or two dashes. A flag that merely starts like one (--helpfoo) is
-// an unknown flag, bad input like any other.
-bool AsksForUsage(int argc, char** argv) {
+// Whether the command line (before a "--") names `flag` exactly, with one or two dashes, with or
+// without a value. A flag that merely starts like it (--helpfoo) is not it.
+bool HasFlag(int argc, char** argv, absl::string_view flag) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
     if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
-    const absl::string_view name = arg.substr(0, arg.find('='));
-    for (const char* usage : {"help", "helpfull", "helpshort", "helppackage", "version",
-                              "only_check_args", "helpon", "helpmatch"}) {
-      if (name == usage) return true;
-    }
+    if (arg.substr(0, arg.find('=')) == flag) return true;
+  }
+  return false;
+}
+
+// Whether the command line asks for usage (--help, --helpfull, --version, --helpon=X, ...); a
+// flag that merely starts like one (--helpfoo) is an unknown flag, bad input like any other.
+bool AsksForUsage(int argc, char** argv) {
+  for (const char* usage :
+       {"help", "helpfull", "helpshort", "helppackage", "version", "helpon", "helpmatch"}) {
+    if (HasFlag(argc, argv, usage)) return true;
   }
   return false;
 }
@@ -72,9 +83,12 @@ std::vector<std::string> ParseToolFlags(int argc, char** argv, absl::string_view
   InitLogging(argc > 0 ? argv[0] : "lockstep");
   static const bool registered = [] { return std::atexit(&ExitAsBadInput) == 0; }();
   (void)registered;
-  parsing = !AsksForUsage(argc, argv);
+  // --only_check_args exits with absl's own status (0: the flags parse).
+  parsing = AsksForUsage(argc, argv)                 ? Parsing::kUsage
+            : HasFlag(argc, argv, "only_check_args") ? Parsing::kNo
+                                                     : Parsing::kFlags;
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  parsing = false;
+  parsing = Parsing::kNo;
   return std::vector<std::string>(rest.begin() + (rest.empty() ? 0 : 1), rest.end());
 }
 

@@ -262,9 +262,16 @@ def replay_render(report):
     return "\n".join(parts)
 
 
+USAGE = ("usage: report EVIDENCE.json OUT_DIR: the HTML page (OUT_DIR/index.html) of qualify's "
+         "or verify's evidence, or of a replay's report")
+
+
 def main(argv):
+    if argv[1:] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     if len(argv) != 3:
-        print("usage: report EVIDENCE.json OUT_DIR", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     try:
         with open(argv[1], encoding="utf-8") as f:

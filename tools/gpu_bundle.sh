@@ -103,7 +103,7 @@ fi
 python=1
 ((subset)) && python=${BUNDLE_PYTHON:-0}
 extra=()
-((python)) && extra=(//python:package)
+((python)) && extra=(//python/wheel:wheel)
 bazel build -c opt --config=cuda --repo_env=LIBTORCH="$sdk" \
   --repo_env=PYTHON_INCLUDE="$python_headers/python3.12" "${targets[@]}" "${extra[@]}"
 bins=()
@@ -114,10 +114,15 @@ SDK=$sdk "$sdk_script/bundle.sh" .gpu-bundle "${bins[@]}"
 # run, never as passed.
 cp tools/gpu_run.sh .gpu-bundle/run.sh
 if ((python)); then
-# The Python package and its pytest suites, run there by python/gpu_run.sh.
-mkdir -p .gpu-bundle/python
-cp -r bazel-bin/python/pkg .gpu-bundle/python/ && chmod -R u+w .gpu-bundle/python
+# The wheel for the device's Python 3.12 and torch 2.11 (the one path: the same target
+# tools/build_wheel.sh builds), its checks and test, and the pytest suites: python/gpu_run.sh
+# installs it into a fresh environment there and runs python/wheel/wheel_test.sh --cuda.
+mkdir -p .gpu-bundle/python/wheel
+cp bazel-bin/python/wheel/lockstep.whl bazel-bin/python/wheel/wheel_name.txt \
+  python/wheel/check_wheel.py python/wheel/elf.py python/wheel/wheel_test.sh \
+  numerics/digest_reference.py .gpu-bundle/python/wheel/
 cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
+chmod -R u+w .gpu-bundle/python
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
 cp -r examples/lm/train_test.sh examples/lm/replay_test.sh examples/lm/operators_test.sh \

@@ -149,6 +149,9 @@ bad "--master_port 0 with --nnodes 2" --dp=2 --cp=2 --nnodes=2
 bad "--node_rank 2 is not an integer in \[0, 2)" --dp=2 --cp=2 --nnodes=2 --node_rank=2 --master_port=29500
 # A flag that merely starts like a usage flag is an unknown flag, not usage (exit 0 or 1).
 bad "helpfoo" --helpfoo
+# Usage asked for is printed and is a success (status 0), as argparse and torchrun do.
+"$qualify" --help >"$tmp/help.out" 2>&1 || { echo "qualify --help exited $?"; exit 1; }
+grep -q -- "--dp" "$tmp/help.out" || { cat "$tmp/help.out"; echo "qualify --help lists no --dp"; exit 1; }
 # What the reference model or this build cannot run is refused before any worker starts.
 bad "--tp 3 does not divide the reference model's 16 hidden units.*use --tp 1, 2, 4, 8, 16" --dp=1 --tp=3
 if ! nvidia-smi -L >/dev/null 2>&1; then

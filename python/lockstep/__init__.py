@@ -15,12 +15,34 @@ recorders), lockstep.variability (repeatability, matched actors) and ``python3 -
 lockstep.verify`` (both checks over a program, with qualify's evidence and page).
 """
 
+import re as _re
+import sys as _sys
+
 import torch  # noqa: F401  (loads LibTorch and registers its pybind11 types)
 import torch.distributed  # noqa: F401  (registers ProcessGroup for the bindings)
 
-from . import errors
-from . import _C
-from . import checkpoint
+from . import _build
+
+
+def _check_torch():
+    """The extension is C++ over LibTorch, whose ABI changes between releases: refuse a torch
+    other than the one it was built against here, naming both, before a symbol error could."""
+    found = _re.match(r"\d+\.\d+\.\d+", torch.__version__)
+    release = found.group(0) if found else torch.__version__
+    abi = torch.compiled_with_cxx11_abi()
+    if release != _build.TORCH_RELEASE or abi != _build.CXX11_ABI:
+        raise ImportError(
+            f"lockstep {_build.VERSION} was built against torch {_build.TORCH_RELEASE} "
+            f"(C++11 ABI {_build.CXX11_ABI}), but this Python has torch {torch.__version__} "
+            f"(C++11 ABI {abi}) from {torch.__file__}: build lockstep for this torch "
+            f"(tools/build_wheel.sh --python={_sys.executable})")
+
+
+_check_torch()
+
+from . import errors  # noqa: E402  (after the check: it loads the extension)
+from . import _C  # noqa: E402
+from . import checkpoint  # noqa: E402
 from . import controls
 from . import determinism
 from . import distributed

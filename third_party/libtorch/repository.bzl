@@ -51,8 +51,23 @@ def _libtorch_repository_impl(ctx):
     # symbols: the new ABI's names live in std::__cxx11.
     c10 = ctx.path("lib/libc10.so")
     abi = 1 if ctx.execute(["grep", "-q", "_ZNSt7__cxx11", str(c10.realpath)]).return_code == 0 else 0
+    # The release the headers declare ("2.11.0"): a wheel requires exactly it (LibTorch's C++ ABI
+    # changes between releases) and lockstep checks it at import (//python:package's _build.py).
+    version_h = ctx.path("include/torch/csrc/api/include/torch/version.h")
+    release = ""
+    if version_h.exists:
+        text = ctx.read(version_h)
+        parts = []
+        for key in ["TORCH_VERSION_MAJOR", "TORCH_VERSION_MINOR", "TORCH_VERSION_PATCH"]:
+            at = text.find("#define " + key + " ")
+            if at >= 0:
+                parts.append(text[at + len("#define " + key + " "):].split("\n")[0].strip())
+        release = ".".join(parts) if len(parts) == 3 else ""
+    ctx.file("build_facts.txt", "torch_release=%s\ncxx11_abi=%d\ncuda=%d\n" % (release, abi, 1 if has_cuda else 0))
     ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
+
+exports_files(["build_facts.txt"])
 
 cc_library(
     name = "torch",

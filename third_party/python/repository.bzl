@@ -20,6 +20,15 @@ def _python_repository_impl(ctx):
     if not ctx.path(include + "/Python.h").exists:
         fail("%s has no Python.h; run ./setup.sh (python3-dev) or set PYTHON_INCLUDE" % include)
     ctx.symlink(include, "include")
+    # The Python the headers are of ("3.12"): the wheel's python and ABI tags (cp312).
+    patchlevel = ctx.read(include + "/patchlevel.h")
+    version = []
+    for key in ["PY_MAJOR_VERSION", "PY_MINOR_VERSION"]:
+        at = patchlevel.find("#define " + key)
+        if at < 0:
+            fail("%s/patchlevel.h does not define %s" % (include, key))
+        version.append(patchlevel[at + len("#define " + key):].split("\n")[0].strip())
+    ctx.file("build_facts.txt", "python_version=%s\n" % ".".join(version))
     root = ctx.os.environ.get("LIBTORCH", "")
     torch_python = root + "/lib/libtorch_python.so" if root else "/usr/lib/x86_64-linux-gnu/libtorch_python.so"
     has_torch_python = ctx.path(torch_python).exists
@@ -27,6 +36,8 @@ def _python_repository_impl(ctx):
         ctx.symlink(torch_python, "lib/libtorch_python.so")
     ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
+
+exports_files(["build_facts.txt"])
 
 cc_library(
     name = "headers",
