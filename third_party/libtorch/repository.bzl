@@ -53,10 +53,13 @@ def _libtorch_repository_impl(ctx):
     abi = 1 if ctx.execute(["grep", "-q", "_ZNSt7__cxx11", str(c10.realpath)]).return_code == 0 else 0
     # The release the headers declare ("2.11.0"): a wheel requires exactly it (LibTorch's C++ ABI
     # changes between releases) and lockstep checks it at import (//python:package's _build.py).
-    version_h = ctx.path("include/torch/csrc/api/include/torch/version.h")
+    # torch 2.x moved the defines to torch/headeronly/version.h, which the old header includes.
     release = ""
-    if version_h.exists:
-        text = ctx.read(version_h)
+    text = ""
+    for header in ["include/torch/headeronly/version.h", "include/torch/csrc/api/include/torch/version.h"]:
+        if not text and ctx.path(header).exists:
+            text = ctx.read(ctx.path(header))
+    if text:
         parts = []
         for key in ["TORCH_VERSION_MAJOR", "TORCH_VERSION_MINOR", "TORCH_VERSION_PATCH"]:
             at = text.find("#define " + key + " ")
