@@ -37,8 +37,14 @@ template <typename Region>
 class RegionContext {
  public:
   using Open = std::function<absl::StatusOr<Region>(rng::RankStreams&)>;
+  // pybind11 passes None as an empty pointer: refused here, for every region, before a block
+  // could dereference it.
   RegionContext(std::shared_ptr<rng::RankStreams> streams, Open open)
-      : streams_(std::move(streams)), open_(std::move(open)) {}
+      : streams_(std::move(streams)), open_(std::move(open)) {
+    if (streams_ == nullptr) {
+      throw py::type_error("streams must be a lockstep.rng.RankStreams, not None");
+    }
+  }
   std::shared_ptr<rng::RankStreams> Enter() {
     if (region_.has_value()) Raise(absl::FailedPreconditionError("the block is open already"));
     region_.emplace(ValueOrThrow(open_(*streams_)));

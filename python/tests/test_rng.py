@@ -147,6 +147,14 @@ def test_wrong_types_raise_type_error(streams):
         lockstep.distributed.communicator(None)
 
 
+def test_none_for_streams_is_a_type_error_not_a_crash():
+    # pybind11 passes None as an empty pointer; entering the block used to dereference it.
+    with pytest.raises(TypeError, match="streams must be a lockstep.rng.RankStreams, not None"):
+        rng.model_stream(None)
+    with pytest.raises(TypeError, match="streams must be a lockstep.rng.RankStreams, not None"):
+        rng.named_stream(None, "mask")
+
+
 def test_errors_carry_their_code():
     error = errors.error_type("DEADLINE_EXCEEDED")("late", "DEADLINE_EXCEEDED")
     assert isinstance(error, RuntimeError) and error.code == "DEADLINE_EXCEEDED"
