@@ -32,9 +32,10 @@ at::Tensor Bytes(const std::string& bytes) {
   return out;
 }
 
-std::string Sha256Hex(const std::string& bytes) {
+// The SHA-256 of the concatenation of `pieces`, in hex.
+std::string Sha256Hex(absl::Span<const absl::string_view> pieces) {
   Sha256Hasher hasher;
-  hasher.Append(bytes);
+  for (absl::string_view piece : pieces) hasher.Append(piece);
   return DigestHex(hasher.Finish());
 }
 
@@ -213,11 +214,7 @@ absl::Status WriteStateCapture(const std::string& root, int64_t step, int rank, 
   const std::string index_text = DumpJson(index, 1);
   // The state's hash is taken while it is written (Note [Capture at the disk's rate]).
   std::string state_sha256;
-  std::thread hashing([&state_pieces, &state_sha256] {
-    Sha256Hasher hasher;
-    for (absl::string_view piece : state_pieces) hasher.Append(piece);
-    state_sha256 = DigestHex(hasher.Finish());
-  });
+  std::thread hashing([&state_pieces, &state_sha256] { state_sha256 = Sha256Hex(state_pieces); });
   WriteOptions before_marker;
   before_marker.sync_directory = false;  // complete.json's directory fsync covers these names
   absl::Status written =
@@ -231,7 +228,7 @@ absl::Status WriteStateCapture(const std::string& root, int64_t step, int rank, 
                                    {"step", step},
                                    {"rank", rank},
                                    {"state_sha256", state_sha256},
-                                   {"index_sha256", Sha256Hex(index_text)}};
+                                   {"index_sha256", Sha256Hex({index_text})}};
   return WriteFileAtomically(absl::StrCat(dir, "/complete.json"), DumpJson(complete, 1));
 }
 
