@@ -109,27 +109,27 @@ absl::StatusOr<Target> ResolveTarget(const std::string& path) {
   } else if (errno != ENOENT) {
     return OsError(errno, "cannot inspect the output", path);
   }
-  // A regular file or a name to create: the last link's target is what gets replaced (the links
-  // stay links). A link into a descriptor's path makes the target direct.
-  for (int hops = 0; !descriptor; ++hops) {
+  // Note [Outputs through links]: a symbolic link at the output's name is refused, never
+  // written through: in a shared directory another user may have planted it to aim lockstep's
+  // write at a file lockstep's user can write and they cannot. Only a link to one of the
+  // process's descriptors (/dev/stdout is one) is followed: that is the caller's own stream.
+  if (!descriptor) {
     struct stat info;
-    if (lstat(target.path.c_str(), &info) != 0) {
-      if (errno == ENOENT) break;  // created by the write
-      return OsError(errno, "cannot inspect the output", target.path);
+    if (lstat(path.c_str(), &info) != 0) {
+      if (errno != ENOENT) return OsError(errno, "cannot inspect the output", path);
+    } else if (S_ISLNK(info.st_mode)) {
+      char buffer[PATH_MAX];
+      const ssize_t n = readlink(path.c_str(), buffer, sizeof(buffer));
+      const std::string to =
+          n > 0 && n < static_cast<ssize_t>(sizeof(buffer)) ? std::string(buffer, n) : "?";
+      if (!NamesADescriptor(to)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the output '", path, "' is a symbolic link (to '", to,
+            "'); lockstep never writes through a link it did not make: remove it or name its "
+            "target"));
+      }
+      descriptor = true;
     }
-    if (!S_ISLNK(info.st_mode)) break;
-    if (hops >= 40) return OsError(ELOOP, "cannot follow the output's links", path);
-    char buffer[PATH_MAX];
-    const ssize_t n = readlink(target.path.c_str(), buffer, sizeof(buffer));
-    if (n < 0 || n >= static_cast<ssize_t>(sizeof(buffer))) {
-      return OsError(n < 0 ? errno : ENAMETOOLONG, "cannot read the output's link", target.path);
-    }
-    std::string next(buffer, static_cast<size_t>(n));
-    if (next.empty() || next[0] != '/')
-      next = absl::StrCat(ParentDirectory(target.path), "/", next);
-    // A descriptor's own link reads as "pipe:[N]" or the like: stop before following it.
-    descriptor = NamesADescriptor(next);
-    if (!descriptor) target.path = std::move(next);
   }
   if (descriptor) {
     if (!target.exists) return OsError(ENOENT, "cannot open the output", path);
@@ -437,7 +437,12 @@ absl::Status CheckWritable(const std::string& path) {
     if (S_ISFIFO(target->mode)) return absl::OkStatus();
     absl::StatusOr<int> fd = OpenDirect(*target);
     if (!fd.ok()) return fd.status();
+    // A write of no bytes reaches a character device's driver, which answers as it would a real
+    // write (/dev/full: ENOSPC) and writes nothing.
+    const bool device = S_ISCHR(target->mode);
+    const int error = device && write(*fd, "", 0) < 0 ? errno : 0;
     close(*fd);
+    if (error != 0) return OsError(error, "cannot write", target->path);
     return absl::OkStatus();
   }
   absl::StatusOr<std::pair<int, std::string>> created = CreateTemporaryBeside(target->path);

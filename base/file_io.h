@@ -6,8 +6,9 @@
 // Writing (WriteFileAtomically): readers see the old contents or the new, never a part. A regular
 // file (or a name that does not exist yet) is replaced through a temporary file beside it, under a
 // name within NAME_MAX whatever the target's length, fsynced, renamed over the target, and the
-// directory fsynced. A symbolic link is written through: its final target is replaced the same
-// way and the link stays. A character device or FIFO (/dev/null, /dev/stdout, a pipe) is written
+// directory fsynced. A symbolic link at the output's name is refused (Note [Outputs through links]
+// in file_io.cc: it may have been planted by another user), except a link to one of the
+// process's own descriptors. A character device or FIFO (/dev/null, /dev/stdout, a pipe) is written
 // directly, never replaced by a regular file, and so is a path that names one of the process's open
 // descriptors (/dev/stdout, /dev/fd/N, /proc/self/fd/N), appended to whatever file it is; a reader
 // that has gone is an error, never a SIGPIPE. A replaced file keeps its permissions (and, where

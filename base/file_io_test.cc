@@ -119,7 +119,7 @@ TEST(MappedFileTest, MapsTheBytesAndRefusesWhatIsNotAFile) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Note [Hostile outputs]: an output that is a device, a FIFO or a link must keep being one
+// An output that is a device or a FIFO must keep being one
 // (replacing /dev/null with a regular file breaks it for every later process on the machine).
 TEST(WriteFileAtomicallyTest, DevicesAndFifosAreWrittenDirectlyNeverReplaced) {
   LOCKSTEP_ASSERT_OK(WriteFileAtomically("/dev/null", "evidence"));
@@ -193,25 +193,30 @@ TEST(WriteFileAtomicallyTest, AReplacedFileKeepsItsPermissions) {
   EXPECT_EQ(Read(path), "still secret");
 }
 
-TEST(WriteFileAtomicallyTest, ALinkIsWrittenThroughAndALoopIsRefused) {
+// Note [Outputs through links]: a link at the output's name is refused and left as it was, and
+// its target is untouched, whether the target exists, dangles or loops.
+TEST(WriteFileAtomicallyTest, ALinkIsRefusedAndItsTargetUntouched) {
   const std::string dir = testing::TempDir() + "/links";
   mkdir(dir.c_str(), 0755);
   const std::string target = dir + "/target.json", link = dir + "/link.json";
   unlink(link.c_str());
   LOCKSTEP_ASSERT_OK(WriteFileAtomically(target, "old"));
   ASSERT_EQ(symlink("target.json", link.c_str()), 0);  // relative to the link's directory
-  LOCKSTEP_ASSERT_OK(WriteFileAtomically(link, "new"));
+  const absl::Status refused = WriteFileAtomically(link, "new");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("symbolic link"));
+  EXPECT_EQ(CheckWritable(link).code(), absl::StatusCode::kInvalidArgument);
   struct stat info;
   ASSERT_EQ(lstat(link.c_str(), &info), 0);
   EXPECT_TRUE(S_ISLNK(info.st_mode));
-  EXPECT_EQ(Read(target), "new");
-  // A dangling link creates its target.
+  EXPECT_EQ(Read(target), "old");
+  // A dangling link creates nothing.
   const std::string dangling = dir + "/dangling.json";
   unlink(dangling.c_str());
   unlink((dir + "/created.json").c_str());
   ASSERT_EQ(symlink("created.json", dangling.c_str()), 0);
-  LOCKSTEP_ASSERT_OK(WriteFileAtomically(dangling, "made"));
-  EXPECT_EQ(Read(dir + "/created.json"), "made");
+  EXPECT_EQ(WriteFileAtomically(dangling, "made").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(access((dir + "/created.json").c_str(), F_OK), 0) << "the link was followed";
   const std::string a = dir + "/loop-a", b = dir + "/loop-b";
   unlink(a.c_str());
   unlink(b.c_str());
@@ -220,6 +225,17 @@ TEST(WriteFileAtomicallyTest, ALinkIsWrittenThroughAndALoopIsRefused) {
   EXPECT_EQ(WriteFileAtomically(a, "x").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckWritable(a).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteFileAtomically(dir, "x").code(), absl::StatusCode::kInvalidArgument);
+  // A link to the process's own stream is the caller's: written.
+  int ends[2];
+  ASSERT_EQ(pipe(ends), 0);
+  const std::string stream = dir + "/stream";
+  unlink(stream.c_str());
+  ASSERT_EQ(symlink(absl::StrCat("/proc/self/fd/", ends[1]).c_str(), stream.c_str()), 0);
+  LOCKSTEP_EXPECT_OK(WriteFileAtomically(stream, "piped"));
+  char buffer[8] = {};
+  EXPECT_EQ(read(ends[0], buffer, sizeof(buffer)), 5);
+  close(ends[0]);
+  close(ends[1]);
 }
 
 TEST(WriteFileAtomicallyTest, ANameOfNameMaxBytesIsWritable) {

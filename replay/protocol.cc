@@ -30,7 +30,8 @@ nlohmann::json RunLaunch(const ProtocolOptions& o, const std::string& name,
   options.deadline = o.deadline;
   const std::string log = absl::StrCat(o.out, "/", name, ".log");
   nlohmann::json record = {{"name", name}, {"command", options.command}, {"log", log}};
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Never through a link planted at the log's name (O_NOFOLLOW): the folder is new, but shared.
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     record["error"] = absl::StrCat("cannot write ", log);
     return record;
@@ -159,7 +160,8 @@ absl::Status PrepareProtocol(const ProtocolOptions& o) {
       return absl::InvalidArgumentError(
           absl::StrCat("--compare_only: --out ", o.out, " is not a replay's directory"));
     }
-    return absl::OkStatus();
+    // The report is found writable before the captures are compared, not after.
+    return CheckWritable(absl::StrCat(o.out, "/report.json"));
   }
   if (o.program.empty()) return absl::InvalidArgumentError("no program to replay");
   if (std::filesystem::exists(o.out, error) && !std::filesystem::is_empty(o.out, error)) {

@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("expected two safetensors files, got ", args.size(), " arguments")));
   }
+  // An output that cannot be written is found before the files are read, not after.
+  if (const std::string out = absl::GetFlag(FLAGS_out).path; !out.empty()) {
+    if (absl::Status s = lockstep::CheckWritable(out); !s.ok()) return Fail(s);
+  }
   numerics::Tolerance tolerance;
   tolerance.atol = absl::GetFlag(FLAGS_atol);
   tolerance.rtol = absl::GetFlag(FLAGS_rtol);
