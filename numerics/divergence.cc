@@ -317,7 +317,13 @@ absl::StatusOr<Recording> Recording::Load(const std::string& path) {
     if (r->index != static_cast<int64_t>(out.size())) {
       return invalid(absl::StrCat("record ", out.size(), " has index ", r->index));
     }
-    if (j.value("kept", false)) {
+    bool kept = false;
+    if (j.contains("kept")) {
+      absl::StatusOr<bool> given = JsonBool(j, "kept", absl::StrCat("record ", r->index));
+      if (!given.ok()) return invalid(given.status().message());
+      kept = *given;
+    }
+    if (kept) {
       absl::StatusOr<at::Tensor> tensor = file.Tensor(TensorName(*r));
       if (!tensor.ok()) {
         return Annotate(tensor.status(), absl::StrCat("reading record ", r->index, " of ", path));

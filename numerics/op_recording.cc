@@ -4,12 +4,12 @@
 
 #include <cerrno>
 #include <cmath>
-#include <fstream>
 #include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file_io.h"
 #include "base/json.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -249,46 +249,65 @@ void AppendOperatorRecordLine(const OperatorRecord& r, std::string* line) {
 }
 
 bool OperatorRecording::LooksLikeOne(const std::string& path) {
-  // The header line is short: a hostile file of one endless line is not read whole.
-  constexpr std::streamsize kHeaderLimit = 4096;
-  std::ifstream in(path, std::ios::binary);
-  std::string first(kHeaderLimit, '\0');
-  if (!in) return false;
-  in.read(first.data(), kHeaderLimit);
-  first.resize(static_cast<size_t>(in.gcount()));
-  const size_t newline = first.find('\n');
-  if (newline == std::string::npos) return false;
-  first.resize(newline);
-  absl::StatusOr<json> header = ParseJson(first, path);
+  // Through the one reader: a FIFO or device is not opened (nothing blocks on it), and only the
+  // short header line is looked at, however long the file's first line is.
+  absl::StatusOr<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path);
+  if (!file.ok()) return false;
+  constexpr size_t kHeaderLimit = 4096;
+  const absl::string_view head = (*file)->bytes().substr(0, kHeaderLimit);
+  const size_t newline = head.find('\n');
+  if (newline == absl::string_view::npos) return false;
+  absl::StatusOr<json> header = ParseJson(head.substr(0, newline), path);
   return header.ok() && header->is_object() && header->contains(kOperatorRecordingKey);
 }
 
 absl::StatusOr<OperatorRecording> OperatorRecording::Load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("opening the operator recording '", path, "'"));
-  }
+  // The one reader: only a regular file (a FIFO is refused, not waited on), mapped, not copied.
+  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
   auto invalid = [&](int64_t line, absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ":", line, ": not a lockstep operator recording: ", why));
   };
-  std::string text;
-  if (!std::getline(in, text)) return invalid(1, "the file is empty");
+  absl::string_view rest = file->bytes();
+  int64_t line = 0;
+  // The next line, without its newline; false at the end. A line longer than any record the
+  // recorder writes is refused instead of being parsed (its JSON would take many times its size).
+  absl::string_view text;
+  absl::Status too_long;
+  auto next_line = [&]() {
+    if (rest.empty()) return false;
+    ++line;
+    const size_t newline = rest.find('\n');
+    text = rest.substr(0, newline);
+    rest.remove_prefix(newline == absl::string_view::npos ? rest.size() : newline + 1);
+    if (text.size() > kMaxOperatorRecordLine) {
+      too_long =
+          invalid(line, absl::StrCat("a line of ", text.size(), " bytes exceeds the limit of ",
+                                     kMaxOperatorRecordLine));
+      return false;
+    }
+    return true;
+  };
+  if (!next_line()) return too_long.ok() ? invalid(1, "the file is empty") : too_long;
   absl::StatusOr<json> header = ParseJson(text, "its header line");
   if (!header.ok()) return invalid(1, header.status().message());
-  if (!header->is_object() || !header->contains(kOperatorRecordingKey) ||
-      !(*header)[kOperatorRecordingKey].is_number_integer()) {
-    return invalid(1, absl::StrCat("the header line has no integer '", kOperatorRecordingKey, "'"));
+  absl::StatusOr<int64_t> version = JsonInt(*header, kOperatorRecordingKey, "the header line");
+  if (!version.ok()) return invalid(1, version.status().message());
+  if (*version != kOperatorRecordingVersion) {
+    return invalid(1, absl::StrCat("format version ", *version, "; this build reads version ",
+                                   kOperatorRecordingVersion));
   }
-  if ((*header)[kOperatorRecordingKey].get<int>() != kOperatorRecordingVersion) {
-    return invalid(1, absl::StrCat("format version ", DumpJson((*header)[kOperatorRecordingKey]),
-                                   "; this build reads version ", kOperatorRecordingVersion));
+  int64_t rank = 0;
+  if (header->contains("rank")) {
+    absl::StatusOr<int64_t> given = JsonInt(*header, "rank", "the header line");
+    if (!given.ok()) return invalid(1, given.status().message());
+    if (*given < 0 || *given > std::numeric_limits<int>::max()) {
+      return invalid(1, absl::StrCat("rank ", *given, " is not a rank"));
+    }
+    rank = *given;
   }
-  const int rank = header->value("rank", 0);
   std::vector<OperatorRecord> records;
-  int64_t line = 1;
-  while (std::getline(in, text)) {
-    ++line;
+  while (next_line()) {
     if (text.empty()) continue;
     absl::StatusOr<json> parsed = ParseJson(text, "the line");
     if (!parsed.ok()) return invalid(line, parsed.status().message());
@@ -299,8 +318,9 @@ absl::StatusOr<OperatorRecording> OperatorRecording::Load(const std::string& pat
     }
     records.push_back(*std::move(r));
   }
-  if (in.bad()) return invalid(line, "a read error");
-  return OperatorRecording(rank, std::move(records));
+  if (!too_long.ok()) return too_long;
+  LOCKSTEP_RETURN_IF_ERROR(file->CheckUnchanged());
+  return OperatorRecording(static_cast<int>(rank), std::move(records));
 }
 
 }  // namespace numerics

@@ -25,6 +25,7 @@
 #ifndef LOCKSTEP_NUMERICS_OP_RECORDING_H_
 #define LOCKSTEP_NUMERICS_OP_RECORDING_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -41,6 +42,9 @@ namespace numerics {
 inline constexpr char kOperatorRecordingKey[] = "lockstep.operator_recording";
 // The format version this build writes and reads (Load refuses another).
 inline constexpr int kOperatorRecordingVersion = 1;
+// The longest line Load reads: far above any record the recorder writes (a call's values are
+// summaries, not data), far below what would exhaust memory when parsed.
+inline constexpr size_t kMaxOperatorRecordLine = size_t{16} << 20;
 
 // One input or output of a call. Tensors inside a list are values of their own (same `arg`,
 // `item` their position in the list).
@@ -84,7 +88,8 @@ struct OperatorRecord {
 class OperatorRecording {
  public:
   // kInvalidArgument naming the file and line for a malformed recording (a record out of order,
-  // a field of the wrong type, another format version); kNotFound when missing.
+  // a field of the wrong type, another format version, a line past kMaxOperatorRecordLine) or a
+  // file that is not a regular file (a FIFO is refused, never waited on); kNotFound when missing.
   static absl::StatusOr<OperatorRecording> Load(const std::string& path);
   // Whether `path` starts like an operator recording (its header line), without loading it.
   static bool LooksLikeOne(const std::string& path);

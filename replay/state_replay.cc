@@ -30,7 +30,28 @@ std::string Sha256Hex(absl::string_view bytes) {
   return DigestHex(hasher.Finish());
 }
 
+// Note [A capture against its place]: nothing a capture says about itself is trusted. It is read
+// only from regular files reached through no link of its own run's folders (a run whose step or
+// rank folders link to another run's captures would be compared with that run), its state file's
+// header is checked before its bytes are hashed (a sparse file of gigabytes is refused at once,
+// not hashed), and its index must name the step and rank of the folders it sits in, the world size
+// its run declared and this format, every field read with its type checked. A relabelled rank,
+// another run's capture, an index of another format, or a two-rank run read as one rank is
+// refused as evidence that cannot decide, never compared.
+
+// kInvalidArgument when `path` is a symbolic link; OK when it is anything else or is missing
+// (a missing file is named by whoever reads it).
+absl::Status RefuseLink(const std::string& path) {
+  struct stat info;
+  if (::lstat(path.c_str(), &info) == 0 && S_ISLNK(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is a symbolic link: a capture is read only from its own run's files"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadCaptureFile(const std::string& path, size_t max_bytes) {
+  LOCKSTEP_RETURN_IF_ERROR(RefuseLink(path));
   struct stat info;
   if (::stat(path.c_str(), &info) != 0) {
     return absl::NotFoundError(absl::StrCat(path, " is missing"));
@@ -87,9 +108,57 @@ std::string ComparePath(const numerics::SafetensorsEntry* a, const numerics::Saf
   return CompareBytes(*a, *b, out) ? out.kind : "";
 }
 
+// `value` of `what`'s `key` against what its place says it must be.
+absl::Status Expect(absl::string_view what, absl::string_view key, int64_t value, int64_t expected,
+                    absl::string_view whence) {
+  if (value == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " says ", key, " ", value, ", but ", whence,
+                                                 " says ", expected,
+                                                 " (Note [A capture against its place])"));
+}
+
+// Checks the fields of a parsed index.json against `place` and keeps those the comparison reads.
+absl::Status CheckIndex(const std::string& what, const CapturePlace& place,
+                        const nlohmann::json& index, nlohmann::json* context_out,
+                        std::vector<bool>* present_out) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string format, JsonString(index, "format", what));
+  if (format != kStateCaptureFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is an index of format '", format, "', not ", kStateCaptureFormat));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(int64_t step, JsonInt(index, "step", what));
+  LOCKSTEP_RETURN_IF_ERROR(Expect(what, "step", step, place.step, "its folder"));
+  LOCKSTEP_ASSIGN_OR_RETURN(int64_t rank, JsonInt(index, "rank", what));
+  LOCKSTEP_RETURN_IF_ERROR(Expect(what, "rank", rank, place.rank, "its folder"));
+  LOCKSTEP_ASSIGN_OR_RETURN(int64_t world, JsonInt(index, "world_size", what));
+  LOCKSTEP_RETURN_IF_ERROR(Expect(what, "world_size", world, place.world_size, "the run"));
+  LOCKSTEP_ASSIGN_OR_RETURN(const nlohmann::json* context, JsonObject(index, "context", what));
+  *context_out = *context;
+  LOCKSTEP_ASSIGN_OR_RETURN(const nlohmann::json* components,
+                            JsonObject(index, "components", what));
+  for (const char* name : kCaptureComponents) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const nlohmann::json* component,
+                              JsonObject(*components, name, absl::StrCat(what, "'s components")));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        bool present, JsonBool(*component, "present", absl::StrCat(what, "'s component ", name)));
+    present_out->push_back(present);
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const nlohmann::json* paths, JsonArray(index, "paths", what));
+  for (const nlohmann::json& path : *paths) {
+    if (!path.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a member of \"paths\" is ", path.type_name(), ", not a string"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir) {
+absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir, const CapturePlace& place) {
+  LOCKSTEP_RETURN_IF_ERROR(RefuseLink(ParentDirectory(dir)));
+  LOCKSTEP_RETURN_IF_ERROR(RefuseLink(dir));
+  LOCKSTEP_RETURN_IF_ERROR(RefuseLink(absl::StrCat(dir, "/complete.json")));
   absl::StatusOr<std::string> complete_text =
       ReadCaptureFile(absl::StrCat(dir, "/complete.json"), kMaxJsonBytes);
   if (!complete_text.ok()) {
@@ -105,10 +174,20 @@ absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, " is a capture of format '", format, "', not ", kStateCaptureFormat));
   }
+  const std::string complete_what = absl::StrCat(dir, "/complete.json");
+  for (const auto& [key, expected] :
+       {std::make_pair("step", place.step), std::make_pair("rank", int64_t{place.rank})}) {
+    LOCKSTEP_ASSIGN_OR_RETURN(int64_t value, JsonInt(complete, key, complete_what));
+    LOCKSTEP_RETURN_IF_ERROR(Expect(complete_what, key, value, expected, "its folder"));
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(
       std::string index_text,
       Damaged(ReadCaptureFile(absl::StrCat(dir, "/index.json"), kMaxJsonBytes)));
   const std::string state_path = absl::StrCat(dir, "/state.safetensors");
+  LOCKSTEP_RETURN_IF_ERROR(RefuseLink(state_path));
+  // The header first: a file that is no safetensors file is refused before its bytes are hashed.
+  LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile state,
+                            Damaged(numerics::SafetensorsFile::Open(state_path)));
   LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapped,
                             Damaged(MappedFile::Open(state_path)));
   for (const auto& [key, bytes, what] :
@@ -122,26 +201,19 @@ absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir) {
                                               "truncated or written by another capture)"));
     }
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json index,
-                            Damaged(ParseJson(index_text, absl::StrCat(dir, "/index.json"))));
-  for (const char* key : {"step", "rank"}) {
-    LOCKSTEP_ASSIGN_OR_RETURN(int64_t in_index, Damaged(JsonInt(index, key, "index.json")));
-    LOCKSTEP_ASSIGN_OR_RETURN(int64_t in_record, Damaged(JsonInt(complete, key, "complete.json")));
-    if (in_index != in_record) {
-      return absl::DataLossError(absl::StrCat(dir, ": index.json and complete.json disagree on ",
-                                              key, " (", in_index, " vs ", in_record, ")"));
-    }
-  }
-  LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile state,
-                            Damaged(numerics::SafetensorsFile::Open(state_path)));
-  return LoadedCapture{dir, std::move(index), std::move(state)};
+  LOCKSTEP_RETURN_IF_ERROR(mapped->CheckUnchanged());
+  const std::string index_what = absl::StrCat(dir, "/index.json");
+  LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json index, Damaged(ParseJson(index_text, index_what)));
+  nlohmann::json context;
+  std::vector<bool> present;
+  LOCKSTEP_RETURN_IF_ERROR(CheckIndex(index_what, place, index, &context, &present));
+  return LoadedCapture{
+      dir, place, std::move(context), std::move(present), std::move(index), std::move(state)};
 }
 
 absl::StatusOr<std::optional<CaptureDifference>> CompareCaptures(const LoadedCapture& a,
                                                                  const LoadedCapture& b) {
-  const std::vector<std::string> differences =
-      numerics::ContextDifferences(a.index.value("context", nlohmann::json::object()),
-                                   b.index.value("context", nlohmann::json::object()));
+  const std::vector<std::string> differences = numerics::ContextDifferences(a.context, b.context);
   if (!differences.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("captures ", a.dir, " and ", b.dir,
@@ -149,17 +221,14 @@ absl::StatusOr<std::optional<CaptureDifference>> CompareCaptures(const LoadedCap
                      absl::StrJoin(differences, ", ")));
   }
   CaptureDifference d;
-  d.step = a.index.value("step", int64_t{0});
-  d.rank = a.index.value("rank", 0);
-  const nlohmann::json& ca = a.index["components"];
-  const nlohmann::json& cb = b.index["components"];
-  for (const char* name : kCaptureComponents) {
-    if (ca.value(name, nlohmann::json::object()).value("present", false) !=
-        cb.value(name, nlohmann::json::object()).value("present", false)) {
-      d.differing_paths.push_back(name);
+  d.step = a.place.step;
+  d.rank = a.place.rank;
+  for (size_t i = 0; i < a.present.size() && i < b.present.size(); ++i) {
+    if (a.present[i] != b.present[i]) {
+      d.differing_paths.push_back(kCaptureComponents[i]);
       if (d.kind.empty()) {
         d.kind = "components";
-        d.path = name;
+        d.path = kCaptureComponents[i];
       }
     }
   }
@@ -194,10 +263,11 @@ absl::StatusOr<RunComparison> CompareRuns(const std::string& a_root, const std::
   out.last_step = last_step;
   for (int64_t step = first_step; step <= last_step && !out.first.has_value(); ++step) {
     for (int rank = 0; rank < world_size; ++rank) {
+      const CapturePlace place{step, rank, world_size};
       LOCKSTEP_ASSIGN_OR_RETURN(LoadedCapture a,
-                                LoadStateCapture(CaptureDirectory(a_root, step, rank)));
+                                LoadStateCapture(CaptureDirectory(a_root, step, rank), place));
       LOCKSTEP_ASSIGN_OR_RETURN(LoadedCapture b,
-                                LoadStateCapture(CaptureDirectory(b_root, step, rank)));
+                                LoadStateCapture(CaptureDirectory(b_root, step, rank), place));
       LOCKSTEP_ASSIGN_OR_RETURN(std::optional<CaptureDifference> d, CompareCaptures(a, b));
       ++out.captures;
       if (d.has_value() && !out.first.has_value()) out.first = std::move(d);

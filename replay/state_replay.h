@@ -7,8 +7,9 @@
 //
 // Evidence is checked before it is compared: a capture without its completion record, whose
 // files do not hash to what the record says, whose index is not this format's, or that disagrees
-// with its own directory (step, rank) is refused (kDataLoss for damaged or partial, kNotFound for
-// missing, kInvalidArgument for another format); two captures whose execution contexts differ in
+// with its own directory (step, rank) or its run (world size) is refused (kDataLoss for damaged
+// or partial, kNotFound for missing, kInvalidArgument for another format, place or run, or a
+// field of the wrong type); two captures whose execution contexts differ in
 // a stable field (another build, LibTorch, device, determinism setting: numerics/
 // execution_context.h) are incompatible (kFailedPrecondition naming the fields). A caller tells
 // such refusals — "the evidence cannot decide" — from a difference in the state, which is a
@@ -36,15 +37,29 @@
 namespace lockstep {
 namespace replay {
 
-// A checked capture: its index and its mapped state file.
+// Where a capture must sit and what its run declared (Note [A capture against its place]).
+struct CapturePlace {
+  int64_t step = 0;    // the step directory it was found under
+  int rank = 0;        // the rank directory it was found under
+  int world_size = 1;  // the ranks of the run it belongs to
+};
+
+// A checked capture: its index's checked fields, its index and its mapped state file.
 struct LoadedCapture {
   std::string dir;                  // the capture's directory, as given to LoadStateCapture
+  CapturePlace place;               // where it sits, which its index says too
+  nlohmann::json context;           // its execution context record (an object)
+  std::vector<bool> present;        // per kCaptureComponents entry, whether it was captured
   nlohmann::json index;             // its index.json, parsed
   numerics::SafetensorsFile state;  // its state.safetensors, mapped
 };
 
-// Reads and checks the capture in `dir` as the top of this file says.
-absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir);
+// Reads and checks the capture in `dir`, which must sit at `place`, as the top of this file
+// says: its files are regular files (not links: a run's captures linked to another run's are
+// not this run's), its state file's header is checked before its bytes are hashed, and every
+// field of its index is read with its type checked. kInvalidArgument for an index that says
+// another place, world size or format, or whose fields are missing or of the wrong type.
+absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir, const CapturePlace& place);
 
 // Where two captures of one step and rank first differ.
 struct CaptureDifference {

@@ -1,11 +1,17 @@
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
 
 #include "ATen/ATen.h"
 #include "base/file_io.h"
+#include "base/json.h"
+#include "base/sha256.h"
 #include "base/status_testutil.h"
 #include "base/temp_dir.h"
 #include "gtest/gtest.h"
@@ -63,7 +69,7 @@ TEST_F(StateReplayTest, CapturesEveryComponentInCaptureOrder) {
   s.Step();
   LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadedCapture c,
-                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0)));
+                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0), {1, 0, 1}));
   std::vector<std::string> names;
   for (const auto& entry : c.state.entries()) names.push_back(entry.name);
   ASSERT_GE(names.size(), 11u);
@@ -165,7 +171,7 @@ TEST_F(StateReplayTest, TheModelAndNamedStreamsAreCapturedAndCompared) {
   draw_on_model_stream();
   LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadedCapture a,
-                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0)));
+                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0), {1, 0, 1}));
   for (const char* path : {"rng/model/cpu", "rng/named/data/seed", "rng/named/data/cpu"}) {
     EXPECT_NE(a.state.Find(path), nullptr) << path << " was not captured";
   }
@@ -214,12 +220,80 @@ TEST_F(StateReplayTest, CapturesOfIncompatibleRunsAreRefused) {
   s.Step();
   LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("a"), 1, 0, 1, s.Components(1)));
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(LoadedCapture a,
-                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0)));
+                                LoadStateCapture(CaptureDirectory(Root("a"), 1, 0), {1, 0, 1}));
   LoadedCapture b = a;
-  b.index["context"]["stable"]["lockstep_commit"] = "another-build";
+  b.context["stable"]["lockstep_commit"] = "another-build";
   const absl::Status s2 = CompareCaptures(a, b).status();
   EXPECT_EQ(s2.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(s2.message()).find("lockstep_commit"), std::string::npos) << s2;
+}
+
+// Rewrites a capture's index.json through `edit` and seals it again (complete.json's
+// index_sha256), as a hostile user can: the seal proves the files belong together, not that what
+// they say is true.
+void Reseal(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json index =
+      ParseJson(ReadFileToString(dir + "/index.json", 1 << 20).value(), "").value();
+  edit(index);
+  const std::string text = DumpJson(index);
+  nlohmann::json complete =
+      ParseJson(ReadFileToString(dir + "/complete.json", 1 << 20).value(), "").value();
+  Sha256Hasher hasher;
+  hasher.Append(text);
+  complete["index_sha256"] = DigestHex(hasher.Finish());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/index.json", text).ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/complete.json", DumpJson(complete)).ok());
+}
+
+// Note [A capture against its place]: what a capture says of itself is checked against where it
+// sits and what its run declared; anything else is refused, never compared.
+TEST_F(StateReplayTest, ACaptureIsCheckedAgainstItsPlace) {
+  TinyState s;
+  s.Step();
+  for (const char* run : {"a", "b"}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      LOCKSTEP_ASSERT_OK(WriteStateCapture(Root(run), 1, rank, 2, s.Components(1)));
+    }
+  }
+  LOCKSTEP_ASSERT_OK(CompareRuns(Root("a"), Root("b"), 1, 1, 2).status());
+  auto refused = [&](const std::string& b_root, int world, const std::string& says) {
+    const absl::Status status = CompareRuns(Root("a"), b_root, 1, 1, world).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(std::string(status.message()).find(says), std::string::npos) << status;
+  };
+  // A two-rank run read as one rank.
+  refused(Root("b"), 1, "world_size 2");
+  // Another run's captures linked in.
+  ASSERT_EQ(mkdir(Root("c").c_str(), 0755), 0);
+  ASSERT_EQ(symlink((Root("b") + "/step1").c_str(), (Root("c") + "/step1").c_str()), 0);
+  refused(Root("c"), 2, "symbolic link");
+  // A relabelled rank: rank 0's capture in rank 1's folder.
+  const std::string rank0 = CaptureDirectory(Root("b"), 1, 0);
+  const std::string rank1 = CaptureDirectory(Root("b"), 1, 1);
+  for (const char* file : {"/index.json", "/complete.json", "/state.safetensors"}) {
+    LOCKSTEP_ASSERT_OK(
+        WriteFileAtomically(rank1 + file, ReadFileToString(rank0 + file, 1 << 20).value()));
+  }
+  refused(Root("b"), 2, "rank 0");
+  // Fields of the wrong type, missing, or of another format, sealed again.
+  for (const auto& [edit, says] :
+       std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
+           {[](nlohmann::json& j) { j["step"] = "1"; }, "step"},
+           {[](nlohmann::json& j) { j["context"] = 7; }, "context"},
+           {[](nlohmann::json& j) { j.erase("components"); }, "components"},
+           {[](nlohmann::json& j) { j["components"]["rng"]["present"] = "yes"; }, "present"},
+           {[](nlohmann::json& j) {
+              j["paths"] = {1, 2};
+            },
+            "paths"},
+           {[](nlohmann::json& j) { j["format"] = "lockstep.state_capture/2"; }, "format"}}) {
+    LOCKSTEP_ASSERT_OK(WriteStateCapture(Root("d"), 1, 0, 1, s.Components(1)));
+    Reseal(CaptureDirectory(Root("d"), 1, 0), edit);
+    const absl::Status status = CompareRuns(Root("d"), Root("d"), 1, 1, 1).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(std::string(status.message()).find(says), std::string::npos) << status;
+    ASSERT_TRUE(std::filesystem::remove_all(Root("d")) > 0);
+  }
 }
 
 }  // namespace

@@ -124,6 +124,11 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("expected two recordings, got ", args.size(), " arguments")));
   }
+  // An output that cannot be written (a full device, a link, a missing folder) is found before
+  // the recordings are read, not after.
+  if (const std::string out = absl::GetFlag(FLAGS_out).path; !out.empty()) {
+    if (absl::Status s = lockstep::CheckWritable(out); !s.ok()) return Fail(s);
+  }
   const bool operators_a = numerics::OperatorRecording::LooksLikeOne(args[0]);
   const bool operators_b = numerics::OperatorRecording::LooksLikeOne(args[1]);
   if (operators_a != operators_b) {

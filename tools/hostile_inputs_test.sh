@@ -34,6 +34,18 @@ write(d + "/deep_recording.rec", [w], {"lockstep.recording": "[" * 100000 + "]" 
 # A metadata field of the wrong JSON type: a record whose index is a string.
 write(d + "/wrong_type.rec", [w], {"lockstep.recording": json.dumps(
     [{"index": "zero", "module": "m", "kind": "forward", "dtype": "float32", "shape": [4]}])})
+# A recording whose record says "kept" as a string (nlohmann's value() threw: an abort).
+write(d + "/kept_string.rec", [w], {"lockstep.recording": json.dumps(
+    [{"index": 0, "module": "m", "kind": "forward_output", "dtype": "float32", "shape": [4],
+      "digest": "0" * 32, "summary": {"sum": 0, "mean_abs": 0, "min": 0, "max": 0, "l2": 0},
+      "kept": "yes"}])})
+# Operator recordings with a header of the wrong type, a version past 32 bits (read as 1 when
+# truncated to an int), and one line longer than any record.
+for name, header in [("rank_string", {"lockstep.operator_recording": 1, "rank": "zero"}),
+                     ("version_wide", {"lockstep.operator_recording": 2**32 + 1, "rank": 0})]:
+    open(f"{d}/{name}.ops", "w").write(json.dumps(header) + "\n")
+open(d + "/long_line.ops", "w").write(
+    json.dumps({"lockstep.operator_recording": 1, "rank": 0}) + "\n" + "[" * (17 << 20) + "\n")
 # 200,000 tensors: header parsing was quadratic (20,000 took 16 s, so this one would take about
 # half an hour, past the test's timeout); linear parsing takes seconds.
 n = 200000
@@ -54,6 +66,15 @@ says "nest"
 expect 2 "$diverge" "$tmp/wrong_type.rec" "$tmp/wrong_type.rec"
 says "index"
 
+expect 2 "$diverge" "$tmp/kept_string.rec" "$tmp/kept_string.rec"
+says "kept"
+expect 2 "$diverge" "$tmp/rank_string.ops" "$tmp/rank_string.ops"
+says "rank"
+expect 2 "$diverge" "$tmp/version_wide.ops" "$tmp/version_wide.ops"
+says "format version 4294967297"
+expect 2 "$diverge" "$tmp/long_line.ops" "$tmp/long_line.ops"
+says "exceeds the limit"
+
 # Many tensors: read whole, in linear time (the test's timeout is the bound).
 expect 0 "$inventory" "$tmp/many.safetensors" --out="$tmp/many.json"
 json_check "$tmp/many.json" "j['files'][0]['tensors'] == 200000"
@@ -62,6 +83,8 @@ expect 0 "$compare" "$tmp/many.safetensors" "$tmp/many.safetensors"
 # Inputs that are not regular files: refused before a read can block, never "0 bytes".
 mkfifo "$tmp/fifo"
 expect 2 "$compare" "$tmp/fifo" "$tmp/a.safetensors"
+says "not a regular file"
+EXPECT_TIMEOUT=20 expect 2 "$diverge" "$tmp/fifo" "$tmp/a.safetensors"
 says "not a regular file"
 expect 2 "$inventory" "$tmp/fifo"
 says "not a regular file"
@@ -88,12 +111,14 @@ expect 0 "$inventory" "$tmp/a.safetensors" --out="$tmp/out_fifo"
 wait "$reader"
 [[ -p $tmp/out_fifo ]] || { echo "the output FIFO was replaced"; exit 1; }
 json_check "$tmp/from_fifo.json" "j['files'][0]['entries'][0]['name'] == 'w'"
-# A symlink is written through: the link stays, its target gets the document.
+# A symlink (another user's, planted in a shared folder) is refused before any work: the link
+# stays and its target is untouched (Note [Outputs through links]).
 echo "old" >"$tmp/target.json"
 ln -s target.json "$tmp/link.json"
-expect 0 "$inventory" "$tmp/a.safetensors" --out="$tmp/link.json"
+expect 2 "$inventory" "$tmp/a.safetensors" --out="$tmp/link.json"
+says "symbolic link"
 [[ -L $tmp/link.json ]] || { echo "the output symlink was replaced by a file"; exit 1; }
-json_check "$tmp/target.json" "j['files'][0]['entries'][0]['name'] == 'w'"
+[[ $(cat "$tmp/target.json") == old ]] || { echo "the link's target was written"; exit 1; }
 # A name of 250 bytes (NAME_MAX is 255) is writable: the temporary beside it fits.
 long=$(printf 'n%.0s' {1..245}).json
 expect 0 "$inventory" "$tmp/a.safetensors" --out="$tmp/$long"
@@ -103,6 +128,11 @@ json_check "$tmp/$long" "j['files'][0]['entries'][0]['name'] == 'w'"
 expect 2 "$inventory" "$tmp/a.safetensors" --out=/dev/full
 says "/dev/full"
 [[ -c /dev/full ]] || { echo "/dev/full was replaced"; exit 1; }
+# ... found before the inputs are read (a FIFO input would otherwise be named first).
+for tool in "$diverge" "$compare"; do
+  EXPECT_TIMEOUT=20 expect 2 "$tool" "$tmp/fifo" "$tmp/fifo" --out=/dev/full
+  says "/dev/full"
+done
 # An output that cannot be written is found before any work: nothing is created.
 expect 2 "$inventory" "$tmp/a.safetensors" --out="$tmp/no/such/dir/inv.json"
 [[ ! -e $tmp/no ]] || { echo "something was created under the output's path"; exit 1; }

@@ -98,7 +98,7 @@ PY
 # 2. Truncated, and a rank that did not complete.
 damaged truncated
 truncate -s 1000 "$tmp/truncated/resumed/captures/step3/rank2/state.safetensors"
-expect_exit 2 truncated "step3/rank2/state.safetensors does not hash"
+expect_exit 2 truncated "step3/rank2/state.safetensors: not a valid safetensors file"
 damaged partial
 rm "$tmp/partial/independent/captures/step4/rank1/complete.json"
 expect_exit 2 partial "step4/rank1 is partial"
@@ -133,7 +133,47 @@ PY
 reseal "$capture"
 expect_exit 1 mismatch "resumed vs reference: differ first at step 4 rank 0 path weights/"
 
-# 5. A broken resume that matches the reference (its omitted restore went unseen): the resumed
+# 5. What a capture says of itself is checked against where it sits and what the run declared
+# (Note [A capture against its place]): each of these gave PASS or an abort before.
+damaged mistyped  # the real example's index, a field of the wrong type, sealed again
+capture="$tmp/mistyped/resumed/captures/step4/rank1"
+"$python" - "$capture/index.json" <<'PY'
+import json, sys
+i = json.load(open(sys.argv[1]))
+i["step"] = "4"
+json.dump(i, open(sys.argv[1], "w"))
+PY
+reseal "$capture"
+expect_exit 2 mistyped "index.json: 'step' is string, not"
+damaged relabelled  # rank 1's capture replaced by rank 0's, whole and sealed
+for file in index.json complete.json state.safetensors; do
+  cp "$tmp/relabelled/independent/captures/step2/rank0/$file" \
+    "$tmp/relabelled/independent/captures/step2/rank1/$file"
+done
+expect_exit 2 relabelled "says rank 0, but its folder says 1"
+damaged linked  # a run's captures linked to another run's
+rm -rf "$tmp/linked/independent/captures/step3"
+ln -s "$tmp/linked/reference/captures/step3" "$tmp/linked/independent/captures/step3"
+expect_exit 2 linked "step3 is a symbolic link"
+# Read as one rank, a four-rank run whose rank 1 is truncated: refused by its world size.
+damaged one_rank
+truncate -s 1000 "$tmp/one_rank/resumed/captures/step3/rank1/state.safetensors"
+code=0
+"$replay" --out="$tmp/one_rank" --compare_only --nproc=1 --steps=4 --resume_step=2 \
+  --broken=rng,optimizer,data >"$tmp/one_rank.out" 2>&1 || code=$?
+[[ $code == 2 ]] && grep -q "says world_size 4, but the run says 1" "$tmp/one_rank.out" ||
+  { cat "$tmp/one_rank.out"; fail "one_rank: exit $code, want 2 naming the world size"; }
+# report.json planted as a link to a file of someone else's: refused, the file untouched.
+damaged planted_report
+echo "not yours" >"$tmp/victim.txt"
+ln -s "$tmp/victim.txt" "$tmp/planted_report/report.json"
+code=0
+"$replay" --out="$tmp/planted_report" --compare_only --nproc=4 --steps=4 --resume_step=2 \
+  --broken=rng,optimizer,data >"$tmp/planted_report.out" 2>&1 || code=$?
+[[ $code == 2 && $(cat "$tmp/victim.txt") == "not yours" ]] ||
+  { cat "$tmp/planted_report.out"; fail "planted_report: exit $code, or the link's target was written"; }
+
+# 6. A broken resume that matches the reference (its omitted restore went unseen): the resumed
 # run's captures, which match, stand in for broken-rng's.
 damaged broken_matches
 for step in "$tmp/broken_matches/resumed/captures"/step*; do
