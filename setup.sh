@@ -21,6 +21,7 @@ packages=(
   valgrind                   # tools/fuzz.sh: the corpora replayed under memcheck
   libsqlite3-dev sqlite3     # admission's recovery ledger; sqlite3 to inspect one
   python3-matplotlib         # examples/lm/plot_loss.py, report: plots as SVG
+  python3-hypothesis         # report/report_fuzz.py: the report page's fuzz target
   chromium                   # report's test: the page loaded and screenshot headless
   iproute2 procps            # the multi-host tests' namespaced hosts: ip, tc; pgrep, pkill
   python3-dev python3-torch  # the Python package (//python): headers, and torch on the same LibTorch

@@ -248,10 +248,11 @@ std::vector<std::string> ExpectedChecks(const QualifyOptions& options);
 absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out);
 
 // The HTML report of `evidence` (RunQualify's JSON): writes it to `dir`/evidence.json and the
-// page of report/report.py (embedded in this library; run with Debian's /usr/bin/python3
-// and python3-matplotlib) to `dir`/index.html, creating `dir`. kInternal with the script's output
-// when it fails.
-absl::Status WriteReport(const nlohmann::json& evidence, const std::string& dir);
+// page of report/report.py (embedded in this library; run with Debian's /usr/bin/python3,
+// isolated from the user's environment and from `dir`) to `dir`/index.html, creating `dir`. An
+// error only when the evidence cannot be written; a page that could not be drawn, or was drawn
+// with a warning (no matplotlib: no plots), returns the warning's text, else "".
+absl::StatusOr<std::string> WriteReport(const nlohmann::json& evidence, const std::string& dir);
 
 // Every check above, in that order, then a barrier, as `options` ask (its control, inject_oom and
 // device; its topology is `topology`'s). The ledgers of oom_recovery go to `ledger_dir` (empty: a

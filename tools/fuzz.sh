@@ -3,9 +3,11 @@
 # output base of its own so the default build is not reconfigured) and runs each for a set time,
 # starting from its seeds (base/fuzz_target.h). Afterwards the corpus each search built is
 # replayed under valgrind through the default build's replay binary, which catches invalid reads
-# inside the uninstrumented LibTorch that ASan cannot see.
+# inside the uninstrumented LibTorch that ASan cannot see. The Python target report_fuzz
+# (report/report_fuzz.py: hypothesis over the report page's evidence) needs no build.
 #
-# Usage: tools/fuzz.sh [seconds per target, default 600] [target ...]  (default: every target)
+# Usage: tools/fuzz.sh [seconds per target, default 600] [target ...]  (default: every target,
+# report_fuzz too)
 # Work goes to $FUZZ_DIR (default ~/.cache/lockstep-fuzz; the corpora persist between runs).
 # Prints one line "fuzz result: <target> PASSED|FAILED ..." per target and exits non-zero on any
 # finding (the crashing input is kept under $FUZZ_DIR/<target>/), when a target cannot run, or
@@ -27,15 +29,37 @@ if [[ ${#targets[@]} == 0 ]]; then
   fi
   mapfile -t targets <<<"$query"
   [[ -n $query ]] || { echo "fuzz: the query found no fuzz targets" >&2; exit 2; }
+  targets+=(report_fuzz)
 fi
 echo "fuzz: ${#targets[@]} targets: ${targets[*]}"
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 1 ]] || { echo "fuzz: seconds '$seconds' is not a positive integer" >&2; exit 2; }
-command -v clang >/dev/null || { echo "fuzz: clang is not installed (./setup.sh installs it)" >&2; exit 2; }
+python_targets=()  # run by Debian's python3, not built
+cc_targets=()
+for target in "${targets[@]}"; do
+  if [[ $target == report_fuzz ]]; then python_targets+=("$target"); else cc_targets+=("$target"); fi
+done
+targets=("${cc_targets[@]}")
 fuzz_dir=${FUZZ_DIR:-$HOME/.cache/lockstep-fuzz}
+mkdir -p "$fuzz_dir"
+status=0
+for target in "${python_targets[@]}"; do
+  echo "fuzz: $target for ${seconds}s (log $fuzz_dir/$target.log)"
+  if HYPOTHESIS_STORAGE_DIRECTORY="$fuzz_dir/$target" \
+    /usr/bin/python3 report/report_fuzz.py "$seconds" >"$fuzz_dir/$target.log" 2>&1; then
+    tail -1 "$fuzz_dir/$target.log"
+    echo "fuzz result: $target PASSED"
+  else
+    rc=$?
+    tail -40 "$fuzz_dir/$target.log"
+    echo "fuzz result: $target FAILED (exit $rc)"
+    status=1
+  fi
+done
+[[ ${#targets[@]} -gt 0 ]] || exit $status
+command -v clang >/dev/null || { echo "fuzz: clang is not installed (./setup.sh installs it)" >&2; exit 2; }
 # One output base per checkout (Bazel ties an output base to its workspace); the disk cache in
 # .bazelrc is shared, so a fresh clone still reuses earlier compilations.
 output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/lockstep-fuzz-output-base/$(pwd | md5sum | cut -c1-12)}
-mkdir -p "$fuzz_dir"
 # Inputs up to 1 MiB: large enough to reach the nesting and tensor-count limits the seeds sit
 # at (libFuzzer's default follows the largest seed and starts at 4 KiB).
 max_len=${FUZZ_MAX_LEN:-1048576}
@@ -50,7 +74,6 @@ shim="$fuzz_dir/libhwy_timer_shim.so"
 g++ -shared -fPIC -O2 -Wl,--version-script=tools/valgrind/hwy_timer_shim.map \
   -o "$shim" tools/valgrind/hwy_timer_shim.cc
 
-status=0
 for target in "${targets[@]}"; do
   path=${target#//}
   path=${path/://}

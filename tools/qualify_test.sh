@@ -144,6 +144,16 @@ bad "--inject_oom 9 is outside \[1, 8\]" --dp=1 --inject_oom=9
 bad "--inject_oom 0 is outside \[1, 8\]: oom_recovery needs at least one injected failure" --dp=1 --inject_oom=0
 bad "--device 'tpu' is neither cpu nor cuda" --dp=1 --device=tpu
 bad "cannot write the report directory '/proc/qualify-report'" --dp=1 --report=/proc/qualify-report
+# Nothing is imported from the report folder, which another user may share: modules planted
+# there under the names the page's script imports never run.
+mkdir -p "$tmp/planted"
+for module in html json io math os sys matplotlib; do
+  echo "open('$tmp/planted_ran', 'a').write('$module ')" >"$tmp/planted/$module.py"
+done
+MPLCONFIGDIR="$tmp/matplotlib" "$qualify" --dp=1 --report="$tmp/planted" >"$tmp/planted.txt" 2>&1 ||
+  { cat "$tmp/planted.txt"; echo "qualify --report into a folder with planted modules failed"; exit 1; }
+[[ ! -e $tmp/planted_ran ]] || { echo "qualify ran modules planted in its report folder: $(cat "$tmp/planted_ran")"; exit 1; }
+[[ -s $tmp/planted/index.html ]] || { echo "no page was written"; exit 1; }
 bad "--nnodes 3 does not divide the world of 4 processes" --dp=2 --cp=2 --nnodes=3 --master_port=29500
 bad "--master_port 0 with --nnodes 2" --dp=2 --cp=2 --nnodes=2
 bad "--node_rank 2 is not an integer in \[0, 2)" --dp=2 --cp=2 --nnodes=2 --node_rank=2 --master_port=29500

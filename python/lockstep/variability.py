@@ -31,6 +31,7 @@ Example::
 import json
 import os
 import random
+import secrets
 
 import torch
 
@@ -163,12 +164,19 @@ def save_state(directory, model, optimizer=None, *, streams=None, rank=None):
 
 def write_text(path, text):
     """Writes ``text`` to ``path`` atomically and durably (a temporary file beside it, replaced)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "x", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # A new file under a random name (O_EXCL, which follows no link): nothing planted at a name
+    # known in advance is written through or makes the write fail. Its mode is 0666 less umask.
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def load_state(directory, model, optimizer=None, *, streams=None, rank=None):

@@ -112,3 +112,28 @@ def test_an_actor_that_loads_less_than_was_saved_is_named(tmp_path):
     assert not result, result.detail
     assert "restored less than was saved" in result.detail
     assert any(name.startswith("optimizer/") for name in result.evidence["saved_vs_loaded_a"])
+
+
+def test_verify_writes_no_log_through_a_planted_link(tmp_path):
+    from lockstep import verify
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "out" / "logs").mkdir(parents=True)
+    (tmp_path / "out" / "logs" / "save.rank0.log").symlink_to(victim)
+    failure = verify._launch("save", [sys.executable, "-c", "print('written')"], 1,
+                             str(tmp_path / "out"), 60, {})
+    assert victim.read_text() == "keep"
+    assert failure is not None and "save: cannot write its log" in failure, failure
+
+
+def test_write_text_writes_through_no_link_at_a_name_known_in_advance(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    path = tmp_path / "evidence.json"
+    for name in (f"{path}.tmp{os.getpid()}", f"{path}.tmp"):  # the names a temporary once had
+        os.symlink(victim, name)
+    variability.write_text(str(path), "written")
+    assert victim.read_text() == "keep" and path.read_text() == "written"
+    assert not path.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["victim", "evidence.json", f"evidence.json.tmp{os.getpid()}", "evidence.json.tmp"])

@@ -477,11 +477,14 @@ absl::StatusOr<bool> RunQualify(const QualifyOptions& options, std::ostream& out
     out << "evidence: " << options.evidence_path << "\n";
   }
   if (!options.report_dir.empty()) {
-    if (absl::Status s = WriteReport(evidence, options.report_dir); !s.ok()) {
-      return absl::InternalError(absl::StrCat("the report: ", s.message(),
+    absl::StatusOr<std::string> warning = WriteReport(evidence, options.report_dir);
+    if (!warning.ok()) {
+      return absl::InternalError(absl::StrCat("the report: ", warning.status().message(),
                                               " (per-rank reports and worker output kept in ",
                                               dir.Release(), ")"));
     }
+    // The page is a view of the evidence: one that could not be drawn does not change the verdict.
+    if (!warning->empty()) out << "warning: the report page: " << *warning << "\n";
     out << "report: " << options.report_dir << "/index.html\n";
   }
   // Keep the per-rank reports and worker log only when something needs looking into.
