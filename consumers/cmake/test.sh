@@ -23,7 +23,7 @@ fail() { echo "cmake consumer: $1 FAILED: $2"; failures=$((failures + 1)); }
 not_run() { echo "cmake consumer: $1 NOT RUN: $2"; }
 manifest_matches() {  # prefix: the manifest lists exactly the prefix's files
   local prefix=$1
-  diff <(sort "$prefix/lib/cmake/lockstep/install_manifest.txt") \
+  diff <(cut -c67- "$prefix/lib/cmake/lockstep/install_manifest.txt" | sort) \
        <(cd "$prefix" && find . -type f ! -path ./lib/cmake/lockstep/install_manifest.txt |
          sed 's|^\./||' | sort) > "$work/manifest.diff"
 }
@@ -48,7 +48,7 @@ if [[ -d $prefix && -z $leaks ]]; then pass no_build_paths; else fail no_build_p
 # A file only an earlier install had (listed in its manifest) goes; the rest stays, replaced.
 mkdir -p "$prefix/include/planner/old"
 echo "// from an earlier install" > "$prefix/include/planner/old/removed.h"
-echo "include/planner/old/removed.h" >> "$prefix/lib/cmake/lockstep/install_manifest.txt"
+(cd "$prefix" && sha256sum include/planner/old/removed.h) >> "$prefix/lib/cmake/lockstep/install_manifest.txt"
 echo "kept" > "$prefix/not_locksteps.txt"  # not in the manifest: not lockstep's to remove
 if bazel run "$@" //install -- --prefix="$prefix" > "$work/reinstall.log" 2>&1 &&
    [[ ! -e $prefix/include/planner/old && -f $prefix/not_locksteps.txt &&
