@@ -212,6 +212,44 @@ TEST(LedgerTest, ASecondWriterIsRefused) {
   LOCKSTEP_EXPECT_OK(Ledger::OpenWriter(path, LedgerOptions::Of(0)).status());
 }
 
+// Note [One snapshot of a live ledger]: reads beside a writer that commits all the while each see
+// one consistent state, never DATA_LOSS, and never fewer events than the read before.
+TEST(LedgerTest, ReadsBesideAnActiveWriterSeeOneSnapshot) {
+  const std::string path = TempPath("live");
+  { LOCKSTEP_ASSERT_OK(Ledger::OpenWriter(path, LedgerOptions::Of(0)).status()); }
+  // The writer commits 200 steps (eight transactions each) while this process reads.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(
+      Child writer, Child::Fork(ChildOptions::Reporting(), [&path](int) {
+        absl::StatusOr<std::unique_ptr<Ledger>> ledger =
+            Ledger::OpenWriter(path, LedgerOptions::Of(0));
+        if (!ledger.ok()) {
+          std::fprintf(stderr, "writer: %s\n", ledger.status().ToString().c_str());
+          return 1;
+        }
+        for (int64_t step = 0; step < 200; ++step) {
+          if (absl::Status s = RunStep(**ledger, step, Ledger::CommitSync::kInBackground);
+              !s.ok()) {
+            std::fprintf(stderr, "writer at step %lld: %s\n", static_cast<long long>(step),
+                         s.ToString().c_str());
+            return 2;
+          }
+        }
+        return 0;
+      }));
+  size_t seen = 0;
+  int reads = 0, growing = 0;
+  for (; !writer.TryReap() && reads < 2000; ++reads) {
+    absl::StatusOr<LedgerReplay> replay = Ledger::Replay(path);
+    ASSERT_TRUE(replay.ok()) << "read " << reads << " beside the writer: " << replay.status();
+    EXPECT_GE(replay->events.size(), seen);
+    growing += replay->events.size() > seen;
+    seen = replay->events.size();
+  }
+  writer.Reap();
+  EXPECT_TRUE(writer.succeeded()) << "the writer " << writer.Describe();
+  EXPECT_GE(growing, 5) << "the writer was not committing while " << reads << " reads ran";
+}
+
 TEST(LedgerTest, FilesThatAreNotIntactLedgersAreRefused) {
   EXPECT_EQ(Ledger::Replay(TempPath("absent")).status().code(), absl::StatusCode::kNotFound);
 

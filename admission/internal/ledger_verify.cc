@@ -300,9 +300,9 @@ absl::Status CheckDerivedTables(SqliteDb& db, const Implied& implied) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db, int64_t head_seq) {
+// LoadAndVerify's checks, each statement its own read of the file unless the caller holds one
+// transaction around them.
+absl::StatusOr<Verified> LoadAndVerifyOneSnapshot(SqliteDb& db, int64_t head_seq) {
   LOCKSTEP_RETURN_IF_ERROR(CheckFormat(db));
   Verified verified;
   LOCKSTEP_RETURN_IF_ERROR(ReadIdentity(db, verified));
@@ -312,6 +312,24 @@ absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db, int64_t head_seq) {
   LOCKSTEP_RETURN_IF_ERROR(ReplayEvents(db, head_seq, verified, implied));
   LOCKSTEP_RETURN_IF_ERROR(FinishSteps(db.path(), implied, verified));
   LOCKSTEP_RETURN_IF_ERROR(CheckDerivedTables(db, implied));
+  return verified;
+}
+
+}  // namespace
+
+// Note [One snapshot of a live ledger]: a reader beside an active writer (the ledger tool on a
+// running job) must verify one state of the file. Each statement outside a transaction reads the
+// file as it is when that statement starts, so the events could be read before a commit and the
+// tables derived from them after it, and the two disagree: a live, sound ledger reported as
+// DATA_LOSS. One read transaction around every check reads one snapshot: every transaction
+// committed before its first read and none after. The head is read before it (ledger_open.cc), so
+// the snapshot holds at least the head's event.
+absl::StatusOr<Verified> LoadAndVerify(SqliteDb& db, int64_t head_seq) {
+  LOCKSTEP_RETURN_IF_ERROR(db.Exec("BEGIN"));
+  absl::StatusOr<Verified> verified = LoadAndVerifyOneSnapshot(db, head_seq);
+  // A read transaction writes nothing: ending it is only to let the connection write after.
+  const absl::Status ended = db.Exec(verified.ok() ? "COMMIT" : "ROLLBACK");
+  if (verified.ok() && !ended.ok()) return ended;
   return verified;
 }
 

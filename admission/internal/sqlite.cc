@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path
     return status;
   }
   sqlite3_extended_result_codes(db, 1);
+  // A reader beside a live writer meets the file locked for moments (the writer restarting the
+  // WAL, a checkpoint): it waits them out instead of failing (Note [One snapshot of a live
+  // ledger]).
+  sqlite3_busy_timeout(db, 2000);
   // Note [The ledger's head record]: nothing is checkpointed or deleted at close until the
   // ledger has verified the file (SetCheckpointOnClose).
   sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
