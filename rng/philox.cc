@@ -6,6 +6,7 @@
 
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
+#include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "base/torch_boundary.h"
 #include "rng/internal/philox_box.h"
@@ -171,6 +172,14 @@ absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const Phi
   if (absl::Status s = CheckDevice(shard.device()); !s.ok()) return s;
   if (!at::isFloatingType(shard.scalar_type())) {
     return absl::InvalidArgumentError("dropout needs a floating-point shard");
+  }
+  // The kernels below record no gradient: a shard that wants one would lose it silently.
+  if (shard.requires_grad() && at::GradMode::is_enabled()) {
+    return absl::FailedPreconditionError(
+        "partitioned dropout records no gradient, and the shard requires one: apply "
+        "PartitionedDropoutMask with at::mul (differentiable), or call it inside an autograd "
+        "function whose backward is this dropout of the gradient (lockstep.rng.partitioned_dropout "
+        "in Python is one)");
   }
   if (shard.is_cuda()) {
     return internal::CudaPhiloxDropout(shard, key, *strides, box, KeepThreshold(p),

@@ -57,7 +57,8 @@ absl::StatusOr<at::Tensor> PartitionedDropoutMask(const PhiloxKey& key,
 
 // Dropout of `shard`, the box `box` of a global tensor of shape `global_shape`: kept elements
 // scaled by 1 / (1 - p), others zero. `shard` must be contiguous, floating point, of the box's
-// shape; the result has its dtype and device.
+// shape; the result has its dtype and device. It records no gradient: a shard that requires one
+// under grad mode is refused (kFailedPrecondition) rather than having its gradient lost.
 absl::StatusOr<at::Tensor> PartitionedDropout(const at::Tensor& shard, const PhiloxKey& key,
                                               absl::Span<const int64_t> global_shape,
                                               absl::Span<const Slice> box, double p);

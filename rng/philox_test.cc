@@ -198,6 +198,22 @@ TEST(PartitionInvarianceTest, BadBoxesAndProbabilitiesAreNamed) {
               HasSubstr("dropout probability 1 is outside [0, 1)"));
   EXPECT_EQ(PartitionedDropout(at::ones({3}), key, {4}, {{0, 4}}, 0.5).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A global tensor whose element indices would not fit 63 bits: refused, not wrapped.
+  EXPECT_THAT(PartitionedUniform(key, {int64_t{1} << 32, int64_t{1} << 32}, {{0, 1}, {0, 1}}, kCpu)
+                  .status()
+                  .message(),
+              HasSubstr("more than 2^63 - 1 elements"));
+  LOCKSTEP_EXPECT_OK(
+      PartitionedUniform(key, {int64_t{1} << 31, int64_t{1} << 31}, {{0, 1}, {0, 2}}, kCpu)
+          .status());
+  // A shard that wants a gradient would lose it: refused, unless grad mode is off.
+  const at::Tensor wants_grad = at::ones({4}).requires_grad_();
+  EXPECT_THAT(PartitionedDropout(wants_grad, key, {4}, {{0, 4}}, 0.5).status().message(),
+              HasSubstr("records no gradient"));
+  {
+    at::NoGradGuard no_grad;
+    LOCKSTEP_EXPECT_OK(PartitionedDropout(wants_grad, key, {4}, {{0, 4}}, 0.5).status());
+  }
   EXPECT_THAT(PartitionedUniform(key, {4}, {{0, 4}}, c10::Device(c10::kMeta)).status().message(),
               HasSubstr("runs on CPU or CUDA, not meta"));
   if (!LOCKSTEP_BUILT_WITH_CUDA) {

@@ -63,6 +63,31 @@ def partitioned_dropout_mask(seed, stream, step, global_shape, box, p, device="c
                                        torch.device(device))
 
 
+class _PartitionedDropout(torch.autograd.Function):
+    """Dropout whose backward is the same dropout of the gradient: the mask is drawn again from
+    its key (it depends on the element's global position only), so nothing is saved for it."""
+
+    @staticmethod
+    def forward(ctx, shard, seed, stream, step, global_shape, box, p):
+        ctx.key = (seed, stream, step, global_shape, box, p)
+        return _C.partitioned_dropout(shard, seed, stream, step, global_shape, box, p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_PartitionedDropout.apply(grad.contiguous(), *ctx.key),) + (None,) * 6
+
+
 def partitioned_dropout(shard, seed, stream, step, global_shape, box, p):
-    """Dropout of ``shard``, the ``box`` of a global tensor: kept values scaled by 1 / (1 - p)."""
-    return _C.partitioned_dropout(shard, seed, stream, step, list(global_shape), _box(box), p)
+    """Dropout of ``shard``, the ``box`` of a global tensor: kept values scaled by 1 / (1 - p).
+
+    Differentiable: the gradient flows through the kept elements, scaled alike, and the mask is
+    drawn again in the backward pass instead of being kept.
+
+    Example::
+
+        x = torch.randn(4, 8, requires_grad=True)  # rows 4:8 of a [8, 8] activation
+        y = lockstep.rng.partitioned_dropout(x, seed=7, stream=0, step=3, global_shape=[8, 8],
+                                             box=[(4, 8), (0, 8)], p=0.1)
+        y.sum().backward()  # x.grad: 1 / 0.9 where kept, 0 where dropped
+    """
+    return _PartitionedDropout.apply(shard, seed, stream, step, list(global_shape), _box(box), p)

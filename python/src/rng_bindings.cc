@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,12 @@ namespace py = pybind11;
 // A `with` block's region, opened by __enter__ and closed by __exit__ (also when the block
 // raises), written in C++ so that a scope from Python costs two calls and no generator frame.
 // Holds the streams, so they outlive the region.
+// The blocks of every kind open on each RankStreams, counted under the GIL.
+std::unordered_map<const rng::RankStreams*, int>& OpenBlocks() {
+  static auto* open = new std::unordered_map<const rng::RankStreams*, int>();
+  return *open;
+}
+
 template <typename Region>
 class RegionContext {
  public:
@@ -48,10 +55,23 @@ class RegionContext {
   std::shared_ptr<rng::RankStreams> Enter() {
     if (region_.has_value()) Raise(absl::FailedPreconditionError("the block is open already"));
     region_.emplace(ValueOrThrow(open_(*streams_)));
+    depth_ = ++OpenBlocks()[streams_.get()];
     return streams_;
   }
   bool Exit(const py::args&) {
     if (!region_.has_value()) Raise(absl::FailedPreconditionError("the block is not open"));
+    // Note [Blocks exit in order]: each block puts aside the state the block around it left;
+    // leaving an outer block while an inner one is open would restore that state under the inner
+    // one, and the inner one's exit would then put the outer stream's state back as the caller's.
+    // C++ scopes are nested by the language; Python's __exit__ can be called in any order.
+    const int open = OpenBlocks()[streams_.get()];
+    if (depth_ != open) {
+      Raise(absl::FailedPreconditionError(absl::StrCat(
+          "RNG blocks exited out of order: this block was opened at depth ", depth_, " and ",
+          open - depth_, " block(s) opened inside it are still open; exit those first (nothing ",
+          "was changed)")));
+    }
+    if (--OpenBlocks()[streams_.get()] == 0) OpenBlocks().erase(streams_.get());
     const absl::Status status = region_->Exit();
     region_.reset();
     ThrowIfError(status);
@@ -62,6 +82,7 @@ class RegionContext {
   std::shared_ptr<rng::RankStreams> streams_;
   Open open_;
   std::optional<Region> region_;
+  int depth_ = 0;  // this block's depth among those open on streams_, from 1
 };
 
 using ModelStreamContext = RegionContext<rng::ModelStreamScope>;

@@ -123,6 +123,19 @@ def test_partitioned_uniform_is_the_slice_of_the_whole():
         rng.partitioned_uniform(3, 1, 0, [6, 8], [(0, 6), (4, 9)])
 
 
+def test_partitioned_dropout_carries_its_gradient():
+    # The gradient was silently lost: the result had no grad_fn.
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    args = dict(seed=5, stream=2, step=0, global_shape=[4, 6], box=[(0, 4), (3, 6)], p=0.5)
+    y = rng.partitioned_dropout(x, **args)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    mask = rng.partitioned_dropout_mask(5, 2, 0, [4, 6], [(0, 4), (3, 6)], 0.5)
+    assert torch.equal(x.grad, torch.where(mask, torch.full_like(x, 2.0), torch.zeros_like(x)))
+    assert torch.autograd.gradcheck(lambda t: rng.partitioned_dropout(t, **args), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: rng.partitioned_dropout(t, **args), (x,))
+
+
 def test_partitioned_dropout_matches_its_mask():
     x = torch.ones(4, 6)
     out = rng.partitioned_dropout(x[:, 3:].contiguous(), 5, 2, 0, [4, 6], [(0, 4), (3, 6)], 0.5)
@@ -130,6 +143,26 @@ def test_partitioned_dropout_matches_its_mask():
     assert torch.equal(out, mask[:, 3:].float() * 2.0)
     with pytest.raises(ValueError, match="p"):
         rng.partitioned_dropout_mask(5, 2, 0, [4, 6], [(0, 4), (0, 6)], 1.0)
+
+
+def test_blocks_exited_out_of_order_raise_and_change_nothing(streams):
+    # Note [Blocks exit in order]: leaving the outer block first left the caller's generator on
+    # another stream's state, and raised nothing.
+    streams.add_named_stream("noise", 11)
+    before = torch.get_rng_state()
+    outer, inner = rng.model_stream(streams), rng.named_stream(streams, "noise")
+    outer.__enter__()
+    inner.__enter__()
+    torch.rand(3)
+    with pytest.raises(errors.FailedPreconditionError, match="out of order"):
+        outer.__exit__(None, None, None)
+    assert streams.in_model_stream
+    inner.__exit__(None, None, None)
+    outer.__exit__(None, None, None)
+    assert torch.equal(torch.get_rng_state(), before)
+    with rng.model_stream(streams):  # the streams work on as before
+        torch.rand(1)
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_synchronize_without_a_group_does_nothing(streams):

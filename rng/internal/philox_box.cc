@@ -1,6 +1,7 @@
 #include "rng/internal/philox_box.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace lockstep {
 namespace rng {
@@ -10,6 +11,19 @@ absl::StatusOr<std::vector<int64_t>> CheckBox(absl::Span<const int64_t> global_s
   if (box.size() != global_shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the box has ", box.size(), " dimensions, the global shape ", global_shape.size()));
+  }
+  // Every element's global index must be an int64_t: a larger global tensor would wrap its
+  // indices (and the strides below), and elements far apart would draw the same numbers. Empty
+  // dimensions are left out of the count, which bounds the strides; negative ones are refused
+  // below.
+  int64_t elements = 1;
+  for (int64_t size : global_shape) {
+    if (size > 0 && __builtin_mul_overflow(elements, size, &elements)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the global shape ", absl::StrJoin(global_shape, " x "),
+                       " has more than 2^63 - 1 elements: element indices would wrap and "
+                       "repeat draws"));
+    }
   }
   std::vector<int64_t> strides(global_shape.size(), 1);
   for (int d = static_cast<int>(global_shape.size()) - 1; d >= 0; --d) {
