@@ -20,6 +20,9 @@ echo "== the wheel: $name, $(du -k "$wheel" | cut -f1) KiB"
 "$python" "$here/check_wheel.py" "$wheel"
 # Negative control: the same wheel with the extension's run path naming a build tree (RECORD
 # recomputed by `wheel pack`, so the run path is the only thing wrong) must fail the check.
+if ! command -v patchelf >/dev/null; then
+  echo "   NOT RUN: the check's negative control (patchelf is not installed here; ./setup.sh installs it)"
+else
 rm -rf "$tmp/planted" && mkdir -p "$tmp/planted/dist"
 "$python" -m wheel unpack --dest "$tmp/planted" "$wheel" >/dev/null
 unpacked=$(echo "$tmp"/planted/lockstep-*/)
@@ -32,11 +35,22 @@ fi
 grep -q "_C.so: run path '/root/.cache/bazel" "$tmp/planted.err" || {
   cat "$tmp/planted.err"; fail "the check failed the planted wheel, but not for its run path"; }
 echo "   check: ok; a build-tree run path planted in _C.so is refused"
+fi
 
 echo "== pip install into a fresh virtual environment"
 venv=${LOCKSTEP_VENV:-$tmp/venv}  # where the environment is made (replaced if there)
 rm -rf "$venv"
 "$python" -m venv --system-site-packages "$venv"
+# A torch installed for the user (pip install --user: the GPU machine's) is outside what
+# --system-site-packages shows an environment: its folder is given to the environment by a .pth
+# file, as the user's own interpreter sees it.
+if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  torch_site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))') ||
+    fail "$python has no torch to install the wheel against"
+  venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$torch_site" >"$venv_site/platform_torch.pth"
+  echo "   the environment sees $python's torch in $torch_site (a user install)"
+fi
 "$venv/bin/python" -m pip install --no-index --quiet --disable-pip-version-check "$wheel"
 # The digest's reference implementation, for test_numerics (a path from here, before the cd).
 [[ -n ${DIGEST_REFERENCE:-} ]] && export DIGEST_REFERENCE=$(realpath "$DIGEST_REFERENCE")
