@@ -9,6 +9,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -20,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/posix_io.h"
 
 namespace lockstep {
@@ -89,6 +91,21 @@ bool NamesADescriptor(absl::string_view path) {
          (absl::StartsWith(path, "/proc/") && absl::StrContains(path, "/fd/"));
 }
 
+// Whether a link's target names one of this process's own streams exactly: /dev/stdout,
+// /dev/stderr, /dev/fd/N or /proc/self/fd/N, with nothing after N. A looser test would let a
+// planted link reach any file through "/proc/self/fd/../cwd/..." or another process's
+// descriptors.
+bool NamesAStreamOfThisProcess(absl::string_view to) {
+  if (to == "/dev/stdout" || to == "/dev/stderr") return true;
+  for (absl::string_view prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+    if (absl::ConsumePrefix(&to, prefix)) {
+      return !to.empty() && to.size() < 10 &&
+             std::all_of(to.begin(), to.end(), [](char c) { return c >= '0' && c <= '9'; });
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<Target> ResolveTarget(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("the output path is empty");
   Target target{path};
@@ -122,7 +139,7 @@ absl::StatusOr<Target> ResolveTarget(const std::string& path) {
       const ssize_t n = readlink(path.c_str(), buffer, sizeof(buffer));
       const std::string to =
           n > 0 && n < static_cast<ssize_t>(sizeof(buffer)) ? std::string(buffer, n) : "?";
-      if (!NamesADescriptor(to)) {
+      if (!NamesAStreamOfThisProcess(to)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "the output '", path, "' is a symbolic link (to '", to,
             "'); lockstep never writes through a link it did not make: remove it or name its "

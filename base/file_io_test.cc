@@ -225,6 +225,16 @@ TEST(WriteFileAtomicallyTest, ALinkIsRefusedAndItsTargetUntouched) {
   EXPECT_EQ(WriteFileAtomically(a, "x").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckWritable(a).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteFileAtomically(dir, "x").code(), absl::StatusCode::kInvalidArgument);
+  // A link whose target only looks like a descriptor's path reaches a file: refused.
+  for (const std::string& sly : {absl::StrCat("/proc/self/fd/../cwd/", target),
+                                 std::string("/proc/1/fd/1"), std::string("/dev/fd/../null")}) {
+    const std::string planted = dir + "/sly";
+    unlink(planted.c_str());
+    ASSERT_EQ(symlink(sly.c_str(), planted.c_str()), 0);
+    EXPECT_EQ(WriteFileAtomically(planted, "new").code(), absl::StatusCode::kInvalidArgument)
+        << sly;
+  }
+  EXPECT_EQ(Read(target), "old");
   // A link to the process's own stream is the caller's: written.
   int ends[2];
   ASSERT_EQ(pipe(ends), 0);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -19,9 +20,11 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/posix_io.h"
 #include "base/status_macros.h"
@@ -31,6 +34,7 @@
 #include "c10/core/Allocator.h"
 #include "c10/core/CPUAllocator.h"
 #include "collectives/agreement.h"
+#include "collectives/internal/store_probe.h"
 #include "collectives/rendezvous.h"
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
@@ -484,6 +488,43 @@ TEST(RendezvousTest, AMissingNodeIsNamed) {
       rendezvous.status().message(),
       AllOf(HasSubstr("missing rank(s) 1, 2, 3 (2 ranks per node, 2 nodes)"),
             HasSubstr("node(s) 1 sent no rank"), HasSubstr("node(s) 0 came with ranks missing")));
+}
+
+// The local addresses listening on `port` (/proc/net/tcp and tcp6, as the kernel prints them).
+std::vector<std::string> ListeningAddresses(int port) {
+  std::vector<std::string> found;
+  const std::string suffix =
+      absl::StrCat(":", absl::AsciiStrToUpper(absl::StrFormat("%04x", port)));
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      const std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      // fields: sl, local_address, rem_address, st (0A: LISTEN), ...
+      if (fields.size() > 3 && fields[3] == "0A" && absl::EndsWith(fields[1], suffix)) {
+        found.push_back(fields[1].substr(0, fields[1].size() - suffix.size()));
+      }
+    }
+  }
+  return found;
+}
+
+// Note [The store's address]: with MASTER_ADDR=127.0.0.1 the store listens there only, not on
+// every interface, where LibTorch lets it take a socket.
+TEST(RendezvousTest, TheStoreListensOnlyOnTheAddressTheJobNames) {
+  if (!internal::StoreTakesASocket()) {
+    GTEST_SKIP() << "not run: this LibTorch's TCPStore takes no socket (masterListenFd), so its "
+                    "store listens on every interface";
+  }
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const int port, FreeLoopbackPort());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(auto rendezvous,
+                                Rendezvous::Tcp("127.0.0.1", port, 0, 1, absl::Seconds(10)));
+  const std::vector<std::string> listening = ListeningAddresses(port);
+  ASSERT_FALSE(listening.empty()) << "nothing listens on port " << port;
+  for (const std::string& address : listening) {
+    EXPECT_EQ(address, "0100007F") << "the store listens on " << address << ", not 127.0.0.1";
+  }
 }
 
 TEST(RendezvousTest, AnUnresolvableHostIsOneClearError) {

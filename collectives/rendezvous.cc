@@ -1,6 +1,7 @@
 #include "collectives/rendezvous.h"
 
 #include <netdb.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,10 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/internal/store.h"
@@ -101,6 +104,38 @@ absl::StatusOr<std::unique_ptr<Rendezvous::Impl>> RunStartUp(
   lock.unlock();
   thread.join();
   return result;
+}
+
+// Note [The store's address]: rank 0's store is given a socket bound to MASTER_ADDR where
+// LibTorch takes one and MASTER_ADDR is a numeric address of this machine; elsewhere it listens
+// on every interface as LibTorch's does (docs/multihost.md says how to restrict it). Returns the
+// socket given (-1: none), which the store owns once it is made.
+int SetListeningSocket(int rank, const std::string& host, int port,
+                       c10d::TCPStoreOptions& options) {
+  if (rank != 0 || !internal::StoreTakesASocket()) return -1;
+#if __has_include("torch/headeronly/version.h")
+  absl::StatusOr<int> fd = internal::ListenOnStoreAddress(host, port);
+  if (fd.ok()) {
+    options.masterListenFd = *fd;
+    return *fd;
+  }
+  if (!absl::StrContains(fd.status().message(), "not a numeric address")) {
+    LOCKSTEP_LOG(WARNING) << "the rendezvous store is left to listen as LibTorch does: "
+                          << fd.status().message();
+  }
+#else
+  (void)host;
+  (void)port;
+  (void)options;
+#endif
+  return -1;
+}
+
+// Closes `fd` (SetListeningSocket's) after the store failed to start, unless the store closed it
+// already and the number now names another file.
+void CloseUnlessTaken(int fd, ino_t inode) {
+  struct stat info;
+  if (fd >= 0 && fstat(fd, &info) == 0 && info.st_ino == inode) close(fd);
 }
 
 // Runs a store operation through the exception boundary. A failure of the transport or of the
@@ -519,7 +554,16 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Tcp(const std::string& h
           // Arrivals are awaited below, naming who is missing.
           options.waitWorkers = false;
           options.timeout = internal::ToChrono(timeout);
-          impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
+          // Note [The store's address]: the store listens on MASTER_ADDR only, where it can.
+          const int fd = SetListeningSocket(rank, host, port, options);
+          struct stat socket_info {};
+          if (fd >= 0) fstat(fd, &socket_info);
+          try {
+            impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
+          } catch (...) {
+            CloseUnlessTaken(fd, socket_info.st_ino);
+            throw;
+          }
         }));
         LOCKSTEP_RETURN_IF_ERROR(AwaitArrivals(*impl->store, rank, world_size, local_world_size,
                                                timeout, deadline, where, progress));

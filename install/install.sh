@@ -56,8 +56,10 @@ removable() {  # HASH PATH
 if [[ -f $manifest && ! -L $manifest ]]; then
   while IFS= read -r line; do
     hash=${line:0:64} rel=${line:66}
+    # A line without a hash (an install before hashes were recorded) names its path whole.
+    [[ $hash =~ ^[0-9a-f]{64}$ && ${line:64:2} == "  " ]] || { hash="" rel=$line; }
     grep -qxF -- "$rel" "$files.paths" && continue  # replaced below
-    if [[ $hash =~ ^[0-9a-f]{64}$ && ${line:64:2} == "  " ]] && removable "$hash" "$rel"; then
+    if [[ -n $hash ]] && removable "$hash" "$rel"; then
       rm -f -- "$prefix/$rel"
       rmdir -p --ignore-fail-on-non-empty "$(dirname "$prefix/$rel")" 2>/dev/null || true
     elif [[ -n $line ]]; then

@@ -91,6 +91,13 @@ absl::StatusOr<OperatorValue> ValueFromJson(const json& j) {
     if (!j["dtype"].is_string()) return absl::InvalidArgumentError("'dtype' not a string");
     v.dtype = j["dtype"].get<std::string>();
   }
+  // Only the kinds whose shape the writer writes may carry one, or a window over it: anything
+  // else would read here and not be written back (ValueJson).
+  const bool shaped = v.kind == "tensor" || v.kind == "uninitialized" || v.kind == "opaque";
+  if (!shaped && (j.contains("shape") || j.contains("window"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a value of kind '", v.kind, "' has a 'shape' or 'window'"));
+  }
   if (j.contains("shape")) {
     if (!j["shape"].is_array()) return absl::InvalidArgumentError("'shape' not an array");
     for (const json& d : j["shape"]) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/core/grad_mode.h"
 #include "absl/status/statusor.h"
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
@@ -211,7 +212,7 @@ TEST(PartitionInvarianceTest, BadBoxesAndProbabilitiesAreNamed) {
   EXPECT_THAT(PartitionedDropout(wants_grad, key, {4}, {{0, 4}}, 0.5).status().message(),
               HasSubstr("records no gradient"));
   {
-    at::NoGradGuard no_grad;
+    at::AutoGradMode no_grad(/*enabled=*/false);
     LOCKSTEP_EXPECT_OK(PartitionedDropout(wants_grad, key, {4}, {{0, 4}}, 0.5).status());
   }
   EXPECT_THAT(PartitionedUniform(key, {4}, {{0, 4}}, c10::Device(c10::kMeta)).status().message(),

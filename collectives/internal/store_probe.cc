@@ -187,6 +187,50 @@ absl::Status ProbeStore(const std::string& host, int port, absl::Duration timeou
   return absl::OkStatus();
 }
 
+// LibTorch takes a listening socket from 2.3 on, and its libuv store (the default from 2.4)
+// from 2.4; torch/headeronly/version.h first shipped after both, so its presence is the test.
+#if __has_include("torch/headeronly/version.h")
+#define LOCKSTEP_STORE_TAKES_A_SOCKET 1
+#else
+#define LOCKSTEP_STORE_TAKES_A_SOCKET 0
+#endif
+
+bool StoreTakesASocket() { return LOCKSTEP_STORE_TAKES_A_SOCKET; }
+
+absl::StatusOr<int> ListenOnStoreAddress(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  // A numeric address only: a host name may resolve on rank 0's machine to an address the other
+  // nodes do not use (Debian maps its own name to 127.0.1.1).
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  const int lookup = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (lookup != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("MASTER_ADDR '", host, "' is not a numeric address: ", gai_strerror(lookup)));
+  }
+  std::string error = "no address";
+  int fd = -1;
+  for (const addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+      error = std::strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", host, ":", port, " (MASTER_ADDR): ", error));
+  }
+  return fd;
+}
+
 }  // namespace internal
 }  // namespace collectives
 }  // namespace lockstep

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace lockstep {
@@ -30,6 +31,18 @@ using Clock = std::chrono::steady_clock;
 // host:port did not answer as a c10d store") when something else answers.
 absl::Status ProbeStore(const std::string& host, int port, absl::Duration timeout,
                         Clock::time_point deadline);
+
+// Note [The store's address]: c10d's TCPStore server listens on every interface, whatever
+// MASTER_ADDR says, so a store meant for 127.0.0.1 is reachable from the network. Where LibTorch
+// lets the server take over a socket (TCPStoreOptions::masterListenFd, LibTorch 2.4 and later),
+// rank 0 binds one to MASTER_ADDR when it is a numeric address, and the store listens there
+// only. kUnavailable for a host name (it may resolve on rank 0's machine to an address the other
+// nodes do not use) or an address this machine cannot listen on: the caller then lets the store
+// listen as LibTorch does.
+// Whether this build's LibTorch takes a listening socket for its store.
+bool StoreTakesASocket();
+// A socket bound to host:port and listening, for the store to take over (see above).
+absl::StatusOr<int> ListenOnStoreAddress(const std::string& host, int port);
 
 }  // namespace internal
 }  // namespace collectives

@@ -52,6 +52,16 @@ class RegionContext {
       throw py::type_error("streams must be a lockstep.rng.RankStreams, not None");
     }
   }
+  // A block dropped while open (entered, never exited) no longer counts: the blocks around it
+  // can still exit. Its region restores what it put aside as it goes.
+  ~RegionContext() {
+    if (!region_.has_value() || streams_ == nullptr) return;
+    auto open = OpenBlocks().find(streams_.get());
+    if (open != OpenBlocks().end() && --open->second <= 0) OpenBlocks().erase(open);
+  }
+  // Moved only before its block opens (pybind's factory), when there is no count to carry.
+  RegionContext(RegionContext&&) = default;
+
   std::shared_ptr<rng::RankStreams> Enter() {
     if (region_.has_value()) Raise(absl::FailedPreconditionError("the block is open already"));
     region_.emplace(ValueOrThrow(open_(*streams_)));
