@@ -102,6 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   LOCKSTEP_FUZZ_CHECK(written.ok(), written.ToString());
   absl::StatusOr<OperatorRecording> reloaded = OperatorRecording::Load(path);
   LOCKSTEP_FUZZ_CHECK(reloaded.ok(), reloaded.status().ToString());
-  LOCKSTEP_FUZZ_CHECK(lockstep::Text(*reloaded) == again, "the written recording reads back changed");
+  LOCKSTEP_FUZZ_CHECK(lockstep::Text(*reloaded) == again,
+                      "the written recording reads back changed");
   return 0;
 }

@@ -88,7 +88,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   WriteOptions fast;
   fast.durable = false;
   absl::Status written = WriteFileAtomically(dir + "/index.json", index, fast);
-  if (written.ok()) written = WriteFileAtomically(dir + "/complete.json", DumpJson(*complete), fast);
+  if (written.ok())
+    written = WriteFileAtomically(dir + "/complete.json", DumpJson(*complete), fast);
   LOCKSTEP_FUZZ_CHECK(written.ok(), written.ToString());
   const replay::CapturePlace place{kStep, kRank, kWorld};
   absl::StatusOr<replay::LoadedCapture> loaded = replay::LoadStateCapture(dir, place);
