@@ -275,6 +275,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const voi
   SafetensorsFile file;
   file.what_ = what;
   file.owner_ = std::move(owner);
+  file.bytes_ = bytes;
   std::vector<Range> ranges;
   for (const auto& [name, value] : header->items()) {
     if (name == "__metadata__") {

@@ -80,6 +80,9 @@ class SafetensorsFile {
 
   // What names it in errors: the path given to Open, or FromBytes' `what`.
   const std::string& what() const { return what_; }
+  // The whole file's bytes as read (for Open, the mapping the entries point into): what a
+  // caller hashes is then exactly what it reads.
+  absl::string_view bytes() const { return bytes_; }
   // Every tensor, in buffer order.
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   // The header's "__metadata__" object, key to value (empty without one).
@@ -106,6 +109,7 @@ class SafetensorsFile {
 
   std::string what_;
   std::shared_ptr<const void> owner_;              // keeps the mapped or owned bytes alive
+  absl::string_view bytes_;                        // the whole file, inside owner_
   std::shared_ptr<const MappedFile> mapped_;       // the mapping, for a file that was opened
   std::unordered_map<std::string, size_t> index_;  // name -> position in entries_
   std::vector<SafetensorsEntry> entries_;

@@ -188,11 +188,11 @@ absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir, const Cap
   // The header first: a file that is no safetensors file is refused before its bytes are hashed.
   LOCKSTEP_ASSIGN_OR_RETURN(numerics::SafetensorsFile state,
                             Damaged(numerics::SafetensorsFile::Open(state_path)));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapped,
-                            Damaged(MappedFile::Open(state_path)));
+  // The state is hashed from the mapping its entries are compared from: a file replaced between
+  // two opens cannot be compared unhashed.
   for (const auto& [key, bytes, what] :
        {std::make_tuple("index_sha256", absl::string_view(index_text), "index.json"),
-        std::make_tuple("state_sha256", mapped->bytes(), "state.safetensors")}) {
+        std::make_tuple("state_sha256", state.bytes(), "state.safetensors")}) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string expected,
                               Damaged(JsonString(complete, key, "complete.json")));
     if (Sha256Hex(bytes) != expected) {
@@ -201,7 +201,7 @@ absl::StatusOr<LoadedCapture> LoadStateCapture(const std::string& dir, const Cap
                                               "truncated or written by another capture)"));
     }
   }
-  LOCKSTEP_RETURN_IF_ERROR(mapped->CheckUnchanged());
+  LOCKSTEP_RETURN_IF_ERROR(state.CheckUnchanged());
   const std::string index_what = absl::StrCat(dir, "/index.json");
   LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json index, Damaged(ParseJson(index_text, index_what)));
   nlohmann::json context;
