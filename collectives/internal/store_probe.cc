@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -58,6 +59,19 @@ bool PollUntil(int fd, short events, Clock::time_point deadline) {
 
 // One non-blocking connection attempt to each of `addresses` in turn; the connected socket, or -1
 // with `error` saying why the last attempt failed.
+// The addresses of host:port for a TCP stream (`flags`: getaddrinfo's, e.g. AI_NUMERICHOST), or
+// getaddrinfo's error code; freed with the pointer.
+using Addresses = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+Addresses Resolve(const std::string& host, int port, int flags, int* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = flags;
+  addrinfo* found = nullptr;
+  *error = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  return Addresses(*error == 0 ? found : nullptr, &freeaddrinfo);
+}
+
 int ConnectOnce(const addrinfo* addresses, Clock::time_point deadline, std::string* error) {
   for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -111,11 +125,8 @@ absl::Status ProbeStore(const std::string& host, int port, absl::Duration timeou
                         Clock::time_point deadline) {
   const std::string address = absl::StrCat(host, ":", port);
   const std::string joining = absl::StrCat("joining the TCP store at ", address, ": ");
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int lookup = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  int lookup = 0;
+  const Addresses found = Resolve(host, port, 0, &lookup);
   if (lookup != 0) {
     return absl::UnavailableError(
         absl::StrCat(joining, "cannot resolve '", host, "' (MASTER_ADDR): ", gai_strerror(lookup)));
@@ -124,12 +135,11 @@ absl::Status ProbeStore(const std::string& host, int port, absl::Duration timeou
   int fd = -1;
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
-    fd = ConnectOnce(found, deadline, &error);
+    fd = ConnectOnce(found.get(), deadline, &error);
     if (fd >= 0 || Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::min(backoff, UntilMs(deadline)));
     backoff = std::min(2 * backoff, std::chrono::milliseconds(250));
   }
-  freeaddrinfo(found);
   if (fd < 0) {
     return absl::DeadlineExceededError(absl::StrCat(
         joining, "nothing accepted a connection within ", absl::FormatDuration(timeout), " (",
@@ -198,21 +208,17 @@ absl::Status ProbeStore(const std::string& host, int port, absl::Duration timeou
 bool StoreTakesASocket() { return LOCKSTEP_STORE_TAKES_A_SOCKET; }
 
 absl::StatusOr<int> ListenOnStoreAddress(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
   // A numeric address only: a host name may resolve on rank 0's machine to an address the other
   // nodes do not use (Debian maps its own name to 127.0.1.1).
-  hints.ai_flags = AI_NUMERICHOST;
-  addrinfo* found = nullptr;
-  const int lookup = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  int lookup = 0;
+  const Addresses found = Resolve(host, port, AI_NUMERICHOST, &lookup);
   if (lookup != 0) {
     return absl::UnavailableError(
         absl::StrCat("MASTER_ADDR '", host, "' is not a numeric address: ", gai_strerror(lookup)));
   }
   std::string error = "no address";
   int fd = -1;
-  for (const addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+  for (const addrinfo* a = found.get(); a != nullptr && fd < 0; a = a->ai_next) {
     fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     const int one = 1;
@@ -223,7 +229,6 @@ absl::StatusOr<int> ListenOnStoreAddress(const std::string& host, int port) {
       fd = -1;
     }
   }
-  freeaddrinfo(found);
   if (fd < 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", host, ":", port, " (MASTER_ADDR): ", error));
