@@ -34,9 +34,19 @@ bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
 
 // What the lane compares besides the size: the operation built on its all-gather and the dtype,
 // so that an all-reduce and an all-gather, or two dtypes, are refused as different collectives.
-enum LaneOperation : uint32_t { kLaneAllGather = 1, kLaneAllReduce = 2 };
+enum LaneOperation : uint32_t { kLaneAllGather = 1, kLaneAllReduce = 2, kLaneBroadcast = 3 };
 uint32_t LaneTag(LaneOperation op, const at::Tensor& tensor) {
   return (static_cast<uint32_t>(op) << 16) | static_cast<uint32_t>(tensor.scalar_type());
+}
+
+// Note [Lane or group] (host_lane.h): a CPU tensor that does not take the lane is announced on
+// it first, so that members split between the lane and the group are refused, not stranded.
+absl::Status AnnounceOffTheLane(internal::HostLane* lane, LaneOperation op,
+                                const at::Tensor& tensor, const std::string& what) {
+  if (lane == nullptr || !tensor.defined() || !tensor.is_cpu()) {
+    return absl::OkStatus();
+  }
+  return lane->Announce(static_cast<int64_t>(tensor.nbytes()), what, LaneTag(op, tensor));
 }
 
 // Every member's `input` through the lane, as [size, input.sizes()...].
@@ -137,6 +147,8 @@ absl::Status AdoptedCommunicator::Broadcast(at::Tensor& tensor, int root) {
   const std::string what = What(op);
   return Collective(op, [&]() -> absl::Status {
     if (!TakesHostLane(group_->host_lane.get(), tensor)) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          AnnounceOffTheLane(group_->host_lane.get(), kLaneBroadcast, tensor, what));
       return group_->calls.Broadcast(tensor, root, what);
     }
     LOCKSTEP_RETURN_IF_ERROR(internal::CheckContiguous(tensor, what));
@@ -150,6 +162,8 @@ absl::StatusOr<std::vector<at::Tensor>> AdoptedCommunicator::AllGather(const at:
   std::vector<at::Tensor> outputs;
   absl::Status status = Collective("all-gather", [&]() -> absl::Status {
     if (!TakesHostLane(group_->host_lane.get(), input)) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          AnnounceOffTheLane(group_->host_lane.get(), kLaneAllGather, input, what));
       LOCKSTEP_ASSIGN_OR_RETURN(outputs, group_->calls.AllGather(input, what));
       return absl::OkStatus();
     }
@@ -169,6 +183,8 @@ absl::Status AdoptedCommunicator::AllReduceSum(at::Tensor& tensor) {
   const std::string what = What("all-reduce (sum)");
   return Collective("all-reduce (sum)", [&]() -> absl::Status {
     if (!TakesHostLane(group_->host_lane.get(), tensor) || tensor.scalar_type() == at::kBool) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          AnnounceOffTheLane(group_->host_lane.get(), kLaneAllReduce, tensor, what));
       return group_->calls.AllReduceSum(tensor, what);
     }
     // Every member gathers every contribution and adds them up in rank order, so all members

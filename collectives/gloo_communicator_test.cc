@@ -887,6 +887,66 @@ TEST(RendezvousTest, ARankGivenTwiceIsNamedToEveryProcessStillWaiting) {
   EXPECT_LT(clock.Elapsed(), absl::Seconds(3));
 }
 
+// Note [Rank claims]: a second RANK=1 that comes after ranks 0 and 1 completed their rendezvous
+// and made a world. It fails itself at once; the other two, whose heartbeats see its claim, fail
+// their next collective naming the rank and both claimants instead of going on (and exiting 0).
+TEST(RendezvousTest, ARankClaimedAfterTheRendezvousFailsTheOthersNextCollective) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/late_twice_", getpid());
+  const absl::Duration timeout = absl::Seconds(10);
+  std::vector<std::shared_ptr<Rendezvous>> rendezvous(2);
+  std::vector<std::unique_ptr<GlooCommunicator>> worlds(2);
+  std::vector<absl::Status> first(2), after(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::StatusOr<std::shared_ptr<Rendezvous>> r = Rendezvous::File(path, rank, 2, timeout);
+      if (!r.ok()) {
+        first[rank] = r.status();
+        return;
+      }
+      rendezvous[rank] = *r;
+      GlooCommunicator::Options options;
+      options.timeout = timeout;
+      options.hostname = "127.0.0.1";
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> world =
+          GlooCommunicator::Create(rendezvous[rank], options);
+      if (!world.ok()) {
+        first[rank] = world.status();
+        return;
+      }
+      worlds[rank] = std::move(*world);
+      at::Tensor t = at::ones({4});
+      first[rank] = worlds[rank]->AllReduceSum(t);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank)
+    ASSERT_TRUE(first[rank].ok()) << "rank " << rank << ": " << first[rank];
+  const absl::Status late = Rendezvous::File(path, 1, 2, timeout).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_THAT(late.message(), HasSubstr("rank 1 is claimed by 2 processes"));
+  // A few heartbeats, for each process to have seen the claim.
+  absl::SleepFor(4 * Rendezvous::kHeartbeatPeriod);
+  threads.clear();
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      at::Tensor t = at::ones({4});
+      after[rank] = worlds[rank]->AllReduceSum(t);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(after[rank].code(), absl::StatusCode::kFailedPrecondition)
+        << "rank " << rank << ": " << after[rank];
+    EXPECT_THAT(after[rank].message(),
+                AllOf(HasSubstr("rank 1 is claimed by 2 processes"), HasSubstr(" pid ")))
+        << "rank " << rank;
+  }
+  worlds.clear();
+  rendezvous.clear();
+  unlink(path.c_str());
+}
+
 TEST(LaunchEnvironmentTest, LocalRankMustBeBelowLocalWorldSize) {
   std::map<std::string, std::string> vars = {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
                                              {"RANK", "3"},        {"WORLD_SIZE", "4"},

@@ -311,6 +311,16 @@ bool TakesHostLane(const internal::HostLane* lane, const at::Tensor& tensor) {
          static_cast<int64_t>(tensor.nbytes()) <= internal::HostLane::kMaxBytes;
 }
 
+// Note [Lane or group] (host_lane.h): a CPU tensor that does not take the lane is announced on
+// it first (its size and `op`), so that members split between the lane and NCCL are refused, not
+// stranded. `op`: 1 broadcast, 2 all-reduce, 3 all-gather.
+absl::Status AnnounceOffTheLane(internal::HostLane* lane, uint32_t op, const at::Tensor& tensor,
+                                const std::string& what) {
+  if (lane == nullptr || !tensor.defined() || !tensor.is_cpu()) return absl::OkStatus();
+  return lane->Announce(static_cast<int64_t>(tensor.nbytes()), what,
+                        (op << 16) | static_cast<uint32_t>(tensor.scalar_type()));
+}
+
 // An uninitialized [size, input.sizes()...] tensor like `input`: an all-gather's output.
 absl::StatusOr<at::Tensor> GatherOutput(const at::Tensor& input, int size,
                                         const std::string& what) {
@@ -338,6 +348,7 @@ absl::Status NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
       return group().host_lane->Broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()),
                                           root, what);
     }
+    LOCKSTEP_RETURN_IF_ERROR(AnnounceOffTheLane(group().host_lane.get(), 1, tensor, what));
     // Only the root's bytes matter: the others' staging buffer is overwritten.
     return InPlace(
         group().comm, group().fast, group().fast_stream, group().staging, device(), timeout(), what,
@@ -367,6 +378,7 @@ absl::Status NcclCommunicator::AllReduceSum(at::Tensor& tensor) {
         tensor.copy_(sum);
       });
     }
+    LOCKSTEP_RETURN_IF_ERROR(AnnounceOffTheLane(group().host_lane.get(), 2, tensor, what));
     return InPlace(
         group().comm, group().fast, group().fast_stream, group().staging, device(), timeout(), what,
         tensor,
@@ -405,6 +417,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclCommunicator::AllGatherThen(
           group().host_lane->AllGather(input.data_ptr(), bytes, gathered.data_ptr(), what));
       return split(gathered);
     }
+    LOCKSTEP_RETURN_IF_ERROR(AnnounceOffTheLane(group().host_lane.get(), 3, input, what));
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device()));
     const size_t count = static_cast<size_t>(input.numel());
     const Lane lane = ChooseLane(group().comm, group().fast, group().fast_stream, device(),

@@ -159,8 +159,10 @@ absl::Status StoreCall(const std::string& what, absl::Duration timeout, Fn&& fn)
 // 1 to its rank's claim counter (the store's add() is atomic) and records who it is under its
 // claim's number. The first claimant announces the rank; a later one publishes a marker naming
 // the rank and fails. Every rank checks the marker while it waits and once more when all ranks
-// are there, so every process still waiting when the second claim comes fails too; a claim that
-// comes after the others completed can only fail itself.
+// are there, so every process still waiting when the second claim comes fails too. A claim that
+// comes after the others completed is seen by their heartbeat (StartHeartbeat checks the marker
+// with each beat while no claim was seen), and their next collective fails naming it
+// (CommunicatorBase::Collective asks ClaimedTwice).
 std::string ClaimsKey(int rank) { return absl::StrCat("lockstep/rendezvous/claims/", rank); }
 std::string ClaimKey(int rank, int64_t n) {
   return absl::StrCat("lockstep/rendezvous/claim/", rank, "/", n);
@@ -401,6 +403,7 @@ struct Rendezvous::Beat {
   std::condition_variable cv;
   bool stop = false;
   bool done = false;
+  absl::Status claimed_twice;  // Note [Rank claims]: a claim that came after the rendezvous
   std::thread thread;
 };
 
@@ -428,13 +431,24 @@ void Rendezvous::StartHeartbeat() {
   std::shared_ptr<Beat> beat = beat_;
   c10::intrusive_ptr<c10d::Store> store = impl_->store;
   const std::string key = absl::StrCat("lockstep/heartbeat/", rank_);
-  beat_->thread = std::thread([beat, store, key] {
+  const absl::Duration timeout = timeout_;
+  beat_->thread = std::thread([beat, store, key, timeout] {
     std::unique_lock<std::mutex> lock(beat->mu);
     while (!beat->stop) {
+      const bool told = !beat->claimed_twice.ok();
       lock.unlock();
       // A failing store (its server gone) only means no more beats.
-      (void)CallTorch("heartbeat", [&] { store->add(key, 1); });
+      bool twice = false;
+      (void)CallTorch("heartbeat", [&] {
+        store->add(key, 1);
+        if (!told) twice = store->check({kDuplicateKey});
+      });
+      // Note [Rank claims]: a claim that comes after the rendezvous completed is named to this
+      // process too, by its next collective.
+      absl::Status named;
+      if (twice) named = DuplicateRankError(*store, timeout, "rendezvous");
       lock.lock();
+      if (twice && !named.ok()) beat->claimed_twice = named;
       beat->cv.wait_for(lock,
                         std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatPeriod)),
                         [&beat] { return beat->stop; });
@@ -442,6 +456,12 @@ void Rendezvous::StartHeartbeat() {
     beat->done = true;
     beat->cv.notify_all();
   });
+}
+
+absl::Status Rendezvous::ClaimedTwice() const {
+  if (beat_ == nullptr) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(beat_->mu);
+  return beat_->claimed_twice;
 }
 
 absl::Status Rendezvous::Guarded(bool store_only, const std::function<absl::Status()>& call) {
@@ -602,17 +622,35 @@ absl::StatusOr<bool> Rendezvous::Check(const std::string& key) {
   return found;
 }
 
+// Note [Waits poll]: a store's own wait cannot be abandoned cleanly. On LibTorch 1.13 a TCPStore
+// client whose wait timed out stays registered as a waiter on the server, which answers it when
+// the key is set later; that stray answer is read as the reply to the connection's next query,
+// so later waits return at once and later gets read another query's reply (an adoption retried
+// after a timeout then "connected" a host lane its peer never joined), or wait on the store's
+// own timeout (30 minutes for torch.distributed's default store). So Get never waits inside the
+// store: it asks whether the key is set (a query answered at once) until it is or the caller's
+// timeout has passed, and reads it only once it is there.
 absl::StatusOr<std::string> Rendezvous::Get(const std::string& key) {
+  const absl::Time deadline = absl::Now() + timeout_;
+  absl::Duration pause = absl::Microseconds(50);
+  for (;;) {
+    absl::StatusOr<bool> found = Check(key);
+    if (!found.ok()) return found.status();
+    if (*found) break;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout_),
+                                                      " for rendezvous key ", key,
+                                                      ": no rank set it"));
+    }
+    absl::SleepFor(std::min(pause, deadline - now));
+    pause = std::min(pause * 2, absl::Milliseconds(10));
+  }
   std::vector<uint8_t> bytes;
-  absl::Status status = Guarded(false, [&] {
-    return StoreCall(
-        absl::StrCat("waiting ", absl::FormatDuration(timeout_), " for rendezvous key ", key),
-        timeout_, [&] {
-          impl_->store->wait({key}, internal::ToChrono(timeout_));
-          bytes = impl_->store->get(key);
-        });
-  });
-  if (!status.ok()) return status;
+  LOCKSTEP_RETURN_IF_ERROR(Guarded(true, [&] {
+    return StoreCall(absl::StrCat("reading rendezvous key ", key), timeout_,
+                     [&] { bytes = impl_->store->get(key); });
+  }));
   return std::string(bytes.begin(), bytes.end());
 }
 

@@ -28,9 +28,9 @@
 //    store before LibTorch's client touches it; anything else there (wrong service, garbage) is
 //    kFailedPrecondition "... host:port did not answer as a c10d store", never an abort.
 //  - The same rank claimed by two processes (Note [Rank claims]) is kFailedPrecondition naming the
-//    rank and each claimant's host and pid, for the second claimant always and for every process
-//    still waiting in the rendezvous when the second claim comes (one whose rendezvous had
-//    already completed cannot learn of it here).
+//    rank and each claimant's host and pid, for the second claimant always, for every process
+//    still waiting in the rendezvous when the second claim comes, and for a process whose
+//    rendezvous had completed at its next collective once its heartbeat has seen the claim.
 //
 // Thread-safety: Set/Get are thread-safe (the stores are).
 //
@@ -108,7 +108,8 @@ class Rendezvous {
 
   // Stores `value` under `key` for every rank to read.
   absl::Status Set(const std::string& key, absl::string_view value);
-  // Waits up to timeout() for `key` to be set, then returns its value.
+  // Waits up to timeout() for `key` to be set, then returns its value (Note [Waits poll]:
+  // kDeadlineExceeded naming the key when no rank set it in time).
   absl::StatusOr<std::string> Get(const std::string& key);
   // Whether `key` is set, without waiting.
   absl::StatusOr<bool> Check(const std::string& key);
@@ -128,6 +129,10 @@ class Rendezvous {
   // Starts this process's heartbeat thread, once (later calls do nothing); a failing store only
   // stops the beats.
   void StartHeartbeat();
+  // Note [Rank claims] (rendezvous.cc): OK unless the heartbeat saw this job's rank claimed by
+  // a second process after the rendezvous completed; then kFailedPrecondition naming the rank
+  // and its claimants, which every collective of this process's communicators returns.
+  absl::Status ClaimedTwice() const;
   // Rank `rank`'s heartbeat counter, 0 before its first beat. A store that does not answer is an
   // error, kept as the store lost (Note [Store lost]).
   absl::StatusOr<int64_t> Heartbeat(int rank);

@@ -40,6 +40,9 @@ targets=(
   //checkpoint:checkpoint_cuda_test
   //checkpoint:checkpoint_test
   //checkpoint:checkpoint_benchmark
+  //numerics:safetensors_test
+  //numerics:op_recording_test
+  //replay:state_replay_test
   //qualification:qualification_cuda_test
   //numerics:digest_cuda_test
   //numerics:deterministic_mode_cuda_test
@@ -131,7 +134,14 @@ cp -r examples/lm/train_test.sh examples/lm/replay_test.sh examples/lm/operators
 cp -r examples/lora .gpu-bundle/examples/
 fi
 # The binaries find their libraries through run.sh's LD_LIBRARY_PATH; the runfiles trees would
-# only add copies of the SDK's link stubs (hundreds of MB).
+# only add copies of the SDK's link stubs (hundreds of MB). A test's own data files (those it
+# opens by their workspace path, as numerics/testdata/*.safetensors) go beside the binaries
+# instead: run.sh runs each test from bin/, where those paths then resolve.
+for tree in .gpu-bundle/bin/*.runfiles/lockstep; do
+  [[ -d $tree ]] || continue
+  (cd "$tree" && find . -path ./_solib_k8 -prune -o -type f ! -name '*.so*' ! -perm -u+x -print) |
+    while read -r f; do mkdir -p ".gpu-bundle/bin/$(dirname "$f")" && cp -nL "$tree/$f" ".gpu-bundle/bin/$f"; done
+done
 rm -rf .gpu-bundle/bin/*.runfiles
 # In a second worktree .git is a file; git names the exclude file of either kind.
 exclude=$(git rev-parse --git-path info/exclude)

@@ -82,6 +82,13 @@ absl::Status CommunicatorBase::Collective(absl::string_view op,
         absl::StrCat(What(op), ": the communicator is unusable after an earlier error (",
                      first_error_.message(), "); create a new one"));
   }
+  if (world_->rendezvous != nullptr) {
+    // Note [Rank claims] (rendezvous.cc): a rank claimed twice after the rendezvous completed.
+    if (absl::Status twice = world_->rendezvous->ClaimedTwice(); !twice.ok()) {
+      first_error_ = absl::FailedPreconditionError(absl::StrCat(What(op), ": ", twice.message()));
+      return first_error_;
+    }
+  }
   ++collectives_;
   const absl::Time start = absl::Now();
   absl::Status status = body();

@@ -65,6 +65,7 @@ static_assert(sizeof(Control) <= kControlBytes, "control block");
 // Collective kinds, combined with the root in Round's `kind`.
 constexpr uint32_t kBroadcast = 1u << 24;
 constexpr uint32_t kAllGather = 2u << 24;
+constexpr uint32_t kElsewhere = 3u << 24;
 
 std::string DescribeKind(uint32_t kind, int64_t bytes) {
   if ((kind & 0xff000000u) == kBroadcast) {
@@ -72,6 +73,11 @@ std::string DescribeKind(uint32_t kind, int64_t bytes) {
   }
   if ((kind & 0xff000000u) == kAllGather) {
     return absl::StrCat("all-gather of ", bytes, " bytes per member (tag ", kind & 0xffffffu, ")");
+  }
+  if ((kind & 0xff000000u) == kElsewhere) {
+    return absl::StrCat("a collective of ", bytes,
+                        " bytes per member through the group, not the host lane (tag ",
+                        kind & 0xffffffu, ")");
   }
   return absl::StrCat("unknown collective ", kind);
 }
@@ -441,7 +447,9 @@ absl::Status HostLane::Round(uint32_t kind, const void* input, bool writes, int 
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the host lane failed earlier: ", broken_.message()));
   }
-  if (bytes < 0 || bytes > kMaxBytes) {
+  // A round that moves nothing (Announce) only compares its size.
+  const bool moves = writes || first_source <= last_source;
+  if (bytes < 0 || (moves && bytes > kMaxBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", bytes, " bytes per member; the host lane carries 0 to ", kMaxBytes));
   }
@@ -497,6 +505,15 @@ absl::Status HostLane::AllGather(const void* input, int64_t bytes, void* output,
   }
   return Round(kAllGather | tag, input, /*writes=*/true, 0, size_ - 1, /*checks_all=*/true, bytes,
                output, what);
+}
+
+absl::Status HostLane::Announce(int64_t bytes, const std::string& what, uint32_t tag) {
+  if (tag > kMaxTag) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": tag ", tag, " is over the host lane's ", kMaxTag));
+  }
+  return Round(kElsewhere | tag, nullptr, /*writes=*/false, 0, -1, /*checks_all=*/true, bytes,
+               nullptr, what);
 }
 
 }  // namespace internal

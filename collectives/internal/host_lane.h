@@ -92,6 +92,14 @@ class HostLane {
   absl::Status AllGather(const void* input, int64_t bytes, void* output, const std::string& what,
                          uint32_t tag = 0);
 
+  // Note [Lane or group]: the lane's members must all take it or all not. A member whose CPU
+  // tensor is too large for the lane (or of a kind it does not carry) announces its collective
+  // here before taking the group's path: a round that moves nothing and checks that every member
+  // announced the same (`bytes` per member, `tag`). So members that split between the lane and
+  // the group (a size mismatch across kMaxBytes) are kFailedPrecondition on both sides, naming
+  // each member's call, instead of each waiting out the timeout for the other on another path.
+  absl::Status Announce(int64_t bytes, const std::string& what, uint32_t tag = 0);
+
  private:
   HostLane(void* mapping, size_t mapping_bytes, int rank, int size, absl::Duration timeout,
            std::vector<int64_t> pids, bool spins);

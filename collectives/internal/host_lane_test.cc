@@ -19,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/posix_io.h"
+#include "base/status_macros.h"
+#include "base/status_testutil.h"
 #include "base/stopwatch.h"
 #include "base/subprocess.h"
 #include "collectives/rendezvous.h"
@@ -272,6 +274,39 @@ TEST(HostLaneErrorTest, MismatchedCollectivesAreRefused) {
       EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
     }
   }
+}
+
+// Note [Lane or group]: a member that announces a collective through the group while another
+// calls one on the lane is refused on both sides within moments, naming both calls; members
+// that all announce the same go on (and later rounds still work).
+TEST(HostLaneErrorTest, MembersSplitBetweenTheLaneAndTheGroupAreRefused) {
+  Stopwatch watch;
+  const std::vector<absl::Status> split =
+      RunMembers(2, absl::Seconds(20), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        std::vector<uint8_t> data(64, 0), all(128);
+        if (rank == 0) return lane->AllGather(data.data(), 64, all.data(), "all-gather", 7);
+        return lane->Announce(160000, "all-gather", 7);
+      });
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_LT(watch.Elapsed(), absl::Seconds(10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(split[0]) || absl::IsFailedPrecondition(split[1]));
+  for (const absl::Status& s : split) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) << s;
+    if (absl::IsFailedPrecondition(s)) {
+      EXPECT_THAT(s.message(), HasSubstr("160000 bytes per member through the group"));
+      EXPECT_THAT(s.message(), HasSubstr("all-gather of 64 bytes per member"));
+    }
+  }
+  const std::vector<absl::Status> agreed =
+      RunMembers(2, absl::Seconds(20), [](int rank, HostLane* lane) -> absl::Status {
+        if (lane == nullptr) return absl::InternalError("no lane");
+        LOCKSTEP_RETURN_IF_ERROR(lane->Announce(160000, "all-gather", 7));
+        std::vector<uint8_t> data(16, static_cast<uint8_t>(rank)), all(32);
+        LOCKSTEP_RETURN_IF_ERROR(lane->AllGather(data.data(), 16, all.data(), "all-gather"));
+        return all[0] == 0 && all[16] == 1 ? absl::OkStatus() : absl::InternalError("wrong bytes");
+      });
+  for (const absl::Status& s : agreed) LOCKSTEP_EXPECT_OK(s);
 }
 
 // Each of the lane's collectives with a peer that is alive but never calls: kDeadlineExceeded

@@ -308,7 +308,8 @@ class Bench:
         # Same named set as the inventory (module_state included in both, so the ratio compares
         # the digests with the cheapest pass that still reads every element).
         named = numerics.module_state(self.model, self.optimizer)
-        peaks = torch.stack([t.abs().amax().float() for _, t in named if t.numel()])
+        # One reduction per tensor, each on its own device (module_state holds CPU RNG states).
+        peaks = [t.abs().amax() for _, t in named if t.numel()]
         elapsed = self.clock.now() - start
         info["read_only_tensors"] = len(named)
         info["read_only_bytes"] = sum(t.numel() * t.element_size() for _, t in named)

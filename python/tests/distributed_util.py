@@ -3,6 +3,7 @@ every rank, and returns what each returned (or raises with every failing rank's 
 
 import multiprocessing
 import os
+import socket
 import tempfile
 import traceback
 
@@ -10,12 +11,11 @@ import torch
 import torch.distributed as dist
 
 
-def _rank_main(rank, world_size, store_path, fn, args, results):
+def _rank_main(rank, world_size, init_method, fn, args, results):
     try:
         # The ranks share the machine's cores: one thread pool each of all of them would thrash.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
-                                world_size=world_size)
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
         value = fn(rank, world_size, *args)
         results.put((rank, "ok", value))
     except BaseException:  # noqa: B902 (every failure goes back to the test)
@@ -26,9 +26,17 @@ def _rank_main(rank, world_size, store_path, fn, args, results):
         os._exit(0)  # skip interpreter teardown: a peer's group may be half destroyed
 
 
-def run_world(world_size, fn, *args, timeout=120, start_method=None):
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world_size, fn, *args, timeout=120, start_method=None, store="file"):
     """``fn(rank, world_size, *args)`` on each of ``world_size`` ranks (module-level ``fn``).
     ``fn`` returns plain values (lists, not tensors: those would cross through shared memory).
+    ``store``: "file" (a FileStore in a temporary folder) or "tcp" (rank 0 serves a TCPStore on
+    127.0.0.1, as torchrun's ranks meet).
     Ranks are forked, except where CUDA is present: there they are spawned, since a forked child
     can use neither CUDA nor autograd once the parent has (torch starts device threads)."""
     if start_method is None:
@@ -36,8 +44,9 @@ def run_world(world_size, fn, *args, timeout=120, start_method=None):
     context = multiprocessing.get_context(start_method)
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [context.Process(target=_rank_main, args=(r, world_size, store, fn, args, results))
+        init = (f"tcp://127.0.0.1:{_free_port()}" if store == "tcp"
+                else f"file://{os.path.join(tmp, 'store')}")
+        procs = [context.Process(target=_rank_main, args=(r, world_size, init, fn, args, results))
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -72,6 +72,60 @@ def test_members_that_call_different_collectives_get_an_error_not_a_hang(lane, w
     assert any(words in message for code, message in results if code == "FAILED_PRECONDITION")
 
 
+def _split(rank, world_size):
+    import time
+    group = dist.new_group([0, 1])
+    assert distributed.has_host_lane(group)
+    start = time.monotonic()
+    # Rank 0's 16 floats fit the host lane; rank 1's 40,000 do not, so it takes Gloo.
+    with pytest.raises(errors.LockstepError) as raised:
+        distributed.all_gather(torch.zeros(SMALL if rank == 0 else LARGE), group)
+    return raised.value.code, str(raised.value), time.monotonic() - start
+
+
+# Note [Lane or group] (collectives/internal/host_lane.h): members whose tensors differ across the
+# lane's size limit used to wait on different paths for the full timeout, each blaming a missing
+# peer; now both are refused at once, naming both calls.
+def test_members_split_between_the_host_lane_and_gloo_are_refused_at_once():
+    results = run_world(2, _split)
+    codes = [code for code, _, _ in results]
+    assert "FAILED_PRECONDITION" in codes, results
+    assert set(codes) <= {"FAILED_PRECONDITION", "UNAVAILABLE"}, results
+    assert all(seconds < 20 for _, _, seconds in results), results  # the timeout is 60 s
+    named = [m for c, m, _ in results if c == "FAILED_PRECONDITION"]
+    assert any(f"{LARGE * 4} bytes per member through the group" in m for m in named), results
+
+
+def _adopt_late(rank, world_size, late):
+    import time
+    group = dist.new_group([0, 1])
+    if rank == late:
+        time.sleep(5)
+    attempts = []
+    for _ in range(3):
+        start = time.monotonic()
+        try:
+            distributed.has_host_lane(group, timeout=3)
+            outcome = "connected"
+        except errors.LockstepError as e:
+            outcome = e.code
+        attempts.append((outcome, time.monotonic() - start))
+    dist.barrier()  # rank 0 serves the store: it stays until the other rank is done with it
+    return attempts
+
+
+# Note [Waits poll] (collectives/rendezvous.cc): the members' adoption counts never line up here
+# (one arrives 5 s late, each gives up after 3 s and retries), so every attempt times out within
+# its own 3 s. Waiting inside LibTorch 1.13's TCPStore instead left stray replies on the
+# connection: retries waited past their timeout, and one "connected" a lane its peer never joined.
+@pytest.mark.parametrize("late", [0, 1], ids=["the store's rank late", "the other rank late"])
+def test_an_adoption_retried_after_a_timeout_waits_only_its_own_timeout(late):
+    for rank, attempts in enumerate(run_world(2, _adopt_late, late, store="tcp")):
+        for outcome, seconds in attempts:
+            assert outcome == "DEADLINE_EXCEEDED", (rank, attempts)
+            assert seconds < 3 + 2.5, (rank, attempts)
+
+
 def _temporaries_then_synchronize(rank, world_size, iterations):
     from lockstep import rng
     os.environ["LOCKSTEP_HOST_LANE"] = "0"
