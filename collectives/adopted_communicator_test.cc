@@ -8,6 +8,8 @@
 #include "ATen/ATen.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "base/status_testutil.h"
 #include "collectives/internal/host_lane.h"
@@ -175,7 +177,12 @@ TEST(AdoptedCommunicatorTest, AMemberThatNeverAdoptsIsADeadlineNotAHang) {
   const std::vector<absl::Status> results =
       RunProcessWorld(World(2), [&](int rank, Communicator&) -> absl::Status {
         auto group = MakeGlooGroup(path, rank, 2);
-        if (rank == 1) return absl::OkStatus();  // made the group, never adopts it
+        if (rank == 1) {
+          // Made the group, never adopts it, and keeps it past rank 0's timeout: a group
+          // destroyed at once could close its Gloo pairs while rank 0's are still connecting.
+          absl::SleepFor(absl::Seconds(3));
+          return absl::OkStatus();
+        }
         AdoptedCommunicator::Options options = Members({0, 1}, 2);
         options.timeout = absl::Seconds(1);
         options.store = c10::make_intrusive<c10d::FileStore>(path + "_lane", 2);

@@ -79,7 +79,42 @@ class SetComparison(_Result):
 
 
 class Inventory(_Result):
-    """state_digest, tensors (a count), bytes, entries (name, dtype, shape, digest, ...)."""
+    """state_digest, tensors (a count), bytes, entries (name, dtype, shape, digest, ...).
+
+    The digest, the count and the bytes come from the library directly; the JSON (``json()``,
+    ``entries`` and the other fields) is written and read only when first asked for.
+    """
+
+    def __init__(self, handle):  # _Result.__init__ runs on the JSON's first use
+        self._handle = handle
+
+    @property
+    def state_digest(self):
+        return self._handle.state_digest
+
+    @property
+    def tensors(self):
+        return self._handle.tensors
+
+    @property
+    def bytes(self):
+        return self._handle.bytes
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if "_fields" not in self.__dict__:
+            _Result.__init__(self, self._handle.json())
+        return _Result.__getattr__(self, name)
+
+    def json(self):
+        if "_text" not in self.__dict__:
+            _Result.__init__(self, self._handle.json())
+        return self._text
+
+    def as_dict(self):
+        self.json()
+        return dict(self._fields)
 
     def __repr__(self):
         return f"<Inventory {self.tensors} tensors, state digest {self.state_digest}>"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/json.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "numerics/compare.h"
 #include "numerics/digest.h"
@@ -50,12 +51,30 @@ void BindNumerics(py::module_& m) {
             ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance))));
       },
       py::arg("actual"), py::arg("expected"), LOCKSTEP_TOLERANCE_ARGS(defaults));
+  // An inventory stays a C++ value: its JSON is written only when asked for (lockstep.numerics.
+  // Inventory reads the few fields it needs from here), since a state of tens of thousands of
+  // tensors spends longer on its JSON, written and parsed again, than on its digests.
+  py::class_<numerics::Inventory>(m, "_InventoryHandle")
+      .def_property_readonly("state_digest",
+                             [](const numerics::Inventory& inventory) {
+                               return numerics::DigestHex128(inventory.state_digest());
+                             })
+      .def_property_readonly(
+          "tensors",
+          [](const numerics::Inventory& inventory) { return inventory.entries().size(); })
+      .def_property_readonly("bytes", &numerics::Inventory::total_bytes)
+      .def("json", [](const numerics::Inventory& inventory) {
+        return DumpJson(numerics::InventoryJson(inventory));
+      });
   m.def("_inventory", [](const numerics::NamedTensors& tensors) {
-    return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::Of(tensors))));
+    return ValueOrThrow(Released([&] { return numerics::Inventory::Of(tensors); }));
   });
   m.def("_inventory_of_file", [](const std::string& path) {
-    const numerics::SafetensorsFile file = ValueOrThrow(numerics::SafetensorsFile::Open(path));
-    return DumpJson(numerics::InventoryJson(ValueOrThrow(numerics::Inventory::OfFile(file))));
+    return ValueOrThrow(Released([&]() -> absl::StatusOr<numerics::Inventory> {
+      LOCKSTEP_ASSIGN_OR_RETURN(const numerics::SafetensorsFile file,
+                                numerics::SafetensorsFile::Open(path));
+      return numerics::Inventory::OfFile(file);
+    }));
   });
   m.def(
       "_write_safetensors",

@@ -49,6 +49,11 @@ def test_inventory_digests_match_the_reference_and_a_file(tmp_path):
     names = [e["name"] for e in inv.entries]
     assert "optimizer/weight/exp_avg" in names and "optimizer/bias/step" in names
     assert len(inv.state_digest) == 32
+    # The fields read from the library directly agree with its JSON (written only when asked).
+    fields = json.loads(inv.json())
+    assert (inv.state_digest, inv.tensors, inv.bytes) == (
+        fields["state_digest"], fields["tensors"], fields["bytes"])
+    assert inv.tensors == len(names) and inv.as_dict()["digest_version"] == 1
     # A tensor's digest is the same however it is held (contiguous or not).
     t = torch.arange(12.0).reshape(3, 4)
     assert numerics.tensor_digest(t.t().contiguous()) == numerics.tensor_digest(
