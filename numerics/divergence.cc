@@ -14,6 +14,8 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "nlohmann/json.hpp"
+#include "numerics/digest.h"
+#include "numerics/internal/chunk_hash_device.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
@@ -64,8 +66,26 @@ RecordSummary SummarizeCpu(const at::Tensor& contiguous) {
   return s;
 }
 
-// The five figures reduced in float64: on the CPU in one pass, on a device as LibTorch
-// reductions brought back in one copy (one host synchronization per record, not one per figure).
+// A device tensor's five figures, reduced in float64 by LibTorch on its device: [sum, mean |x|,
+// min, max, L2], not waited for.
+at::Tensor DeviceFigures(const at::Tensor& t) {
+  const at::Tensor d = t.detach().to(at::kDouble);
+  const auto [min, max] = at::aminmax(d);
+  return at::stack({d.sum(), d.abs().mean(), min, max, at::linalg_vector_norm(d)});
+}
+
+RecordSummary SummaryOf(const double* f) {
+  RecordSummary s;
+  s.sum = f[0];
+  s.mean_abs = f[1];
+  s.min = f[2];
+  s.max = f[3];
+  s.l2 = f[4];
+  return s;
+}
+
+// The five figures reduced in float64: on the CPU in one pass, elsewhere as DeviceFigures
+// brought back at once.
 RecordSummary Summarize(const at::Tensor& t) {
   RecordSummary s;
   if (t.numel() == 0) return s;
@@ -84,17 +104,8 @@ RecordSummary Summarize(const at::Tensor& t) {
         break;
     }
   }
-  const at::Tensor d = t.detach().to(at::kDouble);
-  const auto [min, max] = at::aminmax(d);
-  const at::Tensor figures =
-      at::stack({d.sum(), d.abs().mean(), min, max, at::linalg_vector_norm(d)}).to(at::kCPU);
-  const double* f = figures.data_ptr<double>();
-  s.sum = f[0];
-  s.mean_abs = f[1];
-  s.min = f[2];
-  s.max = f[3];
-  s.l2 = f[4];
-  return s;
+  const at::Tensor figures = DeviceFigures(t).to(at::kCPU);
+  return SummaryOf(figures.data_ptr<double>());
 }
 
 absl::StatusOr<Record> RecordFromJson(const json& j) {
@@ -171,24 +182,49 @@ Recorder::Recorder(RecorderOptions options) : shared_(std::make_shared<Shared>()
   shared_->options = options;
 }
 
+// Note [Deferred record digests]
+// A record is made inside the model's forward and backward (a module's hook, a gradient's hook).
+// Digesting a CUDA tensor there and reading its summary back would wait for the device at every
+// record: the host could not run ahead of the device, and a step of many small modules would
+// take a host round trip per module. So a CUDA tensor's chunk hashes and its summary's figures
+// are only enqueued on its stream, as the operator recorder does (Note [Deferred digests] in
+// op_recorder.cc), and completed together when the records are read (Snapshot, status): one
+// copy back per device. A CPU tensor is digested at once. The figures are the same LibTorch
+// reductions either way, so a record's values do not depend on when they were completed.
 void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
                    const at::Tensor& tensor) {
   Record record;
   record.module = module;
   record.kind = kind;
+  Pending pending;
+  const bool deferred = tensor.defined() && tensor.is_cuda();
   absl::Status status =
       CallTorch(absl::StrCat("recording ", module, " ", RecordKindName(kind)), [&] {
         at::NoGradGuard no_grad;
         const at::Tensor t = tensor.detach();
         record.shape = t.sizes().vec();
-        record.summary = Summarize(t);
+        if (!deferred) {
+          record.summary = Summarize(t);
+        } else if (t.numel() > 0) {
+          pending.figures = DeviceFigures(t);
+        }
+        pending.num_bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
         record.tensor = t;  // dropped below unless kept
       });
   absl::StatusOr<std::string> dtype = SafetensorsDtypeName(tensor.scalar_type());
   if (status.ok() && !dtype.ok()) status = dtype.status();
   if (status.ok()) record.dtype = *dtype;
-  absl::StatusOr<Digest128> digest =
-      status.ok() ? DigestTensor(record.tensor) : absl::StatusOr<Digest128>(status);
+  absl::StatusOr<Digest128> digest = Digest128{};
+  if (!status.ok()) digest = status;
+  if (status.ok() && !deferred) digest = DigestTensor(record.tensor);
+  if (status.ok() && deferred) {
+    absl::StatusOr<at::Tensor> hashes = internal::EnqueueChunkHashes(record.tensor);
+    if (hashes.ok()) {
+      pending.hashes = *std::move(hashes);
+    } else {
+      digest = hashes.status();
+    }
+  }
   std::lock_guard<std::mutex> lock(shared.mu);
   if (!digest.ok()) {
     if (shared.status.ok()) shared.status = digest.status();
@@ -201,7 +237,54 @@ void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
   } else {
     record.tensor = at::Tensor();
   }
+  if (deferred) {
+    pending.index = shared.records.size();
+    shared.pending.push_back(std::move(pending));
+  }
   shared.records.push_back(std::move(record));
+}
+
+void Recorder::ResolveLocked(Shared& shared) {
+  if (shared.pending.empty()) return;
+  std::vector<Pending> pending;
+  pending.swap(shared.pending);
+  std::vector<at::Tensor> hashes;
+  // The figures, stacked per device and brought back in one copy each.
+  std::map<int, std::vector<size_t>> by_device;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    hashes.push_back(pending[i].hashes);
+    if (pending[i].figures.defined()) {
+      by_device[pending[i].figures.device().index()].push_back(i);
+    }
+  }
+  absl::StatusOr<internal::ChunkHashes> back = internal::CollectChunkHashes(hashes);
+  absl::Status status = back.status();
+  std::map<size_t, const double*> figures;
+  std::vector<at::Tensor> copies;
+  if (status.ok()) {
+    status = CallTorch("completing the module records' summaries", [&] {
+      for (const auto& [device, indices] : by_device) {
+        std::vector<at::Tensor> stacked;
+        for (size_t i : indices) stacked.push_back(pending[i].figures);
+        copies.push_back(at::stack(stacked).to(at::kCPU).contiguous());
+        for (size_t k = 0; k < indices.size(); ++k) {
+          figures[indices[k]] = copies.back().data_ptr<double>() + 5 * k;
+        }
+      }
+    });
+  }
+  if (!status.ok()) {
+    if (shared.status.ok()) {
+      shared.status = Annotate(status, "completing the module records' digests");
+    }
+    return;
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Record& record = shared.records[pending[i].index];
+    record.digest =
+        TensorRecordDigest(record.dtype, record.shape, pending[i].num_bytes, back->of_tensor[i]);
+    if (auto it = figures.find(i); it != figures.end()) record.summary = SummaryOf(it->second);
+  }
 }
 
 at::Tensor Recorder::Enter(const std::string& module, const at::Tensor& input) {
@@ -281,11 +364,13 @@ ParameterTap::~ParameterTap() {
 
 absl::Status Recorder::status() const {
   std::lock_guard<std::mutex> lock(shared_->mu);
+  ResolveLocked(*shared_);  // Note [Deferred record digests]
   return shared_->status;
 }
 
 Recording Recorder::Snapshot() const {
   std::lock_guard<std::mutex> lock(shared_->mu);
+  ResolveLocked(*shared_);  // Note [Deferred record digests]
   return Recording(shared_->records);
 }
 

@@ -170,14 +170,25 @@ class Recorder {
   absl::Status Save(const std::string& path) const { return Snapshot().Save(path); }
 
  private:
+  // Note [Deferred record digests] (divergence.cc): a device tensor's record whose digest and
+  // summary are still on the device.
+  struct Pending {
+    size_t index = 0;        // the record's, in `records`
+    at::Tensor hashes;       // its chunk hashes, enqueued (internal/chunk_hash_device.h)
+    at::Tensor figures;      // its summary's five figures in float64, on its device
+    uint64_t num_bytes = 0;  // its logical bytes
+  };
   struct Shared {
     mutable std::mutex mu;
     std::vector<Record> records;
+    std::vector<Pending> pending;
     absl::Status status;
     RecorderOptions options;
   };
   static void Add(Shared& shared, const std::string& module, RecordKind kind,
                   const at::Tensor& tensor);
+  // Completes every pending record (one copy back per device). Precondition: shared.mu held.
+  static void ResolveLocked(Shared& shared);
   std::shared_ptr<Shared> shared_;  // hooks hold it: they may outlive the recorder
 };
 

@@ -51,6 +51,7 @@ targets=(
   //numerics:op_recorder_benchmark
   //qualification:operator_localization_cuda_test
   //numerics:compare_cuda_test
+  //numerics:divergence_cuda_test
   //numerics:numerics_benchmark
   //numerics:compare_test
   //numerics:inventory_test
