@@ -162,7 +162,8 @@ absl::Status StoreCall(const std::string& what, absl::Duration timeout, Fn&& fn)
 // are there, so every process still waiting when the second claim comes fails too. A claim that
 // comes after the others completed is seen by their heartbeat (StartHeartbeat checks the marker
 // with each beat while no claim was seen), and their next collective fails naming it
-// (CommunicatorBase::Collective asks ClaimedTwice).
+// (CommunicatorBase::Collective asks ClaimedTwice; a process already waiting in a collective that
+// its peers then refuse names it too, when it gives up).
 std::string ClaimsKey(int rank) { return absl::StrCat("lockstep/rendezvous/claims/", rank); }
 std::string ClaimKey(int rank, int64_t n) {
   return absl::StrCat("lockstep/rendezvous/claim/", rank, "/", n);
@@ -447,6 +448,12 @@ void Rendezvous::StartHeartbeat() {
       // process too, by its next collective.
       absl::Status named;
       if (twice) named = DuplicateRankError(*store, timeout, "rendezvous");
+      if (twice && !absl::IsFailedPrecondition(named)) {
+        named = absl::FailedPreconditionError(absl::StrCat(
+            "rendezvous: a rank of this job is claimed by a second process (which, could not be "
+            "read: ",
+            named.message(), ")"));
+      }
       lock.lock();
       if (twice && !named.ok()) beat->claimed_twice = named;
       beat->cv.wait_for(lock,

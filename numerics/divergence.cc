@@ -13,6 +13,7 @@
 #include "base/json.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "c10/core/impl/VirtualGuardImpl.h"
 #include "nlohmann/json.hpp"
 #include "numerics/digest.h"
 #include "numerics/internal/chunk_hash_device.h"
@@ -189,8 +190,11 @@ Recorder::Recorder(RecorderOptions options) : shared_(std::make_shared<Shared>()
 // take a host round trip per module. So a CUDA tensor's chunk hashes and its summary's figures
 // are only enqueued on its stream, as the operator recorder does (Note [Deferred digests] in
 // op_recorder.cc), and completed together when the records are read (Snapshot, status): one
-// copy back per device. A CPU tensor is digested at once. The figures are the same LibTorch
-// reductions either way, so a record's values do not depend on when they were completed.
+// copy back per device. An event recorded on the stream they went to orders the completion's
+// reads after them (a hook may run on another stream than the reader), and the tensor's memory
+// is kept from reuse until they have run. A CPU tensor is digested at once. The figures are the
+// same LibTorch reductions either way, so a record's values do not depend on when they were
+// completed; a completion that fails drops its records, as a digest that fails at once does.
 void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
                    const at::Tensor& tensor) {
   Record record;
@@ -219,11 +223,20 @@ void Recorder::Add(Shared& shared, const std::string& module, RecordKind kind,
   if (status.ok() && !deferred) digest = DigestTensor(record.tensor);
   if (status.ok() && deferred) {
     absl::StatusOr<at::Tensor> hashes = internal::EnqueueChunkHashes(record.tensor);
+    absl::Status enqueued = hashes.status();
     if (hashes.ok()) {
       pending.hashes = *std::move(hashes);
-    } else {
-      digest = hashes.status();
+      // The stream they were enqueued on: ResolveLocked reads them on its own streams after this
+      // event, and the tensor's memory is not reused before they have run.
+      enqueued = CallTorch("ordering a module record's digest", [&] {
+        const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
+        const c10::Stream stream = guard.getStream(record.tensor.device());
+        pending.ready = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+        pending.ready->record(stream);
+        guard.recordDataPtrOnStream(record.tensor.storage().data_ptr(), stream);
+      });
     }
+    if (!enqueued.ok()) digest = enqueued;
   }
   std::lock_guard<std::mutex> lock(shared.mu);
   if (!digest.ok()) {
@@ -257,8 +270,14 @@ void Recorder::ResolveLocked(Shared& shared) {
       by_device[pending[i].figures.device().index()].push_back(i);
     }
   }
-  absl::StatusOr<internal::ChunkHashes> back = internal::CollectChunkHashes(hashes);
-  absl::Status status = back.status();
+  // This thread's streams wait for each record's (a hook may have run on a side stream).
+  absl::Status status = CallTorch("ordering the module records' digests", [&] {
+    const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
+    for (const Pending& p : pending) p.ready->block(guard.getStream(p.hashes.device()));
+  });
+  absl::StatusOr<internal::ChunkHashes> back = internal::ChunkHashes{};
+  if (status.ok()) back = internal::CollectChunkHashes(hashes);
+  if (status.ok()) status = back.status();
   std::map<size_t, const double*> figures;
   std::vector<at::Tensor> copies;
   if (status.ok()) {
@@ -277,6 +296,15 @@ void Recorder::ResolveLocked(Shared& shared) {
     if (shared.status.ok()) {
       shared.status = Annotate(status, "completing the module records' digests");
     }
+    // Their records have no digest: dropped, as a record whose digest failed at once is.
+    std::set<size_t> failed;
+    for (const Pending& p : pending) failed.insert(p.index);
+    std::vector<Record> kept;
+    for (size_t i = 0; i < shared.records.size(); ++i) {
+      if (failed.count(i) == 0) kept.push_back(std::move(shared.records[i]));
+    }
+    for (size_t i = 0; i < kept.size(); ++i) kept[i].index = static_cast<int64_t>(i);
+    shared.records = std::move(kept);
     return;
   }
   for (size_t i = 0; i < pending.size(); ++i) {

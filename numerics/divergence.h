@@ -44,6 +44,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "c10/core/Event.h"
 #include "nlohmann/json_fwd.hpp"
 #include "numerics/compare.h"
 #include "numerics/digest.h"
@@ -173,10 +174,11 @@ class Recorder {
   // Note [Deferred record digests] (divergence.cc): a device tensor's record whose digest and
   // summary are still on the device.
   struct Pending {
-    size_t index = 0;        // the record's, in `records`
-    at::Tensor hashes;       // its chunk hashes, enqueued (internal/chunk_hash_device.h)
-    at::Tensor figures;      // its summary's five figures in float64, on its device
-    uint64_t num_bytes = 0;  // its logical bytes
+    size_t index = 0;                   // the record's, in `records`
+    at::Tensor hashes;                  // its chunk hashes, enqueued (internal/chunk_hash_device.h)
+    at::Tensor figures;                 // its summary's five figures in float64, on its device
+    uint64_t num_bytes = 0;             // its logical bytes
+    std::unique_ptr<c10::Event> ready;  // recorded after both, on the stream they went to
   };
   struct Shared {
     mutable std::mutex mu;

@@ -93,6 +93,15 @@ absl::Status CommunicatorBase::Collective(absl::string_view op,
   const absl::Time start = absl::Now();
   absl::Status status = body();
   if (status.ok()) return status;
+  if (world_->rendezvous != nullptr) {
+    // A peer that had seen the claim refused this collective while this process waited in it:
+    // the claim is what went wrong, not the peer.
+    if (absl::Status twice = world_->rendezvous->ClaimedTwice(); !twice.ok()) {
+      first_error_ = absl::FailedPreconditionError(absl::StrCat(
+          What(op), ": ", twice.message(), " (the collective itself: ", status.message(), ")"));
+      return first_error_;
+    }
+  }
   const absl::Duration elapsed = absl::Now() - start;
   if (status.code() == absl::StatusCode::kUnavailable && elapsed >= world_->timeout) {
     status = absl::DeadlineExceededError(

@@ -85,31 +85,46 @@ class Inventory(_Result):
     ``entries`` and the other fields) is written and read only when first asked for.
     """
 
-    def __init__(self, handle):  # _Result.__init__ runs on the JSON's first use
-        self._handle = handle
+    def __init__(self, source):
+        """``source``: the library's inventory, or its JSON text (as ``json()`` gives)."""
+        self._handle = None
+        if isinstance(source, str):
+            _Result.__init__(self, source)
+        else:
+            self._handle = source  # _Result.__init__ runs on the JSON's first use
+
+    def __reduce__(self):  # pickled and copied as its JSON
+        return (Inventory, (self.json(),))
+
+    def _field(self, name):
+        if self._handle is not None:
+            return getattr(self._handle, name)
+        return self._fields[name]
 
     @property
     def state_digest(self):
-        return self._handle.state_digest
+        return self._field("state_digest")
 
     @property
     def tensors(self):
-        return self._handle.tensors
+        return self._field("tensors")
 
     @property
     def bytes(self):
-        return self._handle.bytes
+        return self._field("bytes")
 
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        if "_fields" not in self.__dict__:
-            _Result.__init__(self, self._handle.json())
+        self._load()
         return _Result.__getattr__(self, name)
 
-    def json(self):
-        if "_text" not in self.__dict__:
+    def _load(self):
+        if "_fields" not in self.__dict__:
             _Result.__init__(self, self._handle.json())
+
+    def json(self):
+        self._load()
         return self._text
 
     def as_dict(self):

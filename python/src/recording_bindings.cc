@@ -71,8 +71,10 @@ void BindModuleRecorder(py::module_& m) {
            [](numerics::Recorder& r, const std::string& name, const at::Tensor& parameter) {
              ThrowIfError(r.RecordAccumulated(name, parameter));
            })
-      .def("check", [](const numerics::Recorder& r) { ThrowIfError(r.status()); })
-      .def("snapshot", &numerics::Recorder::Snapshot);
+      // Both complete the deferred device records (a device synchronization): without the GIL.
+      .def("check",
+           [](const numerics::Recorder& r) { ThrowIfError(Released([&] { return r.status(); })); })
+      .def("snapshot", &numerics::Recorder::Snapshot, py::call_guard<py::gil_scoped_release>());
   m.def(
       "_first_divergence",
       [](const numerics::Recording& a, const numerics::Recording& b, double atol, double rtol,

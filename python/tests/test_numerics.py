@@ -1,7 +1,9 @@
 """lockstep.numerics: comparisons with the library's figures, inventories with its digests."""
 
+import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -54,6 +56,11 @@ def test_inventory_digests_match_the_reference_and_a_file(tmp_path):
     assert (inv.state_digest, inv.tensors, inv.bytes) == (
         fields["state_digest"], fields["tensors"], fields["bytes"])
     assert inv.tensors == len(names) and inv.as_dict()["digest_version"] == 1
+    # Pickled and copied as its JSON, and made again from that JSON.
+    copies = (pickle.loads(pickle.dumps(inv)), copy.deepcopy(inv), numerics.Inventory(inv.json()))
+    for again in copies:
+        assert (again.state_digest, again.tensors, again.bytes, again.entries) == (
+            inv.state_digest, inv.tensors, inv.bytes, inv.entries)
     # A tensor's digest is the same however it is held (contiguous or not).
     t = torch.arange(12.0).reshape(3, 4)
     assert numerics.tensor_digest(t.t().contiguous()) == numerics.tensor_digest(
