@@ -17,6 +17,7 @@
 
 #include "numerics/op_recorder.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -25,6 +26,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -32,6 +35,7 @@
 #include "ATen/core/dispatch/Dispatcher.h"
 #include "ATen/core/function_schema.h"
 #include "ATen/core/grad_mode.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
 #include "base/status_macros.h"
@@ -40,6 +44,7 @@
 #include "nlohmann/json.hpp"
 #include "numerics/digest.h"
 #include "numerics/internal/chunk_hash_device.h"
+#include "numerics/internal/digest_arena.h"
 #include "numerics/internal/op_capture.h"
 #include "numerics/internal/summary_partials.h"
 
@@ -50,6 +55,7 @@ using json = nlohmann::json;
 
 namespace {
 
+using internal::DeviceDigest;
 using internal::Kept;
 using internal::LeavesUninitialized;
 using internal::MovesStorage;
@@ -90,6 +96,8 @@ struct Pending {
   std::vector<Kept> input_kept;  // parallel to record.inputs
   std::vector<Kept> output_kept;
   std::vector<StorageUse> input_storages;  // of the inputs' tensors
+  // Device inputs digested when the call ends (Note [Read-only inputs after the call]).
+  std::vector<DeviceDigest> deferred;
   bool known_schema = false;
   std::optional<c10::Device> input_device;  // an input tensor's, other than the CPU
   bool done = false;
@@ -111,6 +119,8 @@ struct OperatorRecorder::State {
   int64_t completed_unwritten = 0;
   std::map<int64_t, Pending> pending;
   internal::UnwrittenStorages unwritten;  // Note [Unwritten storage]
+  internal::DigestArena arena;            // Note [Digest arena]
+  std::set<int64_t> deferring;  // open calls with deferred inputs (Note [Read-only inputs ...])
   absl::Status status;
 
   void KeepError(const absl::Status& s) {
@@ -119,6 +129,8 @@ struct OperatorRecorder::State {
   // Computes the digests of the completed calls, in index order, and writes them.
   // `all`: every completed call, not only those before the first open one. Holds mu.
   absl::Status FlushLocked(bool all);
+  // Completes every digest pending in the arena, of open calls too, and empties it. Holds mu.
+  absl::Status ResolveArena();
 };
 
 namespace {
@@ -196,6 +208,76 @@ void WaitForCopiesToHost(const std::optional<c10::Device>& input_device,
   }
 }
 
+// Note [Read-only inputs after the call]
+// A device input is digested as it is before the call. Where the call cannot change it, its bytes
+// after the call are the same, so its digest is enqueued with the outputs' when the call ends:
+// one launch for the call's tensors instead of two (Note [Digest arena]). That holds for an input
+// the schema says the call only reads (not Tensor(a!), not an out= argument), whose storage no
+// written argument of the call shares, of an aten:: operator (whose schemas declare their
+// writes; a custom operator's may not). A call nested inside it may still write it (a composite
+// operator updating a buffer through an in-place call): a call that writes a storage, or one
+// without a schema, first enqueues the deferred digests of the open calls' inputs it may write.
+bool AfterTheCall(const DeviceDigest& d, bool known_schema, absl::string_view op,
+                  const std::vector<StorageUse>& storages) {
+  if (!known_schema || d.role != Role::kRead || !absl::StartsWith(op, "aten::")) return false;
+  for (const StorageUse& use : storages) {
+    if ((use.role == Role::kWritten || use.role == Role::kOut) && use.storage == d.storage) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Enqueues the digests of `digests` into the arena, each into its Kept (parallel); an output whose
+// dtype the arena does not summarize gets ATen's figures. Throws std::runtime_error on failure.
+void EnqueueDigests(internal::DigestArena& arena, const std::vector<const DeviceDigest*>& digests,
+                    const std::vector<Kept*>& kept) {
+  if (digests.empty()) return;
+  std::vector<internal::DigestArena::Job> jobs;
+  jobs.reserve(digests.size());
+  for (const DeviceDigest* d : digests) jobs.push_back({d->view, d->summarize});
+  absl::StatusOr<std::vector<internal::DigestArena::Pending>> pending = arena.Enqueue(jobs);
+  if (!pending.ok()) throw std::runtime_error(pending.status().ToString());
+  for (size_t i = 0; i < digests.size(); ++i) {
+    kept[i]->in_arena = true;
+    kept[i]->pending = (*pending)[i];
+    if (digests[i]->summarize && !kept[i]->pending.summarized) {
+      kept[i]->summary = internal::SummaryPartialOf(digests[i]->view);
+    }
+  }
+}
+
+// Before a call that writes `storages` (every storage: `all`), enqueues the deferred digests of
+// the open calls' inputs on them (Note [Read-only inputs after the call]). Holds mu.
+void EnqueueDeferredWritten(OperatorRecorder::State& state, const std::vector<StorageUse>& storages,
+                            bool all) {
+  for (int64_t index : state.deferring) {
+    Pending& open = state.pending.at(index);
+    std::vector<DeviceDigest> keep;
+    std::vector<const DeviceDigest*> now;
+    std::vector<Kept*> into;
+    for (DeviceDigest& d : open.deferred) {
+      bool written = all;
+      for (const StorageUse& use : storages) {
+        written = written || ((use.role == Role::kWritten || use.role == Role::kOut) &&
+                              use.storage == d.storage);
+      }
+      if (written) {
+        now.push_back(&d);
+        into.push_back(&open.input_kept[d.kept]);
+      }
+    }
+    EnqueueDigests(state.arena, now, into);
+    for (DeviceDigest& d : open.deferred) {
+      if (std::find(now.begin(), now.end(), &d) == now.end()) keep.push_back(std::move(d));
+    }
+    open.deferred = std::move(keep);
+  }
+  for (auto it = state.deferring.begin(); it != state.deferring.end();) {
+    it = state.pending.at(*it).deferred.empty() ? state.deferring.erase(it) : std::next(it);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   if (t_inside) return nullptr;
   std::shared_ptr<OperatorRecorder::State> state = std::atomic_load(&g_state);
@@ -219,9 +301,30 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
                                           storage.getWeakStorageImpl());
       }
     }
+    std::vector<DeviceDigest> device;
     internal::CaptureAll(fn.inputs(), /*is_output=*/false, facts.arguments, p.record.op,
                          state->options.row_window, state->unwritten, &p.record.inputs,
-                         &p.input_kept, &p.input_storages);
+                         &p.input_kept, &p.input_storages, &device);
+    // Note [Read-only inputs after the call]
+    const bool writes =
+        !facts.known ||
+        std::any_of(p.input_storages.begin(), p.input_storages.end(), [](const auto& use) {
+          return use.role == Role::kWritten || use.role == Role::kOut;
+        });
+    if (writes && !state->deferring.empty()) {
+      EnqueueDeferredWritten(*state, p.input_storages, /*all=*/!facts.known);
+    }
+    std::vector<const DeviceDigest*> now;
+    std::vector<Kept*> into;
+    for (const DeviceDigest& d : device) {
+      if (AfterTheCall(d, facts.known, p.record.op, p.input_storages)) {
+        p.deferred.push_back(d);
+      } else {
+        now.push_back(&d);
+        into.push_back(&p.input_kept[d.kept]);
+      }
+    }
+    EnqueueDigests(state->arena, now, into);
   } catch (const std::exception& e) {
     state->KeepError(
         absl::InternalError(absl::StrCat("recording the inputs of ", p.record.op, ": ", e.what())));
@@ -232,6 +335,7 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   p.record.parent = t_open.empty() ? -1 : t_open.back();
   p.record.depth = static_cast<int>(t_open.size());
   context->index = p.record.index;
+  if (!p.deferred.empty()) state->deferring.insert(p.record.index);
   state->pending.emplace(p.record.index, std::move(p));
   t_open.push_back(context->index);
   return context;
@@ -251,10 +355,23 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
   try {
     const std::vector<c10::IValue>& outputs = fn.outputs();
     WaitForCopiesToHost(p.input_device, outputs);
+    std::vector<DeviceDigest> device;
     internal::CaptureAll(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()),
                          /*is_output=*/true, Facts(fn).returns, p.record.op,
                          state.options.row_window, state.unwritten, &p.record.outputs,
-                         &p.output_kept, &output_storages);
+                         &p.output_kept, &output_storages, &device);
+    // The call's read-only inputs and its outputs, in one launch (Note [Digest arena]).
+    std::vector<const DeviceDigest*> now;
+    std::vector<Kept*> into;
+    for (const DeviceDigest& d : p.deferred) {
+      now.push_back(&d);
+      into.push_back(&p.input_kept[d.kept]);
+    }
+    for (const DeviceDigest& d : device) {
+      now.push_back(&d);
+      into.push_back(&p.output_kept[d.kept]);
+    }
+    EnqueueDigests(state.arena, now, into);
   } catch (const std::exception& e) {
     state.KeepError(absl::InternalError(
         absl::StrCat("recording the outputs of ", p.record.op, ": ", e.what())));
@@ -271,6 +388,8 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
       }
     }
   }
+  p.deferred.clear();
+  state.deferring.erase(context->index);
   p.done = true;
   if (++state.completed_unwritten >= state.options.flush_every) {
     state.KeepError(state.FlushLocked(/*all=*/false));
@@ -284,10 +403,11 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
 // a device tensor to the end there would cost a host synchronization per call (its chunk hashes
 // must come back), and keeping a copy to digest later would cost the tensor's bytes written and
 // read again. A callback therefore enqueues the chunk hashes of the tensor as it is at that point
-// of its device's stream (the inputs before the call can change them, the outputs after it), and
-// an output's summary partials over the same bytes: small device tensors, no host
-// synchronization. A CPU tensor is digested at once. FlushLocked brings every pending chunk hash
-// and summary of the flushed calls back in one copy per device (internal::CollectChunkHashes).
+// of its device's stream (the inputs before the call can change them, the outputs after it;
+// Note [Read-only inputs after the call]), and an output's summary partials over the same bytes,
+// into the recorder's arena (Note [Digest arena]): no allocation, no host synchronization. A CPU
+// tensor is digested at once. FlushLocked brings every pending result back, one copy per arena
+// block, and completes the digests of the open calls' inputs too, so that the arena empties.
 absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   // The completed calls to write now: in index order, up to the first still open (or all).
   std::vector<Pending*> ready;
@@ -302,20 +422,10 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   for (auto it = unwritten.begin(); it != unwritten.end();) {
     it = it->second.expired() ? unwritten.erase(it) : std::next(it);
   }
-  // Every pending chunk hash and summary, brought back together.
-  std::vector<Kept*> hashed;
+  LOCKSTEP_RETURN_IF_ERROR(ResolveArena());
+  // The summaries ATen computed (dtypes the arena's kernel does not read), brought back together.
   std::vector<Kept*> summarized;
   std::vector<at::Tensor> device_bytes;
-  for (Pending* p : ready) {
-    for (std::vector<Kept>* side : {&p->input_kept, &p->output_kept}) {
-      for (Kept& kept : *side) {
-        if (kept.hashes.defined()) {
-          hashed.push_back(&kept);
-          device_bytes.push_back(kept.hashes);
-        }
-      }
-    }
-  }
   for (Pending* p : ready) {
     for (Kept& kept : p->output_kept) {
       if (kept.summary.defined()) {
@@ -326,15 +436,10 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
   }
   if (!device_bytes.empty()) {
     absl::StatusOr<internal::ChunkHashes> back = internal::CollectChunkHashes(device_bytes);
-    if (!back.ok()) return Annotate(back.status(), "digesting the operator calls' tensors");
-    for (size_t i = 0; i < hashed.size(); ++i) {
-      Kept& kept = *hashed[i];
-      kept.digest = TensorRecordDigest(kept.dtype, kept.shape, kept.num_bytes, back->of_tensor[i]);
-      kept.hashes = at::Tensor();
-    }
+    if (!back.ok()) return Annotate(back.status(), "summarizing the operator calls' outputs");
     for (size_t i = 0; i < summarized.size(); ++i) {
       Kept& kept = *summarized[i];
-      kept.figures = internal::FinishSummaryPartials(back->of_tensor[hashed.size() + i]);
+      kept.figures = internal::FinishSummaryPartials(back->of_tensor[i]);
       kept.summary = at::Tensor();
     }
   }
@@ -368,6 +473,29 @@ absl::Status OperatorRecorder::State::FlushLocked(bool all) {
     completed_unwritten -= 1;
     pending.erase(p->record.index);
   }
+  return absl::OkStatus();
+}
+
+absl::Status OperatorRecorder::State::ResolveArena() {
+  std::vector<Kept*> in_arena;
+  for (auto& [index, p] : pending) {
+    for (std::vector<Kept>* side : {&p.input_kept, &p.output_kept}) {
+      for (Kept& kept : *side) {
+        if (kept.in_arena) in_arena.push_back(&kept);
+      }
+    }
+  }
+  if (in_arena.empty()) return absl::OkStatus();
+  LOCKSTEP_RETURN_IF_ERROR(Annotate(arena.Collect(), "digesting the operator calls' tensors"));
+  for (Kept* kept : in_arena) {
+    kept->digest = TensorRecordDigest(kept->dtype, kept->shape, kept->num_bytes,
+                                      arena.Read(kept->pending.hashes));
+    if (kept->pending.summarized) {
+      kept->figures = internal::FinishSummaryPartials(arena.Read(kept->pending.summary));
+    }
+    kept->in_arena = false;
+  }
+  arena.Reset();
   return absl::OkStatus();
 }
 

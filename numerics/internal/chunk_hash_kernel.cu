@@ -1,5 +1,7 @@
 #include "numerics/internal/chunk_hash_kernel.h"
 
+#include <atomic>
+
 #include "numerics/internal/xxh3_chunk.h"
 
 namespace lockstep {
@@ -88,11 +90,18 @@ __device__ __forceinline__ uint64_t Stripe(const uint8_t* stage, int offset, int
   return acc + Xxh3LaneProduct(mine, key) + other;
 }
 
+// A few segments, passed by value (LaunchInlineChunkHash).
+struct InlineSegments {
+  ChunkHashSegment at[kInlineChunkHashSegments];
+};
+
 // Thread 8c + l hashes lane l of the block's chunk c (Note [Digest chunks through shared memory]);
-// a chunk belongs to the last segment whose first chunk is at most its index.
+// a chunk belongs to the last segment whose first chunk is at most its index. The segments are
+// `segments` (device memory) or, when it is null, `inline_segments`.
 __global__ void __launch_bounds__(kThreads)
-    SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments, ChunkHashSegment single,
-                             int count, uint64_t total_chunks, uint8_t* __restrict__ out) {
+    SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments,
+                             InlineSegments inline_segments, int count, uint64_t total_chunks,
+                             uint8_t* __restrict__ out) {
   extern __shared__ __align__(16) uint8_t stages[];
   __shared__ uint64_t secret[kSecretWords];
   __shared__ ChunkInfo chunks[kChunksPerBlock];
@@ -102,17 +111,17 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t chunk = first + threadIdx.x;
     ChunkInfo info{nullptr, 0, false};
     if (chunk < total_chunks) {
+      const ChunkHashSegment* table = segments == nullptr ? inline_segments.at : segments;
       int lo = 0, hi = count - 1;
       while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (segments[mid].first_chunk <= chunk) {
+        if (table[mid].first_chunk <= chunk) {
           lo = mid;
         } else {
           hi = mid - 1;
         }
       }
-      // One segment may come as an argument (no table in device memory to copy first).
-      const ChunkHashSegment segment = segments == nullptr ? single : segments[lo];
+      const ChunkHashSegment segment = table[lo];
       const uint64_t local = chunk - segment.first_chunk;
       const uint64_t left = segment.num_bytes - local * kXxh3ChunkBytes;
       info.data = segment.data + local * kXxh3ChunkBytes;
@@ -168,33 +177,53 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0 && first + c < total_chunks) Xxh3Finish(lanes, kSecret, out + 16 * (first + c));
 }
 
+// Above the default 48 KiB of dynamic shared memory: set once per device, the first time a
+// launch runs there (the attribute is the device's, and a host call per launch adds up when the
+// operator recorder launches inside every operator call).
+cudaError_t AllowSharedMemory() {
+  static std::atomic<uint64_t> allowed{0};  // bit d: device d has the attribute
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error != cudaSuccess) return error;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (allowed.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  error = cudaFuncSetAttribute(SegmentedChunkHashKernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+  if (error == cudaSuccess) allowed.fetch_or(bit, std::memory_order_acq_rel);
+  return error;
+}
+
+cudaError_t Launch(const ChunkHashSegment* segments, const InlineSegments& inline_segments,
+                   int count, uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
+  if (count == 0 || total_chunks == 0) return cudaSuccess;
+  const cudaError_t error = AllowSharedMemory();
+  if (error != cudaSuccess) return error;
+  const uint64_t blocks = (total_chunks + kChunksPerBlock - 1) / kChunksPerBlock;
+  SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(
+      segments, inline_segments, count, total_chunks, out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
                                      uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
-  if (count == 0 || total_chunks == 0) return cudaSuccess;
-  // Above the default 48 KiB of dynamic shared memory; set for the current device every launch
-  // (a host-side attribute, cheap), so that every device a batch runs on has it.
-  cudaError_t error = cudaFuncSetAttribute(
-      SegmentedChunkHashKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-  if (error != cudaSuccess) return error;
-  const uint64_t blocks = (total_chunks + kChunksPerBlock - 1) / kChunksPerBlock;
-  SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(
-      segments, ChunkHashSegment{nullptr, 0, 0}, count, total_chunks, out);
-  return cudaGetLastError();
+  return Launch(segments, InlineSegments{}, count, total_chunks, out, stream);
+}
+
+cudaError_t LaunchInlineChunkHash(const ChunkHashSegment* segments, int count,
+                                  uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
+  if (count < 0 || count > kInlineChunkHashSegments) return cudaErrorInvalidValue;
+  InlineSegments inline_segments{};
+  for (int i = 0; i < count; ++i) inline_segments.at[i] = segments[i];
+  return Launch(nullptr, inline_segments, count, total_chunks, out, stream);
 }
 
 cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
                             cudaStream_t stream) {
-  const uint64_t total_chunks = (num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes;
-  if (total_chunks == 0) return cudaSuccess;
-  cudaError_t error = cudaFuncSetAttribute(
-      SegmentedChunkHashKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-  if (error != cudaSuccess) return error;
-  const uint64_t blocks = (total_chunks + kChunksPerBlock - 1) / kChunksPerBlock;
-  SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(
-      nullptr, ChunkHashSegment{data, num_bytes, 0}, 1, total_chunks, out);
-  return cudaGetLastError();
+  const ChunkHashSegment segment{data, num_bytes, 0};
+  return LaunchInlineChunkHash(&segment, 1, (num_bytes + kXxh3ChunkBytes - 1) / kXxh3ChunkBytes,
+                               out, stream);
 }
 
 }  // namespace internal

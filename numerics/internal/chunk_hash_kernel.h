@@ -30,8 +30,17 @@ struct ChunkHashSegment {
 cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
                                      uint64_t total_chunks, uint8_t* out, cudaStream_t stream);
 
+// At most this many segments go to the kernel as its argument (LaunchInlineChunkHash).
+inline constexpr int kInlineChunkHashSegments = 8;
+
+// LaunchSegmentedChunkHash of `count` (1..kInlineChunkHashSegments) segments in host memory,
+// passed as the kernel's argument: no table copied to the device first, one launch. The operator
+// recorder hashes a call's tensors this way (Note [Digest arena] in digest_arena.h).
+cudaError_t LaunchInlineChunkHash(const ChunkHashSegment* segments, int count,
+                                  uint64_t total_chunks, uint8_t* out, cudaStream_t stream);
+
 // The chunks of one buffer (device memory, 8-byte aligned), into out[16 * j ..) (device memory):
-// LaunchSegmentedChunkHash of a single segment, passed as the kernel's argument.
+// LaunchInlineChunkHash of a single segment.
 cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,
                             cudaStream_t stream);
 

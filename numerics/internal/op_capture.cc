@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "numerics/internal/chunk_hash_device.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
@@ -156,10 +155,11 @@ bool LeftUninitialized(const at::Tensor& t, const void* storage, Role role, absl
          Unwritten(unwritten, storage);
 }
 
-// `t` narrowed to `window` along every dimension of its size, noted in `value`.
+// `t` narrowed to `window` along every dimension of its size, noted in `value`. Without a window,
+// `t` itself (the callback's ATen calls run without autograd: no detached alias is needed).
 at::Tensor Windowed(const at::Tensor& t, const std::optional<RowWindow>& window,
                     OperatorValue& value) {
-  at::Tensor view = t.detach();
+  at::Tensor view = t;
   if (window) {
     for (int64_t dim = 0; dim < view.dim(); ++dim) {
       if (view.size(dim) != window->rows) continue;
@@ -172,39 +172,37 @@ at::Tensor Windowed(const at::Tensor& t, const std::optional<RowWindow>& window,
   return view;
 }
 
-// Digests `view` (of safetensors dtype `dtype`) into `kept`: a CUDA tensor's chunk hashes and,
-// when `summarize`, its summary enqueued on its device; a CPU tensor's digest and figures at once.
-void DigestInto(const at::Tensor& view, const std::string& dtype, bool summarize, Kept& kept) {
+// Digests `view` (of safetensors dtype `dtype`) into `kept`: a CPU tensor's digest and, when
+// `summarize`, its figures at once; a CUDA tensor is appended to `device` as the `index`th kept
+// value, for the caller to enqueue.
+void DigestInto(const at::Tensor& view, const std::string& dtype, bool summarize, size_t index,
+                Role role, const void* storage, Kept& kept, std::vector<DeviceDigest>* device) {
   kept.digested = true;
   kept.dtype = dtype;
   kept.shape = view.sizes().vec();
   kept.num_bytes = static_cast<uint64_t>(view.numel()) * view.element_size();
+  if (summarize && view.numel() == 0) {
+    kept.figures = std::make_pair(0.0, 0.0);  // no device round trip for nothing
+    summarize = false;
+  }
   if (view.is_cuda()) {
-    absl::StatusOr<EnqueuedDigest> enqueued = EnqueueTensorDigest(view, summarize);
-    if (!enqueued.ok()) throw std::runtime_error(enqueued.status().ToString());
-    kept.hashes = std::move(enqueued->hashes);
-    kept.summary = std::move(enqueued->summary);
-    // A dtype the summary kernel does not read (float8, ...): ATen's figures, as one partial.
-    if (summarize && !kept.summary.defined() && view.numel() > 0) {
-      kept.summary = Summary(view).view(at::kByte);
-    }
-  } else {
-    const at::Tensor bytes = view.contiguous();
-    kept.digest = TensorBytesDigest(
-        kept.dtype, kept.shape,
-        absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
-    if (summarize && view.numel() > 0) kept.figures = HostSummary(bytes);
+    device->push_back(DeviceDigest{view, summarize, index, role, storage});
+    return;
   }
-  if (summarize && !kept.summary.defined() && !kept.figures) {  // an empty tensor
-    kept.figures = std::make_pair(0.0, 0.0);                    // no device round trip for nothing
-  }
+  const at::Tensor bytes = view.contiguous();
+  kept.digest = TensorBytesDigest(
+      kept.dtype, kept.shape,
+      absl::string_view(static_cast<const char*>(bytes.data_ptr()), kept.num_bytes));
+  if (summarize) kept.figures = HostSummary(bytes);
 }
 
 // The value of `v` (argument `arg`, list item `item` or -1) and, for a tensor, its digest
 // (pending on a device); its storage is added to `storages` (when not null).
-Captured Capture(const c10::IValue& v, int arg, int item, Role role, absl::string_view op,
-                 const std::optional<RowWindow>& window, UnwrittenStorages& unwritten,
-                 std::vector<StorageUse>* storages) {
+// `index`: where its Kept will be among the values captured.
+Captured Capture(const c10::IValue& v, int arg, int item, size_t index, Role role,
+                 absl::string_view op, const std::optional<RowWindow>& window,
+                 UnwrittenStorages& unwritten, std::vector<StorageUse>* storages,
+                 std::vector<DeviceDigest>* device) {
   Captured c;
   c.value.arg = arg;
   c.value.item = item;
@@ -242,8 +240,8 @@ Captured Capture(const c10::IValue& v, int arg, int item, Role role, absl::strin
   }
   c.value.kind = "tensor";
   const at::Tensor view = Windowed(t, window, c.value);
-  DigestInto(view, *dtype, /*summarize=*/role == Role::kOutput || role == Role::kViewOutput,
-             c.kept);
+  DigestInto(view, *dtype, /*summarize=*/role == Role::kOutput || role == Role::kViewOutput, index,
+             role, storage, c.kept, device);
   return c;
 }
 
@@ -253,7 +251,7 @@ void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
                 const std::vector<Role>& roles, absl::string_view op,
                 const std::optional<RowWindow>& window, UnwrittenStorages& unwritten,
                 std::vector<OperatorValue>* out, std::vector<Kept>* kept,
-                std::vector<StorageUse>* storages) {
+                std::vector<StorageUse>* storages, std::vector<DeviceDigest>* device) {
   for (size_t arg = 0; arg < values.size(); ++arg) {
     const c10::IValue& v = values[arg];
     const Role role = arg < roles.size() ? roles[arg] : (is_output ? Role::kOutput : Role::kRead);
@@ -262,17 +260,19 @@ void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
       const c10::List<at::Tensor> list = v.toTensorList();
       for (size_t i = 0; i < list.size(); ++i) {
         captured.push_back(Capture(c10::IValue(list.get(i)), static_cast<int>(arg),
-                                   static_cast<int>(i), role, op, window, unwritten, storages));
+                                   static_cast<int>(i), kept->size() + captured.size(), role, op,
+                                   window, unwritten, storages, device));
       }
     } else if (v.isList() && !IsScalarLike(v)) {
       const c10::List<c10::IValue> list = v.toList();
       for (size_t i = 0; i < list.size(); ++i) {
-        captured.push_back(Capture(list.get(i), static_cast<int>(arg), static_cast<int>(i), role,
-                                   op, window, unwritten, storages));
+        captured.push_back(Capture(list.get(i), static_cast<int>(arg), static_cast<int>(i),
+                                   kept->size() + captured.size(), role, op, window, unwritten,
+                                   storages, device));
       }
     } else {
-      captured.push_back(
-          Capture(v, static_cast<int>(arg), -1, role, op, window, unwritten, storages));
+      captured.push_back(Capture(v, static_cast<int>(arg), -1, kept->size(), role, op, window,
+                                 unwritten, storages, device));
     }
     for (Captured& c : captured) {
       out->push_back(std::move(c.value));
@@ -280,6 +280,8 @@ void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
     }
   }
 }
+
+at::Tensor SummaryPartialOf(const at::Tensor& t) { return Summary(t).view(at::kByte); }
 
 }  // namespace internal
 }  // namespace numerics

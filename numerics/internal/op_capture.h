@@ -22,6 +22,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/string_view.h"
 #include "numerics/digest.h"
+#include "numerics/internal/digest_arena.h"
 #include "numerics/op_recorder.h"
 #include "numerics/op_recording.h"
 
@@ -30,17 +31,20 @@ namespace numerics {
 namespace internal {
 
 // A tensor value's digest as captured (Note [Deferred digests] in op_recorder.cc): of a CPU tensor
-// computed at once; of a device tensor its chunk hashes enqueued on the device, the digest
-// completed at the flush. An output also keeps its summary: sum and max |x| in double, on its
-// device.
+// computed at once; of a device tensor its chunk hashes enqueued in the recorder's arena (Note
+// [Digest arena]), the digest completed at the flush. An output also keeps its summary: sum and
+// max |x| in double.
 struct Kept {
   bool digested = false;  // the value is a tensor whose contents are digested
   Digest128 digest;
-  at::Tensor hashes;  // a device tensor's pending chunk hashes
+  bool in_arena = false;  // a device tensor's results are pending in the arena, at `pending`
+  DigestArena::Pending pending;
   std::string dtype;
   std::vector<int64_t> shape;
   uint64_t num_bytes = 0;
-  at::Tensor summary;  // a device output's pending summary partials (chunk_hash_device.h)
+  // A device output's summary through ATen, as one pending partial, where the arena does not
+  // summarize its dtype (float8, ...).
+  at::Tensor summary;
   std::optional<std::pair<double, double>> figures;  // an output's sum and max |x|, once known
 };
 
@@ -61,6 +65,16 @@ struct StorageUse {
   bool whole = false;  // the tensor covers every byte of its storage
 };
 
+// A device tensor captured, its digest not enqueued yet: the recorder enqueues a call's together
+// (Note [Digest arena] in digest_arena.h).
+struct DeviceDigest {
+  at::Tensor view;  // what is digested
+  bool summarize = false;
+  size_t kept = 0;  // its Kept's index in the vector CaptureAll appended to
+  Role role = Role::kRead;
+  const void* storage = nullptr;
+};
+
 // Note [Unwritten storage]: storages no operator has written since they were allocated, held
 // weakly so that a freed one's address is not taken by another storage while it is listed.
 using UnwrittenStorages =
@@ -76,13 +90,17 @@ bool MovesStorage(absl::string_view op);
 // (each item of a list) to `out` and what it keeps to `kept`, and the storages of its tensors to
 // `storages`. `roles[i]`: what the call does with value i (kRead, or kOutput for outputs, past
 // the end). `op` is the operator's name; `window` the recorder's row window. An allocation's
-// output is added to `unwritten`. Throws std::runtime_error where a device digest cannot be
-// enqueued (and whatever ATen throws).
+// output is added to `unwritten`. A CPU tensor is digested at once; a device tensor is appended
+// to `device`, for the caller to enqueue. Throws whatever ATen throws.
 void CaptureAll(c10::ArrayRef<const c10::IValue> values, bool is_output,
                 const std::vector<Role>& roles, absl::string_view op,
                 const std::optional<RowWindow>& window, UnwrittenStorages& unwritten,
                 std::vector<OperatorValue>* out, std::vector<Kept>* kept,
-                std::vector<StorageUse>* storages);
+                std::vector<StorageUse>* storages, std::vector<DeviceDigest>* device);
+
+// A device output's figures through ATen ([sum, max |x|] as one summary partial on its device),
+// for a dtype the arena's summary kernel does not read.
+at::Tensor SummaryPartialOf(const at::Tensor& t);
 
 }  // namespace internal
 }  // namespace numerics
