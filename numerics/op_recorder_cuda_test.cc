@@ -17,8 +17,10 @@
 #include "base/status_testutil.h"
 #include "base/temp_dir.h"
 #include "gtest/gtest.h"
+#include "numerics/digest.h"
 #include "numerics/op_divergence.h"
 #include "numerics/op_recorder.h"
+#include "numerics/op_recording.h"
 
 namespace lockstep {
 namespace numerics {
@@ -106,6 +108,57 @@ TEST_F(OperatorRecorderCudaTest, TwoRunsWithOtherStagingGarbageRecordIdentically
   const OperatorRecording b = Record("b", at::Device(at::kCUDA, 0), 0xff);
   const OperatorDivergence d = FirstOperatorDivergence(a, b);
   EXPECT_FALSE(d.diverged()) << OperatorDivergenceSummary(d);
+}
+
+// The digest a recorder gives the tensor `t` (any device), from its bytes on the host.
+Digest128 HostDigest(const at::Tensor& t) {
+  const at::Tensor bytes = t.detach().cpu().contiguous();
+  return TensorBytesDigest("F32", bytes.sizes().vec(),
+                           absl::string_view(static_cast<const char*>(bytes.data_ptr()),
+                                             bytes.numel() * bytes.element_size()));
+}
+
+// Note [Read-only inputs after the call]: aten::batch_norm's schema does not mark its running
+// statistics written, but in training the call updates them through a nested call that does. The
+// recorded inputs of aten::batch_norm are those before the update, as of every call before it,
+// and not what the nested call left. cuDNN is off so that the nested call is an aten:: one.
+TEST_F(OperatorRecorderCudaTest, AnInputANestedCallWritesIsDigestedBeforeIt) {
+  const bool cudnn = at::globalContext().userEnabledCuDNN();
+  at::globalContext().setUserEnabledCuDNN(false);
+  const at::Device gpu(at::kCUDA, 0);
+  at::manual_seed(3);
+  const at::Tensor x = (at::randn({64, 8, 32}) * 3.0 + 1.0).to(gpu);
+  const at::Tensor weight = at::rand({8}).to(gpu);
+  const at::Tensor bias = at::rand({8}).to(gpu);
+  at::Tensor running_mean = at::rand({8}).to(gpu);
+  at::Tensor running_var = at::rand({8}).to(gpu) + 1.0;
+  const std::vector<Digest128> before = {HostDigest(x), HostDigest(weight), HostDigest(bias),
+                                         HostDigest(running_mean), HostDigest(running_var)};
+  const std::string path = absl::StrCat(dir_->path(), "/batch_norm.jsonl");
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OperatorRecorder> recorder,
+                                OperatorRecorder::Create(path));
+  {
+    OperatorRecorder::Scope scope(*recorder, "norm");
+    (void)at::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true,
+                         /*momentum=*/0.5, /*eps=*/1e-5, /*cudnn_enabled=*/false);
+  }
+  LOCKSTEP_ASSERT_OK(recorder->Close());
+  at::globalContext().setUserEnabledCuDNN(cudnn);
+  ASSERT_NE(HostDigest(running_mean), before[3]) << "the call did not update its running mean";
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(OperatorRecording recording, OperatorRecording::Load(path));
+  const OperatorRecord* outer = nullptr;
+  for (const OperatorRecord& r : recording.records()) {
+    if (r.op == "aten::batch_norm" && r.depth == 0) outer = &r;
+  }
+  ASSERT_NE(outer, nullptr) << Ops(recording);
+  ASSERT_GE(outer->inputs.size(), 5u);
+  std::vector<Digest128> side(outer->inputs.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    ASSERT_EQ(outer->inputs[i].kind, "tensor") << i;
+    side[i] = before[i];
+  }
+  EXPECT_EQ(outer->inputs_digest, OperatorSideDigest(outer->inputs, side))
+      << "aten::batch_norm's inputs were not digested as they were before the call";
 }
 
 // An output's figures on the GPU (the summary kernel, or ATen's for float8) are the double sum
