@@ -17,6 +17,8 @@
   through the C++ library's one writer (atomic) and reader (checked).
 """
 
+import contextlib
+import gc
 import json
 import os
 
@@ -135,14 +137,27 @@ class Inventory(_Result):
         return f"<Inventory {self.tensors} tensors, state digest {self.state_digest}>"
 
 
-def optimizer_entries(module, optimizer):
-    """``optimizer``'s state as ``(<parameter path>/<field>, tensor)`` pairs, each parameter named
-    by its path in ``module`` (a step as a 0-d int64 tensor)."""
+@contextlib.contextmanager
+def _collection_paused():
+    """Python's cyclic garbage collection paused: building a named set of tens of thousands of
+    tensors would otherwise trigger collections that each scan every live object."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _optimizer_entries(module, optimizer, detach):
     paths = {id(p): name for name, p in module.named_parameters()}
     entries = []
     for g, group in enumerate(optimizer.param_groups):
         for i, p in enumerate(group["params"]):
-            state = optimizer.state.get(p, {})
+            state = optimizer.state.get(p)
+            if not state:
+                continue
             prefix = paths.get(id(p), f"group{g}/param{i}")
             for field in _OPTIMIZER_FIELDS:
                 value = state.get(field)
@@ -150,29 +165,68 @@ def optimizer_entries(module, optimizer):
                     continue
                 if field == "step":
                     value = torch.tensor(int(value), dtype=torch.int64)
-                entries.append((f"{prefix}/{field}", value.detach()))
+                elif detach:
+                    value = value.detach()
+                entries.append((f"{prefix}/{field}", value))
     return entries
 
 
+def optimizer_entries(module, optimizer):
+    """``optimizer``'s state as ``(<parameter path>/<field>, tensor)`` pairs, each parameter named
+    by its path in ``module`` (a step as a 0-d int64 tensor).
+
+    Example::
+
+        >>> dict(optimizer_entries(model, opt))["fc.weight/exp_avg"].shape
+        torch.Size([4, 8])
+    """
+    with _collection_paused():
+        return _optimizer_entries(module, optimizer, detach=True)
+
+
+def _module_state(module, optimizer, detach):
+    with _collection_paused():
+        state = module.state_dict(keep_vars=True)
+        if detach:
+            named = [(name, t.detach()) for name, t in state.items()]
+        else:
+            named = list(state.items())
+        if optimizer is not None:
+            named += [(f"optimizer/{name}", t)
+                      for name, t in _optimizer_entries(module, optimizer, detach)]
+        named.sort(key=lambda entry: entry[0])
+        return named
+
+
 def module_state(module, optimizer=None):
-    """The named set of ``module`` (and ``optimizer``): see the module's docstring."""
-    named = [(name, t.detach()) for name, t in module.state_dict(keep_vars=True).items()]
-    if optimizer is not None:
-        named += [(f"optimizer/{name}", t) for name, t in optimizer_entries(module, optimizer)]
-    return sorted(named)
+    """The named set of ``module`` (and ``optimizer``): see the module's docstring. The tensors
+    are detached from autograd.
+
+    Example::
+
+        >>> names = [name for name, _ in module_state(model, opt)]
+        >>> names[:2]
+        ['fc.bias', 'fc.weight']
+    """
+    return _module_state(module, optimizer, detach=True)
 
 
-def _named(obj):
+def _named(obj, detach=True):
+    """``obj`` as a list of (name, tensor). Without ``detach``, the tensors as given, for the
+    library's readers, which run without autograd."""
     if isinstance(obj, torch.nn.Module):
-        return module_state(obj)
+        return _module_state(obj, None, detach)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
-        return module_state(obj[0], obj[1])
+        return _module_state(obj[0], obj[1], detach)
     if isinstance(obj, dict):
-        return [(str(k), v.detach()) for k, v in obj.items()]
-    if isinstance(obj, (list, tuple)):
-        return [(str(k), v.detach()) for k, v in obj]
-    raise TypeError(f"a module, (module, optimizer), state_dict or list of (name, tensor), not "
-                    f"{type(obj).__name__}")
+        obj = obj.items()
+    elif not isinstance(obj, (list, tuple)):
+        raise TypeError(f"a module, (module, optimizer), state_dict or list of (name, tensor), "
+                        f"not {type(obj).__name__}")
+    with _collection_paused():
+        if detach:
+            return [(str(k), v.detach()) for k, v in obj]
+        return [(k if type(k) is str else str(k), v) for k, v in obj]
 
 
 def compare(actual, expected, name="", **tolerance):
@@ -182,20 +236,21 @@ def compare(actual, expected, name="", **tolerance):
 
 def compare_state(actual, expected, **tolerance):
     """Two named sets, every name in either (a name in one only fails)."""
-    return SetComparison(_C._compare_sets(_named(actual), _named(expected), **tolerance))
+    return SetComparison(_C._compare_sets(_named(actual, detach=False),
+                                          _named(expected, detach=False), **tolerance))
 
 
 def inventory(obj):
     """The inventory of a named set or of a safetensors file (a path)."""
     if isinstance(obj, (str, os.PathLike)):
         return Inventory(_C._inventory_of_file(os.fspath(obj)))
-    return Inventory(_C._inventory(_named(obj)))
+    return Inventory(_C._inventory(_named(obj, detach=False)))
 
 
 def write_safetensors(path, tensors, metadata=None):
     """Writes ``tensors`` (a named set, as ``inventory`` takes) to ``path`` as a safetensors file,
     atomically, with the string ``metadata`` dict in its header."""
-    _C._write_safetensors(os.fspath(path), _named(tensors),
+    _C._write_safetensors(os.fspath(path), _named(tensors, detach=False),
                           {str(k): str(v) for k, v in (metadata or {}).items()})
 
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/grad_mode.h"
 #include "base/json.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -47,6 +48,7 @@ void BindNumerics(py::module_& m) {
          double rtol, double relative_l2, bool nan_equal, bool bitwise) {
         const numerics::Tolerance tolerance =
             ToleranceOf(atol, rtol, relative_l2, nan_equal, bitwise);
+        const at::NoGradGuard no_grad;  // Note [Named sets as given]
         return DumpJson(numerics::SetComparisonJson(
             ValueOrThrow(numerics::CompareTensorSets(actual, expected, tolerance))));
       },
@@ -66,7 +68,12 @@ void BindNumerics(py::module_& m) {
       .def("json", [](const numerics::Inventory& inventory) {
         return DumpJson(numerics::InventoryJson(inventory));
       });
+  // Note [Named sets as given]
+  // lockstep.numerics passes a named set's tensors as the program holds them, not detached (a
+  // detach per tensor is a dispatched call, and a state has tens of thousands): the readers below
+  // run without autograd instead, so that nothing they do is recorded on a tensor.
   m.def("_inventory", [](const numerics::NamedTensors& tensors) {
+    const at::NoGradGuard no_grad;  // Note [Named sets as given]
     return ValueOrThrow(Released([&] { return numerics::Inventory::Of(tensors); }));
   });
   m.def("_inventory_of_file", [](const std::string& path) {
@@ -80,6 +87,7 @@ void BindNumerics(py::module_& m) {
       "_write_safetensors",
       [](const std::string& path, const numerics::NamedTensors& tensors,
          const std::map<std::string, std::string>& metadata) {
+        const at::NoGradGuard no_grad;  // Note [Named sets as given]
         ThrowIfError(Released([&] { return numerics::WriteSafetensors(path, tensors, metadata); }));
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata"));

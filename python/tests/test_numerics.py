@@ -93,6 +93,39 @@ def _write_safetensors(path, tensors):
         f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
 
 
+def test_a_named_set_passed_as_held_digests_as_its_detached_copy(tmp_path):
+    """Note [Named sets as given]: inventories, comparisons and safetensors files take the
+    program's tensors without detaching them; the library reads them without autograd."""
+    import gc
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    # A non-contiguous view that requires grad: reading it takes a contiguous copy.
+    leaf = torch.randn(5, 7, requires_grad=True)
+    held = [("t", leaf.t()), ("w", model[0].weight)]
+    detached = [(name, t.detach()) for name, t in held]
+    assert numerics.inventory(held).state_digest == numerics.inventory(detached).state_digest
+    assert numerics.inventory((model, optimizer)).state_digest == numerics.inventory(
+        numerics.module_state(model, optimizer)).state_digest
+    assert numerics.compare_state(held, detached, bitwise=True)
+    numerics.write_safetensors(tmp_path / "held.safetensors", held)
+    numerics.write_safetensors(tmp_path / "detached.safetensors", detached)
+    assert (tmp_path / "held.safetensors").read_bytes() == (
+        tmp_path / "detached.safetensors").read_bytes()
+    assert leaf.grad is None and held[0][1].grad_fn is not None  # the view, untouched
+    assert all(not t.requires_grad for _, t in numerics.module_state(model, optimizer))
+    # The collector is paused while a named set is built, and left as it was.
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        numerics.module_state(model, optimizer)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_inventory_of_a_damaged_file_is_an_error(tmp_path):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(b"\xff" * 12)
