@@ -89,6 +89,38 @@ struct SchemaFacts {
   bool known = false;  // the call has a schema (autograd's own records, "detach", do not)
   std::vector<Role> arguments;
   std::vector<Role> returns;
+  // By argument: written though the schema does not say so (Note [Undeclared writes]).
+  std::vector<bool> undeclared_writes;
+
+  bool WritesUndeclared(int arg) const {
+    return arg >= 0 && static_cast<size_t>(arg) < undeclared_writes.size() &&
+           undeclared_writes[arg];
+  }
+  // Whether the call writes `use`'s tensor: by its schema or Note [Undeclared writes].
+  bool Writes(const StorageUse& use) const {
+    return use.role == Role::kWritten || use.role == Role::kOut || WritesUndeclared(use.arg);
+  }
+};
+
+// Note [Undeclared writes]
+// Some aten:: operators write an argument their schema gives as read-only (Tensor?, not
+// Tensor(a!)?): batch normalization's kernels update the running statistics they are passed, and
+// cuDNN's RNN its dropout state, inside the kernel, with no dispatched call that says so. The
+// recorder must digest such an argument before the call (Note [Read-only inputs after the call]),
+// and take the call for a writer of it, so that open calls holding it (aten::batch_norm around
+// aten::native_batch_norm) digest it first too. Positions are in the operators' schemas.
+struct UndeclaredWrite {
+  const char* op;
+  int args[2];  // -1: none
+};
+constexpr UndeclaredWrite kUndeclaredWrites[] = {
+    {"aten::native_batch_norm", {3, 4}},
+    {"aten::cudnn_batch_norm", {3, 4}},
+    {"aten::miopen_batch_norm", {3, 4}},
+    {"aten::batch_norm_update_stats", {1, 2}},
+    {"aten::batch_norm_gather_stats", {3, 4}},
+    {"aten::batch_norm_gather_stats_with_counts", {3, 4}},
+    {"aten::_cudnn_rnn", {15, -1}},
 };
 
 struct Pending {
@@ -181,6 +213,15 @@ const SchemaFacts& Facts(const at::RecordFunction& fn) {
     const bool view = r.alias_info() != nullptr && !r.alias_info()->isWrite();
     facts.returns.push_back(view ? Role::kViewOutput : Role::kOutput);
   }
+  facts.undeclared_writes.assign(facts.arguments.size(), false);
+  for (const UndeclaredWrite& w : kUndeclaredWrites) {
+    if (name->name != w.op) continue;
+    for (int arg : w.args) {
+      if (arg >= 0 && static_cast<size_t>(arg) < facts.undeclared_writes.size()) {
+        facts.undeclared_writes[arg] = true;
+      }
+    }
+  }
   return facts;
 }
 
@@ -214,16 +255,19 @@ void WaitForCopiesToHost(const std::optional<c10::Device>& input_device,
 // one launch for the call's tensors instead of two (Note [Digest arena]). That holds for an input
 // the schema says the call only reads (not Tensor(a!), not an out= argument), whose storage no
 // written argument of the call shares, of an aten:: operator (whose schemas declare their
-// writes; a custom operator's may not). A call nested inside it may still write it (a composite
-// operator updating a buffer through an in-place call): a call that writes a storage, or one
-// without a schema, first enqueues the deferred digests of the open calls' inputs it may write.
-bool AfterTheCall(const DeviceDigest& d, bool known_schema, absl::string_view op,
+// writes; a custom operator's may not; those that do not are Note [Undeclared writes]). A call
+// nested inside it may still write it (a composite operator updating a buffer through an in-place
+// call): a call that writes a storage, or one without a schema, first enqueues the deferred
+// digests of the open calls' inputs it may write. Each digest is enqueued on the stream that was
+// current when its tensor was captured, whichever thread enqueues it.
+bool AfterTheCall(const DeviceDigest& d, const SchemaFacts& facts, absl::string_view op,
                   const std::vector<StorageUse>& storages) {
-  if (!known_schema || d.role != Role::kRead || !absl::StartsWith(op, "aten::")) return false;
+  if (!facts.known || d.role != Role::kRead || facts.WritesUndeclared(d.arg) ||
+      !absl::StartsWith(op, "aten::")) {
+    return false;
+  }
   for (const StorageUse& use : storages) {
-    if ((use.role == Role::kWritten || use.role == Role::kOut) && use.storage == d.storage) {
-      return false;
-    }
+    if (facts.Writes(use) && use.storage == d.storage) return false;
   }
   return true;
 }
@@ -235,7 +279,7 @@ void EnqueueDigests(internal::DigestArena& arena, const std::vector<const Device
   if (digests.empty()) return;
   std::vector<internal::DigestArena::Job> jobs;
   jobs.reserve(digests.size());
-  for (const DeviceDigest* d : digests) jobs.push_back({d->view, d->summarize});
+  for (const DeviceDigest* d : digests) jobs.push_back({d->view, d->summarize, d->stream});
   absl::StatusOr<std::vector<internal::DigestArena::Pending>> pending = arena.Enqueue(jobs);
   if (!pending.ok()) throw std::runtime_error(pending.status().ToString());
   for (size_t i = 0; i < digests.size(); ++i) {
@@ -247,10 +291,11 @@ void EnqueueDigests(internal::DigestArena& arena, const std::vector<const Device
   }
 }
 
-// Before a call that writes `storages` (every storage: `all`), enqueues the deferred digests of
-// the open calls' inputs on them (Note [Read-only inputs after the call]). Holds mu.
-void EnqueueDeferredWritten(OperatorRecorder::State& state, const std::vector<StorageUse>& storages,
-                            bool all) {
+// Before a call (of `facts`) that writes some of `storages` (every storage: `all`), enqueues the
+// deferred digests of the open calls' inputs on them (Note [Read-only inputs after the call]).
+// Holds mu.
+void EnqueueDeferredWritten(OperatorRecorder::State& state, const SchemaFacts& facts,
+                            const std::vector<StorageUse>& storages, bool all) {
   for (int64_t index : state.deferring) {
     Pending& open = state.pending.at(index);
     std::vector<DeviceDigest> keep;
@@ -259,8 +304,7 @@ void EnqueueDeferredWritten(OperatorRecorder::State& state, const std::vector<St
     for (DeviceDigest& d : open.deferred) {
       bool written = all;
       for (const StorageUse& use : storages) {
-        written = written || ((use.role == Role::kWritten || use.role == Role::kOut) &&
-                              use.storage == d.storage);
+        written = written || (facts.Writes(use) && use.storage == d.storage);
       }
       if (written) {
         now.push_back(&d);
@@ -307,17 +351,15 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
                          &p.input_kept, &p.input_storages, &device);
     // Note [Read-only inputs after the call]
     const bool writes =
-        !facts.known ||
-        std::any_of(p.input_storages.begin(), p.input_storages.end(), [](const auto& use) {
-          return use.role == Role::kWritten || use.role == Role::kOut;
-        });
+        !facts.known || std::any_of(p.input_storages.begin(), p.input_storages.end(),
+                                    [&facts](const StorageUse& use) { return facts.Writes(use); });
     if (writes && !state->deferring.empty()) {
-      EnqueueDeferredWritten(*state, p.input_storages, /*all=*/!facts.known);
+      EnqueueDeferredWritten(*state, facts, p.input_storages, /*all=*/!facts.known);
     }
     std::vector<const DeviceDigest*> now;
     std::vector<Kept*> into;
     for (const DeviceDigest& d : device) {
-      if (AfterTheCall(d, facts.known, p.record.op, p.input_storages)) {
+      if (AfterTheCall(d, facts, p.record.op, p.input_storages)) {
         p.deferred.push_back(d);
       } else {
         now.push_back(&d);
@@ -372,9 +414,25 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
       into.push_back(&p.output_kept[d.kept]);
     }
     EnqueueDigests(state.arena, now, into);
+    p.deferred.clear();
   } catch (const std::exception& e) {
     state.KeepError(absl::InternalError(
         absl::StrCat("recording the outputs of ", p.record.op, ": ", e.what())));
+  }
+  // The outputs failed: the inputs are still recorded as they were.
+  if (!p.deferred.empty()) {
+    try {
+      std::vector<const DeviceDigest*> now;
+      std::vector<Kept*> into;
+      for (const DeviceDigest& d : p.deferred) {
+        now.push_back(&d);
+        into.push_back(&p.input_kept[d.kept]);
+      }
+      EnqueueDigests(state.arena, now, into);
+    } catch (const std::exception& e) {
+      state.KeepError(absl::InternalError(
+          absl::StrCat("recording the inputs of ", p.record.op, ": ", e.what())));
+    }
   }
   // Note [Unwritten storage]: what a call other than a view or an allocation took or produced
   // is data from now on.

@@ -3,13 +3,16 @@
 // changes them; a copy to page-locked host memory (c10d's Gloo stages CUDA tensors through a
 // fresh storage put under an empty tensor with set_, then copies into it without blocking) is
 // digested once it has landed, and the storage's earlier contents are not taken for data; an
-// output's figures (sum, max |x|) are right for every dtype.
+// output's figures (sum, max |x|) are right for every dtype; an input a call updates without its
+// schema saying so, or through a nested call, is digested as it was before the call.
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "ATen/detail/CUDAHooksInterface.h"
@@ -118,13 +121,13 @@ Digest128 HostDigest(const at::Tensor& t) {
                                              bytes.numel() * bytes.element_size()));
 }
 
-// Note [Read-only inputs after the call]: aten::batch_norm's schema does not mark its running
-// statistics written, but in training the call updates them through a nested call that does. The
-// recorded inputs of aten::batch_norm are those before the update, as of every call before it,
-// and not what the nested call left. cuDNN is off so that the nested call is an aten:: one.
-TEST_F(OperatorRecorderCudaTest, AnInputANestedCallWritesIsDigestedBeforeIt) {
-  const bool cudnn = at::globalContext().userEnabledCuDNN();
-  at::globalContext().setUserEnabledCuDNN(false);
+// Records `call` (of the five tensors x, weight, bias, running_mean, running_var on the GPU) and
+// checks that the call `op` the program made (depth 0) has its five tensor inputs digested as they
+// were before it: the running statistics are updated during the call.
+void ExpectInputsDigestedBeforeTheCall(
+    const std::string& path, const std::string& op,
+    const std::function<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                             at::Tensor&)>& call) {
   const at::Device gpu(at::kCUDA, 0);
   at::manual_seed(3);
   const at::Tensor x = (at::randn({64, 8, 32}) * 3.0 + 1.0).to(gpu);
@@ -134,21 +137,18 @@ TEST_F(OperatorRecorderCudaTest, AnInputANestedCallWritesIsDigestedBeforeIt) {
   at::Tensor running_var = at::rand({8}).to(gpu) + 1.0;
   const std::vector<Digest128> before = {HostDigest(x), HostDigest(weight), HostDigest(bias),
                                          HostDigest(running_mean), HostDigest(running_var)};
-  const std::string path = absl::StrCat(dir_->path(), "/batch_norm.jsonl");
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OperatorRecorder> recorder,
                                 OperatorRecorder::Create(path));
   {
     OperatorRecorder::Scope scope(*recorder, "norm");
-    (void)at::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true,
-                         /*momentum=*/0.5, /*eps=*/1e-5, /*cudnn_enabled=*/false);
+    call(x, weight, bias, running_mean, running_var);
   }
   LOCKSTEP_ASSERT_OK(recorder->Close());
-  at::globalContext().setUserEnabledCuDNN(cudnn);
-  ASSERT_NE(HostDigest(running_mean), before[3]) << "the call did not update its running mean";
+  ASSERT_NE(HostDigest(running_mean), before[3]) << op << " did not update its running mean";
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(OperatorRecording recording, OperatorRecording::Load(path));
   const OperatorRecord* outer = nullptr;
   for (const OperatorRecord& r : recording.records()) {
-    if (r.op == "aten::batch_norm" && r.depth == 0) outer = &r;
+    if (r.op == op && r.depth == 0) outer = &r;
   }
   ASSERT_NE(outer, nullptr) << Ops(recording);
   ASSERT_GE(outer->inputs.size(), 5u);
@@ -158,7 +158,47 @@ TEST_F(OperatorRecorderCudaTest, AnInputANestedCallWritesIsDigestedBeforeIt) {
     side[i] = before[i];
   }
   EXPECT_EQ(outer->inputs_digest, OperatorSideDigest(outer->inputs, side))
-      << "aten::batch_norm's inputs were not digested as they were before the call";
+      << op << "'s inputs were not digested as they were before the call";
+}
+
+// cuDNN off (and restored), so that batch normalization runs ATen's kernels.
+class CudnnOff {
+ public:
+  CudnnOff() : was_(at::globalContext().userEnabledCuDNN()) {
+    at::globalContext().setUserEnabledCuDNN(false);
+  }
+  ~CudnnOff() { at::globalContext().setUserEnabledCuDNN(was_); }
+
+ private:
+  bool was_;
+};
+
+// Note [Undeclared writes]: aten::native_batch_norm's schema gives its running statistics as
+// read-only, but in training its kernel updates them. aten::batch_norm (and the calls between)
+// record them as they were before the update, not as the kernel left them.
+TEST_F(OperatorRecorderCudaTest, RunningStatisticsABatchNormUpdatesAreDigestedBeforeIt) {
+  const CudnnOff cudnn_off;
+  ExpectInputsDigestedBeforeTheCall(
+      absl::StrCat(dir_->path(), "/batch_norm.jsonl"), "aten::batch_norm",
+      [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& mean,
+         at::Tensor& var) {
+        (void)at::batch_norm(x, w, b, mean, var, /*training=*/true, /*momentum=*/0.5,
+                             /*eps=*/1e-5, /*cudnn_enabled=*/false);
+      });
+}
+
+// Note [Read-only inputs after the call]: aten::instance_norm's schema gives its running
+// statistics as read-only; it updates them through a nested in-place call (aten::copy_ into an
+// alias). Its recorded inputs are those before that call.
+TEST_F(OperatorRecorderCudaTest, AnInputANestedCallWritesIsDigestedBeforeIt) {
+  const CudnnOff cudnn_off;
+  ExpectInputsDigestedBeforeTheCall(
+      absl::StrCat(dir_->path(), "/instance_norm.jsonl"), "aten::instance_norm",
+      [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& mean,
+         at::Tensor& var) {
+        (void)at::instance_norm(x, w, b, mean, var, /*use_input_stats=*/true, /*momentum=*/0.5,
+                                /*eps=*/1e-5, /*cudnn_enabled=*/false);
+      });
 }
 
 // An output's figures on the GPU (the summary kernel, or ATen's for float8) are the double sum

@@ -45,6 +45,15 @@ absl::string_view DigestArena::Read(const Slice& slice) const {
       static_cast<size_t>(slice.bytes));
 }
 
+DigestArena::~DigestArena() {
+  for (const c10::Stream& stream : streams_) {
+    try {
+      stream.synchronize();
+    } catch (...) {  // a destructor does not throw; the device's error shows at its next call
+    }
+  }
+}
+
 void DigestArena::Reset() {
   for (Block& block : blocks_) block.used = 0;
   streams_.clear();

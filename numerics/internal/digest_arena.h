@@ -42,6 +42,8 @@ class DigestArena {
   struct Job {
     at::Tensor tensor;  // a CUDA tensor
     bool summarize = false;
+    // Of the tensor's device: where its digest (and any contiguous copy) is enqueued.
+    c10::Stream stream = c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU));
   };
   // Where a job's results will be: its chunk hashes (16 bytes per chunk, in chunk order) and,
   // when `summarized`, its summary partials (Note [Summary partials] in summary_kernel.h). A job
@@ -56,10 +58,13 @@ class DigestArena {
   DigestArena() = default;
   DigestArena(const DigestArena&) = delete;
   DigestArena& operator=(const DigestArena&) = delete;
+  // Waits for the streams that enqueued since the last Reset, so that no kernel writes a block
+  // freed here.
+  ~DigestArena();
 
-  // Enqueues each job's chunk hashes (one launch per device for up to kInlineChunkHashSegments
-  // tensors) and summary on its device's current stream, and returns where they will be. A
-  // non-contiguous tensor is copied first, on the same stream. Precondition: each tensor stays
+  // Enqueues each job's chunk hashes (one launch per stream for up to kInlineChunkHashSegments
+  // tensors) and summary on the job's stream, and returns where they will be. A non-contiguous
+  // tensor is copied first, on the same stream. Precondition: each tensor stays
   // allocated until its stream passes the launches, or was last used on that stream (the caching
   // allocator then reuses its memory only for work queued after them). kFailedPrecondition in a
   // build without CUDA.

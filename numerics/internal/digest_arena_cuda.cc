@@ -31,24 +31,26 @@ absl::StatusOr<std::vector<DigestArena::Pending>> DigestArena::Enqueue(absl::Spa
     std::vector<bool> done(jobs.size(), false);
     for (size_t lead = 0; lead < jobs.size() && launched.ok(); ++lead) {
       if (done[lead]) continue;
-      // Every job on the lead job's device, in batches of up to kInlineChunkHashSegments.
+      // Every job on the lead job's stream, in batches of up to kInlineChunkHashSegments.
       const at::Device device = jobs[lead].tensor.device();
-      if (!device.is_cuda()) {
+      if (!device.is_cuda() || jobs[lead].stream.device() != device) {
         launched = absl::FailedPreconditionError(
-            absl::StrCat("enqueuing the digest of a tensor on ", device.str(), ": only CUDA"));
+            absl::StrCat("enqueuing the digest of a tensor on ", device.str(), " on a stream of ",
+                         jobs[lead].stream.device().str(), ": only CUDA, on its own device"));
         return;
       }
-      c10::cuda::CUDAGuard guard(device);
-      const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-      if (std::find(streams_.begin(), streams_.end(), c10::Stream(stream)) == streams_.end()) {
-        streams_.push_back(stream);
+      const c10::cuda::CUDAStream stream(jobs[lead].stream);
+      // The copies of non-contiguous tensors, and the blocks, on that stream too.
+      const c10::cuda::CUDAStreamGuard guard(stream);
+      if (std::find(streams_.begin(), streams_.end(), jobs[lead].stream) == streams_.end()) {
+        streams_.push_back(jobs[lead].stream);
       }
       std::vector<ChunkHashSegment> segments;
       std::vector<size_t> batch;     // the jobs of `segments`
       std::vector<at::Tensor> keep;  // contiguous copies, until their launch is enqueued
       uint64_t total_chunks = 0;
       const auto launch = [&] {
-        if (segments.empty()) return;
+        if (segments.empty() || !launched.ok()) return;
         const Slice all = Take(device, static_cast<int64_t>(16 * total_chunks));
         const cudaError_t error =
             LaunchInlineChunkHash(segments.data(), static_cast<int>(segments.size()), total_chunks,
@@ -69,7 +71,7 @@ absl::StatusOr<std::vector<DigestArena::Pending>> DigestArena::Enqueue(absl::Spa
         total_chunks = 0;
       };
       for (size_t i = lead; i < jobs.size() && launched.ok(); ++i) {
-        if (done[i] || jobs[i].tensor.device() != device) continue;
+        if (done[i] || jobs[i].stream != jobs[lead].stream) continue;
         done[i] = true;
         at::Tensor bytes = jobs[i].tensor.contiguous();
         if (reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 8 != 0) bytes = bytes.clone();

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "c10/core/impl/DeviceGuardImplInterface.h"
 #include "numerics/safetensors.h"
 
 namespace lockstep {
@@ -176,7 +177,8 @@ at::Tensor Windowed(const at::Tensor& t, const std::optional<RowWindow>& window,
 // `summarize`, its figures at once; a CUDA tensor is appended to `device` as the `index`th kept
 // value, for the caller to enqueue.
 void DigestInto(const at::Tensor& view, const std::string& dtype, bool summarize, size_t index,
-                Role role, const void* storage, Kept& kept, std::vector<DeviceDigest>* device) {
+                Role role, const void* storage, int arg, Kept& kept,
+                std::vector<DeviceDigest>* device) {
   kept.digested = true;
   kept.dtype = dtype;
   kept.shape = view.sizes().vec();
@@ -186,7 +188,9 @@ void DigestInto(const at::Tensor& view, const std::string& dtype, bool summarize
     summarize = false;
   }
   if (view.is_cuda()) {
-    device->push_back(DeviceDigest{view, summarize, index, role, storage});
+    const c10::Stream stream =
+        c10::impl::getDeviceGuardImpl(view.device().type())->getStream(view.device());
+    device->push_back(DeviceDigest{view, summarize, index, role, storage, arg, stream});
     return;
   }
   const at::Tensor bytes = view.contiguous();
@@ -228,7 +232,7 @@ Captured Capture(const c10::IValue& v, int arg, int item, size_t index, Role rol
     const bool whole = t.storage_offset() == 0 && t.is_contiguous() &&
                        t.numel() * static_cast<int64_t>(t.itemsize()) ==
                            static_cast<int64_t>(t.storage().nbytes());
-    storages->push_back({storage, role, whole});
+    storages->push_back({storage, role, whole, arg});
   }
   if (role == Role::kOut) {
     c.value.kind = "out";
@@ -241,7 +245,7 @@ Captured Capture(const c10::IValue& v, int arg, int item, size_t index, Role rol
   c.value.kind = "tensor";
   const at::Tensor view = Windowed(t, window, c.value);
   DigestInto(view, *dtype, /*summarize=*/role == Role::kOutput || role == Role::kViewOutput, index,
-             role, storage, c.kept, device);
+             role, storage, arg, c.kept, device);
   return c;
 }
 

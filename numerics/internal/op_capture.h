@@ -63,6 +63,7 @@ struct StorageUse {
   const void* storage = nullptr;
   Role role = Role::kRead;
   bool whole = false;  // the tensor covers every byte of its storage
+  int arg = -1;        // the argument (or return) it came from
 };
 
 // A device tensor captured, its digest not enqueued yet: the recorder enqueues a call's together
@@ -73,6 +74,10 @@ struct DeviceDigest {
   size_t kept = 0;  // its Kept's index in the vector CaptureAll appended to
   Role role = Role::kRead;
   const void* storage = nullptr;
+  int arg = -1;  // the argument (or return) it came from
+  // Its device's current stream when it was captured, where the call's kernels run: its digest
+  // is enqueued there, whichever thread enqueues it.
+  c10::Stream stream = c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU));
 };
 
 // Note [Unwritten storage]: storages no operator has written since they were allocated, held
