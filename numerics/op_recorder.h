@@ -11,11 +11,14 @@
 // compares two recordings.
 //
 // Cost (Note [Deferred digests] in op_recorder.cc): a call's callback digests its CPU tensors at
-// once and, for a device tensor, enqueues its digest's chunk hashes and its summary on the
-// device's current stream (no copy of the tensor, no host synchronization; a call that copies a
-// device tensor to the host waits for its stream, so that the copy has landed). The hashes and
-// summaries come back at Flush, which runs every flush_every completed calls and at Close: device
-// memory grows by about a thousandth of the bytes of up to flush_every calls' tensors.
+// once and, for device tensors, enqueues their digests' chunk hashes and their summaries on the
+// device's current stream, in one launch per call into device blocks the recorder keeps (Note
+// [Digest arena] in internal/digest_arena.h; a call's read-only inputs with its outputs, Note
+// [Read-only inputs after the call]): no copy of a tensor, no allocation, no host synchronization
+// (a call that copies a device tensor to the host waits for its stream, so that the copy has
+// landed). The hashes and summaries come back at Flush, which runs every flush_every completed
+// calls and at Close: device memory grows by about a thousandth of the bytes of up to flush_every
+// calls' tensors.
 // //numerics:op_recorder_benchmark measures it.
 //
 // Errors: a callback never throws; its first error is kept and returned by status(), Flush() and
