@@ -104,8 +104,10 @@ struct SchemaFacts {
 
 // Note [Undeclared writes]
 // Some aten:: operators write an argument their schema gives as read-only (Tensor?, not
-// Tensor(a!)?): batch normalization's kernels update the running statistics they are passed, and
-// cuDNN's RNN its dropout state, inside the kernel, with no dispatched call that says so. The
+// Tensor(a!)?): batch normalization's kernels update the running statistics they are passed,
+// cuDNN's and MIOpen's RNNs their dropout state and cuDNN's RNN backward its reserve space (an
+// input and output of cudnnRNNBackwardData), inside the kernel, with no dispatched call that
+// says so. The
 // recorder must digest such an argument before the call (Note [Read-only inputs after the call]),
 // and take the call for a writer of it, so that open calls holding it (aten::batch_norm around
 // aten::native_batch_norm) digest it first too. Positions are in the operators' schemas.
@@ -121,6 +123,8 @@ constexpr UndeclaredWrite kUndeclaredWrites[] = {
     {"aten::batch_norm_gather_stats", {3, 4}},
     {"aten::batch_norm_gather_stats_with_counts", {3, 4}},
     {"aten::_cudnn_rnn", {15, -1}},
+    {"aten::_cudnn_rnn_backward", {20, -1}},
+    {"aten::miopen_rnn", {13, -1}},
 };
 
 struct Pending {

@@ -18,19 +18,18 @@ constexpr int64_t kBlockBytes = int64_t{1} << 20;
 
 }  // namespace
 
-DigestArena::Slice DigestArena::Take(const at::Device& device, int64_t bytes) {
+DigestArena::Slice DigestArena::Take(const c10::Stream& stream, int64_t bytes) {
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& block = blocks_[i];
-    if (block.device.device() != device || block.device.numel() - block.used < bytes) continue;
+    if (block.stream != stream || block.device.numel() - block.used < bytes) continue;
     const Slice slice{static_cast<int>(i), block.used, bytes};
     block.used += bytes;
     return slice;
   }
-  Block block;
-  block.device = at::empty({std::max(kBlockBytes, bytes)},
-                           at::TensorOptions().dtype(at::kByte).device(device));
-  block.used = bytes;
-  blocks_.push_back(std::move(block));
+  blocks_.push_back(Block{stream,
+                          at::empty({std::max(kBlockBytes, bytes)},
+                                    at::TensorOptions().dtype(at::kByte).device(stream.device())),
+                          at::Tensor(), bytes});
   return Slice{static_cast<int>(blocks_.size() - 1), 0, bytes};
 }
 

@@ -82,13 +82,17 @@ class DigestArena {
   void Reset();
 
  private:
+  // A block serves one stream: the caching allocator makes memory safe for the stream it was
+  // allocated on, not for another stream's kernels that might overlap its previous owner's.
   struct Block {
-    at::Tensor device;  // uint8, on its device
+    c10::Stream stream;
+    at::Tensor device;  // uint8, on the stream's device
     at::Tensor host;    // page-locked, as large; allocated at the first Collect that needs it
     int64_t used = 0;
   };
-  // A slice of `bytes` on device `device` (allocating a block when none has room).
-  Slice Take(const at::Device& device, int64_t bytes);
+  // A slice of `bytes` for kernels on `stream` (allocating a block when none of its has room).
+  // Precondition: `stream` is current on its device.
+  Slice Take(const c10::Stream& stream, int64_t bytes);
   uint8_t* Address(const Slice& slice);
 
   std::vector<Block> blocks_;

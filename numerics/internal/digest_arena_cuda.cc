@@ -51,7 +51,7 @@ absl::StatusOr<std::vector<DigestArena::Pending>> DigestArena::Enqueue(absl::Spa
       uint64_t total_chunks = 0;
       const auto launch = [&] {
         if (segments.empty() || !launched.ok()) return;
-        const Slice all = Take(device, static_cast<int64_t>(16 * total_chunks));
+        const Slice all = Take(jobs[lead].stream, static_cast<int64_t>(16 * total_chunks));
         const cudaError_t error =
             LaunchInlineChunkHash(segments.data(), static_cast<int>(segments.size()), total_chunks,
                                   Address(all), stream.stream());
@@ -85,7 +85,8 @@ absl::StatusOr<std::vector<DigestArena::Pending>> DigestArena::Enqueue(absl::Spa
         const std::optional<ElementType> type = ElementTypeOf(bytes.scalar_type());
         if (jobs[i].summarize && type && bytes.numel() > 0) {
           const uint64_t count = static_cast<uint64_t>(bytes.numel());
-          const Slice summary = Take(device, 16 * static_cast<int64_t>(SummaryPartials(count)));
+          const Slice summary =
+              Take(jobs[lead].stream, 16 * static_cast<int64_t>(SummaryPartials(count)));
           const cudaError_t error =
               LaunchSummary(bytes.data_ptr(), count, *type,
                             reinterpret_cast<double*>(Address(summary)), stream.stream());
