@@ -107,10 +107,10 @@ struct SchemaFacts {
 // Tensor(a!)?): batch normalization's kernels update the running statistics they are passed,
 // cuDNN's and MIOpen's RNNs their dropout state and cuDNN's RNN backward its reserve space (an
 // input and output of cudnnRNNBackwardData), inside the kernel, with no dispatched call that
-// says so. The
-// recorder must digest such an argument before the call (Note [Read-only inputs after the call]),
-// and take the call for a writer of it, so that open calls holding it (aten::batch_norm around
-// aten::native_batch_norm) digest it first too. Positions are in the operators' schemas.
+// says so. The recorder must digest such an argument before the call (Note [Read-only inputs
+// after the call]), and take the call for a writer of it, so that open calls holding it
+// (aten::batch_norm around aten::native_batch_norm) digest it first too. Positions are in the
+// operators' schemas.
 struct UndeclaredWrite {
   const char* op;
   int args[2];  // -1: none
@@ -295,6 +295,16 @@ void EnqueueDigests(internal::DigestArena& arena, const std::vector<const Device
   }
 }
 
+// Appends `digests` (of values in `kept`) to a batch for EnqueueDigests: `now`, with their Kept in
+// `into`.
+void AddToBatch(const std::vector<DeviceDigest>& digests, std::vector<Kept>& kept,
+                std::vector<const DeviceDigest*>& now, std::vector<Kept*>& into) {
+  for (const DeviceDigest& d : digests) {
+    now.push_back(&d);
+    into.push_back(&kept[d.kept]);
+  }
+}
+
 // Before a call (of `facts`) that writes some of `storages` (every storage: `all`), enqueues the
 // deferred digests of the open calls' inputs on them (Note [Read-only inputs after the call]).
 // Holds mu.
@@ -302,7 +312,7 @@ void EnqueueDeferredWritten(OperatorRecorder::State& state, const SchemaFacts& f
                             const std::vector<StorageUse>& storages, bool all) {
   for (int64_t index : state.deferring) {
     Pending& open = state.pending.at(index);
-    std::vector<DeviceDigest> keep;
+    std::vector<DeviceDigest> keep;  // moving one leaves the others `now` points to in place
     std::vector<const DeviceDigest*> now;
     std::vector<Kept*> into;
     for (DeviceDigest& d : open.deferred) {
@@ -313,12 +323,11 @@ void EnqueueDeferredWritten(OperatorRecorder::State& state, const SchemaFacts& f
       if (written) {
         now.push_back(&d);
         into.push_back(&open.input_kept[d.kept]);
+      } else {
+        keep.push_back(std::move(d));
       }
     }
     EnqueueDigests(state.arena, now, into);
-    for (DeviceDigest& d : open.deferred) {
-      if (std::find(now.begin(), now.end(), &d) == now.end()) keep.push_back(std::move(d));
-    }
     open.deferred = std::move(keep);
   }
   for (auto it = state.deferring.begin(); it != state.deferring.end();) {
@@ -409,14 +418,8 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     // The call's read-only inputs and its outputs, in one launch (Note [Digest arena]).
     std::vector<const DeviceDigest*> now;
     std::vector<Kept*> into;
-    for (const DeviceDigest& d : p.deferred) {
-      now.push_back(&d);
-      into.push_back(&p.input_kept[d.kept]);
-    }
-    for (const DeviceDigest& d : device) {
-      now.push_back(&d);
-      into.push_back(&p.output_kept[d.kept]);
-    }
+    AddToBatch(p.deferred, p.input_kept, now, into);
+    AddToBatch(device, p.output_kept, now, into);
     EnqueueDigests(state.arena, now, into);
     p.deferred.clear();
   } catch (const std::exception& e) {
@@ -428,10 +431,7 @@ void OnEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     try {
       std::vector<const DeviceDigest*> now;
       std::vector<Kept*> into;
-      for (const DeviceDigest& d : p.deferred) {
-        now.push_back(&d);
-        into.push_back(&p.input_kept[d.kept]);
-      }
+      AddToBatch(p.deferred, p.input_kept, now, into);
       EnqueueDigests(state.arena, now, into);
     } catch (const std::exception& e) {
       state.KeepError(absl::InternalError(
