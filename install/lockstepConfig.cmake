@@ -5,7 +5,7 @@
 #   target_link_libraries(my_service PRIVATE lockstep::planner lockstep::rng)
 #
 # Imported targets: lockstep::base, lockstep::collectives, lockstep::planner, lockstep::rng,
-# lockstep::checkpoint, lockstep::numerics, lockstep::admission, lockstep::trainer,
+# lockstep::checkpoint, lockstep::invariant, lockstep::numerics, lockstep::admission, lockstep::trainer,
 # lockstep::replay (each the
 # shared library of one module, linking the modules it uses), and lockstep::lockstep for all.
 # lockstep's headers are included by their paths ("planner/planner.h"). Its dependencies are

@@ -23,7 +23,7 @@ while IFS=$'\t' read -r source destination kind; do
 done < "$spec"
 # Every installed header's includes of lockstep's own headers are installed too: a consumer
 # compiling against the tree must never meet a header the tree lacks.
-packages='admission|base|checkpoint|collectives|launch|numerics|planner|qualification|replay|rng|trainer'
+packages='admission|base|checkpoint|collectives|invariant|launch|numerics|planner|qualification|replay|rng|trainer'
 missing=0
 while IFS= read -r header; do
   while IFS= read -r included; do

@@ -9,6 +9,7 @@
 #include "ATen/Context.h"
 #include "ATen/Parallel.h"
 #include "base/json.h"
+#include "invariant/mode.h"
 #include "numerics/deterministic_mode.h"
 #include "numerics/digest.h"
 #include "numerics/internal/build_info.h"
@@ -72,7 +73,9 @@ json CaptureExecutionContext(const std::map<std::string, std::string>& caller) {
         // Whether lockstep's deterministic mode was enforced (numerics/deterministic_mode.h),
         // and whether it still holds now.
         {"mode_enforced", DeterministicModeEnforced()},
-        {"mode_holds", VerifyDeterministicMode().ok()}}},
+        {"mode_holds", VerifyDeterministicMode().ok()},
+        // Placement-invariant mode (invariant/mode.h): which kernels the reference model ran.
+        {"placement_invariant", invariant::ModeOn()}}},
       {"threads",
        {{"intra_op", at::get_num_threads()},
         {"inter_op", at::get_num_interop_threads()},

@@ -5,7 +5,8 @@
 // compiler and lockstep's build commit; the determinism settings (deterministic algorithms and
 // their warn-only mode, cuDNN deterministic/benchmark, TF32 for cuBLAS and cuDNN, float32 matmul
 // precision, CUBLAS_WORKSPACE_CONFIG, NCCL_ALGO and NCCL_PROTO, and whether lockstep's
-// deterministic mode was enforced and still holds: numerics/deterministic_mode.h); LibTorch's
+// deterministic mode was enforced and still holds: numerics/deterministic_mode.h; whether
+// placement-invariant mode is on: invariant/mode.h); LibTorch's
 // intra- and inter-op thread counts and OMP_NUM_THREADS; and the caller's own fields (seeds,
 // topology).
 //

@@ -11,6 +11,7 @@
 #include "base/status_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "invariant/mode.h"
 #include "numerics/deterministic_mode.h"
 #include "numerics/safetensors.h"
 
@@ -86,6 +87,21 @@ TEST(ExecutionContextTest, ValuesThatAreNotUtf8AreRecordedEscapedNeverThrown) {
   ASSERT_TRUE(read.has_value());
   EXPECT_EQ((*read)["stable"]["threads"]["omp_num_threads"], "4\\xff\\xfe");
   EXPECT_EQ((*read)["stable"]["caller"]["data"], "/data/\\xc3(");
+}
+
+// Two runs whose contexts agree ran the same kernels: placement-invariant mode is in the stable
+// part, so it changes the digest.
+TEST(ExecutionContextTest, RecordsPlacementInvariantMode) {
+  const nlohmann::json off = CaptureExecutionContext();
+  EXPECT_EQ(off["stable"]["determinism"]["placement_invariant"], false);
+  nlohmann::json on;
+  {
+    invariant::PlacementInvariantScope mode;
+    on = CaptureExecutionContext();
+  }
+  EXPECT_EQ(on["stable"]["determinism"]["placement_invariant"], true);
+  EXPECT_NE(ContextDigest(on), ContextDigest(off));
+  EXPECT_EQ(ContextDigest(CaptureExecutionContext()), ContextDigest(off));
 }
 
 // Last in this file: the mode, once enforced, stays enforced for the process.

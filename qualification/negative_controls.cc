@@ -62,6 +62,7 @@ constexpr Named kControls[] = {
     {NegativeControl::kTpUnreducedGradient, "tp-unreduced-gradient"},
     {NegativeControl::kEmptyShardSkipsGather, "empty-shard-skips-gather"},
     {NegativeControl::kActorPartialLoad, "actor-partial-load"},
+    {NegativeControl::kLibTorchAttention, "libtorch-attention"},
 };
 
 }  // namespace

@@ -53,6 +53,9 @@
 //   repeatability-stream-not-restored
 //                        repeatability's passes do not restore the model and named streams
 //                        between them, so each pass draws where the previous one stopped
+//   libtorch-attention   under placement-invariant mode (qualify --placement_invariant), the
+//                        reference model's attention is LibTorch's masked softmax over every key
+//                        of the microbatch instead of invariant::SequenceAttention
 //   nondeterministic-op  one module of the reference model (qualification/variability.h's
 //                        kNondeterministicModule) reduces in an order that changes from call to
 //                        call: floating-point atomics on a GPU, a randomly ordered sum on the CPU
@@ -106,6 +109,7 @@ enum class NegativeControl {
   kTpUnreducedGradient,             // tp-unreduced-gradient
   kEmptyShardSkipsGather,           // empty-shard-skips-gather
   kActorPartialLoad,                // actor-partial-load
+  kLibTorchAttention,               // libtorch-attention
 };
 
 // The command-line name of `control` ("" for kNone).

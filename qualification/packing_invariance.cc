@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "invariant/mode.h"
+#include "invariant/ops.h"
 #include "numerics/compare.h"
 #include "qualification/variability.h"
 #include "qualification/variability_internal.h"
@@ -146,8 +148,16 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("per-sequence outputs", [&] {
       for (const trainer::MicrobatchOutput& out : step.microbatches) {
         const at::Tensor outputs = out.outputs.detach().to(at::kCPU);
-        const at::Tensor z =
-            at::mm(out.outputs.detach(), head.detach().t()).squeeze(1).to(at::kCPU);
+        // The loss head's product: under placement-invariant mode, the mode's.
+        at::Tensor z;
+        if (invariant::ModeOn()) {
+          absl::StatusOr<at::Tensor> product =
+              invariant::Linear(out.outputs.detach(), head.detach());
+          if (!product.ok()) ThrowAsTorchError(product.status());
+          z = product->squeeze(1).to(at::kCPU);
+        } else {
+          z = at::mm(out.outputs.detach(), head.detach().t()).squeeze(1).to(at::kCPU);
+        }
         const at::Tensor weights = out.loss_weights.to(at::kCPU);
         const at::Tensor input_rows = out.input_rows.to(at::kCPU);
         const auto row = input_rows.accessor<int64_t, 1>();
@@ -254,6 +264,7 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
     p.loss_normalization = planner::LOSS_SUM;  // a sequence's weights whatever else is planned
     p.dropout = false;
     p.broken_module = broken;
+    p.libtorch_attention = control_ == NegativeControl::kLibTorchAttention;
     return p;
   };
   struct Planned {
@@ -310,9 +321,12 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
   VariabilityCheck check;
   check.name = "packing_invariance";
   // Differences between placements are the ops' (and named); a placement that does not reproduce
-  // its own bits is nondeterminism, which fails.
-  check.passed = unreproduced.empty();
-  check.evidence = {{"placements", placements},
+  // its own bits is nondeterminism, which fails. Under placement-invariant mode a difference
+  // between placements fails too: the mode promises the same bits.
+  const bool invariant_mode = invariant::ModeOn();
+  check.passed = unreproduced.empty() && (!invariant_mode || placement_dependent.empty());
+  check.evidence = {{"placement_invariant_mode", invariant_mode},
+                    {"placements", placements},
                     {"unreproduced", unreproduced},
                     {"placement_dependent", placement_dependent}};
   std::vector<std::string> shapes;
@@ -320,14 +334,19 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
     shapes.push_back(absl::StrCat(runs[i].name, " (", runs[i].microbatches, " microbatches",
                                   runs[i].ooms > 0 ? ", 1 split" : "", ")"));
   }
-  if (!check.passed) {
+  if (unreproduced.empty() && !check.passed) {
+    check.detail = absl::StrCat(
+        "placement-dependent under placement-invariant mode: ", placement_dependent.size(), " of ",
+        pairs, " (sequence, placement) pairs differ from alone; first: ", placement_dependent[0]);
+  } else if (!check.passed) {
     check.detail =
         absl::StrCat("not reproducible (nondeterminism, not placement): ", unreproduced.size(),
                      " sequence(s); first: ", unreproduced[0]);
   } else if (placement_dependent.empty()) {
     check.detail = absl::StrCat(
         runs[0].outputs.size(), " sequences' outputs and loss contributions bit-identical across ",
-        runs.size(), " placements, each reproduced: ", absl::StrJoin(shapes, "; "),
+        runs.size(), " placements", invariant_mode ? " under placement-invariant mode" : "",
+        ", each reproduced: ", absl::StrJoin(shapes, "; "),
         unsharded ? ""
                   : (topology_.cp_size() > 1
                          ? "; unsharded not compared (TP > 1 reduces in another order by design)"

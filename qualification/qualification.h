@@ -210,6 +210,10 @@ struct QualifyOptions {
   // its first CUDA work; the variability checks' evidence says whether it held. A contradicting
   // setting in the environment fails the worker naming it. Default: false.
   bool deterministic = false;
+  // Run every worker under placement-invariant mode (invariant/mode.h): the reference model
+  // computes with invariant/ops.h's kernels, and packing_invariance fails on any difference
+  // between placements. CPU only so far. Default: false.
+  bool placement_invariant = false;
 
  private:
   QualifyOptions() = default;

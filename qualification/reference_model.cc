@@ -13,6 +13,8 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/differentiable.h"
+#include "invariant/mode.h"
+#include "invariant/ops.h"
 #include "numerics/shuffled_sum.h"
 #include "rng/philox.h"
 
@@ -219,37 +221,53 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
   // captures what it needs by value.
   const int64_t widest = work.widest_shard;
   const bool reduce_tp_gradient = split_bug_ != SplitBug::kTpUnreducedGradient;
+  // Read once per forward: a block recomputed in backward runs the kernels its forward ran.
+  const bool invariant_kernels = invariant::ModeOn();
+  const bool invariant_attention = invariant_kernels && !libtorch_attention_;
   // The CP group the keys and values are gathered over (none: this rank's own, the control).
   collectives::Communicator* const keys_from = local_attention ? nullptr : cp_group_;
   for (int b = 0; b < kBlocks; ++b) {
     trainer::ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions, widest,
-                                       keys_from,
-                                       reduce_tp_gradient](const std::vector<at::Tensor>& in) {
+                                       keys_from, reduce_tp_gradient, invariant_kernels,
+                                       invariant_attention](const std::vector<at::Tensor>& in) {
       const std::string attention = absl::StrCat("block", b, ".attention");
       const std::string mlp = absl::StrCat("block", b, ".mlp");
+      // x times w's transpose: LibTorch's product, or under the mode one whose rows do not
+      // depend on the others (Note [Placement invariance] in invariant/ops.h).
+      auto linear = [invariant_kernels](const at::Tensor& x, const at::Tensor& w) {
+        return invariant_kernels ? ValueOrThrow(invariant::Linear(x, w)) : at::mm(x, w.t());
+      };
       const at::Tensor h = Enter(attention, in[0]);
       // Attention, causal within each sequence, over every key of the microbatch.
-      const at::Tensor q = at::mm(h, Weight(b, kWq).t());
+      const at::Tensor q = linear(h, Weight(b, kWq));
       const at::Tensor keys =
-          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWk).t()), widest, keys_from));
+          ValueOrThrow(GatherRows(linear(h, Weight(b, kWk)), widest, keys_from));
       const at::Tensor values =
-          ValueOrThrow(GatherRows(at::mm(h, Weight(b, kWv).t()), widest, keys_from));
-      const at::Tensor visible =
-          (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
-          (key_meta.select(1, 1).unsqueeze(0) <= query_meta.select(1, 1).unsqueeze(1));
-      const at::Tensor scores =
-          (at::mm(q, keys.t()) / std::sqrt(static_cast<double>(kWidth)))
-              .masked_fill(at::logical_not(visible), -std::numeric_limits<double>::infinity());
-      const at::Tensor attended = at::mm(at::softmax(scores, 1), values);
+          ValueOrThrow(GatherRows(linear(h, Weight(b, kWv)), widest, keys_from));
+      at::Tensor attended;
+      if (invariant_attention) {
+        attended = ValueOrThrow(invariant::SequenceAttention(
+            q, keys, values, query_meta, key_meta, 1.0 / std::sqrt(static_cast<double>(kWidth))));
+      } else {
+        const at::Tensor visible =
+            (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
+            (key_meta.select(1, 1).unsqueeze(0) <= query_meta.select(1, 1).unsqueeze(1));
+        const at::Tensor scores =
+            (at::mm(q, keys.t()) / std::sqrt(static_cast<double>(kWidth)))
+                .masked_fill(at::logical_not(visible), -std::numeric_limits<double>::infinity());
+        attended = at::mm(at::softmax(scores, 1), values);
+      }
       const at::Tensor after_attention =
-          Enter(mlp, Exit(attention, h + at::mm(attended, Weight(b, kWo).t()), ids, positions));
+          Enter(mlp, Exit(attention, h + linear(attended, Weight(b, kWo)), ids, positions));
       // The TP-split MLP with partition-invariant dropout seeded from the model stream.
       const at::Tensor in_tp = reduce_tp_gradient
                                    ? ValueOrThrow(CopyToGroup(after_attention, tp_group_))
                                    : after_attention;
-      const at::Tensor hidden = at::gelu(at::mm(in_tp, Weight(b, kW1).t()));
+      const at::Tensor pre = linear(in_tp, Weight(b, kW1));
+      const at::Tensor hidden =
+          invariant_kernels ? ValueOrThrow(invariant::Gelu(pre)) : at::gelu(pre);
       if (!dropout_) {
-        const at::Tensor partial = at::mm(hidden, Weight(b, kW2).t());
+        const at::Tensor partial = linear(hidden, Weight(b, kW2));
         return std::vector<at::Tensor>{
             Exit(mlp, after_attention + ValueOrThrow(ReduceFromGroup(partial, tp_group_)), ids,
                  positions)};
@@ -264,7 +282,7 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
           ValueOrThrow(DropoutMask(rng::PhiloxKey::Of(key_seed, kDropoutStream, b), ids, positions,
                                    begin, begin + shard, h.device()));
       const at::Tensor partial =
-          at::mm(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, kW2).t());
+          linear(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, kW2));
       return std::vector<at::Tensor>{
           Exit(mlp, after_attention + ValueOrThrow(ReduceFromGroup(partial, tp_group_)), ids,
                positions)};

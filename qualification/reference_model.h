@@ -111,6 +111,12 @@ class ReferenceModel {
   // Plants `bug` in every later forward. Default: kNone.
   void BreakSplitArithmetic(SplitBug bug) { split_bug_ = bug; }
 
+  // Under placement-invariant mode (invariant/mode.h) the model runs invariant/ops.h's kernels:
+  // Linear for every product, Gelu, and SequenceAttention over each sequence's own keys. This
+  // negative control swaps LibTorch's masked softmax over every key of the microbatch back in
+  // for the attention, the rest of the mode kept. Default: off.
+  void UseLibTorchAttention() { libtorch_attention_ = true; }
+
   // The negative control of the variability checks: `module` (a ModuleTaps name) adds to its
   // output the rounding residue of a reduction whose order changes from call to call, so the
   // model is no longer deterministic there (Note [Deliberate nondeterminism] in
@@ -143,6 +149,7 @@ class ReferenceModel {
   bool dropout_ = true;
   std::string broken_module_;
   SplitBug split_bug_ = SplitBug::kNone;
+  bool libtorch_attention_ = false;
 
   at::Tensor Enter(const std::string& module, const at::Tensor& input) const {
     return taps_ != nullptr ? taps_->Enter(module, input) : input;

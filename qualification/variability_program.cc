@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<Program>> MakeProgram(const ProgramGroups& groups
   if (!placement.broken_module.empty()) {
     LOCKSTEP_RETURN_IF_ERROR(program->model->BreakDeterminismAt(placement.broken_module));
   }
+  if (placement.libtorch_attention) program->model->UseLibTorchAttention();
 
   trainer::TrainerConfig config = trainer::TrainerConfig::Of(placement.budget);
   config.plan.packing = placement.packing;

@@ -53,7 +53,8 @@ struct Placement {
   bool inject_oom = false;
   // Run as a world of one (TP 1 x CP 1) in this process, whatever the rank's topology.
   bool unsharded = false;
-  std::string broken_module;  // ReferenceModel::BreakDeterminismAt, when not empty
+  std::string broken_module;        // ReferenceModel::BreakDeterminismAt, when not empty
+  bool libtorch_attention = false;  // ReferenceModel::UseLibTorchAttention
 };
 
 struct Program {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "collectives/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "invariant/mode.h"
 #include "qualification/variability.h"
 #include "testing/process_world.h"
 
@@ -57,14 +59,17 @@ json ReadCheck(const std::string& path) {
   return json::parse(in, nullptr, false);
 }
 
-// Runs one check on a DP x TP x CP world; returns each rank's check.
+// Runs one check on a DP x TP x CP world (each rank under placement-invariant mode if asked);
+// returns each rank's check.
 std::vector<json> RunWorld(int dp, int tp, int cp, NegativeControl control, Which which,
-                           const std::string& dir) {
+                           const std::string& dir, bool placement_invariant = false) {
   collectives::ProcessWorldOptions options = collectives::ProcessWorldOptions::Of(dp * tp * cp);
   options.deadline = absl::Seconds(240);
   const std::vector<absl::Status> statuses = collectives::RunProcessWorld(
       options, [&](int rank, collectives::Communicator& world) -> absl::Status {
         PrepareRank();
+        std::optional<invariant::PlacementInvariantScope> mode;
+        if (placement_invariant) mode.emplace();
         LOCKSTEP_ASSIGN_OR_RETURN(collectives::Topology topology,
                                   collectives::Topology::CreateExact(world.size(), dp, tp, cp));
         LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<VariabilityRank> v,
@@ -219,6 +224,36 @@ TEST(PackingInvarianceTest, ANondeterministicModuleIsNotMistakenForPlacement) {
     EXPECT_THAT(check.value("detail", ""), HasSubstr(kNondeterministicModule));
   }
 }
+
+#ifndef LOCKSTEP_VARIABILITY_ON_CUDA  // the mode's kernels are the CPU's so far
+// Under placement-invariant mode the same placements give every sequence the same bits, alone,
+// under either cap, split and unsharded: the check passes only so.
+TEST(PackingInvarianceTest, UnderPlacementInvariantModeEveryPlacementGivesTheSameBits) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("packing_invariant"));
+  for (const json& check : RunWorld(1, 1, 2, NegativeControl::kNone, Which::kPacking, dir.path(),
+                                    /*placement_invariant=*/true)) {
+    EXPECT_TRUE(check.value("passed", false)) << check.value("detail", "");
+    EXPECT_THAT(check.value("detail", ""),
+                HasSubstr("bit-identical across 5 placements under placement-invariant mode"));
+    EXPECT_TRUE(check["evidence"].value("placement_invariant_mode", false));
+    EXPECT_TRUE(check["evidence"]["placement_dependent"].empty())
+        << check["evidence"]["placement_dependent"].dump();
+  }
+}
+
+// The control: LibTorch's attention inside the mode. The check fails, naming the first module
+// whose rows depend on the placement.
+TEST(PackingInvarianceTest, UnderTheModeLibTorchsAttentionFailsNamingItsModule) {
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("packing_invariant_control"));
+  for (const json& check : RunWorld(1, 1, 2, NegativeControl::kLibTorchAttention, Which::kPacking,
+                                    dir.path(), /*placement_invariant=*/true)) {
+    EXPECT_FALSE(check.value("passed", true));
+    EXPECT_THAT(check.value("detail", ""),
+                HasSubstr("placement-dependent under placement-invariant mode"));
+    EXPECT_THAT(check.value("detail", ""), HasSubstr("first differs at block0.attention"));
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace qualification

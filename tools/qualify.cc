@@ -5,7 +5,7 @@
 //
 //   qualify --dp=2 --tp=1 --cp=2 [--out=evidence.json] [--negative_control=NAME]
 //           [--inject_oom=N] [--device=cpu|cuda] [--timeout_seconds=S] [--report=DIR]
-//           [--deterministic]
+//           [--deterministic] [--placement_invariant]
 //           [--nnodes=M --node_rank=K --master_addr=A --master_port=P]  (one qualify per node)
 
 #include <iostream>
@@ -37,6 +37,9 @@ ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout in the workers"
 ABSL_FLAG(bool, deterministic, false,
           "enforce lockstep's deterministic mode in every worker (numerics/deterministic_mode.h); "
           "a contradicting CUBLAS_WORKSPACE_CONFIG, NCCL_ALGO or NCCL_PROTO fails the run");
+ABSL_FLAG(bool, placement_invariant, false,
+          "run every worker under placement-invariant mode (invariant/mode.h, CPU only): "
+          "packing_invariance then fails on any difference between placements");
 ABSL_FLAG(int64_t, deadline_seconds, 0,
           "the whole job's limit: workers still running then are named and stopped, and qualify "
           "fails (0: 3 x timeout + 60 s)");
@@ -83,6 +86,7 @@ int main(int argc, char** argv) {
   options.master_port = absl::GetFlag(FLAGS_master_port);
   options.actor_round = absl::GetFlag(FLAGS_actor_round);
   options.deterministic = absl::GetFlag(FLAGS_deterministic);
+  options.placement_invariant = absl::GetFlag(FLAGS_placement_invariant);
   if (const int64_t deadline = absl::GetFlag(FLAGS_deadline_seconds); deadline != 0) {
     options.deadline = absl::Seconds(deadline);
   }

@@ -96,6 +96,7 @@ expect_fail actor-partial-load actors
 expect_fail cp-local-attention reference_match
 expect_fail tp-unreduced-gradient reference_match --dp=1 --tp=2 --cp=1
 expect_fail nondeterministic-op repeatability
+expect_fail libtorch-attention packing_invariance --dp=1 --tp=1 --cp=2 --placement_invariant
 # Every control qualify knows (its refusal of an unknown one lists them) is tried above.
 known=$("$qualify" --dp=1 --negative_control=no-such-control 2>&1 | grep -o "known: [a-z, -]*" | sed 's/known: //; s/,/ /g') || true
 [[ -n $known ]] || { echo "qualify did not list its negative controls"; exit 1; }
@@ -112,6 +113,13 @@ grep -q "^packing_invariance *FAIL .*not reproducible" "$tmp/nondeterministic-op
   || { echo "packing_invariance took nondeterminism for placement"; exit 1; }
 grep -q "^reference_match *PASS" "$tmp/nondeterministic-op.txt" \
   || { echo "nondeterministic-op broke the trainer's oracle too"; exit 1; }
+# Placement-invariant mode: every check passes, every placement gives each sequence the same bits;
+# LibTorch's attention inside the mode is named.
+"$qualify" --dp=1 --tp=1 --cp=2 --placement_invariant >"$tmp/invariant.txt"
+grep -q "^packing_invariance *PASS .*bit-identical across 5 placements under placement-invariant mode" \
+  "$tmp/invariant.txt" || { echo "packing_invariance not bit-identical under the mode"; cat "$tmp/invariant.txt"; exit 1; }
+grep -q "^packing_invariance *FAIL .*placement-dependent under placement-invariant mode.*first differs at block0.attention" \
+  "$tmp/libtorch-attention.txt" || { echo "libtorch-attention was not named at block0.attention"; exit 1; }
 grep -q "^caller_draws *FAIL" "$tmp/no-sync.txt" || { echo "no-sync went unseen by the trainer's caller_draws"; exit 1; }
 grep -q "^stream_progression *FAIL" "$tmp/unscoped-model-work.txt" \
   || { echo "unscoped-model-work went unseen by the trainer's stream_progression"; exit 1; }
@@ -139,6 +147,8 @@ bad "dp" --dp=abc
 bad "bogus" --bogus=1
 bad "cannot write the evidence file" --dp=1 --out=/nonexistent-dir/qualify.json
 bad "--worker needs --results_dir" --worker
+bad "libtorch-attention breaks placement-invariant mode: add --placement_invariant" --dp=1 --negative_control=libtorch-attention
+bad "the placement-invariant kernels run on the CPU only so far" --dp=1 --placement_invariant --device=cuda
 bad "--deadline_seconds -1s must be positive" --dp=1 --deadline_seconds=-1
 bad "--inject_oom 9 is outside \[1, 8\]" --dp=1 --inject_oom=9
 bad "--inject_oom 0 is outside \[1, 8\]: oom_recovery needs at least one injected failure" --dp=1 --inject_oom=0

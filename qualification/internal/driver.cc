@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -42,6 +43,7 @@
 #include "collectives/nccl_communicator.h"
 #endif
 #include "collectives/rendezvous.h"
+#include "invariant/mode.h"
 #include "launch/launcher.h"
 #include "nlohmann/json.hpp"
 #include "numerics/deterministic_mode.h"
@@ -115,6 +117,16 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
   if (options.device != "cpu" && options.device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", options.device, "' is neither cpu nor cuda"));
+  }
+  if (options.placement_invariant && options.device != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--placement_invariant with --device ", options.device,
+                     ": the placement-invariant kernels run on the CPU only so far"));
+  }
+  if (options.control == NegativeControl::kLibTorchAttention && !options.placement_invariant) {
+    return absl::InvalidArgumentError(
+        "--negative_control=libtorch-attention breaks placement-invariant mode: add "
+        "--placement_invariant");
   }
   // Zero failures would leave oom_recovery nothing to recover: it would pass having proved
   // nothing.
@@ -214,6 +226,7 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   // variability checks run in deterministic mode; an explicit setting is kept).
   if (options.device == "cuda") setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   at::set_num_threads(1);
+  std::optional<invariant::PlacementInvariantScope> placement_invariant;  // for the whole worker
   json report;
   std::shared_ptr<collectives::Rendezvous> rendezvous;
   const absl::Status status = [&]() -> absl::Status {
@@ -221,6 +234,8 @@ int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
     report["deterministic_mode"] = options.deterministic;
     if (options.deterministic)
       LOCKSTEP_RETURN_IF_ERROR(numerics::EnforceDeterministicMode().status());
+    report["placement_invariant_mode"] = options.placement_invariant;
+    if (options.placement_invariant) placement_invariant.emplace();
     LOCKSTEP_ASSIGN_OR_RETURN(rendezvous, collectives::Rendezvous::FromEnvironment(timeout));
     std::unique_ptr<Communicator> world;
     std::string transport = "gloo";
@@ -379,6 +394,7 @@ launch::LaunchOptions WorkerLaunch(const QualifyOptions& options, const std::str
                     absl::StrCat("--inject_oom=", options.inject_oom),
                     absl::StrCat("--device=", options.device)};
   if (options.deterministic) launch.command.push_back("--deterministic");
+  if (options.placement_invariant) launch.command.push_back("--placement_invariant");
   return launch;
 }
 

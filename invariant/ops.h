@@ -1,0 +1,67 @@
+// invariant/ops.h
+//
+// The kernels of placement-invariant mode (invariant/mode.h): a linear layer, GELU and causal
+// attention over each sequence's own keys, whose every output element is computed by the same
+// operations in the same order whatever else the call holds. Differentiable through autograd.
+//
+// Note [Placement invariance]
+// LibTorch's kernels give a row's bits as a function of the whole call: a matrix product picks
+// its blocking (and, on a GPU, split-K) from the number of rows; a softmax over a microbatch's
+// keys reduces masked and unmasked keys together in an order set by where the sequence sits; an
+// elementwise function takes a vectorized path or a scalar one (different bits for exp, erf) by
+// the element's offset. So a sequence packed after others, split across microbatches or sharded
+// over CP computes other bits than alone. These kernels remove each of those dependences:
+//   - Linear(x, w): out[m, n] = sum over k of x[m, k] * w[n, k], accumulated in float64 in
+//     increasing k from zero, rounded once to the output dtype. Nothing of row m's sum depends on
+//     the other rows. (Products of float32, bfloat16 or float16 values are exact in float64, so
+//     the only roundings are the additions', in one fixed order.)
+//   - Gelu(x): each element through float64 erf, elementwise by one scalar path.
+//   - SequenceAttention(q, k, v, query_tokens, key_tokens): each query attends to the keys of its
+//     own sequence at positions up to its own, taken in increasing position (not in the order
+//     the microbatch holds them; padding and other sequences' keys never enter a reduction), in
+//     float64: scores, their maximum, the exponentials' sum and the weighted sum of values, each
+//     in that order, rounded once.
+// Hence, for a sequence whose keys are present (with CP, gathered from the group), its outputs
+// are bit-identical in every placement, on every row count, and equal to a float64 reference
+// within one rounding of the output dtype plus the float64 sums' error (tested).
+// Gradients: the input gradients are computed the same way (dx by Linear against w's transpose;
+// attention's dq per query, dk and dv per key summed over its sequence's queries in increasing
+// position), so they too depend only on the sequence. A weight's gradient is a sum over every
+// token of the call (Linear's dw: sequential over the call's rows), and the sum over calls,
+// microbatches and CP ranks is autograd's and the collectives'; their grouping follows the
+// placement, so weight gradients are not yet placement-invariant.
+//
+// Devices: CPU tensors. A CUDA tensor is refused with kUnimplemented.
+// Dtypes: float32, float64, bfloat16, float16 (outputs in the input's dtype).
+//
+// Thread-safety: as LibTorch's operators.
+
+#ifndef LOCKSTEP_INVARIANT_OPS_H_
+#define LOCKSTEP_INVARIANT_OPS_H_
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+
+namespace lockstep {
+namespace invariant {
+
+// x [M, K] times the transpose of w [N, K]: [M, N] (a bias-free torch.nn.functional.linear).
+// kInvalidArgument for shapes that do not chain or dtypes that differ.
+absl::StatusOr<at::Tensor> Linear(const at::Tensor& x, const at::Tensor& w);
+
+// The exact (erf) GELU of x, any shape.
+absl::StatusOr<at::Tensor> Gelu(const at::Tensor& x);
+
+// Causal attention of queries q [Mq, D] over keys k [Mk, D] and values v [Mk, Dv]: softmax of
+// scale * q k^T over the visible keys, times v; [Mq, Dv]. query_tokens [Mq, 2] and key_tokens
+// [Mk, 2] (int64, any device) give each row's (sequence id, position); query i sees key j when
+// their ids are equal and j's position is at most i's. Keys with a negative id are padding and
+// never seen. kInvalidArgument for two keys with one (id, position), or a query that sees no key.
+absl::StatusOr<at::Tensor> SequenceAttention(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const at::Tensor& query_tokens,
+                                             const at::Tensor& key_tokens, double scale);
+
+}  // namespace invariant
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_INVARIANT_OPS_H_
