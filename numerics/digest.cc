@@ -63,28 +63,47 @@ void HashChunks(absl::string_view bytes, uint8_t* out) {
   });
 }
 
+namespace {
+
+// A tensor's record digest (DIGEST.md step 3), its chunk hashes streamed in as they come (a large
+// tensor's are megabytes, and arrive in pieces: Note [Hashes in pieces] in chunk_hash_cuda.cc).
+class RecordStream {
+ public:
+  RecordStream(absl::string_view dtype_name, absl::Span<const int64_t> shape, uint64_t num_bytes)
+      : state_(XXH3_createState(), &XXH3_freeState) {
+    LOCKSTEP_CHECK(state_ != nullptr) << "XXH3_createState: out of memory";
+    std::string header("lockstep-tensor-v1", 18);
+    header.push_back('\0');
+    header.push_back(static_cast<char>(dtype_name.size()));
+    header.append(dtype_name.data(), dtype_name.size());
+    AppendU64(header, shape.size());
+    for (int64_t d : shape) AppendU64(header, static_cast<uint64_t>(d));
+    AppendU64(header, num_bytes);
+    XXH3_128bits_reset(state_.get());
+    XXH3_128bits_update(state_.get(), header.data(), header.size());
+  }
+  void Update(absl::string_view chunk_hashes) {
+    XXH3_128bits_update(state_.get(), chunk_hashes.data(), chunk_hashes.size());
+  }
+  Digest128 Finish() const {
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state_.get()));
+    Digest128 digest;
+    std::memcpy(digest.data(), canonical.digest, 16);
+    return digest;
+  }
+
+ private:
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
+};
+
+}  // namespace
+
 Digest128 TensorRecordDigest(absl::string_view dtype_name, absl::Span<const int64_t> shape,
                              uint64_t num_bytes, absl::string_view chunk_hashes) {
-  // The record's header, then the chunk hashes streamed from where they lie (a large tensor's are
-  // megabytes: no copy into one record).
-  std::string header("lockstep-tensor-v1", 18);
-  header.push_back('\0');
-  header.push_back(static_cast<char>(dtype_name.size()));
-  header.append(dtype_name.data(), dtype_name.size());
-  AppendU64(header, shape.size());
-  for (int64_t d : shape) AppendU64(header, static_cast<uint64_t>(d));
-  AppendU64(header, num_bytes);
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
-                                                                 &XXH3_freeState);
-  LOCKSTEP_CHECK(state != nullptr) << "XXH3_createState: out of memory";
-  XXH3_128bits_reset(state.get());
-  XXH3_128bits_update(state.get(), header.data(), header.size());
-  XXH3_128bits_update(state.get(), chunk_hashes.data(), chunk_hashes.size());
-  XXH128_canonical_t canonical;
-  XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state.get()));
-  Digest128 digest;
-  std::memcpy(digest.data(), canonical.digest, 16);
-  return digest;
+  RecordStream record(dtype_name, shape, num_bytes);
+  record.Update(chunk_hashes);
+  return record.Finish();
 }
 
 Digest128 TensorBytesDigest(absl::string_view dtype_name, absl::Span<const int64_t> shape,
@@ -105,8 +124,9 @@ absl::StatusOr<Digest128> DigestTensor(const at::Tensor& tensor) {
 // wait for its kernel and a copy of its hashes, and each small CPU tensor hashes on one thread
 // (its chunks are fewer than a parallel task's grain), and a small tensor's kernel fills a few of
 // the GPU's multiprocessors. DigestTensors instead hashes every CUDA tensor of a device in one
-// kernel over all their chunks, then waits and copies the hashes back once
-// (internal::HashChunksOnDevices), and hashes the CPU tensors in parallel across tensors,
+// kernel over all their chunks, launched in pieces whose hashes come back while the next piece is
+// hashed and are streamed into the records meanwhile (internal::StreamChunkHashes, Note [Hashes
+// in pieces]), and hashes the CPU tensors in parallel across tensors,
 // splitting within a tensor only when it is large. The digests are DigestTensor's, bit for bit
 // (digest_test and digest_cuda_test check it).
 absl::StatusOr<std::vector<Digest128>> DigestTensors(absl::Span<const at::Tensor> tensors) {
@@ -152,19 +172,30 @@ absl::StatusOr<std::vector<Digest128>> DigestTensors(absl::Span<const at::Tensor
     });
   }));
   if (on_devices.empty()) return digests;
-  LOCKSTEP_ASSIGN_OR_RETURN(internal::ChunkHashes chunk_hashes,
-                            internal::HashChunksOnDevices(on_devices));
-  // The records in parallel across tensors (a large state's hashes are tens of megabytes).
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("digesting CUDA tensors' records", [&] {
-    at::parallel_for(0, static_cast<int64_t>(on_devices.size()), 64, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) {
-        const at::Tensor& t = on_devices[k];
-        digests[device_index[k]] = TensorRecordDigest(
-            dtypes[device_index[k]], t.sizes(), static_cast<uint64_t>(t.numel()) * t.element_size(),
-            chunk_hashes.of_tensor[k]);
-      }
-    });
-  }));
+  // Each piece's tensors' records in parallel across tensors (a large state's hashes are tens of
+  // megabytes); a tensor spanning pieces continues its record in the next.
+  std::vector<std::unique_ptr<RecordStream>> records(on_devices.size());
+  LOCKSTEP_RETURN_IF_ERROR(
+      internal::StreamChunkHashes(on_devices, [&](absl::Span<const internal::LandedHashes> landed) {
+        return CallTorch("digesting CUDA tensors' records", [&] {
+          at::parallel_for(0, static_cast<int64_t>(landed.size()), 64, [&](int64_t b, int64_t e) {
+            for (int64_t l = b; l < e; ++l) {
+              const size_t k = landed[l].tensor;
+              const at::Tensor& t = on_devices[k];
+              if (records[k] == nullptr) {
+                records[k] = std::make_unique<RecordStream>(
+                    dtypes[device_index[k]], t.sizes(),
+                    static_cast<uint64_t>(t.numel()) * t.element_size());
+              }
+              records[k]->Update(landed[l].hashes);
+              if (landed[l].last) {
+                digests[device_index[k]] = records[k]->Finish();
+                records[k].reset();
+              }
+            }
+          });
+        });
+      }));
   return digests;
 }
 

@@ -107,6 +107,24 @@ TEST(DigestCudaTest, DigestTensorsEqualsDigestTensorOfEachAcrossDevices) {
   }
 }
 
+// A batch large enough to be hashed in pieces (Note [Hashes in pieces]): tensors that span piece
+// boundaries, and small ones and empty ones between them, each get its CPU copy's digest.
+TEST(DigestCudaTest, ABatchHashedInPiecesGivesEachTensorsDigest) {
+  at::manual_seed(13);
+  std::vector<at::Tensor> tensors = {at::randn({3}, at::kCUDA), at::randn({0}, at::kCUDA),
+                                     at::randn({50'000'001}, at::kCUDA)};  // 200 MB
+  for (int i = 0; i < 300; ++i) tensors.push_back(at::randn({i % 7, 33}, at::kCUDA));
+  tensors.push_back(at::randn({4000, 6001}, at::kCUDA).to(at::kBFloat16));  // 48 MB
+  tensors.push_back(at::randn({3000, 5000}, at::kCUDA).t());                // 60 MB, a copy
+  tensors.push_back(at::randn({5}, at::kCUDA));
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(std::vector<Digest128> batched, DigestTensors(tensors));
+  ASSERT_EQ(batched.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(Digest128 host, DigestTensor(tensors[i].cpu()));
+    EXPECT_EQ(batched[i], host) << "tensor " << i;
+  }
+}
+
 TEST(DigestCudaTest, InventoriesAgreeAcrossDevices) {
   const NamedTensors cpu = {{"w", at::randn({1024, 1024})}, {"b", at::randn({1024})}};
   NamedTensors gpu;

@@ -7,6 +7,7 @@
 #ifndef LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_DEVICE_H_
 #define LOCKSTEP_NUMERICS_INTERNAL_CHUNK_HASH_DEVICE_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,13 +28,28 @@ struct ChunkHashes {
   std::vector<absl::string_view> of_tensor;
 };
 
-// The chunk hashes of each tensor (all CUDA tensors): one kernel per device over all of that
-// device's tensors, on its current stream, into one buffer copied back once into page-locked
-// memory (Note [Batched digests] in digest.cc). kFailedPrecondition for a device this build cannot
-// hash on. A non-contiguous tensor (or one at an offset that is not a multiple of 8 bytes) is
-// copied to a contiguous buffer that lives until the batch is done, so such tensors cost their
-// size in device memory meanwhile.
-absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> tensors);
+// Where part of a batch's chunk hashes landed on the host: tensor `tensor`'s hashes in one piece
+// (16 bytes per chunk, in chunk order, continuing its earlier pieces), and whether they are its
+// last.
+struct LandedHashes {
+  size_t tensor;  // an index into the batch
+  absl::string_view hashes;
+  bool last;
+};
+
+// The chunk hashes of each tensor (all CUDA tensors), handed to `consume` as they land (Note
+// [Hashes in pieces] in chunk_hash_cuda.cc): per device, its tensors hashed by one kernel over
+// all their chunks (Note [Batched digests] in digest.cc) on its current stream, launched in
+// pieces, each piece's hashes copied back into page-locked memory while the next is hashed.
+// `consume` runs on this thread, one call per piece, in chunk order; a tensor without bytes is
+// handed over once, empty and last. Its views live until it returns. kFailedPrecondition for a
+// device this build cannot hash on; an error `consume` returns ends the stream and is returned.
+// A non-contiguous tensor (or one at an offset that is not a multiple of 8 bytes) is copied to a
+// contiguous buffer that lives until the batch is done, so such tensors cost their size in
+// device memory meanwhile.
+absl::Status StreamChunkHashes(
+    absl::Span<const at::Tensor> tensors,
+    const std::function<absl::Status(absl::Span<const LandedHashes>)>& consume);
 
 // The chunk hashes of one CUDA tensor as it is when its device's current stream reaches them,
 // enqueued there and not waited for: a uint8 tensor of 16 bytes per chunk on the tensor's device

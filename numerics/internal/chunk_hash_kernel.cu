@@ -96,21 +96,22 @@ struct InlineSegments {
 };
 
 // Thread 8c + l hashes lane l of the block's chunk c (Note [Digest chunks through shared memory]);
-// a chunk belongs to the last segment whose first chunk is at most its index. The segments are
-// `segments` (device memory) or, when it is null, `inline_segments`.
+// the launch's blocks cover chunks [chunk_begin, chunk_end), and a chunk belongs to the last
+// segment whose first chunk is at most its index. The segments are `segments` (device memory) or,
+// when it is null, `inline_segments`.
 __global__ void __launch_bounds__(kThreads)
     SegmentedChunkHashKernel(const ChunkHashSegment* __restrict__ segments,
-                             InlineSegments inline_segments, int count, uint64_t total_chunks,
-                             uint8_t* __restrict__ out) {
+                             InlineSegments inline_segments, int count, uint64_t chunk_begin,
+                             uint64_t chunk_end, uint8_t* __restrict__ out) {
   extern __shared__ __align__(16) uint8_t stages[];
   __shared__ uint64_t secret[kSecretWords];
   __shared__ ChunkInfo chunks[kChunksPerBlock];
-  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kChunksPerBlock;
+  const uint64_t first = chunk_begin + static_cast<uint64_t>(blockIdx.x) * kChunksPerBlock;
   if (threadIdx.x < kSecretWords) secret[threadIdx.x] = Xxh3ReadLe64(kSecret + 8 * threadIdx.x);
   if (threadIdx.x < kChunksPerBlock) {
     const uint64_t chunk = first + threadIdx.x;
     ChunkInfo info{nullptr, 0, false};
-    if (chunk < total_chunks) {
+    if (chunk < chunk_end) {
       const ChunkHashSegment* table = segments == nullptr ? inline_segments.at : segments;
       int lo = 0, hi = count - 1;
       while (lo < hi) {
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t lanes[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) lanes[i] = __shfl_sync(group, acc, i, 8);
-  if (lane == 0 && first + c < total_chunks) Xxh3Finish(lanes, kSecret, out + 16 * (first + c));
+  if (lane == 0 && first + c < chunk_end) Xxh3Finish(lanes, kSecret, out + 16 * (first + c));
 }
 
 // Above the default 48 KiB of dynamic shared memory: set once per device, the first time a
@@ -194,29 +195,46 @@ cudaError_t AllowSharedMemory() {
 }
 
 cudaError_t Launch(const ChunkHashSegment* segments, const InlineSegments& inline_segments,
-                   int count, uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
-  if (count == 0 || total_chunks == 0) return cudaSuccess;
+                   int count, uint64_t chunk_begin, uint64_t chunk_end, uint8_t* out,
+                   cudaStream_t stream) {
+  if (count == 0 || chunk_end <= chunk_begin) return cudaSuccess;
   const cudaError_t error = AllowSharedMemory();
   if (error != cudaSuccess) return error;
-  const uint64_t blocks = (total_chunks + kChunksPerBlock - 1) / kChunksPerBlock;
+  const uint64_t blocks = (chunk_end - chunk_begin + kChunksPerBlock - 1) / kChunksPerBlock;
   SegmentedChunkHashKernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(
-      segments, inline_segments, count, total_chunks, out);
+      segments, inline_segments, count, chunk_begin, chunk_end, out);
   return cudaGetLastError();
+}
+
+InlineSegments InlineOf(const ChunkHashSegment* segments, int count) {
+  InlineSegments inline_segments{};
+  for (int i = 0; i < count; ++i) inline_segments.at[i] = segments[i];
+  return inline_segments;
 }
 
 }  // namespace
 
 cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
                                      uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
-  return Launch(segments, InlineSegments{}, count, total_chunks, out, stream);
+  return Launch(segments, InlineSegments{}, count, 0, total_chunks, out, stream);
+}
+
+cudaError_t LaunchSegmentedChunkHashRange(const ChunkHashSegment* segments, int count,
+                                          uint64_t chunk_begin, uint64_t chunk_end, uint8_t* out,
+                                          cudaStream_t stream) {
+  return Launch(segments, InlineSegments{}, count, chunk_begin, chunk_end, out, stream);
 }
 
 cudaError_t LaunchInlineChunkHash(const ChunkHashSegment* segments, int count,
                                   uint64_t total_chunks, uint8_t* out, cudaStream_t stream) {
+  return LaunchInlineChunkHashRange(segments, count, 0, total_chunks, out, stream);
+}
+
+cudaError_t LaunchInlineChunkHashRange(const ChunkHashSegment* segments, int count,
+                                       uint64_t chunk_begin, uint64_t chunk_end, uint8_t* out,
+                                       cudaStream_t stream) {
   if (count < 0 || count > kInlineChunkHashSegments) return cudaErrorInvalidValue;
-  InlineSegments inline_segments{};
-  for (int i = 0; i < count; ++i) inline_segments.at[i] = segments[i];
-  return Launch(nullptr, inline_segments, count, total_chunks, out, stream);
+  return Launch(nullptr, InlineOf(segments, count), count, chunk_begin, chunk_end, out, stream);
 }
 
 cudaError_t LaunchChunkHash(const uint8_t* data, uint64_t num_bytes, uint8_t* out,

@@ -30,6 +30,12 @@ struct ChunkHashSegment {
 cudaError_t LaunchSegmentedChunkHash(const ChunkHashSegment* segments, int count,
                                      uint64_t total_chunks, uint8_t* out, cudaStream_t stream);
 
+// LaunchSegmentedChunkHash of the batch's chunks [chunk_begin, chunk_end) only (their hashes into
+// the same places of `out`): a batch hashed in pieces, each copied back while the next is hashed.
+cudaError_t LaunchSegmentedChunkHashRange(const ChunkHashSegment* segments, int count,
+                                          uint64_t chunk_begin, uint64_t chunk_end, uint8_t* out,
+                                          cudaStream_t stream);
+
 // At most this many segments go to the kernel as its argument (LaunchInlineChunkHash).
 inline constexpr int kInlineChunkHashSegments = 8;
 
@@ -38,6 +44,11 @@ inline constexpr int kInlineChunkHashSegments = 8;
 // recorder hashes a call's tensors this way (Note [Digest arena] in digest_arena.h).
 cudaError_t LaunchInlineChunkHash(const ChunkHashSegment* segments, int count,
                                   uint64_t total_chunks, uint8_t* out, cudaStream_t stream);
+
+// LaunchInlineChunkHash of chunks [chunk_begin, chunk_end) only.
+cudaError_t LaunchInlineChunkHashRange(const ChunkHashSegment* segments, int count,
+                                       uint64_t chunk_begin, uint64_t chunk_end, uint8_t* out,
+                                       cudaStream_t stream);
 
 // The chunks of one buffer (device memory, 8-byte aligned), into out[16 * j ..) (device memory):
 // LaunchInlineChunkHash of a single segment.

@@ -6,8 +6,9 @@ namespace lockstep {
 namespace numerics {
 namespace internal {
 
-absl::StatusOr<ChunkHashes> HashChunksOnDevices(absl::Span<const at::Tensor> tensors) {
-  if (tensors.empty()) return ChunkHashes();
+absl::Status StreamChunkHashes(absl::Span<const at::Tensor> tensors,
+                               const std::function<absl::Status(absl::Span<const LandedHashes>)>&) {
+  if (tensors.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("digesting a tensor on ", tensors[0].device().str(),
                    " needs a CUDA build of lockstep (--config=cuda)"));
