@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "invariant/internal/cpu_kernels.h"
+#include "invariant/internal/device_ops.h"
 #include "torch/csrc/autograd/custom_function.h"
 
 namespace lockstep {
@@ -31,12 +32,17 @@ absl::Status CheckFloating(const char* op, const char* name, const at::Tensor& t
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", c10::toString(type),
                                                    "; float32, float64, bfloat16 or float16"));
   }
-  if (!t.is_cpu()) {
-    return absl::UnimplementedError(
-        absl::StrCat(op, ": ", name, " is on ", t.device().str(),
-                     "; the placement-invariant kernels run on the CPU only so far"));
+  if (!t.is_cpu() && !t.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is on ", t.device().str(), "; the CPU or a CUDA device"));
   }
   return absl::OkStatus();
+}
+
+absl::Status SameDevice(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  if (a.device() == b.device()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": tensors on ", a.device().str(), " and ", b.device().str()));
 }
 
 absl::Status CheckMatrix(const char* op, const char* name, const at::Tensor& t) {
@@ -59,7 +65,7 @@ absl::Status CheckTokens(const char* name, const at::Tensor& tokens, int64_t row
   if (!tokens.defined() || tokens.scalar_type() != at::kLong || tokens.dim() != 2 ||
       tokens.size(1) != 2 || tokens.size(0) != rows) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "SequenceAttention: ", name, " must be int64 [", rows, ", 2] (sequence id, position)",
+        "attention: ", name, " must be int64 [", rows, ", 2] (sequence id, position)",
         tokens.defined()
             ? absl::StrCat(", not ", c10::toString(tokens.scalar_type()), " ", Shape(tokens))
             : ", not undefined"));
@@ -71,14 +77,55 @@ void OrThrow(const absl::Status& status) {
   if (!status.ok()) ThrowAsTorchError(status);
 }
 
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  OrThrow(value.status());
+  return *std::move(value);
+}
+
+// The float64 kernels, each on the device of its (float64, contiguous) arguments.
+at::Tensor LinearRowsOn(const at::Tensor& x, const at::Tensor& w_t) {
+  return x.is_cuda() ? ValueOrThrow(internal::CudaLinearRows(x, w_t))
+                     : internal::LinearRows(x, w_t);
+}
+at::Tensor GeluForwardOn(const at::Tensor& x) {
+  return x.is_cuda() ? ValueOrThrow(internal::CudaGeluForward(x)) : internal::GeluForward(x);
+}
+at::Tensor GeluBackwardOn(const at::Tensor& x, const at::Tensor& dy) {
+  return x.is_cuda() ? ValueOrThrow(internal::CudaGeluBackward(x, dy))
+                     : internal::GeluBackward(x, dy);
+}
+at::Tensor AttentionForwardOn(const internal::Visibility& visible, const at::Tensor& q,
+                              const at::Tensor& k, const at::Tensor& v, double scale) {
+  return q.is_cuda() ? ValueOrThrow(internal::CudaAttentionForward(visible, q, k, v, scale))
+                     : internal::AttentionForward(visible, q, k, v, scale);
+}
+internal::AttentionGradients AttentionBackwardOn(const internal::Visibility& visible,
+                                                 const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, const at::Tensor& dout,
+                                                 double scale) {
+  return q.is_cuda() ? ValueOrThrow(internal::CudaAttentionBackward(visible, q, k, v, dout, scale))
+                     : internal::AttentionBackward(visible, q, k, v, dout, scale);
+}
+
 // x [M, K] times w^T: float64 inside, the result in x's dtype.
 at::Tensor LinearOf(const at::Tensor& x, const at::Tensor& w) {
-  return internal::LinearRows(Wide(x), Wide(w.t())).to(x.scalar_type());
+  return LinearRowsOn(Wide(x), Wide(w.t())).to(x.scalar_type());
+}
+
+// Autograd keeps non-tensor arguments as IValues: an ExactGradients travels as its address
+// (WeightGradient's precondition keeps it alive).
+int64_t Handle(ExactGradients* exact) { return reinterpret_cast<int64_t>(exact); }
+ExactGradients* ExactOf(AutogradContext* ctx) {
+  return reinterpret_cast<ExactGradients*>(ctx->saved_data["exact"].toInt());
 }
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            int64_t exact, int64_t slot) {
     ctx->save_for_backward({x, w});
+    ctx->saved_data["exact"] = exact;
+    ctx->saved_data["slot"] = slot;
     return LinearOf(x, w);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -86,21 +133,47 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
     const at::Tensor dy = grads[0];
-    // dx = dy w, row by row (invariant); dw = dy^T x, a sum over the call's rows in order.
+    // dx = dy w, row by row (invariant); dw = dy^T x: exact sums, or a sum over the call's rows
+    // in order.
     at::Tensor dx = LinearOf(dy.to(x.scalar_type()), w.t());
+    if (ExactGradients* exact = ExactOf(ctx)) {
+      OrThrow(exact->AddOuterProducts(static_cast<int>(ctx->saved_data["slot"].toInt()), dy, x));
+      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     at::Tensor dw = LinearOf(dy.t().to(w.scalar_type()), x.t());
-    return {dx, dw};
+    return {dx, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& ids,
+                            int64_t exact, int64_t slot) {
+    ctx->save_for_backward({weight, ids});
+    ctx->saved_data["exact"] = exact;
+    ctx->saved_data["slot"] = slot;
+    return weight.index_select(0, ids);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    if (ExactGradients* exact = ExactOf(ctx)) {
+      OrThrow(
+          exact->AddRows(static_cast<int>(ctx->saved_data["slot"].toInt()), saved[1], grads[0]));
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    // Without exact sums: in token order, as LibTorch's CPU embedding backward.
+    return {at::zeros_like(saved[0]).index_add_(0, saved[1], grads[0]), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 struct GeluFunction : torch::autograd::Function<GeluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
     ctx->save_for_backward({x});
-    return internal::GeluForward(Wide(x)).to(x.scalar_type());
+    return GeluForwardOn(Wide(x)).to(x.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor x = ctx->get_saved_variables()[0];
-    return {internal::GeluBackward(Wide(x), Wide(grads[0])).to(x.scalar_type())};
+    return {GeluBackwardOn(Wide(x), Wide(grads[0])).to(x.scalar_type())};
   }
 };
 
@@ -114,16 +187,15 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
     OrThrow(visible.status());
     ctx->save_for_backward({q, k, v, query_tokens, key_tokens});
     ctx->saved_data["scale"] = scale;
-    return internal::AttentionForward(*visible, Wide(q), Wide(k), Wide(v), scale)
-        .to(q.scalar_type());
+    return AttentionForwardOn(*visible, Wide(q), Wide(k), Wide(v), scale).to(q.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
     absl::StatusOr<internal::Visibility> visible = internal::SeeKeys(s[3], s[4]);
     OrThrow(visible.status());
-    const internal::AttentionGradients g = internal::AttentionBackward(
-        *visible, Wide(s[0]), Wide(s[1]), Wide(s[2]), Wide(grads[0]), scale);
+    const internal::AttentionGradients g =
+        AttentionBackwardOn(*visible, Wide(s[0]), Wide(s[1]), Wide(s[2]), Wide(grads[0]), scale);
     return {g.dq.to(s[0].scalar_type()),
             g.dk.to(s[1].scalar_type()),
             g.dv.to(s[2].scalar_type()),
@@ -133,18 +205,113 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
   }
 };
 
+// Each member's `rows` [n, ...] padded to `widest` rows of `fill`, gathered over `group`:
+// [size * widest, ...].
+at::Tensor GatherPadded(collectives::Communicator* group, const at::Tensor& rows, int64_t widest,
+                        double fill, const char* what) {
+  std::vector<int64_t> shape = rows.sizes().vec();
+  shape[0] = widest;
+  at::Tensor padded = at::full(shape, fill, rows.options());
+  padded.narrow(0, 0, rows.size(0)).copy_(rows);
+  absl::StatusOr<std::vector<at::Tensor>> all = group->AllGather(padded);
+  if (!all.ok()) ThrowAsTorchError(Annotate(all.status(), what));
+  return at::cat(*all, 0);
+}
+
+collectives::Communicator* GroupOf(AutogradContext* ctx) {
+  return reinterpret_cast<collectives::Communicator*>(ctx->saved_data["group"].toInt());
+}
+
+// ShardedSequenceAttention with a group (Note [Placement invariance]: the keys' gradients are
+// computed by every member over all queries, not summed over the members).
+struct ShardedAttentionFunction : torch::autograd::Function<ShardedAttentionFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& tokens, double scale,
+                            int64_t widest, int64_t group_handle) {
+    auto* group = reinterpret_cast<collectives::Communicator*>(group_handle);
+    const at::Tensor keys = GatherPadded(group, k, widest, 0, "gathering the keys");
+    const at::Tensor values = GatherPadded(group, v, widest, 0, "gathering the values");
+    const at::Tensor all_tokens = GatherPadded(group, tokens, widest, -1, "gathering the tokens");
+    const absl::StatusOr<internal::Visibility> visible =
+        internal::SeeKeys(tokens.to(at::kCPU).contiguous(), all_tokens.to(at::kCPU).contiguous());
+    OrThrow(visible.status());
+    ctx->save_for_backward({q, keys, values, all_tokens});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["widest"] = widest;
+    ctx->saved_data["group"] = group_handle;
+    ctx->saved_data["rows"] = k.size(0);
+    return AttentionForwardOn(*visible, Wide(q), Wide(keys), Wide(values), scale)
+        .to(q.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &keys = s[1], &values = s[2], &all_tokens = s[3];
+    collectives::Communicator* group = GroupOf(ctx);
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t widest = ctx->saved_data["widest"].toInt();
+    const int64_t rows = ctx->saved_data["rows"].toInt();
+    // Every member's queries (their rows are their keys' rows) and output gradients.
+    const at::Tensor queries = GatherPadded(group, q, widest, 0, "gathering the queries");
+    const at::Tensor dout = GatherPadded(group, grads[0].to(q.scalar_type()), widest, 0,
+                                         "gathering the output gradients");
+    const at::Tensor cpu_tokens = all_tokens.to(at::kCPU).contiguous();
+    const at::Tensor real = (cpu_tokens.select(1, 0) >= 0).nonzero().squeeze(1);
+    const absl::StatusOr<internal::Visibility> visible =
+        internal::SeeKeys(cpu_tokens.index_select(0, real), cpu_tokens);
+    OrThrow(visible.status());
+    const at::Tensor on_device = real.to(q.device());
+    const internal::AttentionGradients g =
+        AttentionBackwardOn(*visible, Wide(queries.index_select(0, on_device)), Wide(keys),
+                            Wide(values), Wide(dout.index_select(0, on_device)), scale);
+    // This member's queries among the real ones, and its keys' rows.
+    const int64_t first = group->rank() * widest;
+    const int64_t before = (real < first).sum().item<int64_t>();
+    return {g.dq.narrow(0, before, rows).to(q.scalar_type()),
+            g.dk.narrow(0, first, rows).to(keys.scalar_type()),
+            g.dv.narrow(0, first, rows).to(values.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+absl::Status CheckSlot(const char* op, const WeightGradient& to) {
+  if (to.exact != nullptr && to.slot < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": exact gradients without a slot"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<at::Tensor> Linear(const at::Tensor& x, const at::Tensor& w) {
+absl::StatusOr<at::Tensor> Linear(const at::Tensor& x, const at::Tensor& w,
+                                  WeightGradient w_gradient) {
   LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("Linear", "x", x));
   LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("Linear", "w", w));
   LOCKSTEP_RETURN_IF_ERROR(SameDtype("Linear", x, w));
+  LOCKSTEP_RETURN_IF_ERROR(SameDevice("Linear", x, w));
   if (x.size(1) != w.size(1)) {
     return absl::InvalidArgumentError(absl::StrCat("Linear: x ", Shape(x), " and w ", Shape(w),
                                                    " do not chain (w is [out, in])"));
   }
-  return CallTorch("Linear",
-                   [&]() -> absl::StatusOr<at::Tensor> { return LinearFunction::apply(x, w); });
+  LOCKSTEP_RETURN_IF_ERROR(CheckSlot("Linear", w_gradient));
+  return CallTorch("Linear", [&]() -> absl::StatusOr<at::Tensor> {
+    return LinearFunction::apply(x, w, Handle(w_gradient.exact), w_gradient.slot);
+  });
+}
+
+absl::StatusOr<at::Tensor> Embedding(const at::Tensor& weight, const at::Tensor& ids,
+                                     WeightGradient weight_gradient) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("Embedding", "weight", weight));
+  if (!ids.defined() || ids.scalar_type() != at::kLong || ids.dim() != 1) {
+    return absl::InvalidArgumentError("Embedding: ids must be int64 [tokens]");
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CheckSlot("Embedding", weight_gradient));
+  return CallTorch("Embedding", [&]() -> absl::StatusOr<at::Tensor> {
+    return EmbeddingFunction::apply(weight, ids.to(weight.device()), Handle(weight_gradient.exact),
+                                    weight_gradient.slot);
+  });
 }
 
 absl::StatusOr<at::Tensor> Gelu(const at::Tensor& x) {
@@ -160,6 +327,8 @@ absl::StatusOr<at::Tensor> SequenceAttention(const at::Tensor& q, const at::Tens
   LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("SequenceAttention", "v", v));
   LOCKSTEP_RETURN_IF_ERROR(SameDtype("SequenceAttention", q, k));
   LOCKSTEP_RETURN_IF_ERROR(SameDtype("SequenceAttention", q, v));
+  LOCKSTEP_RETURN_IF_ERROR(SameDevice("SequenceAttention", q, k));
+  LOCKSTEP_RETURN_IF_ERROR(SameDevice("SequenceAttention", q, v));
   if (q.size(1) != k.size(1) || k.size(0) != v.size(0)) {
     return absl::InvalidArgumentError(absl::StrCat("SequenceAttention: q ", Shape(q), ", k ",
                                                    Shape(k), " and v ", Shape(v),
@@ -171,6 +340,29 @@ absl::StatusOr<at::Tensor> SequenceAttention(const at::Tensor& q, const at::Tens
   return CallTorch("SequenceAttention", [&]() -> absl::StatusOr<at::Tensor> {
     return AttentionFunction::apply(q, k, v, query_tokens.to(at::kCPU).contiguous(),
                                     key_tokens.to(at::kCPU).contiguous(), scale);
+  });
+}
+
+absl::StatusOr<at::Tensor> ShardedSequenceAttention(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v, const at::Tensor& tokens,
+                                                    double scale, int64_t widest,
+                                                    collectives::Communicator* group) {
+  if (group == nullptr) return SequenceAttention(q, k, v, tokens, tokens, scale);
+  LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("ShardedSequenceAttention", "q", q));
+  LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("ShardedSequenceAttention", "k", k));
+  LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("ShardedSequenceAttention", "v", v));
+  LOCKSTEP_RETURN_IF_ERROR(SameDtype("ShardedSequenceAttention", q, k));
+  LOCKSTEP_RETURN_IF_ERROR(SameDtype("ShardedSequenceAttention", q, v));
+  if (q.size(0) != k.size(0) || k.size(0) != v.size(0) || q.size(1) != k.size(1) ||
+      q.size(0) > widest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShardedSequenceAttention: q ", Shape(q), ", k ", Shape(k), " and v ", Shape(v),
+        " must share their rows (at most widest = ", widest, ") and q and k their width"));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CheckTokens("tokens", tokens, q.size(0)));
+  return CallTorch("ShardedSequenceAttention", [&]() -> absl::StatusOr<at::Tensor> {
+    return ShardedAttentionFunction::apply(q, k, v, tokens.to(q.device()), scale, widest,
+                                           reinterpret_cast<int64_t>(group));
   });
 }
 

@@ -25,13 +25,19 @@
 // are bit-identical in every placement, on every row count, and equal to a float64 reference
 // within one rounding of the output dtype plus the float64 sums' error (tested).
 // Gradients: the input gradients are computed the same way (dx by Linear against w's transpose;
-// attention's dq per query, dk and dv per key summed over its sequence's queries in increasing
-// position), so they too depend only on the sequence. A weight's gradient is a sum over every
-// token of the call (Linear's dw: sequential over the call's rows), and the sum over calls,
-// microbatches and CP ranks is autograd's and the collectives'; their grouping follows the
-// placement, so weight gradients are not yet placement-invariant.
+// attention's dq per query, dk and dv per key summed over all of its sequence's queries in
+// increasing position; with CP, ShardedSequenceAttention gathers the queries in backward so that
+// every member sums over all of them, as unsharded would), so they too depend only on the
+// sequence. A weight's gradient is a sum over every token of the step: given an ExactGradients
+// (WeightGradient), Linear and Embedding add each token's contribution there exactly (Note [Exact
+// accumulation] in exact_gradients.h), and the step's gradients are the same bits however its
+// tokens were placed; without one, autograd's .grad receives a float sum over the call's rows.
 //
-// Devices: CPU tensors. A CUDA tensor is refused with kUnimplemented.
+// Devices: the CPU and CUDA. A CUDA kernel computes each element by the operations the CPU's
+// loop writes, in its order, through explicitly rounded float64 intrinsics (no fused
+// multiply-add), so Linear gives the CPU's bits on a GPU; exp and erf are CUDA's, which may
+// differ from the C library's in the last bit, so Gelu and attention are invariant on each device
+// but may differ between them by a rounding.
 // Dtypes: float32, float64, bfloat16, float16 (outputs in the input's dtype).
 //
 // Thread-safety: as LibTorch's operators.
@@ -39,15 +45,32 @@
 #ifndef LOCKSTEP_INVARIANT_OPS_H_
 #define LOCKSTEP_INVARIANT_OPS_H_
 
+#include <cstdint>
+
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
+#include "collectives/communicator.h"
+#include "invariant/exact_gradients.h"
 
 namespace lockstep {
 namespace invariant {
 
+// Where a weight's gradient goes: autograd's .grad (no `exact`), or slot `slot` of `exact`.
+// Precondition: `exact` outlives the backward of every call given it.
+struct WeightGradient {
+  ExactGradients* exact = nullptr;
+  int slot = -1;
+};
+
 // x [M, K] times the transpose of w [N, K]: [M, N] (a bias-free torch.nn.functional.linear).
 // kInvalidArgument for shapes that do not chain or dtypes that differ.
-absl::StatusOr<at::Tensor> Linear(const at::Tensor& x, const at::Tensor& w);
+absl::StatusOr<at::Tensor> Linear(const at::Tensor& x, const at::Tensor& w,
+                                  WeightGradient w_gradient = {});
+
+// Rows `ids` (int64 [T]) of weight [V, K]: [T, K], an embedding lookup (bit-exact in any
+// placement); its backward adds each token's output gradient to its row, exactly with `exact`.
+absl::StatusOr<at::Tensor> Embedding(const at::Tensor& weight, const at::Tensor& ids,
+                                     WeightGradient weight_gradient = {});
 
 // The exact (erf) GELU of x, any shape.
 absl::StatusOr<at::Tensor> Gelu(const at::Tensor& x);
@@ -60,6 +83,17 @@ absl::StatusOr<at::Tensor> Gelu(const at::Tensor& x);
 absl::StatusOr<at::Tensor> SequenceAttention(const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, const at::Tensor& query_tokens,
                                              const at::Tensor& key_tokens, double scale);
+
+// SequenceAttention of this member's queries over the keys and values of every member of
+// `group` (a CP group: each member holds its own rows of q, k, v, and `tokens` [rows, 2] for
+// them). Forward gathers k, v and the tokens, each member's rows padded to `widest`; backward
+// gathers q, the output gradient and the tokens, and every member computes every key's gradient
+// over all of its sequence's queries, keeping its own rows: the bits unsharded attention gives.
+// A null group: SequenceAttention over this member's rows. Collective: every member calls it.
+absl::StatusOr<at::Tensor> ShardedSequenceAttention(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v, const at::Tensor& tokens,
+                                                    double scale, int64_t widest,
+                                                    collectives::Communicator* group);
 
 }  // namespace invariant
 }  // namespace lockstep

@@ -1,3 +1,7 @@
+// invariant/ops.h's kernels against float64 references and against themselves across
+// placements. Built twice: //invariant:ops_test on the CPU and, with LOCKSTEP_INVARIANT_ON_CUDA,
+// //invariant:ops_cuda_test (gpu) with every tensor on CUDA device 0.
+
 #include "invariant/ops.h"
 
 #include <cmath>
@@ -17,9 +21,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
+#ifdef LOCKSTEP_INVARIANT_ON_CUDA
+const c10::Device kDevice(c10::kCUDA, 0);
+#else
+const c10::Device kDevice(c10::kCPU);
+#endif
+
 at::Tensor Random(std::vector<int64_t> shape, uint64_t seed, at::ScalarType type = at::kFloat) {
   at::Generator g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g, at::TensorOptions().dtype(at::kFloat)).to(type);
+  return at::randn(shape, g, at::TensorOptions().dtype(at::kFloat)).to(type).to(kDevice);
 }
 
 // [n, 2] tokens of one sequence: id, positions first..first + n - 1.
@@ -128,9 +138,10 @@ TEST(GeluTest, GradientMatchesAutogradOfLibTorchsGelu) {
 // The float64 reference: masked softmax attention over every key of the call.
 at::Tensor ReferenceAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& qt, const at::Tensor& kt, double scale) {
-  const at::Tensor visible = (qt.select(1, 0).unsqueeze(1) == kt.select(1, 0).unsqueeze(0)) &
-                             (kt.select(1, 1).unsqueeze(0) <= qt.select(1, 1).unsqueeze(1)) &
-                             kt.select(1, 0).unsqueeze(0).ge(0);
+  const at::Tensor visible = ((qt.select(1, 0).unsqueeze(1) == kt.select(1, 0).unsqueeze(0)) &
+                              (kt.select(1, 1).unsqueeze(0) <= qt.select(1, 1).unsqueeze(1)) &
+                              kt.select(1, 0).unsqueeze(0).ge(0))
+                                 .to(q.device());
   const at::Tensor scores =
       (at::mm(q, k.t()) * scale)
           .masked_fill(at::logical_not(visible), -std::numeric_limits<double>::infinity());
@@ -151,8 +162,8 @@ struct TwoSequences {
     const at::Tensor pad_k = Random({2, 8}, 27), pad_v = Random({2, 6}, 28);
     const at::Tensor pad_t = at::full({2, 2}, -1, at::kLong);
     const at::Tensor order = at::tensor({4, 0, 9, 1, 7, 13, 2, 5, 3, 6, 8, 10, 11, 12}, at::kLong);
-    const at::Tensor k = at::cat({ka, kb, pad_k}).index_select(0, order);
-    const at::Tensor v = at::cat({va, vb, pad_v}).index_select(0, order);
+    const at::Tensor k = at::cat({ka, kb, pad_k}).index_select(0, order.to(kDevice));
+    const at::Tensor v = at::cat({va, vb, pad_v}).index_select(0, order.to(kDevice));
     const at::Tensor kt = at::cat({Tokens(3, 5), Tokens(9, 7), pad_t}).index_select(0, order);
     return {at::cat({qb, qa}), k, v, at::cat({Tokens(9, 7), Tokens(3, 5)}), kt};
   }
@@ -202,8 +213,8 @@ TEST(SequenceAttentionTest, GradientsMatchTheReferenceAndDoNotDependOnThePacking
   // A's rows of dq, and the gradients of A's keys and values, alone and packed.
   const std::vector<at::Tensor> alone = grads(a, dout_a, false);
   EXPECT_TRUE(at::equal(mine[0].narrow(0, 7, 5), alone[0]));
-  const at::Tensor a_rows = (p.kt.select(1, 0) == 3).nonzero().squeeze(1);
-  const at::Tensor a_positions = p.kt.index_select(0, a_rows).select(1, 1);
+  const at::Tensor a_rows = (p.kt.select(1, 0) == 3).nonzero().squeeze(1).to(kDevice);
+  const at::Tensor a_positions = p.kt.to(kDevice).index_select(0, a_rows).select(1, 1);
   EXPECT_TRUE(at::equal(mine[1].index_select(0, a_rows), alone[1].index_select(0, a_positions)));
   EXPECT_TRUE(at::equal(mine[2].index_select(0, a_rows), alone[2].index_select(0, a_positions)));
 }
@@ -223,6 +234,18 @@ TEST(SequenceAttentionTest, RefusesAmbiguousOrUnseeingTokens) {
       SequenceAttention(s.qa, s.ka, s.va, Tokens(3, 4), Tokens(3, 5), 1.0).status().message(),
       HasSubstr("query_tokens must be int64 [5, 2]"));
 }
+
+#ifdef LOCKSTEP_INVARIANT_ON_CUDA
+// The GPU's Linear is the CPU's, bit for bit (the same float64 operations in the same order).
+TEST(LinearTest, TheGpuGivesTheCpusBits) {
+  for (at::ScalarType type : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    const at::Tensor x = Random({33, 70}, 41, type), w = Random({19, 70}, 42, type);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor gpu, Linear(x, w));
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor cpu, Linear(x.cpu(), w.cpu()));
+    EXPECT_TRUE(at::equal(gpu.cpu(), cpu)) << type;
+  }
+}
+#endif
 
 TEST(ModeTest, ScopesNestAndTheModeEndsWithTheLast) {
   EXPECT_FALSE(ModeOn());

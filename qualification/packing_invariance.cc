@@ -114,6 +114,9 @@ struct PlacementRun {
   std::map<int64_t, at::Tensor> outputs;  // per sequence id: [length, width], CPU
   std::map<int64_t, double> loss;         // per sequence id: its loss contribution
   std::shared_ptr<SequenceProbes> probes;
+  // Under placement-invariant mode: the step's gradients (exact sums over every call and the CP
+  // group, Note [Exact accumulation]) per parameter, CPU.
+  std::map<std::string, at::Tensor> gradients;
 };
 
 // Runs the forward of FixedBatch in `placement` (`alone`: one call per sequence).
@@ -139,11 +142,13 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
     calls.push_back(batch);
   }
   const at::Tensor head = program->parameters.back().second;
+  // Under the mode the step's backward runs too, its gradients summed exactly.
+  const bool backward = program->exact != nullptr;
   for (trainer::TrainerInputs& call : calls) {
     const std::vector<planner::Sequence> sequences = call.sequences;
     const std::vector<int64_t> call_offsets = variability::SequenceOffsets(call);
     LOCKSTEP_ASSIGN_OR_RETURN(variability::StepResult step,
-                              variability::Step(*program, std::move(call), /*backward=*/false));
+                              variability::Step(*program, std::move(call), backward));
     run.microbatches += static_cast<int>(step.microbatches.size());
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("per-sequence outputs", [&] {
       for (const trainer::MicrobatchOutput& out : step.microbatches) {
@@ -184,6 +189,16 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
   }
   program->model->SetTaps(nullptr);
   run.ooms = program->ooms_injected;
+  if (backward) {
+    LOCKSTEP_RETURN_IF_ERROR(
+        variability::FinishGradients(*program, placement.unsharded ? nullptr : groups.cp));
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("the step's gradients", [&] {
+      for (const auto& [name, parameter] : program->parameters) {
+        run.gradients[name] = parameter.grad().defined() ? parameter.grad().detach().to(at::kCPU)
+                                                         : at::zeros_like(parameter, at::kCPU);
+      }
+    }));
+  }
   if (!placement.unsharded && groups.cp != nullptr) {
     LOCKSTEP_RETURN_IF_ERROR(run.probes->Complete(*groups.cp, groups.device));
   }
@@ -240,6 +255,30 @@ absl::StatusOr<std::vector<SequenceDifference>> Differences(const PlacementRun& 
   return differences;
 }
 
+// Which of the step's gradients differ between `base` and `run` (both under the mode), as
+// summaries naming the parameter and by how much.
+absl::StatusOr<std::vector<std::string>> GradientDifferences(const PlacementRun& base,
+                                                             const PlacementRun& run) {
+  std::vector<std::string> out;
+  for (const auto& [name, gradient] : base.gradients) {
+    auto other = run.gradients.find(name);
+    if (other == run.gradients.end()) {
+      out.push_back(absl::StrCat(run.name, " vs ", base.name, ": no gradient of ", name));
+      continue;
+    }
+    if (at::equal(gradient, other->second)) continue;
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        numerics::TensorComparison c,
+        numerics::CompareTensors(other->second, gradient, numerics::Tolerance(), name));
+    const json figures = numerics::ComparisonJson(c);
+    out.push_back(absl::StrCat(
+        run.name, " vs ", base.name, ": the step's gradient of ", name,
+        absl::StrFormat(" differs: max |diff| %.3g, relative L2 %.3g",
+                        figures.value("max_abs_diff", 0.0), figures.value("relative_l2", 0.0))));
+  }
+  return out;
+}
+
 std::string DifferenceSummary(const SequenceDifference& d, const std::string& placement,
                               const std::string& against) {
   std::string s = absl::StrCat("sequence ", d.id, " ", placement, " vs ", against);
@@ -265,6 +304,7 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
     p.dropout = false;
     p.broken_module = broken;
     p.libtorch_attention = control_ == NegativeControl::kLibTorchAttention;
+    p.exact_gradients = true;  // under placement-invariant mode: the gradients compared too
     return p;
   };
   struct Planned {
@@ -294,6 +334,9 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
     for (const SequenceDifference& d : rerun) {
       unreproduced.push_back(DifferenceSummary(d, p.placement.name, "its rerun"));
     }
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> rerun_gradients,
+                              GradientDifferences(first, again));
+    unreproduced.insert(unreproduced.end(), rerun_gradients.begin(), rerun_gradients.end());
     placements.push_back({{"name", p.placement.name},
                           {"budget", p.placement.budget},
                           {"microbatches", first.microbatches},
@@ -316,6 +359,10 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
     }
     pairs += static_cast<int>(runs[0].outputs.size());
     placements[i]["differences_from_alone"] = std::move(sequences);
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> gradients,
+                              GradientDifferences(runs[0], runs[i]));
+    placements[i]["gradient_differences_from_alone"] = gradients;
+    placement_dependent.insert(placement_dependent.end(), gradients.begin(), gradients.end());
   }
 
   VariabilityCheck check;
@@ -336,8 +383,9 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
   }
   if (unreproduced.empty() && !check.passed) {
     check.detail = absl::StrCat(
-        "placement-dependent under placement-invariant mode: ", placement_dependent.size(), " of ",
-        pairs, " (sequence, placement) pairs differ from alone; first: ", placement_dependent[0]);
+        "placement-dependent under placement-invariant mode: ", placement_dependent.size(),
+        " difference(s) from alone (of ", pairs,
+        " (sequence, placement) pairs and the step's gradients); first: ", placement_dependent[0]);
   } else if (!check.passed) {
     check.detail =
         absl::StrCat("not reproducible (nondeterminism, not placement): ", unreproduced.size(),
@@ -345,7 +393,11 @@ absl::StatusOr<VariabilityCheck> VariabilityRank::PackingInvariance() {
   } else if (placement_dependent.empty()) {
     check.detail = absl::StrCat(
         runs[0].outputs.size(), " sequences' outputs and loss contributions bit-identical across ",
-        runs.size(), " placements", invariant_mode ? " under placement-invariant mode" : "",
+        runs.size(), " placements",
+        runs[0].gradients.empty()
+            ? ""
+            : absl::StrCat(" (and the step's ", runs[0].gradients.size(), " gradients)"),
+        invariant_mode ? " under placement-invariant mode" : "",
         ", each reproduced: ", absl::StrJoin(shapes, "; "),
         unsharded ? ""
                   : (topology_.cp_size() > 1

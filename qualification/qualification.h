@@ -212,7 +212,7 @@ struct QualifyOptions {
   bool deterministic = false;
   // Run every worker under placement-invariant mode (invariant/mode.h): the reference model
   // computes with invariant/ops.h's kernels, and packing_invariance fails on any difference
-  // between placements. CPU only so far. Default: false.
+  // between placements. Default: false.
   bool placement_invariant = false;
 
  private:

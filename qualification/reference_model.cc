@@ -1,6 +1,7 @@
 #include "qualification/reference_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -192,9 +193,21 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
   // Sequence ids and positions of the queries (this shard) and of the keys (the whole
   // microbatch: with CP gathered from the members, padding with id -1, which no query matches).
   at::Tensor query_meta, key_meta, x, padded;
+  // Read once per forward: a block recomputed in backward runs the kernels its forward ran.
+  const bool invariant_kernels = invariant::ModeOn();
+  const bool invariant_attention = invariant_kernels && !libtorch_attention_;
+  // Under the mode, where each weight's gradient goes (exact sums, when the caller set them).
+  auto destination = [&](const std::string& name) -> absl::StatusOr<invariant::WeightGradient> {
+    if (!invariant_kernels || exact_ == nullptr) return invariant::WeightGradient{};
+    LOCKSTEP_ASSIGN_OR_RETURN(const int slot, exact_->SlotOf(name));
+    return invariant::WeightGradient{exact_.get(), slot};
+  };
+  LOCKSTEP_ASSIGN_OR_RETURN(const invariant::WeightGradient embedding_to, destination("embedding"));
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("reference forward: the embedding", [&] {
     query_meta = at::stack({work.sequence_ids(), work.positions()}, 1).to(device);
-    x = at::embedding(embedding, work.inputs.to(device));
+    x = invariant_kernels
+            ? ValueOrThrow(invariant::Embedding(embedding, work.inputs.to(device), embedding_to))
+            : at::embedding(embedding, work.inputs.to(device));
     padded = at::full({work.widest_shard, 2}, -1, query_meta.options());
     padded.narrow(0, 0, query_meta.size(0)).copy_(query_meta);
   }));
@@ -221,34 +234,39 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
   // captures what it needs by value.
   const int64_t widest = work.widest_shard;
   const bool reduce_tp_gradient = split_bug_ != SplitBug::kTpUnreducedGradient;
-  // Read once per forward: a block recomputed in backward runs the kernels its forward ran.
-  const bool invariant_kernels = invariant::ModeOn();
-  const bool invariant_attention = invariant_kernels && !libtorch_attention_;
   // The CP group the keys and values are gathered over (none: this rank's own, the control).
   collectives::Communicator* const keys_from = local_attention ? nullptr : cp_group_;
   for (int b = 0; b < kBlocks; ++b) {
+    std::array<invariant::WeightGradient, kBlockWeights> to;
+    for (int w = 0; w < kBlockWeights; ++w) {
+      LOCKSTEP_ASSIGN_OR_RETURN(to[w],
+                                destination(absl::StrCat("block", b, ".", kBlockWeightNames[w])));
+    }
     trainer::ShardWork::Block block = [this, b, query_meta, key_meta, ids, positions, widest,
                                        keys_from, reduce_tp_gradient, invariant_kernels,
-                                       invariant_attention](const std::vector<at::Tensor>& in) {
+                                       invariant_attention, to](const std::vector<at::Tensor>& in) {
       const std::string attention = absl::StrCat("block", b, ".attention");
       const std::string mlp = absl::StrCat("block", b, ".mlp");
-      // x times w's transpose: LibTorch's product, or under the mode one whose rows do not
-      // depend on the others (Note [Placement invariance] in invariant/ops.h).
-      auto linear = [invariant_kernels](const at::Tensor& x, const at::Tensor& w) {
-        return invariant_kernels ? ValueOrThrow(invariant::Linear(x, w)) : at::mm(x, w.t());
+      // x times weight `which`'s transpose: LibTorch's product, or under the mode one whose rows
+      // do not depend on the others (Note [Placement invariance] in invariant/ops.h).
+      auto linear = [this, b, invariant_kernels, &to](const at::Tensor& x, int which) {
+        const at::Tensor& w = Weight(b, which);
+        return invariant_kernels ? ValueOrThrow(invariant::Linear(x, w, to[which]))
+                                 : at::mm(x, w.t());
       };
       const at::Tensor h = Enter(attention, in[0]);
       // Attention, causal within each sequence, over every key of the microbatch.
-      const at::Tensor q = linear(h, Weight(b, kWq));
-      const at::Tensor keys =
-          ValueOrThrow(GatherRows(linear(h, Weight(b, kWk)), widest, keys_from));
-      const at::Tensor values =
-          ValueOrThrow(GatherRows(linear(h, Weight(b, kWv)), widest, keys_from));
+      const at::Tensor q = linear(h, kWq);
       at::Tensor attended;
       if (invariant_attention) {
-        attended = ValueOrThrow(invariant::SequenceAttention(
-            q, keys, values, query_meta, key_meta, 1.0 / std::sqrt(static_cast<double>(kWidth))));
+        // The keys and values are gathered inside, and their gradients computed whole on every
+        // member (Note [Placement invariance]).
+        attended = ValueOrThrow(invariant::ShardedSequenceAttention(
+            q, linear(h, kWk), linear(h, kWv), query_meta,
+            1.0 / std::sqrt(static_cast<double>(kWidth)), widest, keys_from));
       } else {
+        const at::Tensor keys = ValueOrThrow(GatherRows(linear(h, kWk), widest, keys_from));
+        const at::Tensor values = ValueOrThrow(GatherRows(linear(h, kWv), widest, keys_from));
         const at::Tensor visible =
             (query_meta.select(1, 0).unsqueeze(1) == key_meta.select(1, 0).unsqueeze(0)) &
             (key_meta.select(1, 1).unsqueeze(0) <= query_meta.select(1, 1).unsqueeze(1));
@@ -258,16 +276,16 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
         attended = at::mm(at::softmax(scores, 1), values);
       }
       const at::Tensor after_attention =
-          Enter(mlp, Exit(attention, h + linear(attended, Weight(b, kWo)), ids, positions));
+          Enter(mlp, Exit(attention, h + linear(attended, kWo), ids, positions));
       // The TP-split MLP with partition-invariant dropout seeded from the model stream.
       const at::Tensor in_tp = reduce_tp_gradient
                                    ? ValueOrThrow(CopyToGroup(after_attention, tp_group_))
                                    : after_attention;
-      const at::Tensor pre = linear(in_tp, Weight(b, kW1));
+      const at::Tensor pre = linear(in_tp, kW1);
       const at::Tensor hidden =
           invariant_kernels ? ValueOrThrow(invariant::Gelu(pre)) : at::gelu(pre);
       if (!dropout_) {
-        const at::Tensor partial = linear(hidden, Weight(b, kW2));
+        const at::Tensor partial = linear(hidden, kW2);
         return std::vector<at::Tensor>{
             Exit(mlp, after_attention + ValueOrThrow(ReduceFromGroup(partial, tp_group_)), ids,
                  positions)};
@@ -282,7 +300,7 @@ absl::StatusOr<at::Tensor> ReferenceModel::Forward(const trainer::ShardWork& wor
           ValueOrThrow(DropoutMask(rng::PhiloxKey::Of(key_seed, kDropoutStream, b), ids, positions,
                                    begin, begin + shard, h.device()));
       const at::Tensor partial =
-          linear(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), Weight(b, kW2));
+          linear(hidden * mask.to(hidden.dtype()) * (1.0 / (1.0 - kDropout)), kW2);
       return std::vector<at::Tensor>{
           Exit(mlp, after_attention + ValueOrThrow(ReduceFromGroup(partial, tp_group_)), ids,
                positions)};

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "c10/core/Device.h"
 #include "collectives/communicator.h"
+#include "invariant/exact_gradients.h"
 #include "numerics/named_tensors.h"
 #include "rng/rank_streams.h"
 #include "trainer/trainer_rank.h"
@@ -117,6 +118,14 @@ class ReferenceModel {
   // for the attention, the rest of the mode kept. Default: off.
   void UseLibTorchAttention() { libtorch_attention_ = true; }
 
+  // Under placement-invariant mode, where the parameters' gradients go: `exact`'s sums (Note
+  // [Exact accumulation] in invariant/exact_gradients.h; its slots named as parameters()), or,
+  // null, autograd's .grad. Precondition: `exact` outlives the backward of every forward run
+  // while it is set. Default: null.
+  void SetExactGradients(std::shared_ptr<invariant::ExactGradients> exact) {
+    exact_ = std::move(exact);
+  }
+
   // The negative control of the variability checks: `module` (a ModuleTaps name) adds to its
   // output the rounding residue of a reduction whose order changes from call to call, so the
   // model is no longer deterministic there (Note [Deliberate nondeterminism] in
@@ -150,6 +159,7 @@ class ReferenceModel {
   std::string broken_module_;
   SplitBug split_bug_ = SplitBug::kNone;
   bool libtorch_attention_ = false;
+  std::shared_ptr<invariant::ExactGradients> exact_;
 
   at::Tensor Enter(const std::string& module, const at::Tensor& input) const {
     return taps_ != nullptr ? taps_->Enter(module, input) : input;

@@ -8,6 +8,8 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "c10/util/Exception.h"
+#include "invariant/mode.h"
+#include "invariant/ops.h"
 
 namespace lockstep {
 namespace qualification {
@@ -85,6 +87,10 @@ absl::StatusOr<std::unique_ptr<Program>> MakeProgram(const ProgramGroups& groups
           }));
   program->parameters = program->model->parameters();
   program->parameters.emplace_back("head", head[0].second);
+  if (placement.exact_gradients && invariant::ModeOn()) {
+    program->exact = std::make_shared<invariant::ExactGradients>(program->parameters);
+    program->model->SetExactGradients(program->exact);
+  }
   std::vector<at::Tensor> tensors;
   for (const auto& [name, tensor] : program->parameters) tensors.push_back(tensor);
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating Adam", [&] {
@@ -120,7 +126,17 @@ absl::StatusOr<StepResult> Step(Program& program, trainer::TrainerInputs inputs,
   const at::Tensor& head = program.parameters.back().second;
   for (const trainer::MicrobatchOutput& out : result.microbatches) {
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("the caller's loss and backward", [&] {
-      const at::Tensor z = at::mm(out.outputs, head.t()).squeeze(1);
+      at::Tensor z;
+      if (program.exact != nullptr) {  // the head's gradient summed exactly too
+        const absl::StatusOr<int> slot = program.exact->SlotOf("head");
+        if (!slot.ok()) ThrowAsTorchError(slot.status());
+        absl::StatusOr<at::Tensor> product =
+            invariant::Linear(out.outputs, head, {program.exact.get(), *slot});
+        if (!product.ok()) ThrowAsTorchError(product.status());
+        z = product->squeeze(1);
+      } else {
+        z = at::mm(out.outputs, head.t()).squeeze(1);
+      }
       const at::Tensor loss = (out.loss_weights.to(z.options()) * z * z).sum();
       if (backward) loss.backward();
       result.outputs.emplace_back(absl::StrCat("mb", out.microbatch, ".outputs"),
@@ -130,6 +146,14 @@ absl::StatusOr<StepResult> Step(Program& program, trainer::TrainerInputs inputs,
     }));
   }
   return result;
+}
+
+absl::Status FinishGradients(Program& program, collectives::Communicator* group) {
+  if (program.exact == nullptr) return absl::OkStatus();
+  // The head's input is the whole microbatch's gathered outputs on every member: its sums are
+  // complete everywhere already.
+  LOCKSTEP_RETURN_IF_ERROR(program.exact->SumOver(group, {"head"}));
+  return program.exact->WriteGradients();
 }
 
 }  // namespace variability

@@ -19,6 +19,7 @@
 #include "c10/core/Device.h"
 #include "collectives/communicator.h"
 #include "collectives/topology.h"
+#include "invariant/exact_gradients.h"
 #include "numerics/named_tensors.h"
 #include "qualification/reference_model.h"
 #include "rng/rank_streams.h"
@@ -55,6 +56,9 @@ struct Placement {
   bool unsharded = false;
   std::string broken_module;        // ReferenceModel::BreakDeterminismAt, when not empty
   bool libtorch_attention = false;  // ReferenceModel::UseLibTorchAttention
+  // Under placement-invariant mode: the parameters' gradients summed exactly (Program::exact)
+  // instead of into .grad; FinishGradients writes them.
+  bool exact_gradients = false;
 };
 
 struct Program {
@@ -65,6 +69,8 @@ struct Program {
   numerics::NamedTensors parameters;
   std::unique_ptr<torch::optim::Adam> adam;
   int ooms_injected = 0;
+  // With Placement::exact_gradients under the mode: the parameters' exact gradient sums.
+  std::shared_ptr<invariant::ExactGradients> exact;
 };
 
 // A fresh program on `groups` (seeded 2000 + the world rank before TrainerRank::Create
@@ -88,6 +94,10 @@ struct StepResult {
 // (sum of weight x (head . output)^2) and one backward per microbatch; no optimizer step.
 absl::StatusOr<StepResult> Step(Program& program, trainer::TrainerInputs inputs,
                                 bool backward = true);
+
+// With program.exact: the exact gradient sums of every Step since the last call, summed over
+// `group` (null: none), written to the parameters' .grad (replacing it). Otherwise nothing.
+absl::Status FinishGradients(Program& program, collectives::Communicator* group);
 
 }  // namespace variability
 }  // namespace qualification

@@ -225,16 +225,19 @@ TEST(PackingInvarianceTest, ANondeterministicModuleIsNotMistakenForPlacement) {
   }
 }
 
-#ifndef LOCKSTEP_VARIABILITY_ON_CUDA  // the mode's kernels are the CPU's so far
 // Under placement-invariant mode the same placements give every sequence the same bits, alone,
-// under either cap, split and unsharded: the check passes only so.
+// under either cap, split and unsharded, and the step the same gradients: the check passes only
+// so.
 TEST(PackingInvarianceTest, UnderPlacementInvariantModeEveryPlacementGivesTheSameBits) {
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(TempDir dir, TempDir::Make("packing_invariant"));
   for (const json& check : RunWorld(1, 1, 2, NegativeControl::kNone, Which::kPacking, dir.path(),
                                     /*placement_invariant=*/true)) {
     EXPECT_TRUE(check.value("passed", false)) << check.value("detail", "");
+    // The outputs, the loss and, summed exactly over calls and the CP group, every parameter's
+    // gradient (the embedding, 2 x 6 block weights, the head).
     EXPECT_THAT(check.value("detail", ""),
-                HasSubstr("bit-identical across 5 placements under placement-invariant mode"));
+                HasSubstr("bit-identical across 5 placements (and the step's 14 gradients) under "
+                          "placement-invariant mode"));
     EXPECT_TRUE(check["evidence"].value("placement_invariant_mode", false));
     EXPECT_TRUE(check["evidence"]["placement_dependent"].empty())
         << check["evidence"]["placement_dependent"].dump();
@@ -253,7 +256,6 @@ TEST(PackingInvarianceTest, UnderTheModeLibTorchsAttentionFailsNamingItsModule) 
     EXPECT_THAT(check.value("detail", ""), HasSubstr("first differs at block0.attention"));
   }
 }
-#endif
 
 }  // namespace
 }  // namespace qualification

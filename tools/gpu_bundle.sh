@@ -59,6 +59,10 @@ targets=(
   //numerics:repeatability_test
   //numerics:execution_context_test
   //numerics:xxh3_chunk_test
+  //invariant:ops_test
+  //invariant:ops_cuda_test
+  //invariant:exact_gradients_test
+  //invariant:invariant_benchmark
   //rng:cpu_generator_state_test
   //admission:admission_cuda_test
   //admission:admission_test

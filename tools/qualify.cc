@@ -38,7 +38,7 @@ ABSL_FLAG(bool, deterministic, false,
           "enforce lockstep's deterministic mode in every worker (numerics/deterministic_mode.h); "
           "a contradicting CUBLAS_WORKSPACE_CONFIG, NCCL_ALGO or NCCL_PROTO fails the run");
 ABSL_FLAG(bool, placement_invariant, false,
-          "run every worker under placement-invariant mode (invariant/mode.h, CPU only): "
+          "run every worker under placement-invariant mode (invariant/mode.h): "
           "packing_invariance then fails on any difference between placements");
 ABSL_FLAG(int64_t, deadline_seconds, 0,
           "the whole job's limit: workers still running then are named and stopped, and qualify "

@@ -118,11 +118,6 @@ absl::Status ValidateQualifyOptions(const QualifyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", options.device, "' is neither cpu nor cuda"));
   }
-  if (options.placement_invariant && options.device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--placement_invariant with --device ", options.device,
-                     ": the placement-invariant kernels run on the CPU only so far"));
-  }
   if (options.control == NegativeControl::kLibTorchAttention && !options.placement_invariant) {
     return absl::InvalidArgumentError(
         "--negative_control=libtorch-attention breaks placement-invariant mode: add "

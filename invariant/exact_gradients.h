@@ -1,0 +1,102 @@
+// invariant/exact_gradients.h
+//
+// ExactGradients: the weight gradients of placement-invariant mode, summed exactly (Note [Exact
+// accumulation]) over a call's rows, the step's microbatches and the ranks, and rounded once.
+// The mode's differentiable kernels (invariant/ops.h) take one and a parameter's slot in it;
+// their backward adds that parameter's per-token contributions here instead of into .grad.
+//
+//   auto exact = std::make_shared<invariant::ExactGradients>(parameters);
+//   for (each microbatch) { ... invariant::Linear(x, w, {exact.get(), slot_of_w}) ... backward; }
+//   LOCKSTEP_RETURN_IF_ERROR(exact->SumOver(dp_cp_group));  // exact: integer sums
+//   LOCKSTEP_RETURN_IF_ERROR(exact->WriteGradients());      // .grad, rounded once; sums zeroed
+//
+// Note [Exact accumulation]
+// A weight's gradient is a sum over every token of the step, grouped by the placement: the rows
+// of one call, then autograd's accumulation over microbatches, then an all-reduce over ranks. In
+// floating point each grouping rounds differently. Here each token's contribution (the product
+// of two values, exact in float64 for float32, bfloat16 and float16 inputs) is rounded once to a
+// multiple of 2^-kFractionBits and added as a 128-bit integer: integer addition is associative,
+// so the total is the same in every grouping and order, and it is rounded to the parameter's
+// dtype once, when written. Binned reproducible summation (ReproBLAS) would keep more bits for
+// sums of tiny values, but needs either a maximum over the whole step before the first deposit
+// (unknown while microbatches still run) or several bins per element; one fixed-point integer
+// needs neither. Error: at most 2^-(kFractionBits + 1) per contribution, then the final rounding.
+// Range: a contribution of magnitude 2^kMaxExponent or more, or more than 2^kMaxTermsLog2
+// contributions to one element between two WriteGradients, is refused with kOutOfRange naming the
+// parameter, so that no sum can leave the 128 bits (never wrapped silently).
+//
+// Limits: CPU float64 arithmetic (a CUDA contribution is brought to the host); an attempt that
+// fails after depositing (out of memory in backward) is not undone: callers stage forward-only
+// failures (the trainer's out-of-memory recovery retries forwards).
+//
+// Thread-safety: one thread at a time (autograd's backward runs deposits on its own thread, one
+// after another for one graph).
+
+#ifndef LOCKSTEP_INVARIANT_EXACT_GRADIENTS_H_
+#define LOCKSTEP_INVARIANT_EXACT_GRADIENTS_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "collectives/communicator.h"
+
+namespace lockstep {
+namespace invariant {
+
+class ExactGradients {
+ public:
+  // Contributions are multiples of 2^-kFractionBits, below 2^kMaxExponent in magnitude, at most
+  // 2^kMaxTermsLog2 of them per element: 80 + 24 + 22 = 126 bits, and a sign.
+  static constexpr int kFractionBits = 80;
+  static constexpr int kMaxExponent = 24;
+  static constexpr int kMaxTermsLog2 = 22;
+
+  // Exact sums for each of `parameters` (name, tensor), zero.
+  explicit ExactGradients(std::vector<std::pair<std::string, at::Tensor>> parameters);
+
+  // The slot of the parameter named `name`: kNotFound naming it otherwise.
+  absl::StatusOr<int> SlotOf(const std::string& name) const;
+
+  // Adds sum over t of a[t, n] * b[t, k] to element (n, k) of slot's parameter ([N, K]), for
+  // a [T, N] and b [T, K] (floating point, any device). kInvalidArgument for shapes that do not
+  // fit the parameter.
+  absl::Status AddOuterProducts(int slot, const at::Tensor& a, const at::Tensor& b);
+
+  // Adds row t of values [T, K] to row rows[t] of slot's parameter ([V, K]): an embedding's
+  // gradient. kInvalidArgument for a row outside [0, V).
+  absl::Status AddRows(int slot, const at::Tensor& rows, const at::Tensor& values);
+
+  // Replaces every sum by its sum over `group`'s members (an integer all-reduce: exact), except
+  // the parameters named in `whole`, whose sums every member already holds in full (a layer each
+  // member computes over all of the step's tokens, such as a loss head over gathered outputs).
+  // A null group: nothing to do.
+  absl::Status SumOver(collectives::Communicator* group, const std::set<std::string>& whole = {});
+
+  // Sets each parameter's .grad to its sum, rounded to float64 and from there to the
+  // parameter's dtype (on its device), and zeroes the sums.
+  absl::Status WriteGradients();
+
+  // Zeroes the sums.
+  void Zero();
+
+ private:
+  struct Slot {
+    std::string name;
+    at::Tensor parameter;
+    std::vector<unsigned __int128> sums;  // two's complement, one per element
+    int64_t terms = 0;                    // contributions per element since the last write
+  };
+  absl::StatusOr<Slot*> Take(int slot, int64_t terms);
+  std::vector<Slot> slots_;
+};
+
+}  // namespace invariant
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_INVARIANT_EXACT_GRADIENTS_H_

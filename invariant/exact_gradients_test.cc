@@ -1,0 +1,119 @@
+#include "invariant/exact_gradients.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "base/status_testutil.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "invariant/ops.h"
+#include "torch/torch.h"
+
+namespace lockstep {
+namespace invariant {
+namespace {
+
+using ::testing::HasSubstr;
+
+at::Tensor Random(std::vector<int64_t> shape, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, g);
+}
+
+// The gradient of w [5, 7] from a [100, 5] and b [100, 7], deposited in `groups` of rows (in
+// the order given), then written.
+at::Tensor Deposited(const at::Tensor& a, const at::Tensor& b,
+                     const std::vector<std::pair<int64_t, int64_t>>& groups) {
+  at::Tensor w = at::zeros({5, 7}).requires_grad_(true);
+  ExactGradients exact({{"w", w}});
+  for (const auto& [begin, end] : groups) {
+    EXPECT_TRUE(exact.AddOuterProducts(0, a.slice(0, begin, end), b.slice(0, begin, end)).ok());
+  }
+  EXPECT_TRUE(exact.WriteGradients().ok());
+  return w.grad().clone();
+}
+
+TEST(ExactGradientsTest, TheSumIsTheSameBitsInEveryGroupingAndOrder) {
+  const at::Tensor a = Random({100, 5}, 1) * 1e3, b = Random({100, 7}, 2) * 1e-3;
+  const at::Tensor whole = Deposited(a, b, {{0, 100}});
+  std::vector<std::pair<int64_t, int64_t>> tokens, chunks, reversed;
+  for (int64_t t = 0; t < 100; ++t) tokens.emplace_back(t, t + 1);
+  for (int64_t t = 0; t < 100; t += 13) chunks.emplace_back(t, std::min<int64_t>(t + 13, 100));
+  for (int64_t t = 99; t >= 0; --t) reversed.emplace_back(t, t + 1);
+  EXPECT_TRUE(at::equal(Deposited(a, b, tokens), whole));
+  EXPECT_TRUE(at::equal(Deposited(a, b, chunks), whole));
+  EXPECT_TRUE(at::equal(Deposited(a, b, reversed), whole));
+  // Within one rounding of the float64 sum (whose own error is far below it here).
+  const at::Tensor ref = at::mm(a.to(at::kDouble).t(), b.to(at::kDouble));
+  EXPECT_TRUE((whole.to(at::kDouble) - ref).abs().le(ref.abs() * std::ldexp(1.0, -23) + 1e-20)
+                  .all()
+                  .item<bool>());
+}
+
+TEST(ExactGradientsTest, LinearsWeightGradientDoesNotDependOnHowItsRowsWereCalled) {
+  const at::Tensor x = Random({40, 6}, 3), dy = Random({40, 4}, 4);
+  auto gradient = [&](std::vector<int64_t> cuts) {
+    const at::Tensor w = Random({4, 6}, 5).requires_grad_(true);
+    ExactGradients exact({{"w", w}});
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const int64_t n = cuts[i + 1] - cuts[i];
+      absl::StatusOr<at::Tensor> out = Linear(x.narrow(0, cuts[i], n), w, {&exact, 0});
+      EXPECT_TRUE(out.ok()) << out.status();
+      out->backward(dy.narrow(0, cuts[i], n));
+    }
+    EXPECT_FALSE(w.grad().defined()) << "the gradient went to autograd's .grad";
+    EXPECT_TRUE(exact.WriteGradients().ok());
+    return w.grad().clone();
+  };
+  const at::Tensor whole = gradient({0, 40});
+  EXPECT_TRUE(at::equal(gradient({0, 1, 17, 18, 40}), whole));
+  EXPECT_TRUE(at::equal(gradient({0, 20, 40}), whole));
+  const at::Tensor ref = at::mm(dy.to(at::kDouble).t(), x.to(at::kDouble));
+  EXPECT_TRUE(at::allclose(whole.to(at::kDouble), ref, 1e-6, 1e-12));
+}
+
+TEST(ExactGradientsTest, EmbeddingRowsAreSummedExactly) {
+  const at::Tensor ids = at::tensor({3, 1, 3, 3, 0, 1}, at::kLong);
+  const at::Tensor dy = Random({6, 4}, 6);
+  auto gradient = [&](std::vector<int64_t> cuts) {
+    const at::Tensor weight = Random({5, 4}, 7).requires_grad_(true);
+    ExactGradients exact({{"embedding", weight}});
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const int64_t n = cuts[i + 1] - cuts[i];
+      absl::StatusOr<at::Tensor> out = Embedding(weight, ids.narrow(0, cuts[i], n), {&exact, 0});
+      EXPECT_TRUE(out.ok()) << out.status();
+      out->backward(dy.narrow(0, cuts[i], n));
+    }
+    EXPECT_TRUE(exact.WriteGradients().ok());
+    return weight.grad().clone();
+  };
+  const at::Tensor whole = gradient({0, 6});
+  EXPECT_TRUE(at::equal(gradient({0, 2, 3, 6}), whole));
+  const at::Tensor ref = at::zeros({5, 4}, at::kDouble).index_add_(0, ids, dy.to(at::kDouble));
+  EXPECT_TRUE(at::allclose(whole.to(at::kDouble), ref, 1e-6, 1e-12));
+  EXPECT_TRUE(at::equal(whole[2], at::zeros({4})));
+}
+
+TEST(ExactGradientsTest, RefusesWhatItCannotHoldExactly) {
+  const at::Tensor w = at::zeros({2, 2}).requires_grad_(true);
+  ExactGradients exact({{"layer.w", w}});
+  const absl::Status large = exact.AddOuterProducts(0, at::full({1, 2}, 1e4), at::full({1, 2}, 1e4));
+  EXPECT_EQ(large.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(large.message(), HasSubstr("'layer.w': contribution 1e+08"));
+  EXPECT_THAT(large.message(), HasSubstr("not below 2^24"));
+  const absl::Status nan = exact.AddOuterProducts(0, at::full({1, 2}, NAN), at::ones({1, 2}));
+  EXPECT_EQ(nan.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(exact.AddOuterProducts(0, at::ones({1, 3}), at::ones({1, 2})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(exact.AddRows(0, at::tensor({2}, at::kLong), at::ones({1, 2})).message(),
+              HasSubstr("row 2 outside [0, 2)"));
+  EXPECT_EQ(exact.SlotOf("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Linear(at::ones({1, 2}), w, {&exact, -1}).status().message(),
+              HasSubstr("exact gradients without a slot"));
+}
+
+}  // namespace
+}  // namespace invariant
+}  // namespace lockstep
