@@ -1,9 +1,12 @@
 #include "invariant/exact_gradients.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 
 #include "ATen/ATen.h"
+#include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -34,6 +37,59 @@ double FromFixed(unsigned __int128 fixed) {
 }
 
 at::Tensor HostDouble(const at::Tensor& t) { return t.to(at::kCPU).to(at::kDouble).contiguous(); }
+
+// A float32 value as mantissa * 2^exponent (mantissa signed, |mantissa| < 2^24); false for a
+// value that is not finite.
+struct Split {
+  int32_t mantissa;
+  int32_t exponent;
+};
+bool SplitFloat(float value, Split* out) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  const uint32_t field = (bits >> 23) & 0xFF, fraction = bits & 0x7FFFFF;
+  if (field == 0xFF) return false;
+  const int32_t magnitude = static_cast<int32_t>(field == 0 ? fraction : fraction | 0x800000);
+  out->mantissa = (bits >> 31) ? -magnitude : magnitude;
+  out->exponent = field == 0 ? -149 : static_cast<int32_t>(field) - 150;
+  return true;
+}
+
+// Note [Products as integers]: a product of two float32 values is mantissa * 2^exponent with a
+// 48-bit integer mantissa, so its multiple of 2^-kFractionBits is that mantissa shifted, and
+// rounding (a shift right) is integer arithmetic: no float64 conversion per product. The result
+// equals ToFixed of the product computed in float64 (exact there), rounding included (to nearest,
+// ties to even). False when it is not below 2^kMaxExponent.
+bool ProductToFixed(Split a, Split b, unsigned __int128* fixed) {
+  const int64_t mantissa = static_cast<int64_t>(a.mantissa) * b.mantissa;
+  const int shift = a.exponent + b.exponent + ExactGradients::kFractionBits;
+  if (mantissa == 0) {
+    *fixed = 0;
+    return true;
+  }
+  if (shift >= 0) {
+    const uint64_t magnitude = static_cast<uint64_t>(mantissa < 0 ? -mantissa : mantissa);
+    const int bits = 64 - __builtin_clzll(magnitude);
+    if (bits + shift > ExactGradients::kMaxExponent + ExactGradients::kFractionBits) return false;
+    *fixed = static_cast<unsigned __int128>(static_cast<__int128>(mantissa)) << shift;
+    return true;
+  }
+  const int right = -shift;
+  if (right >= 62) {  // |mantissa| < 2^48: below half of 2^right
+    *fixed = 0;
+    return true;
+  }
+  int64_t quotient = mantissa >> right;  // floor
+  const int64_t remainder = mantissa - quotient * (int64_t{1} << right);
+  const int64_t half = int64_t{1} << (right - 1);
+  if (remainder > half || (remainder == half && (quotient & 1))) ++quotient;
+  *fixed = static_cast<unsigned __int128>(static_cast<__int128>(quotient));
+  return true;
+}
+
+bool FloatExact(at::ScalarType type) {
+  return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
+}
 
 }  // namespace
 
@@ -75,16 +131,67 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
   LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, Take(slot, a.size(0)));
   if (s->parameter.dim() != 2 || s->parameter.size(0) != a.size(1) ||
       s->parameter.size(1) != b.size(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("exact gradients of '", s->name, "' ", Shape(s->parameter),
-                     ": outer products of ", Shape(a), " and ", Shape(b), " do not fit"));
+    return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "' ",
+                                                   Shape(s->parameter), ": outer products of ",
+                                                   Shape(a), " and ", Shape(b), " do not fit"));
+  }
+  const int64_t tokens = a.size(0), n = a.size(1), k = b.size(1);
+  if (FloatExact(a.scalar_type()) && FloatExact(b.scalar_type())) {
+    // Note [Products as integers]: both factors split once, each product in integers.
+    at::Tensor fa, fb;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the contributions to the host", [&] {
+      fa = a.to(at::kCPU).to(at::kFloat).contiguous();
+      fb = b.to(at::kCPU).to(at::kFloat).contiguous();
+    }));
+    std::vector<Split> sa(static_cast<size_t>(tokens * n)), sb(static_cast<size_t>(tokens * k));
+    const float* fap = fa.data_ptr<float>();
+    const float* fbp = fb.data_ptr<float>();
+    for (size_t e = 0; e < sa.size(); ++e) {
+      if (!SplitFloat(fap[e], &sa[e])) {
+        return absl::OutOfRangeError(absl::StrCat("exact gradients of '", s->name, "': a factor ",
+                                                  fap[e], " is not finite"));
+      }
+    }
+    for (size_t e = 0; e < sb.size(); ++e) {
+      if (!SplitFloat(fbp[e], &sb[e])) {
+        return absl::OutOfRangeError(absl::StrCat("exact gradients of '", s->name, "': a factor ",
+                                                  fbp[e], " is not finite"));
+      }
+    }
+    // Rows of the sums in parallel (integer sums: any order gives the same bits); the first
+    // contribution out of range, by element, is named.
+    std::atomic<int64_t> bad{-1};
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t i = begin; i < end; ++i) {
+          const Split x = sa[t * n + i];
+          unsigned __int128* row = s->sums.data() + i * k;
+          for (int64_t j = 0; j < k; ++j) {
+            unsigned __int128 fixed = 0;
+            if (!ProductToFixed(x, sb[t * k + j], &fixed)) {
+              int64_t none = -1;
+              bad.compare_exchange_strong(none, (t * n + i) * k + j);
+              return;
+            }
+            row[j] += fixed;
+          }
+        }
+      }
+    });
+    if (const int64_t at = bad.load(); at >= 0) {
+      const int64_t t = at / (n * k), i = (at / k) % n, j = at % k;
+      return absl::OutOfRangeError(absl::StrCat(
+          "exact gradients of '", s->name, "': contribution ",
+          static_cast<double>(fap[t * n + i]) * fbp[t * k + j], " to element (", i, ", ", j,
+          ") is not below 2^", kMaxExponent, " (the sums are no longer usable: Zero them)"));
+    }
+    return absl::OkStatus();
   }
   at::Tensor ha, hb;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the contributions to the host", [&] {
     ha = HostDouble(a);
     hb = HostDouble(b);
   }));
-  const int64_t tokens = a.size(0), n = a.size(1), k = b.size(1);
   const double* ap = ha.data_ptr<double>();
   const double* bp = hb.data_ptr<double>();
   for (int64_t t = 0; t < tokens; ++t) {
@@ -105,15 +212,15 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
 
 absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at::Tensor& values) {
   if (rows.dim() != 1 || values.dim() != 2 || rows.size(0) != values.size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat("exact gradients: rows ", Shape(rows),
-                                                   " and values ", Shape(values)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("exact gradients: rows ", Shape(rows), " and values ", Shape(values)));
   }
   // Each row receives at most one term per token: counted as that many.
   LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, Take(slot, values.size(0)));
   if (s->parameter.dim() != 2 || s->parameter.size(1) != values.size(1)) {
     return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "' ",
-                                                   Shape(s->parameter), ": rows of ",
-                                                   Shape(values), " do not fit"));
+                                                   Shape(s->parameter), ": rows of ", Shape(values),
+                                                   " do not fit"));
   }
   at::Tensor hr, hv;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the rows to the host", [&] {
@@ -131,10 +238,9 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
     for (int64_t j = 0; j < k; ++j) {
       unsigned __int128 fixed = 0;
       if (!ToFixed(vp[t * k + j], &fixed)) {
-        return absl::OutOfRangeError(absl::StrCat("exact gradients of '", s->name,
-                                                  "': contribution ", vp[t * k + j], " to row ",
-                                                  rp[t], " is not finite or not below 2^",
-                                                  kMaxExponent));
+        return absl::OutOfRangeError(
+            absl::StrCat("exact gradients of '", s->name, "': contribution ", vp[t * k + j],
+                         " to row ", rp[t], " is not finite or not below 2^", kMaxExponent));
       }
       s->sums[rp[t] * k + j] += fixed;
     }
@@ -186,13 +292,14 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
 
 absl::Status ExactGradients::WriteGradients() {
   for (Slot& s : slots_) {
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch(absl::StrCat("exact gradients: writing '", s.name, "'"), [&] {
-      at::Tensor sum = at::empty({static_cast<int64_t>(s.sums.size())}, at::kDouble);
-      double* sp = sum.data_ptr<double>();
-      for (size_t e = 0; e < s.sums.size(); ++e) sp[e] = FromFixed(s.sums[e]);
-      s.parameter.mutable_grad() =
-          sum.view(s.parameter.sizes()).to(s.parameter.scalar_type()).to(s.parameter.device());
-    }));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CallTorch(absl::StrCat("exact gradients: writing '", s.name, "'"), [&] {
+          at::Tensor sum = at::empty({static_cast<int64_t>(s.sums.size())}, at::kDouble);
+          double* sp = sum.data_ptr<double>();
+          for (size_t e = 0; e < s.sums.size(); ++e) sp[e] = FromFixed(s.sums[e]);
+          s.parameter.mutable_grad() =
+              sum.view(s.parameter.sizes()).to(s.parameter.scalar_type()).to(s.parameter.device());
+        }));
   }
   Zero();
   return absl::OkStatus();

@@ -47,9 +47,26 @@ TEST(ExactGradientsTest, TheSumIsTheSameBitsInEveryGroupingAndOrder) {
   EXPECT_TRUE(at::equal(Deposited(a, b, reversed), whole));
   // Within one rounding of the float64 sum (whose own error is far below it here).
   const at::Tensor ref = at::mm(a.to(at::kDouble).t(), b.to(at::kDouble));
-  EXPECT_TRUE((whole.to(at::kDouble) - ref).abs().le(ref.abs() * std::ldexp(1.0, -23) + 1e-20)
+  EXPECT_TRUE((whole.to(at::kDouble) - ref)
+                  .abs()
+                  .le(ref.abs() * std::ldexp(1.0, -23) + 1e-20)
                   .all()
                   .item<bool>());
+}
+
+// Note [Products as integers]: float32 factors take the integer path, float64 ones the float64
+// path; the products are the same numbers, so the sums are the same bits, for magnitudes whose
+// products round (far below 2^-80) and whose products are exact.
+TEST(ExactGradientsTest, TheIntegerPathGivesTheFloat64PathsBits) {
+  for (double scale : {1.0, 1e-12, 1e-22, 3e3}) {
+    const at::Tensor a = Random({50, 5}, 8) * scale, b = Random({50, 7}, 9) * 1e-9;
+    const at::Tensor fast = Deposited(a, b, {{0, 50}});
+    const at::Tensor w = at::zeros({5, 7}).requires_grad_(true);
+    ExactGradients exact({{"w", w}});
+    ASSERT_TRUE(exact.AddOuterProducts(0, a.to(at::kDouble), b.to(at::kDouble)).ok());
+    ASSERT_TRUE(exact.WriteGradients().ok());
+    EXPECT_TRUE(at::equal(w.grad(), fast)) << "scale " << scale;
+  }
 }
 
 TEST(ExactGradientsTest, LinearsWeightGradientDoesNotDependOnHowItsRowsWereCalled) {
@@ -99,7 +116,8 @@ TEST(ExactGradientsTest, EmbeddingRowsAreSummedExactly) {
 TEST(ExactGradientsTest, RefusesWhatItCannotHoldExactly) {
   const at::Tensor w = at::zeros({2, 2}).requires_grad_(true);
   ExactGradients exact({{"layer.w", w}});
-  const absl::Status large = exact.AddOuterProducts(0, at::full({1, 2}, 1e4), at::full({1, 2}, 1e4));
+  const absl::Status large =
+      exact.AddOuterProducts(0, at::full({1, 2}, 1e4), at::full({1, 2}, 1e4));
   EXPECT_EQ(large.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(large.message(), HasSubstr("'layer.w': contribution 1e+08"));
   EXPECT_THAT(large.message(), HasSubstr("not below 2^24"));

@@ -52,8 +52,9 @@ struct Model {
         weights.emplace_back(std::to_string(b) + n,
                              (at::randn({width, width}, options) * scale).set_requires_grad(true));
       }
-      weights.emplace_back(std::to_string(b) + "w1",
-                           (at::randn({4 * width, width}, options) * scale).set_requires_grad(true));
+      weights.emplace_back(
+          std::to_string(b) + "w1",
+          (at::randn({4 * width, width}, options) * scale).set_requires_grad(true));
       weights.emplace_back(
           std::to_string(b) + "w2",
           (at::randn({width, 4 * width}, options) * scale * 0.5).set_requires_grad(true));
@@ -126,13 +127,17 @@ void BM_StepPaired(benchmark::State& state, at::Device device) {
   };
   double us = 0;
   // Warm-up outside the timed loop: both sides once.
-  if (absl::Status s = timed(nullptr, &us); !s.ok()) return state.SkipWithError(s.ToString().c_str());
-  if (absl::Status s = timed(&exact, &us); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+  if (absl::Status s = timed(nullptr, &us); !s.ok())
+    return state.SkipWithError(s.ToString().c_str());
+  if (absl::Status s = timed(&exact, &us); !s.ok())
+    return state.SkipWithError(s.ToString().c_str());
   benchmarking::PairedSamples samples;
   for (auto _ : state) {
-    if (absl::Status s = timed(nullptr, &us); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+    if (absl::Status s = timed(nullptr, &us); !s.ok())
+      return state.SkipWithError(s.ToString().c_str());
     samples.Add("plain", us);
-    if (absl::Status s = timed(&exact, &us); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+    if (absl::Status s = timed(&exact, &us); !s.ok())
+      return state.SkipWithError(s.ToString().c_str());
     samples.Add("invariant", us);
   }
   if (!samples.Publish(state)) return;

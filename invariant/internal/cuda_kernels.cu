@@ -48,7 +48,8 @@ __global__ void GeluBackwardKernel(const double* __restrict__ x, const double* _
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const double v = x[i];
     const double cdf = __dmul_rn(0.5, __dadd_rn(1.0, erf(__dmul_rn(v, kInvSqrt2))));
-    const double density = __dmul_rn(__dmul_rn(v, kInvSqrt2Pi), exp(__dmul_rn(__dmul_rn(-0.5, v), v)));
+    const double density =
+        __dmul_rn(__dmul_rn(v, kInvSqrt2Pi), exp(__dmul_rn(__dmul_rn(-0.5, v), v)));
     out[i] = __dmul_rn(dy[i], __dadd_rn(cdf, density));
   }
 }
@@ -64,7 +65,8 @@ __device__ double QueryWeights(const DeviceVisibility& visible, int64_t i, const
     e[p] = s;
     max = fmax(max, s);
   }
-  for (int offset = 16; offset > 0; offset /= 2) max = fmax(max, __shfl_xor_sync(kAll, max, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    max = fmax(max, __shfl_xor_sync(kAll, max, offset));
   for (int64_t p = lane; p < count; p += 32) e[p] = exp(__dsub_rn(e[p], max));
   __syncwarp();
   double sum = 0;
@@ -86,15 +88,15 @@ __global__ void AttentionForwardKernel(DeviceVisibility visible, const double* _
   const int64_t first = visible.query_first[i], count = visible.query_count[i];
   for (int64_t c = lane; c < dv; c += 32) {
     double acc = 0;
-    for (int64_t p = 0; p < count; ++p) acc = AddProduct(acc, e[p], v[visible.key_rows[first + p] * dv + c]);
+    for (int64_t p = 0; p < count; ++p)
+      acc = AddProduct(acc, e[p], v[visible.key_rows[first + p] * dv + c]);
     out[i * dv + c] = __ddiv_rn(acc, sum);
   }
 }
 
 // Per query: P, dS = P (dP - sum P dP) with dP = dout . v, and dq.
 __global__ void AttentionQueryGradKernel(DeviceVisibility visible, const double* __restrict__ q,
-                                         const double* __restrict__ k,
-                                         const double* __restrict__ v,
+                                         const double* __restrict__ k, const double* __restrict__ v,
                                          const double* __restrict__ dout, int64_t d, int64_t dv,
                                          double scale, double* probabilities, double* score_grads,
                                          double* __restrict__ dq) {
@@ -141,7 +143,8 @@ __global__ void AttentionKeyGradKernel(DeviceVisibility visible, const double* _
     for (int64_t t = visible.key_queries_first[g]; t < visible.key_queries_end[g]; ++t) {
       const int64_t i = visible.sequence_queries[t];
       if (p >= visible.query_count[i]) continue;
-      acc = AddProduct(acc, __dmul_rn(score_grads[visible.scratch_start[i] + p], scale), q[i * d + c]);
+      acc = AddProduct(acc, __dmul_rn(score_grads[visible.scratch_start[i] + p], scale),
+                       q[i * d + c]);
     }
     dk[row * d + c] = acc;
   }
@@ -190,27 +193,25 @@ cudaError_t LaunchAttentionForward(const DeviceVisibility& visible, const double
                                    double scale, double* scratch, double* out,
                                    cudaStream_t stream) {
   if (visible.queries == 0) return cudaSuccess;
-  AttentionForwardKernel<<<Blocks(visible.queries, kWarpsPerBlock, 2147483647),
-                           32 * kWarpsPerBlock, 0, stream>>>(visible, q, k, v, d, dv, scale,
-                                                             scratch, out);
+  AttentionForwardKernel<<<Blocks(visible.queries, kWarpsPerBlock, 2147483647), 32 * kWarpsPerBlock,
+                           0, stream>>>(visible, q, k, v, d, dv, scale, scratch, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAttentionBackward(const DeviceVisibility& visible, const double* q,
-                                    const double* k, const double* v, const double* dout,
-                                    int64_t d, int64_t dv, double scale, double* probabilities,
+                                    const double* k, const double* v, const double* dout, int64_t d,
+                                    int64_t dv, double scale, double* probabilities,
                                     double* score_grads, double* dq, double* dk, double* dv_out,
                                     cudaStream_t stream) {
   if (visible.queries == 0) return cudaSuccess;
   AttentionQueryGradKernel<<<Blocks(visible.queries, kWarpsPerBlock, 2147483647),
-                             32 * kWarpsPerBlock, 0, stream>>>(
-      visible, q, k, v, dout, d, dv, scale, probabilities, score_grads, dq);
+                             32 * kWarpsPerBlock, 0, stream>>>(visible, q, k, v, dout, d, dv, scale,
+                                                               probabilities, score_grads, dq);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess || visible.keys == 0) return error;
-  AttentionKeyGradKernel<<<Blocks(visible.keys, kWarpsPerBlock, 2147483647),
-                           32 * kWarpsPerBlock, 0, stream>>>(visible, q, dout, d, dv, scale,
-                                                             probabilities, score_grads, dk,
-                                                             dv_out);
+  AttentionKeyGradKernel<<<Blocks(visible.keys, kWarpsPerBlock, 2147483647), 32 * kWarpsPerBlock, 0,
+                           stream>>>(visible, q, dout, d, dv, scale, probabilities, score_grads, dk,
+                                     dv_out);
   return cudaGetLastError();
 }
 

@@ -49,14 +49,13 @@ struct DeviceVisibility {
 // `scratch` holds scratch_start[queries] doubles.
 cudaError_t LaunchAttentionForward(const DeviceVisibility& visible, const double* q,
                                    const double* k, const double* v, int64_t d, int64_t dv,
-                                   double scale, double* scratch, double* out,
-                                   cudaStream_t stream);
+                                   double scale, double* scratch, double* out, cudaStream_t stream);
 
 // Its gradients: dq [queries, d], dk [rows, d], dv_out [rows, dv], all zero-filled by the
 // caller; `probabilities` and `score_grads` each hold scratch_start[queries] doubles.
 cudaError_t LaunchAttentionBackward(const DeviceVisibility& visible, const double* q,
-                                    const double* k, const double* v, const double* dout,
-                                    int64_t d, int64_t dv, double scale, double* probabilities,
+                                    const double* k, const double* v, const double* dout, int64_t d,
+                                    int64_t dv, double scale, double* probabilities,
                                     double* score_grads, double* dq, double* dk, double* dv_out,
                                     cudaStream_t stream);
 

@@ -50,8 +50,8 @@ Flattened Flatten(const Visibility& visible, const c10::Device& device) {
     scratch_start[i + 1] = scratch_start[i] + visible.count[i];
   }
   const std::vector<const std::vector<int64_t>*> parts = {
-      &key_rows,        &query_first,       &visible.count,   &scratch_start,
-      &key_index,       &key_queries_first, &key_queries_end, &sequence_queries};
+      &key_rows,  &query_first,       &visible.count,   &scratch_start,
+      &key_index, &key_queries_first, &key_queries_end, &sequence_queries};
   std::vector<int64_t> all;
   std::vector<size_t> offsets;
   for (const std::vector<int64_t>* part : parts) {
@@ -62,10 +62,11 @@ Flattened Flatten(const Visibility& visible, const c10::Device& device) {
   Flattened f;
   f.arrays = at::from_blob(all.data(), {static_cast<int64_t>(all.size())}, at::kLong).to(device);
   const int64_t* base = f.arrays.data_ptr<int64_t>();
-  f.view = DeviceVisibility{base + offsets[0], base + offsets[1], base + offsets[2],
-                            base + offsets[3], base + offsets[4], base + offsets[5],
-                            base + offsets[6], base + offsets[7], queries,
-                            static_cast<int64_t>(key_rows.size())};
+  f.view = DeviceVisibility{base + offsets[0], base + offsets[1],
+                            base + offsets[2], base + offsets[3],
+                            base + offsets[4], base + offsets[5],
+                            base + offsets[6], base + offsets[7],
+                            queries,           static_cast<int64_t>(key_rows.size())};
   f.scratch = std::max<int64_t>(scratch_start[queries], 1);
   return f;
 }
@@ -144,11 +145,11 @@ absl::StatusOr<AttentionGradients> CudaAttentionBackward(const Visibility& visib
     const at::Tensor probabilities = at::empty({f.scratch}, q.options());
     const at::Tensor score_grads = at::empty({f.scratch}, q.options());
     g = {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v)};
-    error = LaunchAttentionBackward(
-        f.view, q.data_ptr<double>(), k.data_ptr<double>(), v.data_ptr<double>(),
-        dout.data_ptr<double>(), q.size(1), v.size(1), scale, probabilities.data_ptr<double>(),
-        score_grads.data_ptr<double>(), g.dq.data_ptr<double>(), g.dk.data_ptr<double>(),
-        g.dv.data_ptr<double>(), StreamOf(q));
+    error = LaunchAttentionBackward(f.view, q.data_ptr<double>(), k.data_ptr<double>(),
+                                    v.data_ptr<double>(), dout.data_ptr<double>(), q.size(1),
+                                    v.size(1), scale, probabilities.data_ptr<double>(),
+                                    score_grads.data_ptr<double>(), g.dq.data_ptr<double>(),
+                                    g.dk.data_ptr<double>(), g.dv.data_ptr<double>(), StreamOf(q));
   }));
   LOCKSTEP_RETURN_IF_ERROR(
       CudaStatus(error, "launching the placement-invariant attention backward"));
