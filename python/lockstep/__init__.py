@@ -46,6 +46,7 @@ from . import checkpoint  # noqa: E402
 from . import controls
 from . import determinism
 from . import distributed
+from . import invariant
 from . import numerics
 from . import planner
 from . import recording
@@ -54,5 +55,5 @@ from . import rng
 from . import trainer
 from . import variability
 
-__all__ = ["checkpoint", "controls", "determinism", "distributed", "errors", "numerics",
-           "planner", "recording", "replay", "rng", "trainer", "variability", "verify"]
+__all__ = ["checkpoint", "controls", "determinism", "distributed", "errors", "invariant",
+           "numerics", "planner", "recording", "replay", "rng", "trainer", "variability", "verify"]

@@ -16,6 +16,7 @@ void BindCheckpoint(pybind11::module_& m);      // checkpoint_bindings.cc
 void BindCollectives(pybind11::module_& m);     // collectives_bindings.cc
 void BindDeterminism(pybind11::module_& m);     // determinism_bindings.cc
 void BindDifferentiable(pybind11::module_& m);  // differentiable_bindings.cc
+void BindInvariant(pybind11::module_& m);       // invariant_bindings.cc
 void BindNumerics(pybind11::module_& m);        // numerics_bindings.cc
 void BindPlanner(pybind11::module_& m);         // planner_bindings.cc
 void BindRecording(pybind11::module_& m);       // recording_bindings.cc

@@ -11,6 +11,7 @@ PYBIND11_MODULE(_C, m) {
   lockstep::python::BindCollectives(m);
   lockstep::python::BindDeterminism(m);
   lockstep::python::BindDifferentiable(m);
+  lockstep::python::BindInvariant(m);
   lockstep::python::BindNumerics(m);
   lockstep::python::BindPlanner(m);
   lockstep::python::BindRecording(m);

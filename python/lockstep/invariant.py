@@ -1,0 +1,100 @@
+"""Placement-invariant mode: a sequence's bits whatever else its microbatch holds.
+
+With PyTorch's kernels a sequence's outputs depend on where it was placed: packed after other
+sequences, split across microbatches by out-of-memory recovery or sharded over CP ranks, its
+products, softmaxes and GELUs round differently, so two runs that pack one batch differently can
+only be compared within a tolerance. These kernels compute every output element by the same
+float64 operations in the same order whatever the call holds (docs/placement_invariance.md):
+
+    import torch, lockstep
+    with lockstep.invariant.placement_invariant():
+        h = lockstep.invariant.linear(x, w)           # row i depends on x[i] only
+        a = lockstep.invariant.sequence_attention(q, k, v, tokens, tokens, scale=0.125)
+
+``tokens`` is int64 [rows, 2]: each row's (sequence id, position); a query attends to the keys of
+its own sequence at positions up to its own, in position order. The mode's scope is recorded in
+the execution context (``lockstep.determinism.execution_context()``), so runs with and without it
+are told apart. Every function is differentiable; CPU and CUDA tensors of float32, float64,
+bfloat16 and float16.
+"""
+
+import contextlib
+
+from . import _C
+
+
+@contextlib.contextmanager
+def placement_invariant():
+    """Placement-invariant mode for the block's duration (scopes nest).
+
+    Example::
+
+        >>> with lockstep.invariant.placement_invariant():
+        ...     lockstep.invariant.mode_on()
+        True
+    """
+    scope = _C._PlacementInvariantScope()
+    try:
+        yield
+    finally:
+        del scope
+
+
+def mode_on():
+    """Whether placement-invariant mode is on in this process.
+
+    Example::
+
+        >>> lockstep.invariant.mode_on()
+        False
+    """
+    return _C._placement_invariant_on()
+
+
+def linear(x, weight):
+    """``x @ weight.T`` (x [M, K], weight [N, K]), each element summed over K in float64 in
+    increasing order and rounded once: row i's bits depend on ``x[i]`` only.
+
+    Example::
+
+        >>> y = lockstep.invariant.linear(torch.randn(5, 8), torch.randn(3, 8))
+        >>> y.shape
+        torch.Size([5, 3])
+    """
+    return _C._invariant_linear(x, weight)
+
+
+def gelu(x):
+    """The exact (erf) GELU of ``x``, every element by one scalar float64 path.
+
+    Example::
+
+        >>> lockstep.invariant.gelu(torch.zeros(2))
+        tensor([0., 0.])
+    """
+    return _C._invariant_gelu(x)
+
+
+def sequence_attention(q, k, v, query_tokens, key_tokens, *, scale):
+    """Causal attention of q [Mq, D] over k [Mk, D] and v [Mk, Dv] within each sequence:
+    softmax(scale * q k^T) v over the keys whose (sequence id, position) token has the query's id
+    and a position at most its own, in position order, in float64. Keys with a negative id are
+    padding. Raises ``lockstep.errors.InvalidArgumentError`` for two keys with one token or a
+    query that sees no key.
+
+    Example::
+
+        >>> tokens = torch.tensor([[0, 0], [0, 1], [1, 0]])
+        >>> out = lockstep.invariant.sequence_attention(q, k, v, tokens, tokens, scale=0.5)
+    """
+    return _C._invariant_sequence_attention(q, k, v, query_tokens, key_tokens, float(scale))
+
+
+def sharded_sequence_attention(q, k, v, tokens, *, scale, widest, group=None):
+    """``sequence_attention`` of this CP member's rows (q, k, v and their tokens) over every
+    member's keys: ``group`` is an adopted communicator (``lockstep.distributed``), ``widest`` the
+    largest member's row count. Backward gathers the queries so that every key's gradient is
+    summed over all of its sequence's queries, as unsharded attention would. Every member calls it.
+    """
+    return _C._invariant_sharded_sequence_attention(q, k, v, tokens, float(scale), int(widest),
+                                                    group)

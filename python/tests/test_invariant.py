@@ -1,0 +1,74 @@
+"""lockstep.invariant: the mode's scope and its record in the execution context, and the
+kernels' bits independent of what else a call holds (packed against alone), against float64
+references, with gradients through autograd and errors as lockstep.errors."""
+
+import pytest
+import torch
+
+import lockstep
+from lockstep import errors, invariant
+
+
+def test_the_scope_nests_and_is_recorded_in_the_execution_context():
+    assert not invariant.mode_on()
+    off = lockstep.determinism.execution_context()
+    with invariant.placement_invariant():
+        with invariant.placement_invariant():
+            assert invariant.mode_on()
+        assert invariant.mode_on()
+        on = lockstep.determinism.execution_context()
+    assert not invariant.mode_on()
+    assert off["stable"]["determinism"]["placement_invariant"] is False
+    assert on["stable"]["determinism"]["placement_invariant"] is True
+    assert lockstep.determinism.context_digest(on) != lockstep.determinism.context_digest(off)
+
+
+def test_a_linear_rows_bits_do_not_depend_on_the_other_rows():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(12, 40, generator=g, dtype=torch.float64)
+    w = torch.randn(24, 40, generator=g, dtype=torch.float64)
+    alone = invariant.linear(x, w)
+    packed = invariant.linear(torch.cat([torch.randn(63, 40, dtype=torch.float64), x]), w)
+    assert torch.equal(packed[63:], alone)
+    assert torch.equal(invariant.linear(x[3:4], w)[0], alone[3])
+    torch.testing.assert_close(alone, x @ w.T, rtol=1e-13, atol=1e-13)
+
+
+def test_gradients_flow_through_autograd():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(7, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    mine = torch.autograd.grad(invariant.gelu(invariant.linear(x, w)), (x, w), dy)
+    theirs = torch.autograd.grad(torch.nn.functional.gelu(x @ w.T), (x, w), dy)
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def tokens(sequence, n):
+    return torch.stack([torch.full((n,), sequence), torch.arange(n)], 1)
+
+
+def test_a_sequences_attention_is_the_same_bits_alone_and_packed():
+    g = torch.Generator().manual_seed(3)
+    qa, ka, va = (torch.randn(5, 8, generator=g) for _ in range(3))
+    qb, kb, vb = (torch.randn(7, 8, generator=g) for _ in range(3))
+    alone = invariant.sequence_attention(qa, ka, va, tokens(3, 5), tokens(3, 5), scale=0.35)
+    order = torch.randperm(12, generator=g)
+    keys_tokens = torch.cat([tokens(9, 7), tokens(3, 5)])[order]
+    packed = invariant.sequence_attention(
+        torch.cat([qb, qa]), torch.cat([kb, ka])[order], torch.cat([vb, va])[order],
+        torch.cat([tokens(9, 7), tokens(3, 5)]), keys_tokens, scale=0.35)
+    assert torch.equal(packed[7:], alone)
+    visible = torch.ones(5, 5, dtype=torch.bool).tril()
+    scores = (qa.double() @ ka.double().T * 0.35).masked_fill(~visible, float("-inf"))
+    torch.testing.assert_close(alone.double(), scores.softmax(1) @ va.double(), rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_bad_tokens_raise_lockstep_errors_naming_them():
+    q = torch.randn(2, 4)
+    with pytest.raises(errors.InvalidArgumentError, match="sees no key"):
+        invariant.sequence_attention(q, q, q, tokens(1, 2), tokens(2, 2), scale=1.0)
+    with pytest.raises(errors.InvalidArgumentError, match="do not chain"):
+        invariant.linear(torch.randn(2, 3), torch.randn(2, 4))
