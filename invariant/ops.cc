@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/record_function.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -113,6 +114,12 @@ at::Tensor LinearOf(const at::Tensor& x, const at::Tensor& w) {
   return LinearRowsOn(Wide(x), Wide(w.t())).to(x.scalar_type());
 }
 
+// Note [The kernels as one call]: a kernel's own LibTorch calls (its float64 conversions, its
+// allocations sized by the call's rows) are its implementation, not operators of the model: the
+// operator recorder (numerics/op_recorder.h) does not see them, so that recordings of a sequence
+// alone and packed align on the model's own operators, and a LibTorch operator inside the mode
+// is the first to differ (qualification/operator_localization_test.cc).
+
 // Autograd keeps non-tensor arguments as IValues: an ExactGradients travels as its address
 // (WeightGradient's precondition keeps it alive).
 int64_t Handle(ExactGradients* exact) { return reinterpret_cast<int64_t>(exact); }
@@ -123,12 +130,14 @@ ExactGradients* ExactOf(AutogradContext* ctx) {
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             int64_t exact, int64_t slot) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     ctx->save_for_backward({x, w});
     ctx->saved_data["exact"] = exact;
     ctx->saved_data["slot"] = slot;
     return LinearOf(x, w);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
@@ -148,12 +157,14 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
 struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& ids,
                             int64_t exact, int64_t slot) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     ctx->save_for_backward({weight, ids});
     ctx->saved_data["exact"] = exact;
     ctx->saved_data["slot"] = slot;
     return weight.index_select(0, ids);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const variable_list saved = ctx->get_saved_variables();
     if (ExactGradients* exact = ExactOf(ctx)) {
       OrThrow(
@@ -168,10 +179,12 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
 
 struct GeluFunction : torch::autograd::Function<GeluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     ctx->save_for_backward({x});
     return GeluForwardOn(Wide(x)).to(x.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const at::Tensor x = ctx->get_saved_variables()[0];
     return {GeluBackwardOn(Wide(x), Wide(grads[0])).to(x.scalar_type())};
   }
@@ -183,6 +196,7 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& query_tokens,
                             const at::Tensor& key_tokens, double scale) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     absl::StatusOr<internal::Visibility> visible = internal::SeeKeys(query_tokens, key_tokens);
     OrThrow(visible.status());
     ctx->save_for_backward({q, k, v, query_tokens, key_tokens});
@@ -190,6 +204,7 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
     return AttentionForwardOn(*visible, Wide(q), Wide(k), Wide(v), scale).to(q.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const variable_list s = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
     absl::StatusOr<internal::Visibility> visible = internal::SeeKeys(s[3], s[4]);
@@ -228,6 +243,7 @@ struct ShardedAttentionFunction : torch::autograd::Function<ShardedAttentionFunc
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& tokens, double scale,
                             int64_t widest, int64_t group_handle) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     auto* group = reinterpret_cast<collectives::Communicator*>(group_handle);
     const at::Tensor keys = GatherPadded(group, k, widest, 0, "gathering the keys");
     const at::Tensor values = GatherPadded(group, v, widest, 0, "gathering the values");
@@ -244,6 +260,7 @@ struct ShardedAttentionFunction : torch::autograd::Function<ShardedAttentionFunc
         .to(q.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &q = s[0], &keys = s[1], &values = s[2], &all_tokens = s[3];
     collectives::Communicator* group = GroupOf(ctx);

@@ -33,6 +33,9 @@
 // accumulation] in exact_gradients.h), and the step's gradients are the same bits however its
 // tokens were placed; without one, autograd's .grad receives a float sum over the call's rows.
 //
+// The operator recorder sees none of the kernels' own LibTorch calls (Note [The kernels as one
+// call] in ops.cc): under the mode a recording shows the model's LibTorch operators only.
+//
 // Devices: the CPU and CUDA. A CUDA kernel computes each element by the operations the CPU's
 // loop writes, in its order, through explicitly rounded float64 intrinsics (no fused
 // multiply-add), so Linear gives the CPU's bits on a GPU; exp and erf are CUDA's, which may

@@ -23,6 +23,7 @@
 #include "base/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "invariant/mode.h"
 #include "nlohmann/json.hpp"
 #include "numerics/op_divergence.h"
 #include "numerics/op_recorder.h"
@@ -272,6 +273,90 @@ TEST_F(OperatorLocalizationTest, NamesTheFirstOperatorWhoseOutputDependsOnThePla
   }
   EXPECT_GE(findings, 1) << "the probes found a placement dependence the recorder did not";
 #endif
+}
+
+// Under placement-invariant mode (invariant/mode.h), each sequence forwarded alone and packed
+// with the batch's others: recorded through a row window on its rows, the recordings never
+// diverge; with the libtorch-attention control (LibTorch's attention inside the mode), the
+// first operator whose output depends on the placement is named in block0.attention.
+class PlacementInvariantLocalizationTest : public OperatorLocalizationTest {
+ protected:
+  // Per sequence of the fixed batch: the divergence of its alone recording from its packed one.
+  std::vector<numerics::OperatorDivergence> AloneAgainstPacked(bool libtorch_attention,
+                                                               int64_t* total_rows,
+                                                               std::vector<int64_t>* begins) {
+    const invariant::PlacementInvariantScope mode;
+    const trainer::TrainerInputs batch = variability::FixedBatch(0);
+    const std::vector<int64_t> offsets = variability::SequenceOffsets(batch);
+    variability::Placement placement;
+    placement.budget = 64;
+    placement.dropout = false;
+    placement.libtorch_attention = libtorch_attention;
+    std::vector<trainer::MicrobatchOutput> packed;
+    Record("plan", placement, batch, /*whole_step=*/false, {}, &packed);
+    EXPECT_EQ(packed.size(), 1u);
+    if (packed.size() != 1) return {};
+    const at::Tensor input_rows = packed[0].input_rows.to(at::kCPU);
+    const int64_t total = input_rows.size(0);
+    *total_rows = total;
+    std::vector<numerics::OperatorDivergence> out;
+    for (size_t s = 0; s < batch.sequences.size(); ++s) {
+      const int64_t length = batch.sequences[s].num_tokens;
+      const trainer::TrainerInputs alone = trainer::TrainerInputs::Of(
+          {batch.sequences[s]}, batch.rows.slice(0, offsets[s], offsets[s] + length).clone());
+      const int64_t begin = (input_rows == offsets[s]).nonzero().item<int64_t>();
+      begins->push_back(begin);
+      const numerics::OperatorRecording a =
+          Record(absl::StrCat("alone", s), placement, alone, /*whole_step=*/false,
+                 Window({length, 0, length}));
+      const numerics::OperatorRecording b =
+          Record(absl::StrCat("packed", s), placement, batch, /*whole_step=*/false,
+                 Window({total, begin, begin + length}));
+      out.push_back(numerics::FirstOperatorDivergence(a, b));
+      std::cout << (libtorch_attention ? "control: " : "mode: ") << "sequence " << s << ": "
+                << numerics::OperatorDivergenceSummary(out.back()) << "\n";
+    }
+    return out;
+  }
+};
+
+TEST_F(PlacementInvariantLocalizationTest, UnderTheModeNoOperatorDependsOnThePlacement) {
+  int64_t total = 0;
+  std::vector<int64_t> begins;
+  const std::vector<numerics::OperatorDivergence> divergences =
+      AloneAgainstPacked(/*libtorch_attention=*/false, &total, &begins);
+  ASSERT_EQ(divergences.size(), 5u);
+  for (const numerics::OperatorDivergence& d : divergences) {
+    EXPECT_FALSE(d.diverged()) << numerics::OperatorDivergenceSummary(d);
+  }
+}
+
+TEST_F(PlacementInvariantLocalizationTest, LibTorchsAttentionInsideTheModeIsNamedByItsOperator) {
+  int64_t total = 0;
+  std::vector<int64_t> begins;
+  const std::vector<numerics::OperatorDivergence> divergences =
+      AloneAgainstPacked(/*libtorch_attention=*/true, &total, &begins);
+  ASSERT_EQ(divergences.size(), 5u);
+  int findings = 0;
+  for (size_t s = 0; s < divergences.size(); ++s) {
+    const numerics::OperatorDivergence& d = divergences[s];
+    EXPECT_FALSE(d.misaligned_at.has_value()) << s;
+    if (!d.first_outputs_differ) continue;
+    ++findings;
+    // The mode's own kernels agree; the first result to depend on the placement is LibTorch's,
+    // in an attention it was swapped into (the first block's, or the second's where the first
+    // happened to round alike): its scores' product or their softmax.
+    const numerics::OperatorFinding& f = *d.first_outputs_differ;
+    EXPECT_TRUE(f.module == "block0.attention" || f.module == "block1.attention") << f.module;
+    EXPECT_TRUE(f.op == "aten::softmax" || f.op == "aten::mm") << f.op;
+#ifndef LOCKSTEP_OPERATORS_ON_CUDA
+    // On the CPU, as without the mode: the 7-token sequence after 43 others, first at block0.
+    if (s == 1) {
+      EXPECT_EQ(f.module, "block0.attention");
+    }
+#endif
+  }
+  EXPECT_GE(findings, 1) << "the control changed no sequence's bits";
 }
 
 }  // namespace
