@@ -108,19 +108,22 @@ absl::StatusOr<int> ExactGradients::SlotOf(const std::string& name) const {
   return absl::NotFoundError(absl::StrCat("exact gradients: no parameter '", name, "'"));
 }
 
-absl::StatusOr<ExactGradients::Slot*> ExactGradients::Take(int slot, int64_t terms) {
+absl::StatusOr<ExactGradients::Slot*> ExactGradients::At(int slot) {
   if (slot < 0 || static_cast<size_t>(slot) >= slots_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("exact gradients: slot ", slot, " of ", slots_.size()));
   }
-  Slot& s = slots_[slot];
+  return &slots_[slot];
+}
+
+absl::Status ExactGradients::Count(Slot& s, int64_t terms) {
   if (s.terms + terms > (int64_t{1} << kMaxTermsLog2)) {
     return absl::OutOfRangeError(absl::StrCat(
         "exact gradients of '", s.name, "': ", s.terms + terms,
         " contributions per element since the last write; the limit is 2^", kMaxTermsLog2));
   }
   s.terms += terms;
-  return &s;
+  return absl::OkStatus();
 }
 
 absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, const at::Tensor& b) {
@@ -128,13 +131,14 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
     return absl::InvalidArgumentError(absl::StrCat("exact gradients: outer products of ", Shape(a),
                                                    " and ", Shape(b), " (both [tokens, ...])"));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, Take(slot, a.size(0)));
+  LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, At(slot));
   if (s->parameter.dim() != 2 || s->parameter.size(0) != a.size(1) ||
       s->parameter.size(1) != b.size(1)) {
     return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "' ",
                                                    Shape(s->parameter), ": outer products of ",
                                                    Shape(a), " and ", Shape(b), " do not fit"));
   }
+  LOCKSTEP_RETURN_IF_ERROR(Count(*s, a.size(0)));
   const int64_t tokens = a.size(0), n = a.size(1), k = b.size(1);
   if (FloatExact(a.scalar_type()) && FloatExact(b.scalar_type())) {
     // Note [Products as integers]: both factors split once, each product in integers.
@@ -215,8 +219,7 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
     return absl::InvalidArgumentError(
         absl::StrCat("exact gradients: rows ", Shape(rows), " and values ", Shape(values)));
   }
-  // Each row receives at most one term per token: counted as that many.
-  LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, Take(slot, values.size(0)));
+  LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, At(slot));
   if (s->parameter.dim() != 2 || s->parameter.size(1) != values.size(1)) {
     return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "' ",
                                                    Shape(s->parameter), ": rows of ", Shape(values),
@@ -230,17 +233,23 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
   const int64_t tokens = values.size(0), k = values.size(1), limit = s->parameter.size(0);
   const int64_t* rp = hr.data_ptr<int64_t>();
   const double* vp = hv.data_ptr<double>();
+  // Every row checked before anything is added.
   for (int64_t t = 0; t < tokens; ++t) {
     if (rp[t] < 0 || rp[t] >= limit) {
       return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "': row ",
                                                      rp[t], " outside [0, ", limit, ")"));
     }
+  }
+  // Each row receives at most one term per token: counted as that many.
+  LOCKSTEP_RETURN_IF_ERROR(Count(*s, tokens));
+  for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       unsigned __int128 fixed = 0;
       if (!ToFixed(vp[t * k + j], &fixed)) {
         return absl::OutOfRangeError(
             absl::StrCat("exact gradients of '", s->name, "': contribution ", vp[t * k + j],
-                         " to row ", rp[t], " is not finite or not below 2^", kMaxExponent));
+                         " to row ", rp[t], " is not finite or not below 2^", kMaxExponent,
+                         " (the sums are no longer usable: Zero them)"));
       }
       s->sums[rp[t] * k + j] += fixed;
     }
@@ -278,6 +287,28 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
   LOCKSTEP_RETURN_IF_ERROR(
       CallTorch("exact gradients: back to the host", [&] { reduced = reduced.to(at::kCPU); }));
   const int64_t* lp = reduced.data_ptr<int64_t>();
+  // The members' contribution counts, summed too: each member bounds its own, and only their
+  // total bounds the reduced sums (every member sees the same totals, so all refuse alike).
+  at::Tensor terms;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the contribution counts", [&] {
+    terms = at::empty({static_cast<int64_t>(summed.size())}, at::kLong);
+    int64_t* tp = terms.data_ptr<int64_t>();
+    for (size_t i = 0; i < summed.size(); ++i) tp[i] = summed[i]->terms;
+    terms = terms.to(reduced.device());
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(Annotate(group->AllReduceSum(terms), "summing exact gradient counts"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch("exact gradients: counts to the host", [&] { terms = terms.to(at::kCPU); }));
+  const int64_t* tp = terms.data_ptr<int64_t>();
+  for (size_t i = 0; i < summed.size(); ++i) {
+    if (tp[i] > (int64_t{1} << kMaxTermsLog2)) {
+      return absl::OutOfRangeError(
+          absl::StrCat("exact gradients of '", summed[i]->name, "': ", tp[i],
+                       " contributions per element over the group; the limit is 2^", kMaxTermsLog2,
+                       " (the sums may have wrapped)"));
+    }
+    summed[i]->terms = tp[i];
+  }
   for (Slot* s : summed) {
     for (unsigned __int128& v : s->sums) {
       v = 0;
@@ -285,7 +316,6 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
         v += static_cast<unsigned __int128>(static_cast<uint64_t>(*lp++)) << (32 * l);
       }
     }
-    s->terms *= group->size();
   }
   return absl::OkStatus();
 }

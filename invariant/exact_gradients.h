@@ -49,12 +49,15 @@
 namespace lockstep {
 namespace invariant {
 
+// The exact gradient sums of a set of named parameters (see the top of this file).
 class ExactGradients {
  public:
   // Contributions are multiples of 2^-kFractionBits, below 2^kMaxExponent in magnitude, at most
   // 2^kMaxTermsLog2 of them per element: 80 + 24 + 22 = 126 bits, and a sign.
   static constexpr int kFractionBits = 80;
+  // Contributions are below 2^kMaxExponent in magnitude.
   static constexpr int kMaxExponent = 24;
+  // At most 2^kMaxTermsLog2 contributions per element between two writes.
   static constexpr int kMaxTermsLog2 = 22;
 
   // Exact sums for each of `parameters` (name, tensor), zero.
@@ -92,7 +95,9 @@ class ExactGradients {
     std::vector<unsigned __int128> sums;  // two's complement, one per element
     int64_t terms = 0;                    // contributions per element since the last write
   };
-  absl::StatusOr<Slot*> Take(int slot, int64_t terms);
+  absl::StatusOr<Slot*> At(int slot);
+  // Counts `terms` more contributions per element of `s`: kOutOfRange beyond the limit.
+  static absl::Status Count(Slot& s, int64_t terms);
   std::vector<Slot> slots_;
 };
 

@@ -125,8 +125,14 @@ TEST(ExactGradientsTest, RefusesWhatItCannotHoldExactly) {
   EXPECT_EQ(nan.code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(exact.AddOuterProducts(0, at::ones({1, 3}), at::ones({1, 2})).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(exact.AddRows(0, at::tensor({2}, at::kLong), at::ones({1, 2})).message(),
+  // A refused call adds nothing, not even the rows before the bad one.
+  EXPECT_THAT(exact.AddRows(0, at::tensor({0, 1, 2}, at::kLong), at::ones({3, 2})).message(),
               HasSubstr("row 2 outside [0, 2)"));
+  exact.Zero();
+  EXPECT_EQ(exact.AddRows(0, at::tensor({0, 5}, at::kLong), at::ones({2, 2})).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(exact.WriteGradients().ok());
+  EXPECT_TRUE(at::equal(w.grad(), at::zeros({2, 2})));
   EXPECT_EQ(exact.SlotOf("nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Linear(at::ones({1, 2}), w, {&exact, -1}).status().message(),
               HasSubstr("exact gradients without a slot"));

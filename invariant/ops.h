@@ -61,7 +61,9 @@ namespace invariant {
 // Where a weight's gradient goes: autograd's .grad (no `exact`), or slot `slot` of `exact`.
 // Precondition: `exact` outlives the backward of every call given it.
 struct WeightGradient {
+  // The exact sums; null: autograd's .grad.
   ExactGradients* exact = nullptr;
+  // The weight's slot in `exact` (ExactGradients::SlotOf).
   int slot = -1;
 };
 
@@ -92,7 +94,9 @@ absl::StatusOr<at::Tensor> SequenceAttention(const at::Tensor& q, const at::Tens
 // them). Forward gathers k, v and the tokens, each member's rows padded to `widest`; backward
 // gathers q, the output gradient and the tokens, and every member computes every key's gradient
 // over all of its sequence's queries, keeping its own rows: the bits unsharded attention gives.
-// A null group: SequenceAttention over this member's rows. Collective: every member calls it.
+// A null group: SequenceAttention over this member's rows. Collective: every member calls it;
+// a member that fails in backward (an exact-gradient refusal) leaves the others in the gather
+// until the communicator's timeout, which ends it.
 absl::StatusOr<at::Tensor> ShardedSequenceAttention(const at::Tensor& q, const at::Tensor& k,
                                                     const at::Tensor& v, const at::Tensor& tokens,
                                                     double scale, int64_t widest,
