@@ -126,14 +126,19 @@ int64_t Handle(ExactGradients* exact) { return reinterpret_cast<int64_t>(exact);
 ExactGradients* ExactOf(AutogradContext* ctx) {
   return reinterpret_cast<ExactGradients*>(ctx->saved_data["exact"].toInt());
 }
+// A weight's gradient destination (WeightGradient), kept for backward.
+void SaveDestination(AutogradContext* ctx, int64_t exact, int64_t slot) {
+  ctx->saved_data["exact"] = exact;
+  ctx->saved_data["slot"] = slot;
+}
+int SlotOf(AutogradContext* ctx) { return static_cast<int>(ctx->saved_data["slot"].toInt()); }
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             int64_t exact, int64_t slot) {
     const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     ctx->save_for_backward({x, w});
-    ctx->saved_data["exact"] = exact;
-    ctx->saved_data["slot"] = slot;
+    SaveDestination(ctx, exact, slot);
     return LinearOf(x, w);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -146,7 +151,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     // in order.
     at::Tensor dx = LinearOf(dy.to(x.scalar_type()), w.t());
     if (ExactGradients* exact = ExactOf(ctx)) {
-      OrThrow(exact->AddOuterProducts(static_cast<int>(ctx->saved_data["slot"].toInt()), dy, x));
+      OrThrow(exact->AddOuterProducts(SlotOf(ctx), dy, x));
       return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor dw = LinearOf(dy.t().to(w.scalar_type()), x.t());
@@ -159,16 +164,14 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
                             int64_t exact, int64_t slot) {
     const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     ctx->save_for_backward({weight, ids});
-    ctx->saved_data["exact"] = exact;
-    ctx->saved_data["slot"] = slot;
+    SaveDestination(ctx, exact, slot);
     return weight.index_select(0, ids);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const variable_list saved = ctx->get_saved_variables();
     if (ExactGradients* exact = ExactOf(ctx)) {
-      OrThrow(
-          exact->AddRows(static_cast<int>(ctx->saved_data["slot"].toInt()), saved[1], grads[0]));
+      OrThrow(exact->AddRows(SlotOf(ctx), saved[1], grads[0]));
       return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     // Without exact sums: in token order, as LibTorch's CPU embedding backward.

@@ -141,7 +141,6 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
   } else {
     calls.push_back(batch);
   }
-  const at::Tensor head = program->parameters.back().second;
   // Under the mode the step's backward runs too, its gradients summed exactly.
   const bool backward = program->exact != nullptr;
   for (trainer::TrainerInputs& call : calls) {
@@ -154,15 +153,10 @@ absl::StatusOr<PlacementRun> RunPlacement(const variability::ProgramGroups& grou
       for (const trainer::MicrobatchOutput& out : step.microbatches) {
         const at::Tensor outputs = out.outputs.detach().to(at::kCPU);
         // The loss head's product: under placement-invariant mode, the mode's.
-        at::Tensor z;
-        if (invariant::ModeOn()) {
-          absl::StatusOr<at::Tensor> product =
-              invariant::Linear(out.outputs.detach(), head.detach());
-          if (!product.ok()) ThrowAsTorchError(product.status());
-          z = product->squeeze(1).to(at::kCPU);
-        } else {
-          z = at::mm(out.outputs.detach(), head.detach().t()).squeeze(1).to(at::kCPU);
-        }
+        absl::StatusOr<at::Tensor> scores = variability::HeadScores(
+            *program, out.outputs.detach(), /*invariant=*/invariant::ModeOn());
+        if (!scores.ok()) ThrowAsTorchError(scores.status());
+        const at::Tensor z = scores->detach().squeeze(1).to(at::kCPU);
         const at::Tensor weights = out.loss_weights.to(at::kCPU);
         const at::Tensor input_rows = out.input_rows.to(at::kCPU);
         const auto row = input_rows.accessor<int64_t, 1>();

@@ -123,20 +123,13 @@ absl::StatusOr<StepResult> Step(Program& program, trainer::TrainerInputs inputs,
   StepResult result;
   LOCKSTEP_ASSIGN_OR_RETURN(result.microbatches,
                             program.trainer->ForwardAllMicrobatches(std::move(inputs)));
-  const at::Tensor& head = program.parameters.back().second;
   for (const trainer::MicrobatchOutput& out : result.microbatches) {
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("the caller's loss and backward", [&] {
-      at::Tensor z;
-      if (program.exact != nullptr) {  // the head's gradient summed exactly too
-        const absl::StatusOr<int> slot = program.exact->SlotOf("head");
-        if (!slot.ok()) ThrowAsTorchError(slot.status());
-        absl::StatusOr<at::Tensor> product =
-            invariant::Linear(out.outputs, head, {program.exact.get(), *slot});
-        if (!product.ok()) ThrowAsTorchError(product.status());
-        z = product->squeeze(1);
-      } else {
-        z = at::mm(out.outputs, head.t()).squeeze(1);
-      }
+      // With exact sums the head's gradient is summed exactly too.
+      absl::StatusOr<at::Tensor> scores =
+          HeadScores(program, out.outputs, /*invariant=*/program.exact != nullptr);
+      if (!scores.ok()) ThrowAsTorchError(scores.status());
+      const at::Tensor z = scores->squeeze(1);
       const at::Tensor loss = (out.loss_weights.to(z.options()) * z * z).sum();
       if (backward) loss.backward();
       result.outputs.emplace_back(absl::StrCat("mb", out.microbatch, ".outputs"),
@@ -146,6 +139,21 @@ absl::StatusOr<StepResult> Step(Program& program, trainer::TrainerInputs inputs,
     }));
   }
   return result;
+}
+
+absl::StatusOr<at::Tensor> HeadScores(const Program& program, const at::Tensor& outputs,
+                                      bool invariant) {
+  const at::Tensor& head = program.parameters.back().second;
+  if (!invariant) {
+    return CallTorch("the head's scores",
+                     [&]() -> absl::StatusOr<at::Tensor> { return at::mm(outputs, head.t()); });
+  }
+  invariant::WeightGradient to;
+  if (program.exact != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const int slot, program.exact->SlotOf("head"));
+    to = {program.exact.get(), slot};
+  }
+  return invariant::Linear(outputs, head, to);
 }
 
 absl::Status FinishGradients(Program& program, collectives::Communicator* group) {

@@ -95,6 +95,12 @@ struct StepResult {
 absl::StatusOr<StepResult> Step(Program& program, trainer::TrainerInputs inputs,
                                 bool backward = true);
 
+// The loss head's scores of `outputs` [rows, width]: [rows, 1]. With `invariant`, the mode's
+// product (its gradient into program.exact's "head" slot when the program has exact sums);
+// otherwise LibTorch's.
+absl::StatusOr<at::Tensor> HeadScores(const Program& program, const at::Tensor& outputs,
+                                      bool invariant);
+
 // With program.exact: the exact gradient sums of every Step since the last call, summed over
 // `group` (null: none), written to the parameters' .grad (replacing it). Otherwise nothing.
 absl::Status FinishGradients(Program& program, collectives::Communicator* group);
