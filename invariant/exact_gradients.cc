@@ -257,6 +257,44 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
   return absl::OkStatus();
 }
 
+absl::Status ExactGradients::AddColumns(int slot, const at::Tensor& values) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, At(slot));
+  if (values.dim() != 2 || values.size(1) != s->parameter.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "' ",
+                                                   Shape(s->parameter), ": columns of ",
+                                                   Shape(values), " do not fit"));
+  }
+  at::Tensor hv;
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch("exact gradients: the columns to the host", [&] { hv = HostDouble(values); }));
+  const int64_t tokens = values.size(0), k = values.size(1);
+  const double* vp = hv.data_ptr<double>();
+  // Every value converted before anything is added: a refusal adds nothing.
+  std::vector<unsigned __int128> fixed(static_cast<size_t>(tokens * k));
+  for (int64_t e = 0; e < tokens * k; ++e) {
+    if (!ToFixed(vp[e], &fixed[e])) {
+      return absl::OutOfRangeError(absl::StrCat("exact gradients of '", s->name, "': contribution ",
+                                                vp[e], " to element ", e % k,
+                                                " is not finite or not below 2^", kMaxExponent));
+    }
+  }
+  LOCKSTEP_RETURN_IF_ERROR(Count(*s, tokens));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < k; ++j) s->sums[j] += fixed[t * k + j];
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> ExactGradients::Sums(int slot) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, At(slot));
+  return CallTorch("exact gradients: reading the sums", [&]() -> absl::StatusOr<at::Tensor> {
+    at::Tensor sum = at::empty({static_cast<int64_t>(s->sums.size())}, at::kDouble);
+    double* sp = sum.data_ptr<double>();
+    for (size_t e = 0; e < s->sums.size(); ++e) sp[e] = FromFixed(s->sums[e]);
+    return sum.view(s->parameter.sizes());
+  });
+}
+
 absl::Status ExactGradients::SumOver(collectives::Communicator* group,
                                      const std::set<std::string>& whole) {
   if (group == nullptr || group->size() == 1) return absl::OkStatus();
@@ -321,14 +359,12 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
 }
 
 absl::Status ExactGradients::WriteGradients() {
-  for (Slot& s : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    LOCKSTEP_ASSIGN_OR_RETURN(const at::Tensor sum, Sums(static_cast<int>(i)));
     LOCKSTEP_RETURN_IF_ERROR(
         CallTorch(absl::StrCat("exact gradients: writing '", s.name, "'"), [&] {
-          at::Tensor sum = at::empty({static_cast<int64_t>(s.sums.size())}, at::kDouble);
-          double* sp = sum.data_ptr<double>();
-          for (size_t e = 0; e < s.sums.size(); ++e) sp[e] = FromFixed(s.sums[e]);
-          s.parameter.mutable_grad() =
-              sum.view(s.parameter.sizes()).to(s.parameter.scalar_type()).to(s.parameter.device());
+          s.parameter.mutable_grad() = sum.to(s.parameter.scalar_type()).to(s.parameter.device());
         }));
   }
   Zero();

@@ -75,6 +75,15 @@ class ExactGradients {
   // gradient. kInvalidArgument for a row outside [0, V).
   absl::Status AddRows(int slot, const at::Tensor& rows, const at::Tensor& values);
 
+  // Adds sum over t of values[t, k] to element k of slot's parameter (K elements, any shape:
+  // a layer norm's weight or bias), for values [T, K] (floating point, any device), each value
+  // rounded once to a multiple of 2^-kFractionBits. kInvalidArgument for a K that does not fit.
+  absl::Status AddColumns(int slot, const at::Tensor& values);
+
+  // Slot's sums rounded to float64, shaped as its parameter, on the CPU; the sums stay (a total
+  // read before or instead of WriteGradients, such as a step's loss summed exactly).
+  absl::StatusOr<at::Tensor> Sums(int slot);
+
   // Replaces every sum by its sum over `group`'s members (an integer all-reduce: exact), except
   // the parameters named in `whole`, whose sums every member already holds in full (a layer each
   // member computes over all of the step's tokens, such as a loss head over gathered outputs).

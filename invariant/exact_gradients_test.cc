@@ -113,6 +113,27 @@ TEST(ExactGradientsTest, EmbeddingRowsAreSummedExactly) {
   EXPECT_TRUE(at::equal(whole[2], at::zeros({4})));
 }
 
+TEST(ExactGradientsTest, ColumnsAreSummedExactlyAndReadWithoutWriting) {
+  // 1 + 2^-60 - 1: a float64 sum in this order loses the 2^-60; the exact sum keeps it.
+  const at::Tensor values =
+      at::tensor({1.0, 2.0, std::ldexp(1.0, -60), 0.0, -1.0, -2.0}, at::kDouble).view({3, 2});
+  const at::Tensor scale = at::zeros({2}).requires_grad_(true);
+  ExactGradients exact({{"norm.weight", scale}});
+  ASSERT_TRUE(exact.AddColumns(0, values).ok());
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor sums, exact.Sums(0));
+  EXPECT_TRUE(at::equal(sums, at::tensor({std::ldexp(1.0, -60), 0.0}, at::kDouble)));
+  EXPECT_FALSE(scale.grad().defined());
+  // Read again: still there, until written.
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor again, exact.Sums(0));
+  EXPECT_TRUE(at::equal(again, sums));
+  EXPECT_THAT(exact.AddColumns(0, at::ones({2, 3})).message(), HasSubstr("do not fit"));
+  // A refused call adds nothing.
+  EXPECT_EQ(exact.AddColumns(0, at::tensor({1.0, NAN}).view({1, 2})).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(exact.WriteGradients().ok());
+  EXPECT_TRUE(at::equal(scale.grad(), at::tensor({static_cast<float>(std::ldexp(1.0, -60)), 0.f})));
+}
+
 TEST(ExactGradientsTest, RefusesWhatItCannotHoldExactly) {
   const at::Tensor w = at::zeros({2, 2}).requires_grad_(true);
   ExactGradients exact({{"layer.w", w}});

@@ -109,6 +109,19 @@ internal::AttentionGradients AttentionBackwardOn(const internal::Visibility& vis
                      : internal::AttentionBackward(visible, q, k, v, dout, scale);
 }
 
+at::Tensor RowLogSumExpOn(const at::Tensor& z) {
+  return z.is_cuda() ? ValueOrThrow(internal::CudaRowLogSumExp(z)) : internal::RowLogSumExp(z);
+}
+at::Tensor RowSoftmaxOn(const at::Tensor& z, const at::Tensor& lse) {
+  return z.is_cuda() ? ValueOrThrow(internal::CudaRowSoftmax(z, lse))
+                     : internal::RowSoftmax(z, lse);
+}
+// Each row's float64 sum in increasing column, [M, 1] (Linear's loop against a column of ones:
+// every product exact).
+at::Tensor RowSumsOn(const at::Tensor& x) {
+  return LinearRowsOn(x, at::ones({x.size(1), 1}, x.options()));
+}
+
 // x [M, K] times w^T: float64 inside, the result in x's dtype.
 at::Tensor LinearOf(const at::Tensor& x, const at::Tensor& w) {
   return LinearRowsOn(Wide(x), Wide(w.t())).to(x.scalar_type());
@@ -177,6 +190,74 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
     // Without exact sums: in token order, as LibTorch's CPU embedding backward.
     return {at::zeros_like(saved[0]).index_add_(0, saved[1], grads[0]), at::Tensor(), at::Tensor(),
             at::Tensor()};
+  }
+};
+
+// A sum over the call's rows of per-token contributions `values` [M, K] to a parameter shaped
+// like `like` ([K]): into the exact sums at (exact, slot), or returned, summed in row order.
+at::Tensor ColumnsTo(AutogradContext* ctx, const char* exact_key, const char* slot_key,
+                     const at::Tensor& values, const at::Tensor& like) {
+  if (auto* exact = reinterpret_cast<ExactGradients*>(ctx->saved_data[exact_key].toInt())) {
+    OrThrow(exact->AddColumns(static_cast<int>(ctx->saved_data[slot_key].toInt()), values));
+    return at::Tensor();
+  }
+  return RowSumsOn(values.t().contiguous()).view(like.sizes()).to(like.scalar_type());
+}
+
+// Note [Placement invariance]: every row's statistics by Linear's loop, the rest elementwise.
+struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps, int64_t weight_exact,
+                            int64_t weight_slot, int64_t bias_exact, int64_t bias_slot) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
+    const at::Tensor xw = Wide(x);
+    const double k = static_cast<double>(x.size(1));
+    const at::Tensor mean = RowSumsOn(xw) / k;
+    const at::Tensor centered = xw - mean;
+    const at::Tensor rstd = at::reciprocal(at::sqrt(RowSumsOn(centered * centered) / k + eps));
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    ctx->saved_data["weight_exact"] = weight_exact;
+    ctx->saved_data["weight_slot"] = weight_slot;
+    ctx->saved_data["bias_exact"] = bias_exact;
+    ctx->saved_data["bias_slot"] = bias_slot;
+    return (centered * rstd * Wide(weight) + Wide(bias)).to(x.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    const double k = static_cast<double>(x.size(1));
+    const at::Tensor xhat = (Wide(x) - mean) * rstd;
+    const at::Tensor dy = Wide(grads[0]);
+    const at::Tensor g = dy * Wide(weight);
+    const at::Tensor dx = (g - RowSumsOn(g) / k - xhat * (RowSumsOn(g * xhat) / k)) * rstd;
+    return {dx.to(x.scalar_type()),
+            ColumnsTo(ctx, "weight_exact", "weight_slot", dy * xhat, weight),
+            ColumnsTo(ctx, "bias_exact", "bias_slot", dy, bias),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& targets) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
+    const at::Tensor z = Wide(logits);
+    const at::Tensor lse = RowLogSumExpOn(z);
+    ctx->save_for_backward({logits, targets, lse});
+    return (lse - z.gather(1, targets.unsqueeze(1)).squeeze(1)).to(logits.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &logits = s[0], &targets = s[1], &lse = s[2];
+    const at::Tensor p = RowSoftmaxOn(Wide(logits), lse);
+    const at::Tensor target = at::zeros_like(p).scatter_(1, targets.unsqueeze(1), 1.0);
+    return {((p - target) * Wide(grads[0]).unsqueeze(1)).to(logits.scalar_type()), at::Tensor()};
   }
 };
 
@@ -331,6 +412,54 @@ absl::StatusOr<at::Tensor> Embedding(const at::Tensor& weight, const at::Tensor&
   return CallTorch("Embedding", [&]() -> absl::StatusOr<at::Tensor> {
     return EmbeddingFunction::apply(weight, ids.to(weight.device()), Handle(weight_gradient.exact),
                                     weight_gradient.slot);
+  });
+}
+
+absl::StatusOr<at::Tensor> LayerNorm(const at::Tensor& x, const at::Tensor& weight,
+                                     const at::Tensor& bias, double eps,
+                                     WeightGradient weight_gradient, WeightGradient bias_gradient) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("LayerNorm", "x", x));
+  LOCKSTEP_RETURN_IF_ERROR(CheckFloating("LayerNorm", "weight", weight));
+  LOCKSTEP_RETURN_IF_ERROR(CheckFloating("LayerNorm", "bias", bias));
+  LOCKSTEP_RETURN_IF_ERROR(SameDevice("LayerNorm", x, weight));
+  LOCKSTEP_RETURN_IF_ERROR(SameDevice("LayerNorm", x, bias));
+  if (weight.dim() != 1 || bias.dim() != 1 || weight.size(0) != x.size(1) ||
+      bias.size(0) != x.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerNorm: x ", Shape(x), ", weight ",
+                                                   Shape(weight), " and bias ", Shape(bias),
+                                                   " do not fit (weight and bias [columns])"));
+  }
+  if (!(eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerNorm: eps ", eps, " is not positive"));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(CheckSlot("LayerNorm", weight_gradient));
+  LOCKSTEP_RETURN_IF_ERROR(CheckSlot("LayerNorm", bias_gradient));
+  return CallTorch("LayerNorm", [&]() -> absl::StatusOr<at::Tensor> {
+    return LayerNormFunction::apply(x, weight, bias, eps, Handle(weight_gradient.exact),
+                                    weight_gradient.slot, Handle(bias_gradient.exact),
+                                    bias_gradient.slot);
+  });
+}
+
+absl::StatusOr<at::Tensor> CrossEntropy(const at::Tensor& logits, const at::Tensor& targets) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckMatrix("CrossEntropy", "logits", logits));
+  if (!targets.defined() || targets.scalar_type() != at::kLong || targets.dim() != 1 ||
+      targets.size(0) != logits.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("CrossEntropy: targets must be int64 [",
+                                                   logits.size(0), "] for logits ", Shape(logits)));
+  }
+  if (logits.size(1) == 0) {
+    return absl::InvalidArgumentError("CrossEntropy: logits have no classes");
+  }
+  return CallTorch("CrossEntropy", [&]() -> absl::StatusOr<at::Tensor> {
+    if (targets.numel() > 0) {
+      const int64_t low = targets.min().item<int64_t>(), high = targets.max().item<int64_t>();
+      if (low < 0 || high >= logits.size(1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "CrossEntropy: target ", low < 0 ? low : high, " outside [0, ", logits.size(1), ")"));
+      }
+    }
+    return CrossEntropyFunction::apply(logits, targets.to(logits.device()));
   });
 }
 

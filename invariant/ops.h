@@ -1,8 +1,9 @@
 // invariant/ops.h
 //
-// The kernels of placement-invariant mode (invariant/mode.h): a linear layer, GELU and causal
-// attention over each sequence's own keys, whose every output element is computed by the same
-// operations in the same order whatever else the call holds. Differentiable through autograd.
+// The kernels of placement-invariant mode (invariant/mode.h): a linear layer, an embedding, layer
+// norm, GELU, cross-entropy and causal attention over each sequence's own keys, whose every output
+// element is computed by the same operations in the same order whatever else the call holds.
+// Differentiable through autograd.
 //
 // Note [Placement invariance]
 // LibTorch's kernels give a row's bits as a function of the whole call: a matrix product picks
@@ -15,6 +16,9 @@
 //     increasing k from zero, rounded once to the output dtype. Nothing of row m's sum depends on
 //     the other rows. (Products of float32, bfloat16 or float16 values are exact in float64, so
 //     the only roundings are the additions', in one fixed order.)
+//   - LayerNorm and CrossEntropy: each row's sums in float64 in increasing column from zero (the
+//     row sums through Linear's loop), every other step an elementwise float64 operation
+//     (correctly rounded whatever the vectorization) or, for exp and log, one scalar path.
 //   - Gelu(x): each element through float64 erf, elementwise by one scalar path.
 //   - SequenceAttention(q, k, v, query_tokens, key_tokens): each query attends to the keys of its
 //     own sequence at positions up to its own, taken in increasing position (not in the order
@@ -76,6 +80,20 @@ absl::StatusOr<at::Tensor> Linear(const at::Tensor& x, const at::Tensor& w,
 // placement); its backward adds each token's output gradient to its row, exactly with `exact`.
 absl::StatusOr<at::Tensor> Embedding(const at::Tensor& weight, const at::Tensor& ids,
                                      WeightGradient weight_gradient = {});
+
+// torch.nn.functional.layer_norm of each row of x [M, K] with weight and bias [K]: the row's mean,
+// then its variance, each a float64 sum in increasing k divided by K; (x - mean) / sqrt(var + eps)
+// * weight + bias in float64, rounded once to x's dtype. The backward's weight and bias gradients
+// are sums over the call's rows: given exact sums, each token's contribution is added there.
+absl::StatusOr<at::Tensor> LayerNorm(const at::Tensor& x, const at::Tensor& weight,
+                                     const at::Tensor& bias, double eps = 1e-5,
+                                     WeightGradient weight_gradient = {},
+                                     WeightGradient bias_gradient = {});
+
+// Each row's cross-entropy (reduction 'none') of logits [M, V] against targets (int64 [M], each
+// in [0, V)): the row's log-sum-exp (its maximum plus the log of a float64 sum in increasing v)
+// minus its target's logit; [M] in logits' dtype. kInvalidArgument for a target outside [0, V).
+absl::StatusOr<at::Tensor> CrossEntropy(const at::Tensor& logits, const at::Tensor& targets);
 
 // The exact (erf) GELU of x, any shape.
 absl::StatusOr<at::Tensor> Gelu(const at::Tensor& x);

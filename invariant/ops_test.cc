@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -246,6 +247,130 @@ TEST(LinearTest, TheGpuGivesTheCpusBits) {
   }
 }
 #endif
+
+TEST(LayerNormTest, MatchesTheFloat64LayerNorm) {
+  const at::Tensor x = Random({37, 48}, 21) * 2 + 1, weight = Random({48}, 22),
+                   bias = Random({48}, 23);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor out, LayerNorm(x, weight, bias));
+  ASSERT_EQ(out.scalar_type(), at::kFloat);
+  const at::Tensor ref =
+      at::layer_norm(x.to(at::kDouble), {48}, weight.to(at::kDouble), bias.to(at::kDouble));
+  // One float32 rounding of the result, plus the float64 steps' error.
+  EXPECT_TRUE((out.to(at::kDouble) - ref)
+                  .abs()
+                  .le(ref.abs() * std::ldexp(1.0, -24) + 1e-12)
+                  .all()
+                  .item<bool>());
+}
+
+TEST(LayerNormTest, ARowsBitsDoNotDependOnTheOtherRowsOfTheCall) {
+  for (at::ScalarType type : {at::kFloat, at::kDouble}) {
+    const at::Tensor x = Random({10, 40}, 24, type), weight = Random({40}, 25, type),
+                     bias = Random({40}, 26, type);
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor alone, LayerNorm(x, weight, bias));
+    for (int64_t others : {1, 7, 130}) {
+      const at::Tensor packed = at::cat({Random({others, 40}, 30 + others, type) * 5, x.flip(0)});
+      LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor out, LayerNorm(packed, weight, bias));
+      EXPECT_TRUE(at::equal(out.narrow(0, others, 10).flip(0), alone)) << others << " other rows";
+    }
+    LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor one, LayerNorm(x.narrow(0, 3, 1), weight, bias));
+    EXPECT_TRUE(at::equal(one[0], alone[3])) << type;
+  }
+}
+
+TEST(LayerNormTest, GradientsMatchAutogradOfTheFloat64LayerNorm) {
+  const at::Tensor x = (Random({9, 13}, 27, at::kDouble) * 3).requires_grad_(true);
+  const at::Tensor weight = Random({13}, 28, at::kDouble).requires_grad_(true);
+  const at::Tensor bias = Random({13}, 29, at::kDouble).requires_grad_(true);
+  const at::Tensor dy = Random({9, 13}, 30, at::kDouble);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor out, LayerNorm(x, weight, bias));
+  const std::vector<at::Tensor> mine = torch::autograd::grad({out}, {x, weight, bias}, {dy});
+  const at::Tensor ref = at::layer_norm(x, {13}, weight, bias);
+  const std::vector<at::Tensor> theirs = torch::autograd::grad({ref}, {x, weight, bias}, {dy});
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::allclose(mine[i], theirs[i], 1e-10, 1e-12)) << i;
+}
+
+// The weight's and bias's gradients summed exactly: the same bits however the rows were called.
+TEST(LayerNormTest, ExactGradientsDoNotDependOnHowItsRowsWereCalled) {
+  const at::Tensor x = Random({30, 8}, 31), dy = Random({30, 8}, 32);
+  auto gradients = [&](std::vector<int64_t> cuts) {
+    const at::Tensor weight = Random({8}, 33).requires_grad_(true);
+    const at::Tensor bias = Random({8}, 34).requires_grad_(true);
+    ExactGradients exact({{"weight", weight}, {"bias", bias}});
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const int64_t n = cuts[i + 1] - cuts[i];
+      absl::StatusOr<at::Tensor> out =
+          LayerNorm(x.narrow(0, cuts[i], n), weight, bias, 1e-5, {&exact, 0}, {&exact, 1});
+      EXPECT_TRUE(out.ok()) << out.status();
+      out->backward(dy.narrow(0, cuts[i], n));
+    }
+    EXPECT_FALSE(weight.grad().defined()) << "the gradient went to autograd's .grad";
+    EXPECT_TRUE(exact.WriteGradients().ok());
+    return std::vector<at::Tensor>{weight.grad().clone(), bias.grad().clone()};
+  };
+  const std::vector<at::Tensor> whole = gradients({0, 30});
+  for (const std::vector<int64_t>& cuts :
+       std::vector<std::vector<int64_t>>{{0, 1, 2, 30}, {0, 11, 29, 30}}) {
+    const std::vector<at::Tensor> split = gradients(cuts);
+    EXPECT_TRUE(at::equal(split[0], whole[0]));
+    EXPECT_TRUE(at::equal(split[1], whole[1]));
+  }
+  EXPECT_TRUE(at::allclose(whole[1].to(at::kDouble), dy.to(at::kDouble).sum(0), 1e-6, 1e-12));
+}
+
+TEST(LayerNormTest, RefusesWhatDoesNotFit) {
+  const at::Tensor x = Random({3, 4}, 1);
+  EXPECT_THAT(LayerNorm(x, Random({5}, 2), Random({4}, 3)).status().message(),
+              HasSubstr("do not fit"));
+  EXPECT_THAT(LayerNorm(x, Random({4}, 2), Random({4}, 3), 0).status().message(),
+              HasSubstr("eps 0 is not positive"));
+}
+
+TEST(CrossEntropyTest, MatchesTheFloat64CrossEntropy) {
+  const at::Tensor logits = Random({33, 50}, 41) * 3;
+  const at::Tensor targets = at::randint(50, {33}, at::kLong).to(kDevice);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const at::Tensor out, CrossEntropy(logits, targets));
+  ASSERT_EQ(out.scalar_type(), at::kFloat);
+  const at::Tensor ref =
+      at::cross_entropy_loss(logits.to(at::kDouble), targets, {}, at::Reduction::None);
+  EXPECT_TRUE((out.to(at::kDouble) - ref)
+                  .abs()
+                  .le(ref.abs() * std::ldexp(1.0, -24) + 1e-12)
+                  .all()
+                  .item<bool>());
+}
+
+TEST(CrossEntropyTest, ARowsBitsAndGradientDoNotDependOnTheOtherRows) {
+  const at::Tensor logits = Random({6, 70}, 42, at::kDouble) * 4;
+  const at::Tensor targets = at::tensor({0, 69, 5, 5, 31, 2}, at::kLong).to(kDevice);
+  const at::Tensor dnll = Random({6}, 43, at::kDouble);
+  auto run = [&](const at::Tensor& z, const at::Tensor& t, const at::Tensor& d) {
+    const at::Tensor leaf = z.clone().requires_grad_(true);
+    absl::StatusOr<at::Tensor> out = CrossEntropy(leaf, t);
+    EXPECT_TRUE(out.ok()) << out.status();
+    out->backward(d);
+    return std::make_pair(out->detach(), leaf.grad());
+  };
+  const auto [alone, grad] = run(logits, targets, dnll);
+  const at::Tensor others = Random({40, 70}, 44, at::kDouble);
+  const auto [packed, packed_grad] =
+      run(at::cat({others, logits}), at::cat({at::zeros({40}, targets.options()), targets}),
+          at::cat({at::ones({40}, dnll.options()), dnll}));
+  EXPECT_TRUE(at::equal(packed.narrow(0, 40, 6), alone));
+  EXPECT_TRUE(at::equal(packed_grad.narrow(0, 40, 6), grad));
+  // And the gradient is the float64 reference's.
+  const at::Tensor leaf = logits.clone().requires_grad_(true);
+  at::cross_entropy_loss(leaf, targets, {}, at::Reduction::None).backward(dnll);
+  EXPECT_TRUE(at::allclose(grad, leaf.grad(), 1e-12, 1e-14));
+}
+
+TEST(CrossEntropyTest, RefusesATargetOutsideTheClasses) {
+  const at::Tensor logits = Random({2, 5}, 1);
+  EXPECT_THAT(CrossEntropy(logits, at::tensor({0, 5}, at::kLong)).status().message(),
+              HasSubstr("target 5 outside [0, 5)"));
+  EXPECT_THAT(CrossEntropy(logits, at::tensor({0}, at::kLong)).status().message(),
+              HasSubstr("targets must be int64 [2]"));
+}
 
 TEST(ModeTest, ScopesNestAndTheModeEndsWithTheLast) {
   EXPECT_FALSE(ModeOn());

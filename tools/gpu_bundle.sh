@@ -133,7 +133,7 @@ cp -r python/tests python/bench python/gpu_run.sh .gpu-bundle/python/
 chmod -R u+w .gpu-bundle/python
 # The example's end-to-end test, run there with LM_BIN=bin LM_TRAIN_FLAGS=--device=cuda.
 mkdir -p .gpu-bundle/examples
-cp -r examples/lm/train_test.sh examples/lm/replay_test.sh examples/lm/operators_test.sh \
+cp -r examples/lm/train_test.sh examples/lm/invariant_test.sh examples/lm/replay_test.sh examples/lm/operators_test.sh \
   examples/lm/deterministic_cost.sh examples/lm/cublas_call_probe.py examples/lm/plot_loss.py examples/lm/python .gpu-bundle/examples/
 # The Qwen-shaped LoRA program that python3 -m lockstep.verify checks, and its cost benchmark.
 cp -r examples/lora .gpu-bundle/examples/

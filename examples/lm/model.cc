@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -10,6 +11,7 @@
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
 #include "collectives/differentiable.h"
+#include "invariant/mode.h"
 #include "rng/philox.h"
 
 namespace lockstep {
@@ -118,20 +120,42 @@ const at::Tensor& TinyLm::Parameter(const std::string& name) const {
   ThrowAsTorchError(absl::InternalError(absl::StrCat("TinyLm: no parameter '", name, "'")));
 }
 
+absl::StatusOr<invariant::WeightGradient> TinyLm::GradientOf(const std::string& name) const {
+  if (exact_ == nullptr) return invariant::WeightGradient{};
+  LOCKSTEP_ASSIGN_OR_RETURN(const int slot, exact_->SlotOf(name));
+  return invariant::WeightGradient{exact_, slot};
+}
+
 absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64_t step) const {
   const c10::Device device = Parameter("token_embedding").device();
   const int64_t width = config_.width, heads = config_.heads, head_width = width / heads;
+  // Read once: a block recomputed in backward runs the kernels its forward ran.
+  const bool invariant_kernels = invariant::ModeOn();
+  // Under the mode, where each parameter's gradient goes (a name outside the exact sums: none).
+  std::map<std::string, invariant::WeightGradient> to;
+  if (invariant_kernels) {
+    for (const auto& [name, tensor] : parameters_) {
+      LOCKSTEP_ASSIGN_OR_RETURN(to[name], GradientOf(name));
+    }
+  }
   at::Tensor x, query_meta, key_meta;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("TinyLm: embeddings", [&] {
     const at::Tensor positions = work.positions().to(device);
-    x = at::embedding(Parameter("token_embedding"), work.inputs.to(device)) +
-        at::embedding(Parameter("position_embedding"), positions);
+    const at::Tensor inputs = work.inputs.to(device);
+    x = invariant_kernels
+            ? ValueOrThrow(invariant::Embedding(Parameter("token_embedding"), inputs,
+                                                to.at("token_embedding"))) +
+                  ValueOrThrow(invariant::Embedding(Parameter("position_embedding"), positions,
+                                                    to.at("position_embedding")))
+            : at::embedding(Parameter("token_embedding"), inputs) +
+                  at::embedding(Parameter("position_embedding"), positions);
     // Each token's (sequence, position), and every CP rank's, padded with -1 (which no query
     // matches), so that a query sees exactly the earlier tokens of its own sequence.
     query_meta = at::stack({work.sequence_ids().to(device), positions}, 1);
   }));
   key_meta = query_meta;
-  if (cp_group_ != nullptr) {
+  // (Under the mode, the attention kernel gathers the keys' places itself.)
+  if (cp_group_ != nullptr && !invariant_kernels) {
     at::Tensor padded;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("TinyLm: padding the tokens' places", [&] {
       padded = at::full({work.widest_shard, 2}, -1, query_meta.options());
@@ -145,11 +169,17 @@ absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64
   // after `work` is gone.
   const at::Tensor ids = work.sequence_ids(), positions = work.positions();
   const int64_t widest = work.widest_shard;
-  const int64_t shard = config_.hidden / tp_size_, begin = tp_rank_ * shard;
   for (int64_t b = 0; b < config_.blocks; ++b) {
     const std::string p = absl::StrCat("block", b, ".");
     trainer::ShardWork::Block block = [=, this](const std::vector<at::Tensor>& in) {
       const at::Tensor& h = in[0];
+      if (invariant_kernels) {
+        const at::Tensor after_attention = h + InvariantAttention(p, h, query_meta, widest, to);
+        return std::vector<at::Tensor>{
+            after_attention +
+            ValueOrThrow(collectives::ReduceFromGroup(
+                InvariantMlp(p, after_attention, ids, positions, b, step, to), tp_group_))};
+      }
       const int64_t n = h.size(0);
       // Attention: this shard's queries against every CP rank's keys and values.
       const at::Tensor a =
@@ -178,13 +208,8 @@ absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64
           after_attention, {width}, Parameter(p + "norm2.weight"), Parameter(p + "norm2.bias"));
       const at::Tensor in_tp = ValueOrThrow(collectives::CopyToGroup(m_in, tp_group_));
       const at::Tensor hidden_units = at::gelu(at::mm(in_tp, Parameter(p + "w1").t()));
-      const at::Tensor keep = DropoutMask(
-          rng::PhiloxKey::Of(config_.seed, static_cast<uint64_t>(b), static_cast<uint64_t>(step)),
-          ids, positions, config_.max_positions, config_.hidden, begin, begin + shard,
-          config_.dropout, h.device());
       const at::Tensor partial =
-          at::mm(hidden_units * keep.to(hidden_units.dtype()) * (1.0 / (1.0 - config_.dropout)),
-                 Parameter(p + "w2").t());
+          at::mm(Dropout(hidden_units, ids, positions, b, step), Parameter(p + "w2").t());
       return std::vector<at::Tensor>{
           after_attention + ValueOrThrow(collectives::ReduceFromGroup(partial, tp_group_))};
     };
@@ -193,10 +218,65 @@ absl::StatusOr<at::Tensor> TinyLm::Forward(const trainer::ShardWork& work, int64
   }
   // The head, tied to the token embedding.
   return CallTorch("TinyLm: the head", [&]() -> absl::StatusOr<at::Tensor> {
+    if (invariant_kernels) {
+      const at::Tensor final_norm =
+          ValueOrThrow(invariant::LayerNorm(x, Parameter("norm.weight"), Parameter("norm.bias"),
+                                            1e-5, to.at("norm.weight"), to.at("norm.bias")));
+      return ValueOrThrow(
+          invariant::Linear(final_norm, Parameter("token_embedding"), to.at("token_embedding")));
+    }
     const at::Tensor final_norm =
         at::layer_norm(x, {width}, Parameter("norm.weight"), Parameter("norm.bias"));
     return at::mm(final_norm, Parameter("token_embedding").t());
   });
+}
+
+at::Tensor TinyLm::Dropout(const at::Tensor& hidden_units, const at::Tensor& ids,
+                           const at::Tensor& positions, int64_t block, int64_t step) const {
+  const int64_t shard = config_.hidden / tp_size_, begin = tp_rank_ * shard;
+  const at::Tensor keep = DropoutMask(
+      rng::PhiloxKey::Of(config_.seed, static_cast<uint64_t>(block), static_cast<uint64_t>(step)),
+      ids, positions, config_.max_positions, config_.hidden, begin, begin + shard, config_.dropout,
+      hidden_units.device());
+  return hidden_units * keep.to(hidden_units.dtype()) * (1.0 / (1.0 - config_.dropout));
+}
+
+at::Tensor TinyLm::InvariantAttention(
+    const std::string& p, const at::Tensor& h, const at::Tensor& tokens, int64_t widest,
+    const std::map<std::string, invariant::WeightGradient>& to) const {
+  const int64_t heads = config_.heads, head_width = config_.width / heads;
+  auto linear = [&](const at::Tensor& in, const std::string& w) {
+    return ValueOrThrow(invariant::Linear(in, Parameter(p + w), to.at(p + w)));
+  };
+  const at::Tensor a = ValueOrThrow(
+      invariant::LayerNorm(h, Parameter(p + "norm1.weight"), Parameter(p + "norm1.bias"), 1e-5,
+                           to.at(p + "norm1.weight"), to.at(p + "norm1.bias")));
+  const at::Tensor q = linear(a, "wq"), k = linear(a, "wk"), v = linear(a, "wv");
+  // Each head over its sequence's keys (gathered over CP inside the kernel).
+  std::vector<at::Tensor> attended;
+  for (int64_t head = 0; head < heads; ++head) {
+    auto part = [&](const at::Tensor& t) {
+      return t.narrow(1, head * head_width, head_width).contiguous();
+    };
+    attended.push_back(ValueOrThrow(invariant::ShardedSequenceAttention(
+        part(q), part(k), part(v), tokens, 1.0 / std::sqrt(static_cast<double>(head_width)), widest,
+        cp_group_)));
+  }
+  return linear(at::cat(attended, 1), "wo");
+}
+
+at::Tensor TinyLm::InvariantMlp(const std::string& p, const at::Tensor& after_attention,
+                                const at::Tensor& ids, const at::Tensor& positions, int64_t block,
+                                int64_t step,
+                                const std::map<std::string, invariant::WeightGradient>& to) const {
+  const at::Tensor m_in = ValueOrThrow(invariant::LayerNorm(
+      after_attention, Parameter(p + "norm2.weight"), Parameter(p + "norm2.bias"), 1e-5,
+      to.at(p + "norm2.weight"), to.at(p + "norm2.bias")));
+  const at::Tensor in_tp = ValueOrThrow(collectives::CopyToGroup(m_in, tp_group_));
+  const at::Tensor hidden_units = ValueOrThrow(invariant::Gelu(
+      ValueOrThrow(invariant::Linear(in_tp, Parameter(p + "w1"), to.at(p + "w1")))));
+  return ValueOrThrow(invariant::Linear(Dropout(hidden_units, ids, positions, block, step),
+                                        Parameter(p + "w2"), to.at(p + "w2")));
 }
 
 }  // namespace examples

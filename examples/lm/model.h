@@ -20,6 +20,13 @@
 // - Each block runs through ShardWork::RunBlock: with activation checkpointing its activations
 //   are recomputed in backward (its collectives run again, in the same order on every rank).
 //
+// - Under placement-invariant mode (invariant/mode.h, read when Forward starts) every layer runs
+//   the mode's kernels (invariant/ops.h: embeddings, layer norms, linear layers, GELU, attention
+//   over each sequence's own keys, per head), so a sequence's logits are the same bits alone,
+//   packed with others or sharded over CP; with UseExactGradients, every weight's gradient is
+//   summed exactly there (Note [Exact accumulation]). The TP split's ReduceFromGroup still sums
+//   partial products in floating point: under TP > 1 the mode's bits are TP-size dependent.
+//
 // The weights are drawn from the model's own seeded generator, whole, and each rank keeps its TP
 // shard, so every layout starts from the same model (and the caller's RNG is not touched).
 //
@@ -35,6 +42,7 @@
 #define LOCKSTEP_EXAMPLES_LM_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +50,8 @@
 #include "absl/status/statusor.h"
 #include "c10/core/Device.h"
 #include "collectives/communicator.h"
+#include "invariant/exact_gradients.h"
+#include "invariant/ops.h"
 #include "numerics/named_tensors.h"
 #include "trainer/shard_work.h"
 
@@ -76,6 +86,11 @@ class TinyLm {
   // and "block<b>.w2".
   const numerics::NamedTensors& parameters() const { return parameters_; }
 
+  // Under placement-invariant mode, every weight's gradient goes to `exact` (whose parameters
+  // are this model's, by name) instead of autograd's .grad. Null: .grad.
+  // Precondition: `exact` outlives every backward of a Forward made after this call.
+  void UseExactGradients(invariant::ExactGradients* exact) { exact_ = exact; }
+
   // Whether parameter `name` is split over TP (its gradient is this rank's shard's alone).
   static bool SplitOverTp(const std::string& name);
 
@@ -90,12 +105,27 @@ class TinyLm {
         cp_group_(cp_group) {}
 
   const at::Tensor& Parameter(const std::string& name) const;
+  // The MLP's partition-invariant dropout of this TP rank's hidden units (scaled).
+  at::Tensor Dropout(const at::Tensor& hidden_units, const at::Tensor& ids,
+                     const at::Tensor& positions, int64_t block, int64_t step) const;
+  // Under the mode: block `p`'s attention of `h` (tokens: the shard's (sequence id, position)),
+  // and its MLP's partial product on this TP rank (throw, as a block does, on failure).
+  at::Tensor InvariantAttention(const std::string& p, const at::Tensor& h, const at::Tensor& tokens,
+                                int64_t widest,
+                                const std::map<std::string, invariant::WeightGradient>& to) const;
+  at::Tensor InvariantMlp(const std::string& p, const at::Tensor& after_attention,
+                          const at::Tensor& ids, const at::Tensor& positions, int64_t block,
+                          int64_t step,
+                          const std::map<std::string, invariant::WeightGradient>& to) const;
+  // Where parameter `name`'s gradient goes under the mode.
+  absl::StatusOr<invariant::WeightGradient> GradientOf(const std::string& name) const;
 
   TinyLmConfig config_;
   numerics::NamedTensors parameters_;
   int tp_rank_, tp_size_;
   collectives::Communicator* tp_group_;
   collectives::Communicator* cp_group_;
+  invariant::ExactGradients* exact_ = nullptr;
 };
 
 }  // namespace examples

@@ -41,6 +41,9 @@
 #include "collectives/topology.h"
 #include "examples/lm/corpus.h"
 #include "examples/lm/model.h"
+#include "invariant/exact_gradients.h"
+#include "invariant/mode.h"
+#include "invariant/ops.h"
 #include "numerics/deterministic_mode.h"
 #include "numerics/op_recorder.h"
 #include "numerics/safetensors.h"
@@ -95,6 +98,13 @@ ABSL_FLAG(std::string, record_operators, "",
           "here, for tools/diverge (numerics/op_recorder.h): <record_operators>/rank<r>.jsonl");
 ABSL_FLAG(int, record_step, 0, "the step --record_operators records");
 ABSL_FLAG(int, timeout_seconds, 120, "every collective's timeout");
+ABSL_FLAG(bool, placement_invariant, false,
+          "placement-invariant mode (invariant/mode.h): every layer and the loss through the "
+          "mode's kernels and every gradient and the loss summed exactly, so that any DP x CP "
+          "layout and any --microbatch_tokens give the same bits");
+ABSL_FLAG(int, microbatch_tokens, 0,
+          "the token budget of a microbatch (0: --max_tokens); a larger one packs several "
+          "sequences into one microbatch");
 ABSL_FLAG(bool, deterministic, false,
           "enforce lockstep's deterministic mode first (numerics/deterministic_mode.h): "
           "deterministic algorithms, cuDNN, cuBLAS workspace, NCCL algorithm and protocol");
@@ -254,7 +264,19 @@ absl::Status Train() {
   if (absl::GetFlag(FLAGS_deterministic)) {
     LOCKSTEP_RETURN_IF_ERROR(numerics::EnforceDeterministicMode().status());
   }
+  // Placement-invariant mode for the whole run: read by the model's forward, recorded in the
+  // execution context.
+  std::optional<invariant::PlacementInvariantScope> placement_invariant;
+  if (absl::GetFlag(FLAGS_placement_invariant)) placement_invariant.emplace();
   const int max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  const int microbatch_tokens = absl::GetFlag(FLAGS_microbatch_tokens) > 0
+                                    ? absl::GetFlag(FLAGS_microbatch_tokens)
+                                    : max_tokens;
+  if (microbatch_tokens < max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--microbatch_tokens=", microbatch_tokens,
+                                                   " is below --max_tokens=", max_tokens,
+                                                   ": the longest sequence must fit"));
+  }
   const int per_step = absl::GetFlag(FLAGS_sequences_per_step);
   LOCKSTEP_ASSIGN_OR_RETURN(Corpus corpus, Corpus::Load(absl::GetFlag(FLAGS_corpus), max_tokens));
   // (1)
@@ -293,6 +315,17 @@ absl::Status Train() {
   numerics::NamedTensors named = model.parameters();
   std::vector<at::Tensor> parameters;
   for (const auto& entry : named) parameters.push_back(entry.second);
+  // Under the mode: every weight's gradient, and the step's loss, summed exactly (Note [Exact
+  // accumulation] in invariant/exact_gradients.h), the same bits in every layout.
+  std::unique_ptr<invariant::ExactGradients> exact, exact_loss;
+  if (placement_invariant.has_value()) {
+    exact = std::make_unique<invariant::ExactGradients>(named);
+    model.UseExactGradients(exact.get());
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("the loss's exact sum", [&] {
+      exact_loss = std::make_unique<invariant::ExactGradients>(
+          numerics::NamedTensors{{"loss", at::zeros({1}, at::kDouble)}});
+    }));
+  }
   std::unique_ptr<torch::optim::AdamW> adam;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating AdamW", [&] {
     adam = std::make_unique<torch::optim::AdamW>(
@@ -301,7 +334,7 @@ absl::Status Train() {
   // (4) The trainer: microbatches of at most max_tokens, packed in input order; the loss weights
   // as plain sums (the caller divides by the global batch's token count, the same in every
   // layout); activation checkpointing of the blocks.
-  trainer::TrainerConfig trainer_config = trainer::TrainerConfig::Of(max_tokens);
+  trainer::TrainerConfig trainer_config = trainer::TrainerConfig::Of(microbatch_tokens);
   trainer_config.plan.packing = planner::PACKING_IN_ORDER;
   trainer_config.plan.loss_normalization = planner::LOSS_SUM;
   trainer_config.activation_checkpointing = absl::GetFlag(FLAGS_checkpoint_blocks);
@@ -405,6 +438,12 @@ absl::Status Train() {
       LOCKSTEP_ASSIGN_OR_RETURN(
           at::Tensor keep, TokenMask(*mask_seed, step, batch.ids.index_select(0, rows),
                                      batch.positions.index_select(0, rows), max_tokens, device));
+      at::Tensor targets, nll, terms;
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(
+          "the targets", [&] { targets = batch.targets.index_select(0, rows).to(device); }));
+      if (placement_invariant.has_value()) {
+        LOCKSTEP_ASSIGN_OR_RETURN(nll, invariant::CrossEntropy(out->outputs, targets));
+      }
       LOCKSTEP_RETURN_IF_ERROR(CallTorch("the loss and backward", [&] {
         // (7) Next-token cross-entropy over every token of the microbatch (every replica has the
         // full outputs), weighted by the planner's loss weights, the caller's mask and whether
@@ -413,14 +452,20 @@ absl::Status Train() {
         const at::Tensor weight =
             out->loss_weights.to(device) * batch.has_target.index_select(0, rows).to(device) *
             keep.to(at::kDouble) / (kMaskKeep * static_cast<double>(global_targets));
-        const at::Tensor nll = at::cross_entropy_loss(
-            out->outputs, batch.targets.index_select(0, rows).to(device), {}, at::Reduction::None);
-        const at::Tensor loss = (nll.to(at::kDouble) * weight).sum();
+        if (!nll.defined()) {
+          nll = at::cross_entropy_loss(out->outputs, targets, {}, at::Reduction::None);
+        }
+        terms = nll.to(at::kDouble) * weight;
+        const at::Tensor loss = terms.sum();
         // (8) Backward: each replica's gradient reaches its own rows of the outputs only.
         loss.backward();
         step_loss += loss.detach();
         last_logits = out->outputs.detach();
       }));
+      // Under the mode the step's loss is the exact sum of every token's term.
+      if (exact_loss != nullptr) {
+        LOCKSTEP_RETURN_IF_ERROR(exact_loss->AddColumns(0, terms.detach().unsqueeze(1)));
+      }
     }
     // The leader's sample (its own RNG draw, between hand-backs). Drawn on the host, where it is
     // printed, and so from the CPU generator, the one the mask's seed comes from on every device.
@@ -436,10 +481,20 @@ absl::Status Train() {
     }
     // (8) Gradients: over CP (each CP rank back-propagated its own tokens), then over DP. TP
     // ranks hold the same gradient for replicated parameters and their own shard's for split ones.
-    LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.cp_or_null()));
-    LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.dp_or_null()));
-    if (Communicator* dp = groups.dp_or_null())
-      LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
+    // Under the mode, integer sums over CP and DP (exact in any grouping), written once.
+    if (exact != nullptr) {
+      LOCKSTEP_RETURN_IF_ERROR(exact->SumOver(groups.cp_or_null()));
+      LOCKSTEP_RETURN_IF_ERROR(exact->SumOver(groups.dp_or_null()));
+      LOCKSTEP_RETURN_IF_ERROR(exact->WriteGradients());
+      LOCKSTEP_RETURN_IF_ERROR(exact_loss->SumOver(groups.dp_or_null()));
+      LOCKSTEP_ASSIGN_OR_RETURN(step_loss, exact_loss->Sums(0));
+      exact_loss->Zero();
+    } else {
+      LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.cp_or_null()));
+      LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.dp_or_null()));
+      if (Communicator* dp = groups.dp_or_null())
+        LOCKSTEP_RETURN_IF_ERROR(dp->AllReduceSum(step_loss));
+    }
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("AdamW's step", [&] { adam->step(); }));
     if (recorder != nullptr) {
       recorded_step.reset();

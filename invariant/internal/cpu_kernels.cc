@@ -69,6 +69,36 @@ at::Tensor LinearRows(const at::Tensor& x, const at::Tensor& w_t) {
   return out;
 }
 
+at::Tensor RowLogSumExp(const at::Tensor& z) {
+  const int64_t m = z.size(0), v = z.size(1);
+  at::Tensor out = at::empty({m}, z.options());
+  const double* zp = z.data_ptr<double>();
+  double* op = out.data_ptr<double>();
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const double* row = zp + r * v;
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t c = 0; c < v; ++c) max = std::max(max, row[c]);
+      double sum = 0;
+      for (int64_t c = 0; c < v; ++c) sum += std::exp(row[c] - max);
+      op[r] = max + std::log(sum);
+    }
+  });
+  return out;
+}
+
+at::Tensor RowSoftmax(const at::Tensor& z, const at::Tensor& lse) {
+  const int64_t v = z.size(1);
+  at::Tensor out = at::empty_like(z);
+  const double* zp = z.data_ptr<double>();
+  const double* lp = lse.data_ptr<double>();
+  double* op = out.data_ptr<double>();
+  at::parallel_for(0, z.numel(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) op[i] = std::exp(zp[i] - lp[i / v]);
+  });
+  return out;
+}
+
 at::Tensor GeluForward(const at::Tensor& x) {
   at::Tensor out = at::empty_like(x);
   const double* xp = x.data_ptr<double>();

@@ -26,6 +26,13 @@ at::Tensor LinearRows(const at::Tensor& x, const at::Tensor& w_t);
 at::Tensor GeluForward(const at::Tensor& x);
 at::Tensor GeluBackward(const at::Tensor& x, const at::Tensor& dy);
 
+// Each row's log-sum-exp, [M] from z [M, V]: the row's maximum plus the log of the sum, in
+// increasing v, of exp(z[m, v] - maximum).
+at::Tensor RowLogSumExp(const at::Tensor& z);
+
+// Each row's softmax given its log-sum-exp: exp(z[m, v] - lse[m]), elementwise.
+at::Tensor RowSoftmax(const at::Tensor& z, const at::Tensor& lse);
+
 // Which keys each query sees, in increasing position: built once per call from the tokens
 // (int64 [M, 2] CPU).
 struct Visibility {

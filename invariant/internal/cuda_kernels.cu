@@ -54,6 +54,28 @@ __global__ void GeluBackwardKernel(const double* __restrict__ x, const double* _
   }
 }
 
+// One thread per row, its sum in increasing column (cpu_kernels.cc's RowLogSumExp).
+__global__ void RowLogSumExpKernel(const double* __restrict__ z, int64_t m, int64_t v,
+                                   double* __restrict__ lse) {
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < m;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double* row = z + r * v;
+    double max = -INFINITY;
+    for (int64_t c = 0; c < v; ++c) max = fmax(max, row[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < v; ++c) sum = __dadd_rn(sum, exp(__dsub_rn(row[c], max)));
+    lse[r] = __dadd_rn(max, log(sum));
+  }
+}
+
+__global__ void RowSoftmaxKernel(const double* __restrict__ z, const double* __restrict__ lse,
+                                 int64_t count, int64_t v, double* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = exp(__dsub_rn(z[i], lse[i / v]));
+  }
+}
+
 // One warp per query: its scores' exponentials (relative to their maximum) into e[0, count), and
 // their sum, added in increasing position by lane 0 (returned to every lane).
 __device__ double QueryWeights(const DeviceVisibility& visible, int64_t i, const double* q,
@@ -185,6 +207,20 @@ cudaError_t LaunchGeluBackward(const double* x, const double* dy, int64_t count,
                                cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   GeluBackwardKernel<<<Blocks(count, 256, 65536), 256, 0, stream>>>(x, dy, count, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRowLogSumExp(const double* z, int64_t m, int64_t v, double* lse,
+                               cudaStream_t stream) {
+  if (m == 0) return cudaSuccess;
+  RowLogSumExpKernel<<<Blocks(m, 128, 65536), 128, 0, stream>>>(z, m, v, lse);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRowSoftmax(const double* z, const double* lse, int64_t m, int64_t v, double* out,
+                             cudaStream_t stream) {
+  if (m == 0 || v == 0) return cudaSuccess;
+  RowSoftmaxKernel<<<Blocks(m * v, 256, 65536), 256, 0, stream>>>(z, lse, m * v, v, out);
   return cudaGetLastError();
 }
 

@@ -26,6 +26,13 @@ cudaError_t LaunchGeluForward(const double* x, int64_t count, double* out, cudaS
 cudaError_t LaunchGeluBackward(const double* x, const double* dy, int64_t count, double* out,
                                cudaStream_t stream);
 
+// Each of `m` rows' log-sum-exp (cpu_kernels.h's RowLogSumExp) of z [m, v]; each row's softmax
+// given it, exp(z - lse), elementwise.
+cudaError_t LaunchRowLogSumExp(const double* z, int64_t m, int64_t v, double* lse,
+                               cudaStream_t stream);
+cudaError_t LaunchRowSoftmax(const double* z, const double* lse, int64_t m, int64_t v, double* out,
+                             cudaStream_t stream);
+
 // Which keys each query sees (cpu_kernels.h's Visibility, flattened into device arrays):
 // key_rows holds every sequence's key rows in increasing position, sequence after sequence;
 // query i sees key_rows[query_first[i], query_first[i] + query_count[i]) and owns

@@ -19,6 +19,8 @@ namespace internal {
 absl::StatusOr<at::Tensor> CudaLinearRows(const at::Tensor& x, const at::Tensor& w_t);
 absl::StatusOr<at::Tensor> CudaGeluForward(const at::Tensor& x);
 absl::StatusOr<at::Tensor> CudaGeluBackward(const at::Tensor& x, const at::Tensor& dy);
+absl::StatusOr<at::Tensor> CudaRowLogSumExp(const at::Tensor& z);
+absl::StatusOr<at::Tensor> CudaRowSoftmax(const at::Tensor& z, const at::Tensor& lse);
 absl::StatusOr<at::Tensor> CudaAttentionForward(const Visibility& visible, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v,
                                                 double scale);

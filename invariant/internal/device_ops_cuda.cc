@@ -115,6 +115,32 @@ absl::StatusOr<at::Tensor> CudaGeluBackward(const at::Tensor& x, const at::Tenso
   return out;
 }
 
+absl::StatusOr<at::Tensor> CudaRowLogSumExp(const at::Tensor& z) {
+  at::Tensor out;
+  cudaError_t error = cudaSuccess;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant log-sum-exp on CUDA", [&] {
+    c10::cuda::CUDAGuard guard(z.device());
+    out = at::empty({z.size(0)}, z.options());
+    error = LaunchRowLogSumExp(z.data_ptr<double>(), z.size(0), z.size(1), out.data_ptr<double>(),
+                               StreamOf(z));
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant log-sum-exp"));
+  return out;
+}
+
+absl::StatusOr<at::Tensor> CudaRowSoftmax(const at::Tensor& z, const at::Tensor& lse) {
+  at::Tensor out;
+  cudaError_t error = cudaSuccess;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant softmax on CUDA", [&] {
+    c10::cuda::CUDAGuard guard(z.device());
+    out = at::empty_like(z);
+    error = LaunchRowSoftmax(z.data_ptr<double>(), lse.data_ptr<double>(), z.size(0), z.size(1),
+                             out.data_ptr<double>(), StreamOf(z));
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant softmax"));
+  return out;
+}
+
 absl::StatusOr<at::Tensor> CudaAttentionForward(const Visibility& visible, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v,
                                                 double scale) {

@@ -19,6 +19,8 @@ absl::StatusOr<at::Tensor> CudaGeluForward(const at::Tensor&) { return NoCuda();
 absl::StatusOr<at::Tensor> CudaGeluBackward(const at::Tensor&, const at::Tensor&) {
   return NoCuda();
 }
+absl::StatusOr<at::Tensor> CudaRowLogSumExp(const at::Tensor&) { return NoCuda(); }
+absl::StatusOr<at::Tensor> CudaRowSoftmax(const at::Tensor&, const at::Tensor&) { return NoCuda(); }
 absl::StatusOr<at::Tensor> CudaAttentionForward(const Visibility&, const at::Tensor&,
                                                 const at::Tensor&, const at::Tensor&, double) {
   return NoCuda();
