@@ -3,7 +3,7 @@
 # repacked runs equal the unsplit run bit for bit.
 #   1. the unsplit run (DP1 x CP1, a microbatch per sequence) for $steps steps;
 #   2. the same global batch repacked under a larger token cap (--microbatch_tokens: several
-#      sequences per microbatch), sharded over CP2 with DP1, and split over DP2 x CP2: every
+#      sequences per microbatch), sharded over CP2 and CP4, and split over DP2 x CP2: every
 #      step's loss (tools/compare --bitwise) and every rank's final weights equal the unsplit
 #      run's, bit for bit;
 #   3. the control: the same DP2 x CP2 run without the mode differs from its own unsplit run
@@ -53,6 +53,8 @@ run cp2_packed 2 --placement_invariant --cp=2 --microbatch_tokens=130
 same cp2_packed 2
 run dp2_cp2 4 --placement_invariant --cp=2
 same dp2_cp2 4
+run cp4 4 --placement_invariant --cp=4
+same cp4 4
 
 # 3. Without the mode the same layouts differ: the comparisons above can fail.
 run plain_unsplit 1

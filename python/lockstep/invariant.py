@@ -9,6 +9,8 @@ float64 operations in the same order whatever the call holds (docs/placement_inv
     import torch, lockstep
     with lockstep.invariant.placement_invariant():
         h = lockstep.invariant.linear(x, w)           # row i depends on x[i] only
+        n = lockstep.invariant.layer_norm(h, g, b)    # so does each row here
+        loss = lockstep.invariant.cross_entropy(logits, targets)
         a = lockstep.invariant.sequence_attention(q, k, v, tokens, tokens, scale=0.125)
 
 ``tokens`` is int64 [rows, 2]: each row's (sequence id, position); a query attends to the keys of
@@ -73,6 +75,35 @@ def gelu(x):
         tensor([0., 0.])
     """
     return _C._invariant_gelu(x)
+
+
+def layer_norm(x, weight, bias, *, eps=1e-5):
+    """``torch.nn.functional.layer_norm`` of each row of x [M, K] with weight and bias [K]: the
+    row's mean and variance summed over K in float64 in increasing order, the rest elementwise in
+    float64, rounded once: row i's bits depend on ``x[i]`` only. Raises
+    ``lockstep.errors.InvalidArgumentError`` for shapes that do not fit or ``eps`` not positive.
+
+    Example::
+
+        >>> y = lockstep.invariant.layer_norm(torch.randn(5, 8), torch.ones(8), torch.zeros(8))
+        >>> y.shape
+        torch.Size([5, 8])
+    """
+    return _C._invariant_layer_norm(x, weight, bias, float(eps))
+
+
+def cross_entropy(logits, targets):
+    """Each row's cross-entropy (``reduction='none'``) of logits [M, V] against int64 targets
+    [M]: the row's log-sum-exp over V in float64 in increasing order, minus its target's logit.
+    Raises ``lockstep.errors.InvalidArgumentError`` for a target outside [0, V).
+
+    Example::
+
+        >>> nll = lockstep.invariant.cross_entropy(torch.zeros(2, 4), torch.tensor([0, 3]))
+        >>> nll
+        tensor([1.3863, 1.3863])
+    """
+    return _C._invariant_cross_entropy(logits, targets)
 
 
 def sequence_attention(q, k, v, query_tokens, key_tokens, *, scale):

@@ -1,6 +1,7 @@
 // lockstep._C's placement-invariant mode (invariant/mode.h) and its kernels (invariant/ops.h),
-// for a model written in Python: the mode's scope, and Linear, Gelu and (sharded) sequence
-// attention as differentiable functions of torch tensors. lockstep/invariant.py wraps them.
+// for a model written in Python: the mode's scope, and Linear, LayerNorm, Gelu, CrossEntropy and
+// (sharded) sequence attention as differentiable functions of torch tensors. lockstep/invariant.py
+// wraps them.
 
 #include <cstdint>
 #include <memory>
@@ -32,6 +33,18 @@ void BindInvariant(py::module_& m) {
         return ValueOrThrow(Released([&] { return invariant::Gelu(x); }));
       },
       py::arg("x"));
+  m.def(
+      "_invariant_layer_norm",
+      [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+        return ValueOrThrow(Released([&] { return invariant::LayerNorm(x, weight, bias, eps); }));
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
+  m.def(
+      "_invariant_cross_entropy",
+      [](const at::Tensor& logits, const at::Tensor& targets) {
+        return ValueOrThrow(Released([&] { return invariant::CrossEntropy(logits, targets); }));
+      },
+      py::arg("logits"), py::arg("targets"));
   m.def(
       "_invariant_sequence_attention",
       [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

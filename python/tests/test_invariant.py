@@ -72,3 +72,36 @@ def test_bad_tokens_raise_lockstep_errors_naming_them():
         invariant.sequence_attention(q, q, q, tokens(1, 2), tokens(2, 2), scale=1.0)
     with pytest.raises(errors.InvalidArgumentError, match="do not chain"):
         invariant.linear(torch.randn(2, 3), torch.randn(2, 4))
+
+
+def test_layer_norm_and_cross_entropy_rows_do_not_depend_on_the_other_rows():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 20, generator=g, dtype=torch.float64) * 3
+    weight = torch.randn(20, generator=g, dtype=torch.float64)
+    bias = torch.randn(20, generator=g, dtype=torch.float64)
+    alone = invariant.layer_norm(x, weight, bias)
+    packed = invariant.layer_norm(torch.cat([torch.randn(50, 20, dtype=torch.float64), x]),
+                                  weight, bias)
+    assert torch.equal(packed[50:], alone)
+    torch.testing.assert_close(alone, torch.nn.functional.layer_norm(x, (20,), weight, bias),
+                               rtol=1e-12, atol=1e-12)
+    targets = torch.tensor([0, 19, 3, 3, 7, 1])
+    nll = invariant.cross_entropy(x, targets)
+    assert torch.equal(invariant.cross_entropy(torch.cat([x[3:], x[:3]]),
+                                               torch.cat([targets[3:], targets[:3]]))[3:],
+                       nll[:3])
+    torch.testing.assert_close(
+        nll, torch.nn.functional.cross_entropy(x, targets, reduction="none"),
+        rtol=1e-12, atol=1e-12)
+    leaf = x.clone().requires_grad_(True)
+    invariant.cross_entropy(leaf, targets).sum().backward()
+    ref = x.clone().requires_grad_(True)
+    torch.nn.functional.cross_entropy(ref, targets, reduction="sum").backward()
+    torch.testing.assert_close(leaf.grad, ref.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_layer_norm_and_cross_entropy_refuse_what_does_not_fit():
+    with pytest.raises(errors.InvalidArgumentError, match="eps 0 is not positive"):
+        invariant.layer_norm(torch.ones(2, 3), torch.ones(3), torch.zeros(3), eps=0)
+    with pytest.raises(errors.InvalidArgumentError, match="target 4 outside"):
+        invariant.cross_entropy(torch.zeros(2, 4), torch.tensor([0, 4]))
