@@ -23,6 +23,75 @@ bfloat16 and float16.
 import contextlib
 
 from . import _C
+from . import errors
+
+# ExactGradients objects that kernels were given and whose sums were not yet written or zeroed:
+# kept alive here, since the kernels' backward holds their address.
+_live = set()
+
+
+class ExactGradients:
+    """Every named parameter's gradient summed exactly over the rows of each call, the step's
+    microbatches and (``sum_over``) the ranks, and rounded once: the same bits in every grouping
+    and order (docs/placement_invariance.md, Note [Exact accumulation]). The kernels given one
+    (``exact=`` and the parameter's ``name``) add each token's contribution here instead of into
+    ``.grad``; ``write_gradients`` sets ``.grad``.
+
+    ``parameters``: a dict of name to tensor, or (name, tensor) pairs such as
+    ``model.named_parameters()``. A contribution of magnitude 2^24 or more, or more than 2^22
+    contributions to one element, raises ``lockstep.errors.OutOfRangeError`` naming the parameter.
+
+    Example::
+
+        >>> exact = lockstep.invariant.ExactGradients({"w": w})
+        >>> with lockstep.invariant.placement_invariant():
+        ...     for x, dy in microbatches:
+        ...         lockstep.invariant.linear(x, w, exact=exact, name="w").backward(dy)
+        >>> exact.sum_over(group)      # optional: an exact all-reduce over a group
+        >>> exact.write_gradients()    # w.grad, rounded once; the sums start again from zero
+    """
+
+    def __init__(self, parameters):
+        items = list(parameters.items() if isinstance(parameters, dict) else parameters)
+        self._c = _C._ExactGradients([(str(n), t) for n, t in items])
+
+    def _slot(self, name):
+        if name is None:
+            raise errors.InvalidArgumentError("exact gradients need the parameter's name",
+                                           "INVALID_ARGUMENT")
+        _live.add(self)
+        return self._c.slot_of(name)
+
+    def sum_over(self, group=None, *, whole=()):
+        """Replaces every sum by its sum over ``group`` (an adopted communicator,
+        ``lockstep.distributed``; exact: an integer all-reduce), except the parameters named in
+        ``whole``, which every member already holds in full. ``None``: nothing to do."""
+        self._c.sum_over(group, set(whole))
+
+    def write_gradients(self):
+        """Sets each parameter's ``.grad`` to its sum (float64, then the parameter's dtype) and
+        zeroes the sums."""
+        self._c.write_gradients()
+        _live.discard(self)
+
+    def zero(self):
+        """Zeroes the sums without writing them."""
+        self._c.zero()
+        _live.discard(self)
+
+    def sums(self, name):
+        """Parameter ``name``'s sums as a float64 CPU tensor shaped like it (nothing written).
+
+        Example::
+
+            >>> exact.sums("w").dtype
+            torch.float64
+        """
+        return self._c.sums(self._c.slot_of(name))
+
+
+def _destination(exact, name):
+    return (None, -1) if exact is None else (exact._c, exact._slot(name))
 
 
 @contextlib.contextmanager
@@ -53,9 +122,10 @@ def mode_on():
     return _C._placement_invariant_on()
 
 
-def linear(x, weight):
+def linear(x, weight, *, exact=None, name=None):
     """``x @ weight.T`` (x [M, K], weight [N, K]), each element summed over K in float64 in
-    increasing order and rounded once: row i's bits depend on ``x[i]`` only.
+    increasing order and rounded once: row i's bits depend on ``x[i]`` only. With ``exact`` (an
+    ``ExactGradients``) the weight's gradient goes there, under ``name``.
 
     Example::
 
@@ -63,7 +133,20 @@ def linear(x, weight):
         >>> y.shape
         torch.Size([5, 3])
     """
-    return _C._invariant_linear(x, weight)
+    return _C._invariant_linear(x, weight, *_destination(exact, name))
+
+
+def embedding(weight, ids, *, exact=None, name=None):
+    """Rows ``ids`` (int64 [T]) of weight [V, K]: [T, K]. Its backward adds each token's
+    gradient to its row, exactly with ``exact`` (an ``ExactGradients``, under ``name``).
+
+    Example::
+
+        >>> lockstep.invariant.embedding(torch.eye(3), torch.tensor([2, 0]))
+        tensor([[0., 0., 1.],
+                [1., 0., 0.]])
+    """
+    return _C._invariant_embedding(weight, ids, *_destination(exact, name))
 
 
 def gelu(x):
@@ -77,10 +160,11 @@ def gelu(x):
     return _C._invariant_gelu(x)
 
 
-def layer_norm(x, weight, bias, *, eps=1e-5):
+def layer_norm(x, weight, bias, *, eps=1e-5, exact=None, weight_name=None, bias_name=None):
     """``torch.nn.functional.layer_norm`` of each row of x [M, K] with weight and bias [K]: the
     row's mean and variance summed over K in float64 in increasing order, the rest elementwise in
-    float64, rounded once: row i's bits depend on ``x[i]`` only. Raises
+    float64, rounded once: row i's bits depend on ``x[i]`` only. With ``exact`` the weight's and
+    bias's gradients go there under ``weight_name`` and ``bias_name``. Raises
     ``lockstep.errors.InvalidArgumentError`` for shapes that do not fit or ``eps`` not positive.
 
     Example::
@@ -89,7 +173,10 @@ def layer_norm(x, weight, bias, *, eps=1e-5):
         >>> y.shape
         torch.Size([5, 8])
     """
-    return _C._invariant_layer_norm(x, weight, bias, float(eps))
+    if exact is None:
+        return _C._invariant_layer_norm(x, weight, bias, float(eps), None, -1, -1)
+    return _C._invariant_layer_norm(x, weight, bias, float(eps), exact._c,
+                                    exact._slot(weight_name), exact._slot(bias_name))
 
 
 def cross_entropy(logits, targets):

@@ -1,14 +1,21 @@
 // lockstep._C's placement-invariant mode (invariant/mode.h) and its kernels (invariant/ops.h),
-// for a model written in Python: the mode's scope, and Linear, LayerNorm, Gelu, CrossEntropy and
-// (sharded) sequence attention as differentiable functions of torch tensors. lockstep/invariant.py
+// for a model written in Python: the mode's scope, its exact gradient sums (ExactGradients), and
+// Linear, Embedding, LayerNorm, Gelu, CrossEntropy and (sharded) sequence attention as
+// differentiable functions of torch tensors. lockstep/invariant.py
 // wraps them.
 
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "collectives/communicator.h"
+#include "invariant/exact_gradients.h"
 #include "invariant/mode.h"
 #include "invariant/ops.h"
+#include "pybind11/stl.h"
 #include "python/src/bindings.h"
 #include "python/src/status.h"
 #include "torch/csrc/utils/pybind.h"
@@ -21,12 +28,52 @@ namespace py = pybind11;
 void BindInvariant(py::module_& m) {
   py::class_<invariant::PlacementInvariantScope>(m, "_PlacementInvariantScope").def(py::init<>());
   m.def("_placement_invariant_on", &invariant::ModeOn);
+  // Python keeps an ExactGradients alive until its sums are written (lockstep/invariant.py): the
+  // kernels' backward holds its address (WeightGradient's precondition).
+  py::class_<invariant::ExactGradients, std::shared_ptr<invariant::ExactGradients>>(
+      m, "_ExactGradients")
+      .def(py::init([](std::vector<std::pair<std::string, at::Tensor>> parameters) {
+             return std::make_shared<invariant::ExactGradients>(std::move(parameters));
+           }),
+           py::arg("parameters"))
+      .def(
+          "slot_of",
+          [](const invariant::ExactGradients& exact, const std::string& name) {
+            return ValueOrThrow(exact.SlotOf(name));
+          },
+          py::arg("name"))
+      .def(
+          "sum_over",
+          [](invariant::ExactGradients& exact, collectives::Communicator* group,
+             const std::set<std::string>& whole) {
+            ThrowIfError(Released([&] { return exact.SumOver(group, whole); }));
+          },
+          py::arg("group").none(true), py::arg("whole"))
+      .def("write_gradients",
+           [](invariant::ExactGradients& exact) {
+             ThrowIfError(Released([&] { return exact.WriteGradients(); }));
+           })
+      .def("zero", &invariant::ExactGradients::Zero)
+      .def(
+          "sums",
+          [](invariant::ExactGradients& exact, int slot) { return ValueOrThrow(exact.Sums(slot)); },
+          py::arg("slot"));
   m.def(
       "_invariant_linear",
-      [](const at::Tensor& x, const at::Tensor& weight) {
-        return ValueOrThrow(Released([&] { return invariant::Linear(x, weight); }));
+      [](const at::Tensor& x, const at::Tensor& weight, invariant::ExactGradients* exact,
+         int slot) {
+        return ValueOrThrow(Released([&] { return invariant::Linear(x, weight, {exact, slot}); }));
       },
-      py::arg("x"), py::arg("weight"));
+      py::arg("x"), py::arg("weight"), py::arg("exact").none(true), py::arg("slot"));
+  m.def(
+      "_invariant_embedding",
+      [](const at::Tensor& weight, const at::Tensor& ids, invariant::ExactGradients* exact,
+         int slot) {
+        return ValueOrThrow(Released([&] {
+          return invariant::Embedding(weight, ids, {exact, slot});
+        }));
+      },
+      py::arg("weight"), py::arg("ids"), py::arg("exact").none(true), py::arg("slot"));
   m.def(
       "_invariant_gelu",
       [](const at::Tensor& x) {
@@ -35,10 +82,15 @@ void BindInvariant(py::module_& m) {
       py::arg("x"));
   m.def(
       "_invariant_layer_norm",
-      [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
-        return ValueOrThrow(Released([&] { return invariant::LayerNorm(x, weight, bias, eps); }));
+      [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+         invariant::ExactGradients* exact, int weight_slot, int bias_slot) {
+        return ValueOrThrow(Released([&] {
+          return invariant::LayerNorm(x, weight, bias, eps, {exact, weight_slot},
+                                      {exact, bias_slot});
+        }));
       },
-      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("exact").none(true),
+      py::arg("weight_slot"), py::arg("bias_slot"));
   m.def(
       "_invariant_cross_entropy",
       [](const at::Tensor& logits, const at::Tensor& targets) {

@@ -105,3 +105,53 @@ def test_layer_norm_and_cross_entropy_refuse_what_does_not_fit():
         invariant.layer_norm(torch.ones(2, 3), torch.ones(3), torch.zeros(3), eps=0)
     with pytest.raises(errors.InvalidArgumentError, match="target 4 outside"):
         invariant.cross_entropy(torch.zeros(2, 4), torch.tensor([0, 4]))
+
+
+def test_exact_gradients_are_the_same_bits_however_the_rows_were_called():
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(30, 6, generator=g)
+    dy = torch.randn(30, 4, generator=g)
+    ids = torch.randint(0, 5, (30,), generator=g)
+
+    def step(cuts):
+        w = torch.randn(4, 6, generator=torch.Generator().manual_seed(9)).requires_grad_()
+        table = torch.randn(5, 6, generator=torch.Generator().manual_seed(10)).requires_grad_()
+        scale, shift = torch.ones(6, requires_grad=True), torch.zeros(6, requires_grad=True)
+        exact = invariant.ExactGradients(
+            {"w": w, "table": table, "norm.weight": scale, "norm.bias": shift})
+        with invariant.placement_invariant():
+            for a, b in zip(cuts, cuts[1:]):
+                h = invariant.embedding(table, ids[a:b], exact=exact, name="table") + x[a:b]
+                h = invariant.layer_norm(h, scale, shift, exact=exact,
+                                         weight_name="norm.weight", bias_name="norm.bias")
+                invariant.linear(h, w, exact=exact, name="w").backward(dy[a:b])
+        assert w.grad is None, "the gradient went to .grad before write_gradients"
+        total = exact.sums("w")
+        exact.write_gradients()
+        assert torch.equal(w.grad.double(), total.float().double())
+        return [p.grad for p in (w, table, scale, shift)]
+
+    whole = step([0, 30])
+    for cuts in ([0, 1, 17, 30], [0, 29, 30]):
+        for a, b in zip(step(cuts), whole):
+            assert torch.equal(a, b)
+    ref_w = torch.randn(4, 6, generator=torch.Generator().manual_seed(9)).requires_grad_()
+    ref_table = torch.randn(5, 6, generator=torch.Generator().manual_seed(10)).requires_grad_()
+    h = torch.nn.functional.layer_norm(ref_table[ids] + x, (6,))
+    (h @ ref_w.T).backward(dy)
+    torch.testing.assert_close(whole[0], ref_w.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(whole[1], ref_table.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_exact_gradients_refuse_what_they_cannot_hold():
+    w = torch.zeros(2, 2, requires_grad=True)
+    exact = invariant.ExactGradients([("layer.w", w)])
+    with pytest.raises(errors.InvalidArgumentError, match="parameter's name"):
+        invariant.linear(torch.ones(1, 2), w, exact=exact)
+    with pytest.raises(errors.LockstepError, match="no parameter 'other'"):
+        invariant.linear(torch.ones(1, 2), w, exact=exact, name="other")
+    v = torch.zeros(2, 2, requires_grad=True)
+    out = invariant.linear(torch.full((1, 2), 1e4), v, exact=invariant.ExactGradients({"v": v}),
+                           name="v")
+    with pytest.raises(RuntimeError, match="not below 2\\^24"):
+        out.backward(torch.full((1, 2), 1e4))
