@@ -1,7 +1,6 @@
 #include "invariant/exact_gradients.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -59,32 +58,37 @@ bool SplitFloat(float value, Split* out) {
 // 48-bit integer mantissa, so its multiple of 2^-kFractionBits is that mantissa shifted, and
 // rounding (a shift right) is integer arithmetic: no float64 conversion per product. The result
 // equals ToFixed of the product computed in float64 (exact there), rounding included (to nearest,
-// ties to even). False when it is not below 2^kMaxExponent.
-bool ProductToFixed(Split a, Split b, unsigned __int128* fixed) {
+// ties to even).
+//
+// FixedProduct: the product's multiple of 2^-kFractionBits. Precondition: the product is below
+// 2^kMaxExponent in magnitude (ProductFits).
+inline unsigned __int128 FixedProduct(Split a, Split b) {
   const int64_t mantissa = static_cast<int64_t>(a.mantissa) * b.mantissa;
   const int shift = a.exponent + b.exponent + ExactGradients::kFractionBits;
-  if (mantissa == 0) {
-    *fixed = 0;
-    return true;
-  }
-  if (shift >= 0) {
-    const uint64_t magnitude = static_cast<uint64_t>(mantissa < 0 ? -mantissa : mantissa);
-    const int bits = 64 - __builtin_clzll(magnitude);
-    if (bits + shift > ExactGradients::kMaxExponent + ExactGradients::kFractionBits) return false;
-    *fixed = static_cast<unsigned __int128>(static_cast<__int128>(mantissa)) << shift;
-    return true;
-  }
+  if (shift >= 0) return static_cast<unsigned __int128>(static_cast<__int128>(mantissa)) << shift;
   const int right = -shift;
-  if (right >= 62) {  // |mantissa| < 2^48: below half of 2^right
-    *fixed = 0;
-    return true;
-  }
+  if (right >= 62) return 0;             // |mantissa| < 2^48: below half of 2^right
   int64_t quotient = mantissa >> right;  // floor
   const int64_t remainder = mantissa - quotient * (int64_t{1} << right);
   const int64_t half = int64_t{1} << (right - 1);
   if (remainder > half || (remainder == half && (quotient & 1))) ++quotient;
-  *fixed = static_cast<unsigned __int128>(static_cast<__int128>(quotient));
-  return true;
+  return static_cast<unsigned __int128>(static_cast<__int128>(quotient));
+}
+
+// Whether the product is below 2^kMaxExponent in magnitude.
+bool ProductFits(Split a, Split b) {
+  const int64_t mantissa = static_cast<int64_t>(a.mantissa) * b.mantissa;
+  if (mantissa == 0) return true;
+  const uint64_t magnitude = static_cast<uint64_t>(mantissa < 0 ? -mantissa : mantissa);
+  const int bits = 64 - __builtin_clzll(magnitude);
+  return bits + a.exponent + b.exponent <= ExactGradients::kMaxExponent;
+}
+
+// A bound on a split value's magnitude: it is below 2^Top.
+int Top(Split v) {
+  if (v.mantissa == 0) return -1000;
+  const uint32_t magnitude = static_cast<uint32_t>(v.mantissa < 0 ? -v.mantissa : v.mantissa);
+  return v.exponent + 32 - __builtin_clz(magnitude);
 }
 
 bool FloatExact(at::ScalarType type) {
@@ -162,33 +166,49 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
                                                   fbp[e], " is not finite"));
       }
     }
-    // Rows of the sums in parallel (integer sums: any order gives the same bits); the first
-    // contribution out of range, by element, is named.
-    std::atomic<int64_t> bad{-1};
+    // Every product checked before anything is added (a refusal adds nothing): a token whose
+    // largest factors' bounds multiply below 2^kMaxExponent needs no product checked.
+    for (int64_t t = 0; t < tokens; ++t) {
+      int top_a = -1000, top_b = -1000;
+      for (int64_t i = 0; i < n; ++i) top_a = std::max(top_a, Top(sa[t * n + i]));
+      for (int64_t j = 0; j < k; ++j) top_b = std::max(top_b, Top(sb[t * k + j]));
+      if (top_a + top_b <= kMaxExponent) continue;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+          if (ProductFits(sa[t * n + i], sb[t * k + j])) continue;
+          return absl::OutOfRangeError(
+              absl::StrCat("exact gradients of '", s->name, "': contribution ",
+                           static_cast<double>(fap[t * n + i]) * fbp[t * k + j], " to element (", i,
+                           ", ", j, ") is not below 2^", kMaxExponent));
+        }
+      }
+    }
+    // a transposed, so that one element's terms are contiguous; the sums of a row's block of
+    // columns stay in registers over every token, and b's block of columns in cache over the
+    // rows (integer sums: any order and split over threads gives the same bits).
+    std::vector<Split> sa_t(sa.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < n; ++i) sa_t[i * tokens + t] = sa[t * n + i];
+    }
+    constexpr int64_t kBlock = 32;
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = 0; t < tokens; ++t) {
+      unsigned __int128 acc[kBlock];
+      for (int64_t j0 = 0; j0 < k; j0 += kBlock) {
+        const int64_t width = std::min(kBlock, k - j0);
         for (int64_t i = begin; i < end; ++i) {
-          const Split x = sa[t * n + i];
-          unsigned __int128* row = s->sums.data() + i * k;
-          for (int64_t j = 0; j < k; ++j) {
-            unsigned __int128 fixed = 0;
-            if (!ProductToFixed(x, sb[t * k + j], &fixed)) {
-              int64_t none = -1;
-              bad.compare_exchange_strong(none, (t * n + i) * k + j);
-              return;
-            }
-            row[j] += fixed;
+          std::fill(acc, acc + width, 0);
+          const Split* column = sa_t.data() + i * tokens;
+          for (int64_t t = 0; t < tokens; ++t) {
+            const Split x = column[t];
+            if (x.mantissa == 0) continue;
+            const Split* y = sb.data() + t * k + j0;
+            for (int64_t j = 0; j < width; ++j) acc[j] += FixedProduct(x, y[j]);
           }
+          unsigned __int128* row = s->sums.data() + i * k + j0;
+          for (int64_t j = 0; j < width; ++j) row[j] += acc[j];
         }
       }
     });
-    if (const int64_t at = bad.load(); at >= 0) {
-      const int64_t t = at / (n * k), i = (at / k) % n, j = at % k;
-      return absl::OutOfRangeError(absl::StrCat(
-          "exact gradients of '", s->name, "': contribution ",
-          static_cast<double>(fap[t * n + i]) * fbp[t * k + j], " to element (", i, ", ", j,
-          ") is not below 2^", kMaxExponent, " (the sums are no longer usable: Zero them)"));
-    }
     return absl::OkStatus();
   }
   at::Tensor ha, hb;
