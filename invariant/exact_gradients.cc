@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
@@ -10,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/torch_boundary.h"
+#include "invariant/internal/device_exact.h"
 
 namespace lockstep {
 namespace invariant {
@@ -95,13 +98,27 @@ bool FloatExact(at::ScalarType type) {
   return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
 }
 
+// Whether a bound clears every contribution on the device: each finite and below 2^kMaxExponent
+// in magnitude, `largest` being the largest magnitude a contribution can have (a float64 tensor
+// of one or more such bounds). One value read back. False sends the call to the host, whose
+// checks are per contribution and name the one refused.
+absl::StatusOr<bool> Cleared(const at::Tensor& largest) {
+  bool cleared = false;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: bounding the contributions", [&] {
+    cleared = (largest < std::ldexp(1.0, ExactGradients::kMaxExponent)).all().item<bool>();
+  }));
+  return cleared;
+}
+
 }  // namespace
 
 ExactGradients::ExactGradients(std::vector<std::pair<std::string, at::Tensor>> parameters) {
   for (auto& [name, parameter] : parameters) {
-    slots_.push_back({name, parameter,
-                      std::vector<unsigned __int128>(static_cast<size_t>(parameter.numel()), 0),
-                      0});
+    Slot s;
+    s.name = name;
+    s.parameter = parameter;
+    s.sums.assign(static_cast<size_t>(parameter.numel()), 0);
+    slots_.push_back(std::move(s));
   }
 }
 
@@ -120,14 +137,65 @@ absl::StatusOr<ExactGradients::Slot*> ExactGradients::At(int slot) {
   return &slots_[slot];
 }
 
-absl::Status ExactGradients::Count(Slot& s, int64_t terms) {
+absl::Status ExactGradients::Room(const Slot& s, int64_t terms) {
   if (s.terms + terms > (int64_t{1} << kMaxTermsLog2)) {
     return absl::OutOfRangeError(absl::StrCat(
         "exact gradients of '", s.name, "': ", s.terms + terms,
         " contributions per element since the last write; the limit is 2^", kMaxTermsLog2));
   }
-  s.terms += terms;
   return absl::OkStatus();
+}
+
+bool ExactGradients::OnDevice(const Slot& s, const at::Tensor& t) {
+  return s.parameter.is_cuda() && t.device() == s.parameter.device();
+}
+
+absl::StatusOr<at::Tensor*> ExactGradients::DeviceSums(Slot& s) {
+  if (s.device_sums.defined()) return &s.device_sums;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: sums on the device", [&] {
+    s.device_sums = at::zeros({s.parameter.numel(), 2}, s.parameter.options().dtype(at::kLong));
+  }));
+  return &s.device_sums;
+}
+
+void ExactGradients::Deposited(Slot& s, int64_t terms, bool on_host) {
+  s.terms += terms;
+  if (on_host && s.parameter.is_cuda()) s.host_pending = true;
+}
+
+absl::Status ExactGradients::Gather(Slot& s) {
+  if (!s.host_pending) return absl::OkStatus();
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(s));
+  at::Tensor words;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the host's deposits to the device", [&] {
+    words = at::empty({static_cast<int64_t>(s.sums.size()), 2}, at::kLong);
+    int64_t* w = words.data_ptr<int64_t>();
+    for (size_t e = 0; e < s.sums.size(); ++e) {
+      w[2 * e] = static_cast<int64_t>(static_cast<uint64_t>(s.sums[e]));
+      w[2 * e + 1] = static_cast<int64_t>(static_cast<uint64_t>(s.sums[e] >> 64));
+    }
+    words = words.to(sums->device());
+  }));
+  LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddWords(words, *sums));
+  std::fill(s.sums.begin(), s.sums.end(), 0);
+  s.host_pending = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> ExactGradients::Rounded(Slot& s) {
+  if (s.parameter.is_cuda()) {
+    LOCKSTEP_RETURN_IF_ERROR(Gather(s));
+    if (s.device_sums.defined()) return internal::CudaToDouble(s.device_sums, kFractionBits);
+    return CallTorch("exact gradients: zero sums", [&]() -> absl::StatusOr<at::Tensor> {
+      return at::zeros({s.parameter.numel()}, s.parameter.options().dtype(at::kDouble));
+    });
+  }
+  return CallTorch("exact gradients: reading the sums", [&]() -> absl::StatusOr<at::Tensor> {
+    at::Tensor sum = at::empty({static_cast<int64_t>(s.sums.size())}, at::kDouble);
+    double* sp = sum.data_ptr<double>();
+    for (size_t e = 0; e < s.sums.size(); ++e) sp[e] = FromFixed(s.sums[e]);
+    return sum;
+  });
 }
 
 absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, const at::Tensor& b) {
@@ -142,8 +210,27 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
                                                    Shape(s->parameter), ": outer products of ",
                                                    Shape(a), " and ", Shape(b), " do not fit"));
   }
-  LOCKSTEP_RETURN_IF_ERROR(Count(*s, a.size(0)));
+  LOCKSTEP_RETURN_IF_ERROR(Room(*s, a.size(0)));
   const int64_t tokens = a.size(0), n = a.size(1), k = b.size(1);
+  if (FloatExact(a.scalar_type()) && FloatExact(b.scalar_type()) && OnDevice(*s, a) &&
+      OnDevice(*s, b)) {
+    // On the device, when the rows' largest factors bound every product (Note [Products as
+    // integers]: float32 products are exact in float64).
+    at::Tensor fa, fb, largest;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the factors on the device", [&] {
+      fa = a.to(at::kFloat).contiguous();
+      fb = b.to(at::kFloat).contiguous();
+      largest = tokens == 0 ? at::zeros({1}, fa.options().dtype(at::kDouble))
+                            : fa.abs().amax(1).to(at::kDouble) * fb.abs().amax(1).to(at::kDouble);
+    }));
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
+    if (cleared) {
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
+      LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddOuterProducts(fa, fb, kFractionBits, *sums));
+      Deposited(*s, tokens, /*on_host=*/false);
+      return absl::OkStatus();
+    }
+  }
   if (FloatExact(a.scalar_type()) && FloatExact(b.scalar_type())) {
     // Note [Products as integers]: both factors split once, each product in integers.
     at::Tensor fa, fb;
@@ -209,6 +296,7 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
         }
       }
     });
+    Deposited(*s, tokens, /*on_host=*/true);
     return absl::OkStatus();
   }
   at::Tensor ha, hb;
@@ -218,19 +306,23 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
   }));
   const double* ap = ha.data_ptr<double>();
   const double* bp = hb.data_ptr<double>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < k; ++j) {
-        unsigned __int128 fixed = 0;
-        if (!ToFixed(ap[t * n + i] * bp[t * k + j], &fixed)) {
-          return absl::OutOfRangeError(absl::StrCat(
-              "exact gradients of '", s->name, "': contribution ", ap[t * n + i] * bp[t * k + j],
-              " to element (", i, ", ", j, ") is not finite or not below 2^", kMaxExponent));
+  // Every product checked (pass 0) before anything is added (pass 1): a refusal adds nothing.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+          unsigned __int128 fixed = 0;
+          if (!ToFixed(ap[t * n + i] * bp[t * k + j], &fixed)) {
+            return absl::OutOfRangeError(absl::StrCat(
+                "exact gradients of '", s->name, "': contribution ", ap[t * n + i] * bp[t * k + j],
+                " to element (", i, ", ", j, ") is not finite or not below 2^", kMaxExponent));
+          }
+          if (pass == 1) s->sums[i * k + j] += fixed;
         }
-        s->sums[i * k + j] += fixed;
       }
     }
   }
+  Deposited(*s, tokens, /*on_host=*/true);
   return absl::OkStatus();
 }
 
@@ -245,35 +337,52 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
                                                    Shape(s->parameter), ": rows of ", Shape(values),
                                                    " do not fit"));
   }
+  // Each row receives at most one term per token: counted as that many.
+  const int64_t tokens = values.size(0), k = values.size(1), limit = s->parameter.size(0);
+  LOCKSTEP_RETURN_IF_ERROR(Room(*s, tokens));
+  if (OnDevice(*s, rows) && OnDevice(*s, values) && tokens > 0) {
+    at::Tensor dr, dv, largest;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the rows on the device", [&] {
+      dr = rows.to(at::kLong).contiguous();
+      dv = values.to(at::kDouble).contiguous();
+      // A row outside [0, limit) makes the bound infinite: refused on the host, named.
+      const at::Tensor outside = (dr.min() < 0).logical_or(dr.max() >= limit);
+      largest = at::where(outside, std::numeric_limits<double>::infinity(), dv.abs().max());
+    }));
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
+    if (cleared) {
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
+      LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddRows(dr, dv, kFractionBits, *sums));
+      Deposited(*s, tokens, /*on_host=*/false);
+      return absl::OkStatus();
+    }
+  }
   at::Tensor hr, hv;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the rows to the host", [&] {
     hr = rows.to(at::kCPU).to(at::kLong).contiguous();
     hv = HostDouble(values);
   }));
-  const int64_t tokens = values.size(0), k = values.size(1), limit = s->parameter.size(0);
   const int64_t* rp = hr.data_ptr<int64_t>();
   const double* vp = hv.data_ptr<double>();
-  // Every row checked before anything is added.
+  // Every row and value checked before anything is added: a refusal adds nothing.
   for (int64_t t = 0; t < tokens; ++t) {
     if (rp[t] < 0 || rp[t] >= limit) {
       return absl::InvalidArgumentError(absl::StrCat("exact gradients of '", s->name, "': row ",
                                                      rp[t], " outside [0, ", limit, ")"));
     }
   }
-  // Each row receives at most one term per token: counted as that many.
-  LOCKSTEP_RETURN_IF_ERROR(Count(*s, tokens));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      unsigned __int128 fixed = 0;
-      if (!ToFixed(vp[t * k + j], &fixed)) {
-        return absl::OutOfRangeError(
-            absl::StrCat("exact gradients of '", s->name, "': contribution ", vp[t * k + j],
-                         " to row ", rp[t], " is not finite or not below 2^", kMaxExponent,
-                         " (the sums are no longer usable: Zero them)"));
-      }
-      s->sums[rp[t] * k + j] += fixed;
+  std::vector<unsigned __int128> fixed(static_cast<size_t>(tokens * k));
+  for (int64_t e = 0; e < tokens * k; ++e) {
+    if (!ToFixed(vp[e], &fixed[e])) {
+      return absl::OutOfRangeError(absl::StrCat("exact gradients of '", s->name, "': contribution ",
+                                                vp[e], " to row ", rp[e / k],
+                                                " is not finite or not below 2^", kMaxExponent));
     }
   }
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < k; ++j) s->sums[rp[t] * k + j] += fixed[t * k + j];
+  }
+  Deposited(*s, tokens, /*on_host=*/true);
   return absl::OkStatus();
 }
 
@@ -284,10 +393,25 @@ absl::Status ExactGradients::AddColumns(int slot, const at::Tensor& values) {
                                                    Shape(s->parameter), ": columns of ",
                                                    Shape(values), " do not fit"));
   }
+  const int64_t tokens = values.size(0), k = values.size(1);
+  LOCKSTEP_RETURN_IF_ERROR(Room(*s, tokens));
+  if (OnDevice(*s, values) && tokens > 0) {
+    at::Tensor dv, largest;
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the columns on the device", [&] {
+      dv = values.to(at::kDouble).contiguous();
+      largest = dv.abs().max();
+    }));
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
+    if (cleared) {
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
+      LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddColumns(dv, kFractionBits, *sums));
+      Deposited(*s, tokens, /*on_host=*/false);
+      return absl::OkStatus();
+    }
+  }
   at::Tensor hv;
   LOCKSTEP_RETURN_IF_ERROR(
       CallTorch("exact gradients: the columns to the host", [&] { hv = HostDouble(values); }));
-  const int64_t tokens = values.size(0), k = values.size(1);
   const double* vp = hv.data_ptr<double>();
   // Every value converted before anything is added: a refusal adds nothing.
   std::vector<unsigned __int128> fixed(static_cast<size_t>(tokens * k));
@@ -298,20 +422,18 @@ absl::Status ExactGradients::AddColumns(int slot, const at::Tensor& values) {
                                                 " is not finite or not below 2^", kMaxExponent));
     }
   }
-  LOCKSTEP_RETURN_IF_ERROR(Count(*s, tokens));
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < k; ++j) s->sums[j] += fixed[t * k + j];
   }
+  Deposited(*s, tokens, /*on_host=*/true);
   return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> ExactGradients::Sums(int slot) {
   LOCKSTEP_ASSIGN_OR_RETURN(Slot * s, At(slot));
-  return CallTorch("exact gradients: reading the sums", [&]() -> absl::StatusOr<at::Tensor> {
-    at::Tensor sum = at::empty({static_cast<int64_t>(s->sums.size())}, at::kDouble);
-    double* sp = sum.data_ptr<double>();
-    for (size_t e = 0; e < s->sums.size(); ++e) sp[e] = FromFixed(s->sums[e]);
-    return sum.view(s->parameter.sizes());
+  LOCKSTEP_ASSIGN_OR_RETURN(const at::Tensor sum, Rounded(*s));
+  return CallTorch("exact gradients: the sums to the host", [&]() -> absl::StatusOr<at::Tensor> {
+    return sum.to(at::kCPU).view(s->parameter.sizes());
   });
 }
 
@@ -323,28 +445,35 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
     if (!whole.count(s.name)) summed.push_back(&s);
   }
   // Four 32-bit limbs per sum, each in an int64: a member's limbs add without carrying out of
-  // their slot (at most 2^31 members), and the carries are taken after the reduction.
-  int64_t elements = 0;
-  for (const Slot* s : summed) elements += static_cast<int64_t>(s->sums.size());
-  at::Tensor limbs;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: packing the sums", [&] {
-    limbs = at::empty({elements, 4}, at::kLong);
-    int64_t* lp = limbs.data_ptr<int64_t>();
-    for (const Slot* s : summed) {
+  // their slot (at most 2^31 members), and the carries are taken after the reduction. A CUDA
+  // parameter's limbs are made and taken on its device.
+  std::vector<at::Tensor> parts;
+  for (Slot* s : summed) {
+    if (s->parameter.is_cuda()) {
+      LOCKSTEP_RETURN_IF_ERROR(Gather(*s));
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
+      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor limbs, internal::CudaToLimbs(*sums));
+      parts.push_back(std::move(limbs));
+      continue;
+    }
+    LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: packing the sums", [&] {
+      at::Tensor limbs = at::empty({static_cast<int64_t>(s->sums.size()), 4}, at::kLong);
+      int64_t* lp = limbs.data_ptr<int64_t>();
       for (unsigned __int128 v : s->sums) {
         for (int l = 0; l < 4; ++l) *lp++ = static_cast<int64_t>((v >> (32 * l)) & 0xFFFFFFFFu);
       }
-    }
-  }));
+      parts.push_back(std::move(limbs));
+    }));
+  }
   // On the parameters' device, where the group's collectives run (a GPU for NCCL).
   at::Tensor reduced;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: to the group's device", [&] {
-    reduced = slots_.empty() ? limbs : limbs.to(slots_[0].parameter.device());
+    const at::Device device = slots_.empty() ? at::Device(at::kCPU) : slots_[0].parameter.device();
+    for (at::Tensor& part : parts) part = part.to(device);
+    reduced = parts.empty() ? at::empty({0, 4}, at::TensorOptions(device).dtype(at::kLong))
+                            : at::cat(parts);
   }));
   LOCKSTEP_RETURN_IF_ERROR(Annotate(group->AllReduceSum(reduced), "summing exact gradients"));
-  LOCKSTEP_RETURN_IF_ERROR(
-      CallTorch("exact gradients: back to the host", [&] { reduced = reduced.to(at::kCPU); }));
-  const int64_t* lp = reduced.data_ptr<int64_t>();
   // The members' contribution counts, summed too: each member bounds its own, and only their
   // total bounds the reduced sums (every member sees the same totals, so all refuse alike).
   at::Tensor terms;
@@ -367,24 +496,39 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
     }
     summed[i]->terms = tp[i];
   }
+  int64_t offset = 0;
   for (Slot* s : summed) {
-    for (unsigned __int128& v : s->sums) {
-      v = 0;
-      for (int l = 0; l < 4; ++l) {
-        v += static_cast<unsigned __int128>(static_cast<uint64_t>(*lp++)) << (32 * l);
+    const int64_t count = static_cast<int64_t>(s->sums.size());
+    at::Tensor limbs;
+    if (s->parameter.is_cuda()) {
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the reduced limbs", [&] {
+        limbs = reduced.narrow(0, offset, count).to(s->parameter.device()).contiguous();
+      }));
+      LOCKSTEP_RETURN_IF_ERROR(internal::CudaFromLimbs(limbs, s->device_sums));
+    } else {
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the reduced limbs to the host", [&] {
+        limbs = reduced.narrow(0, offset, count).to(at::kCPU).contiguous();
+      }));
+      const int64_t* lp = limbs.data_ptr<int64_t>();
+      for (unsigned __int128& v : s->sums) {
+        v = 0;
+        for (int l = 0; l < 4; ++l) {
+          v += static_cast<unsigned __int128>(static_cast<uint64_t>(*lp++)) << (32 * l);
+        }
       }
     }
+    offset += count;
   }
   return absl::OkStatus();
 }
 
 absl::Status ExactGradients::WriteGradients() {
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    LOCKSTEP_ASSIGN_OR_RETURN(const at::Tensor sum, Sums(static_cast<int>(i)));
+  for (Slot& s : slots_) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const at::Tensor sum, Rounded(s));
     LOCKSTEP_RETURN_IF_ERROR(
         CallTorch(absl::StrCat("exact gradients: writing '", s.name, "'"), [&] {
-          s.parameter.mutable_grad() = sum.to(s.parameter.scalar_type()).to(s.parameter.device());
+          s.parameter.mutable_grad() =
+              sum.view(s.parameter.sizes()).to(s.parameter.scalar_type()).to(s.parameter.device());
         }));
   }
   Zero();
@@ -394,6 +538,8 @@ absl::Status ExactGradients::WriteGradients() {
 void ExactGradients::Zero() {
   for (Slot& s : slots_) {
     std::fill(s.sums.begin(), s.sums.end(), 0);
+    s.host_pending = false;
+    s.device_sums = at::Tensor();
     s.terms = 0;
   }
 }

@@ -25,9 +25,13 @@
 // contributions to one element between two WriteGradients, is refused with kOutOfRange naming the
 // parameter, so that no sum can leave the 128 bits (never wrapped silently).
 //
-// Limits: CPU float64 arithmetic (a CUDA contribution is brought to the host); an attempt that
-// fails after depositing (out of memory in backward) is not undone: callers stage forward-only
-// failures (the trainer's out-of-memory recovery retries forwards).
+// Where: a parameter on a CUDA device has its contributions from that device summed there
+// (invariant/internal/exact_kernels.h: the same integer rounding, so the same bits as the host's),
+// after one read-back of a bound on their range; a call the bound cannot clear, and every other
+// parameter, is summed on the host. The device's sums join the host's (integer addition) before
+// they are read, reduced or written. An attempt that fails after depositing (out of memory in
+// backward) is not undone: callers stage forward-only failures (the trainer's out-of-memory
+// recovery retries forwards).
 //
 // Thread-safety: one thread at a time (autograd's backward runs deposits on its own thread, one
 // after another for one graph).
@@ -94,19 +98,35 @@ class ExactGradients {
   // parameter's dtype (on its device), and zeroes the sums.
   absl::Status WriteGradients();
 
-  // Zeroes the sums.
+  // Zeroes the sums (the device's are released, and made anew by the next deposit there).
   void Zero();
 
  private:
   struct Slot {
     std::string name;
     at::Tensor parameter;
-    std::vector<unsigned __int128> sums;  // two's complement, one per element
-    int64_t terms = 0;                    // contributions per element since the last write
+    // Two's complement, one per element: the sums; for a CUDA parameter, the deposits made on
+    // the host, until Gather adds them to device_sums.
+    std::vector<unsigned __int128> sums;
+    bool host_pending = false;  // a CUDA parameter's `sums` hold deposits
+    // A CUDA parameter's sums on its device: int64 [elements, 2] (low and high words).
+    // Undefined until the first deposit there (zero).
+    at::Tensor device_sums;
+    int64_t terms = 0;  // contributions per element since the last write
   };
   absl::StatusOr<Slot*> At(int slot);
-  // Counts `terms` more contributions per element of `s`: kOutOfRange beyond the limit.
-  static absl::Status Count(Slot& s, int64_t terms);
+  // kOutOfRange when `terms` more contributions per element of `s` would pass the limit.
+  static absl::Status Room(const Slot& s, int64_t terms);
+  // Whether `s`'s contributions from `t` are summed on t's device.
+  static bool OnDevice(const Slot& s, const at::Tensor& t);
+  // Counts a deposit of `terms` contributions per element, made on the host or not.
+  static void Deposited(Slot& s, int64_t terms, bool on_host);
+  // `s`'s device sums (zero when new).
+  static absl::StatusOr<at::Tensor*> DeviceSums(Slot& s);
+  // A CUDA parameter's host deposits added into its device sums.
+  static absl::Status Gather(Slot& s);
+  // `s`'s sums rounded to float64, flat, on the parameter's device.
+  static absl::StatusOr<at::Tensor> Rounded(Slot& s);
   std::vector<Slot> slots_;
 };
 

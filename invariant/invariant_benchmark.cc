@@ -10,8 +10,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -143,6 +145,71 @@ void BM_StepPaired(benchmark::State& state, at::Device device) {
   if (!samples.Publish(state)) return;
   state.counters["ratio"] = samples.Median("invariant") / samples.Median("plain");
 }
+
+// The step's parts, for where its time goes: a weight gradient's exact sums (ExactGradients'
+// deposit of [tokens, n] x [tokens, k], and its write to .grad, timed apart) against LibTorch's
+// product of the same shapes, and the mode's Linear forward against at::mm. Context for
+// BM_StepPaired, no target.
+void BM_PartsPaired(benchmark::State& state, at::Device device) {
+  const int64_t tokens = state.range(0), n = state.range(1), k = state.range(2);
+  at::manual_seed(4);
+  const auto options = at::TensorOptions().device(device);
+  const at::Tensor a = at::randn({tokens, n}, options) * 1e-3, b = at::randn({tokens, k}, options);
+  const at::Tensor w = at::randn({n, k}, options).set_requires_grad(true);
+  ExactGradients exact({{"w", w}});
+  auto time = [&](auto&& work) -> absl::StatusOr<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = work();
+    Synchronize(device);
+    if (!s.ok()) return s;
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto sides = std::vector<std::pair<std::string, std::function<absl::Status()>>>{
+      {"mm_gradient",
+       [&] {
+         (void)at::mm(a.t(), b);
+         return absl::OkStatus();
+       }},
+      {"exact_deposit", [&] { return exact.AddOuterProducts(0, a, b); }},
+      {"exact_write", [&] { return exact.WriteGradients(); }},
+      {"mm_forward",
+       [&] {
+         (void)at::mm(b, w.t());
+         return absl::OkStatus();
+       }},
+      {"linear_forward", [&]() -> absl::Status { return Linear(b, w).status(); }},
+  };
+  for (auto& [name, work] : sides) {  // warm-up, outside the timed loop
+    if (absl::StatusOr<double> us = time(work); !us.ok())
+      return state.SkipWithError(us.status().ToString().c_str());
+  }
+  benchmarking::PairedSamples samples;
+  for (auto _ : state) {
+    for (auto& [name, work] : sides) {
+      absl::StatusOr<double> us = time(work);
+      if (!us.ok()) return state.SkipWithError(us.status().ToString().c_str());
+      samples.Add(name, *us);
+    }
+  }
+  if (!samples.Publish(state)) return;
+  state.counters["gradient_ratio"] =
+      (samples.Median("exact_deposit") + samples.Median("exact_write")) /
+      samples.Median("mm_gradient");
+  state.counters["forward_ratio"] = samples.Median("linear_forward") / samples.Median("mm_forward");
+}
+
+BENCHMARK_CAPTURE(BM_PartsPaired, cpu, at::Device(at::kCPU))
+    ->ArgNames({"tokens", "n", "k"})
+    ->Args({256, 64, 256})
+    ->Iterations(10)
+    ->UseRealTime();
+#if LOCKSTEP_BUILT_WITH_CUDA
+BENCHMARK_CAPTURE(BM_PartsPaired, cuda, at::Device(at::kCUDA, 0))
+    ->ArgNames({"tokens", "n", "k"})
+    ->Args({2048, 512, 2048})
+    ->Iterations(10)
+    ->UseRealTime();
+#endif
 
 BENCHMARK_CAPTURE(BM_StepPaired, cpu, at::Device(at::kCPU))
     ->ArgNames({"tokens", "width", "blocks"})

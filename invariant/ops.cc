@@ -1,5 +1,6 @@
 #include "invariant/ops.h"
 
+#include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -136,15 +137,19 @@ at::Tensor LinearOf(const at::Tensor& x, const at::Tensor& w) {
 // Autograd keeps non-tensor arguments as IValues: an ExactGradients travels as its address
 // (WeightGradient's precondition keeps it alive).
 int64_t Handle(ExactGradients* exact) { return reinterpret_cast<int64_t>(exact); }
-ExactGradients* ExactOf(AutogradContext* ctx) {
-  return reinterpret_cast<ExactGradients*>(ctx->saved_data["exact"].toInt());
+// A weight's gradient destination (WeightGradient), kept for backward under keys starting with
+// `prefix` (a kernel with several weights names each).
+void SaveDestination(AutogradContext* ctx, int64_t exact, int64_t slot,
+                     const std::string& prefix = "") {
+  ctx->saved_data[prefix + "exact"] = exact;
+  ctx->saved_data[prefix + "slot"] = slot;
 }
-// A weight's gradient destination (WeightGradient), kept for backward.
-void SaveDestination(AutogradContext* ctx, int64_t exact, int64_t slot) {
-  ctx->saved_data["exact"] = exact;
-  ctx->saved_data["slot"] = slot;
+ExactGradients* ExactOf(AutogradContext* ctx, const std::string& prefix = "") {
+  return reinterpret_cast<ExactGradients*>(ctx->saved_data[prefix + "exact"].toInt());
 }
-int SlotOf(AutogradContext* ctx) { return static_cast<int>(ctx->saved_data["slot"].toInt()); }
+int SlotOf(AutogradContext* ctx, const std::string& prefix = "") {
+  return static_cast<int>(ctx->saved_data[prefix + "slot"].toInt());
+}
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
@@ -193,15 +198,16 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   }
 };
 
-// A sum over the call's rows of per-token contributions `values` [M, K] to a parameter shaped
-// like `like` ([K]): into the exact sums at (exact, slot), or returned, summed in row order.
-at::Tensor ColumnsTo(AutogradContext* ctx, const char* exact_key, const char* slot_key,
-                     const at::Tensor& values, const at::Tensor& like) {
-  if (auto* exact = reinterpret_cast<ExactGradients*>(ctx->saved_data[exact_key].toInt())) {
-    OrThrow(exact->AddColumns(static_cast<int>(ctx->saved_data[slot_key].toInt()), values));
+// A sum over the call's rows of per-token contributions `values` [M, K] to a parameter of
+// `sizes` ([K] elements) and `dtype`: into the exact sums saved under `prefix`
+// (SaveDestination), or returned, summed in row order.
+at::Tensor ColumnsTo(AutogradContext* ctx, const std::string& prefix, const at::Tensor& values,
+                     at::IntArrayRef sizes, at::ScalarType dtype) {
+  if (ExactGradients* exact = ExactOf(ctx, prefix)) {
+    OrThrow(exact->AddColumns(SlotOf(ctx, prefix), values));
     return at::Tensor();
   }
-  return RowSumsOn(values.t().contiguous()).view(like.sizes()).to(like.scalar_type());
+  return RowSumsOn(values.t().contiguous()).view(sizes).to(dtype);
 }
 
 // Note [Placement invariance]: every row's statistics by Linear's loop, the rest elementwise.
@@ -215,25 +221,26 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
     const at::Tensor mean = RowSumsOn(xw) / k;
     const at::Tensor centered = xw - mean;
     const at::Tensor rstd = at::reciprocal(at::sqrt(RowSumsOn(centered * centered) / k + eps));
-    ctx->save_for_backward({x, weight, bias, mean, rstd});
-    ctx->saved_data["weight_exact"] = weight_exact;
-    ctx->saved_data["weight_slot"] = weight_slot;
-    ctx->saved_data["bias_exact"] = bias_exact;
-    ctx->saved_data["bias_slot"] = bias_slot;
+    ctx->save_for_backward({x, weight, mean, rstd});
+    SaveDestination(ctx, weight_exact, weight_slot, "weight_");
+    SaveDestination(ctx, bias_exact, bias_slot, "bias_");
+    ctx->saved_data["bias_dtype"] =
+        static_cast<int64_t>(bias.scalar_type());  // its shape: weight's
     return (centered * rstd * Wide(weight) + Wide(bias)).to(x.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::DisableRecordFunctionGuard unrecorded;  // Note [The kernels as one call]
     const variable_list s = ctx->get_saved_variables();
-    const at::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    const at::Tensor &x = s[0], &weight = s[1], &mean = s[2], &rstd = s[3];
+    const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
     const double k = static_cast<double>(x.size(1));
     const at::Tensor xhat = (Wide(x) - mean) * rstd;
     const at::Tensor dy = Wide(grads[0]);
     const at::Tensor g = dy * Wide(weight);
     const at::Tensor dx = (g - RowSumsOn(g) / k - xhat * (RowSumsOn(g * xhat) / k)) * rstd;
     return {dx.to(x.scalar_type()),
-            ColumnsTo(ctx, "weight_exact", "weight_slot", dy * xhat, weight),
-            ColumnsTo(ctx, "bias_exact", "bias_slot", dy, bias),
+            ColumnsTo(ctx, "weight_", dy * xhat, weight.sizes(), weight.scalar_type()),
+            ColumnsTo(ctx, "bias_", dy, weight.sizes(), bias_dtype),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -453,7 +460,9 @@ absl::StatusOr<at::Tensor> CrossEntropy(const at::Tensor& logits, const at::Tens
   }
   return CallTorch("CrossEntropy", [&]() -> absl::StatusOr<at::Tensor> {
     if (targets.numel() > 0) {
-      const int64_t low = targets.min().item<int64_t>(), high = targets.max().item<int64_t>();
+      const auto [min, max] = at::aminmax(targets);
+      const at::Tensor range = at::stack({min, max}).to(at::kCPU);  // one read-back
+      const int64_t low = range[0].item<int64_t>(), high = range[1].item<int64_t>();
       if (low < 0 || high >= logits.size(1)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "CrossEntropy: target ", low < 0 ? low : high, " outside [0, ", logits.size(1), ")"));

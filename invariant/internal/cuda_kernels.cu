@@ -21,15 +21,54 @@ __device__ double Dot(const double* a, const double* b, int64_t n) {
   return acc;
 }
 
+// Block: columns [x * kLinearColumns, +kLinearColumns) of rows [y * kLinearRows, +kLinearRows),
+// staged kLinearDepth at a time in shared memory; thread (tx, ty): column tx of rows
+// ty * kRowsPerThread + r. Each output's sum runs over j in increasing order, as the CPU's.
+constexpr int kLinearColumns = 32;
+constexpr int kThreadRows = 8;
+constexpr int kRowsPerThread = 8;
+constexpr int kLinearRows = kThreadRows * kRowsPerThread;
+constexpr int kLinearDepth = 16;
+
 __global__ void LinearRowsKernel(const double* __restrict__ x, const double* __restrict__ w_t,
                                  int64_t m, int64_t k, int64_t n, double* __restrict__ out) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= n) return;
-  for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < m;
-       row += static_cast<int64_t>(gridDim.y) * blockDim.y) {
-    double acc = 0;
-    for (int64_t j = 0; j < k; ++j) acc = AddProduct(acc, x[row * k + j], w_t[j * n + col]);
-    out[row * n + col] = acc;
+  __shared__ double sx[kLinearRows][kLinearDepth];
+  __shared__ double sw[kLinearDepth][kLinearColumns];
+  const int tx = threadIdx.x, ty = threadIdx.y, thread = ty * kLinearColumns + tx;
+  constexpr int kThreads = kLinearColumns * kThreadRows;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kLinearColumns + tx;
+  const int64_t row_blocks = (m + kLinearRows - 1) / kLinearRows;
+  for (int64_t rb = blockIdx.y; rb < row_blocks; rb += gridDim.y) {
+    const int64_t row0 = rb * kLinearRows;
+    double acc[kRowsPerThread] = {};
+    for (int64_t j0 = 0; j0 < k; j0 += kLinearDepth) {
+      for (int e = thread; e < kLinearRows * kLinearDepth; e += kThreads) {
+        const int r = e / kLinearDepth, jj = e % kLinearDepth;
+        const bool live = row0 + r < m && j0 + jj < k;
+        sx[r][jj] = live ? x[(row0 + r) * k + j0 + jj] : 0.0;
+      }
+      for (int e = thread; e < kLinearDepth * kLinearColumns; e += kThreads) {
+        const int jj = e / kLinearColumns, c = e % kLinearColumns;
+        const int64_t column = static_cast<int64_t>(blockIdx.x) * kLinearColumns + c;
+        sw[jj][c] = j0 + jj < k && column < n ? w_t[(j0 + jj) * n + column] : 0.0;
+      }
+      __syncthreads();
+      const int depth = k - j0 < kLinearDepth ? static_cast<int>(k - j0) : kLinearDepth;
+      for (int jj = 0; jj < depth; ++jj) {
+        const double w = sw[jj][tx];
+#pragma unroll
+        for (int r = 0; r < kRowsPerThread; ++r) {
+          acc[r] = AddProduct(acc[r], sx[ty * kRowsPerThread + r][jj], w);
+        }
+      }
+      __syncthreads();
+    }
+    if (col < n) {
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int64_t row = row0 + ty * kRowsPerThread + r;
+        if (row < m) out[row * n + col] = acc[r];
+      }
+    }
   }
 }
 
@@ -191,8 +230,8 @@ unsigned Blocks(int64_t items, int64_t per_block, int64_t limit) {
 cudaError_t LaunchLinearRows(const double* x, const double* w_t, int64_t m, int64_t k, int64_t n,
                              double* out, cudaStream_t stream) {
   if (m == 0 || n == 0) return cudaSuccess;
-  const dim3 threads(32, 8);
-  const dim3 blocks(Blocks(n, 32, 2147483647), Blocks(m, 8, 65535));
+  const dim3 threads(kLinearColumns, kThreadRows);
+  const dim3 blocks(Blocks(n, kLinearColumns, 2147483647), Blocks(m, kLinearRows, 65535));
   LinearRowsKernel<<<blocks, threads, 0, stream>>>(x, w_t, m, k, n, out);
   return cudaGetLastError();
 }
