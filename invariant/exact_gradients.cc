@@ -117,7 +117,7 @@ ExactGradients::ExactGradients(std::vector<std::pair<std::string, at::Tensor>> p
     Slot s;
     s.name = name;
     s.parameter = parameter;
-    s.sums.assign(static_cast<size_t>(parameter.numel()), 0);
+    if (!parameter.is_cuda()) ReadyHostSums(s);
     slots_.push_back(std::move(s));
   }
 }
@@ -156,6 +156,10 @@ absl::StatusOr<at::Tensor*> ExactGradients::DeviceSums(Slot& s) {
     s.device_sums = at::zeros({s.parameter.numel(), 2}, s.parameter.options().dtype(at::kLong));
   }));
   return &s.device_sums;
+}
+
+void ExactGradients::ReadyHostSums(Slot& s) {
+  if (s.sums.empty()) s.sums.assign(static_cast<size_t>(s.parameter.numel()), 0);
 }
 
 void ExactGradients::Deposited(Slot& s, int64_t terms, bool on_host) {
@@ -277,6 +281,7 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t i = 0; i < n; ++i) sa_t[i * tokens + t] = sa[t * n + i];
     }
+    ReadyHostSums(*s);
     constexpr int64_t kBlock = 32;
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
       unsigned __int128 acc[kBlock];
@@ -307,6 +312,7 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
   const double* ap = ha.data_ptr<double>();
   const double* bp = hb.data_ptr<double>();
   // Every product checked (pass 0) before anything is added (pass 1): a refusal adds nothing.
+  ReadyHostSums(*s);
   for (int pass = 0; pass < 2; ++pass) {
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t i = 0; i < n; ++i) {
@@ -379,6 +385,7 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
                                                 " is not finite or not below 2^", kMaxExponent));
     }
   }
+  ReadyHostSums(*s);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < k; ++j) s->sums[rp[t] * k + j] += fixed[t * k + j];
   }
@@ -422,6 +429,7 @@ absl::Status ExactGradients::AddColumns(int slot, const at::Tensor& values) {
                                                 " is not finite or not below 2^", kMaxExponent));
     }
   }
+  ReadyHostSums(*s);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < k; ++j) s->sums[j] += fixed[t * k + j];
   }
@@ -498,7 +506,7 @@ absl::Status ExactGradients::SumOver(collectives::Communicator* group,
   }
   int64_t offset = 0;
   for (Slot* s : summed) {
-    const int64_t count = static_cast<int64_t>(s->sums.size());
+    const int64_t count = s->parameter.numel();
     at::Tensor limbs;
     if (s->parameter.is_cuda()) {
       LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the reduced limbs", [&] {
@@ -537,7 +545,7 @@ absl::Status ExactGradients::WriteGradients() {
 
 void ExactGradients::Zero() {
   for (Slot& s : slots_) {
-    std::fill(s.sums.begin(), s.sums.end(), 0);
+    if (!s.parameter.is_cuda() || s.host_pending) std::fill(s.sums.begin(), s.sums.end(), 0);
     s.host_pending = false;
     s.device_sums = at::Tensor();
     s.terms = 0;

@@ -106,7 +106,7 @@ class ExactGradients {
     std::string name;
     at::Tensor parameter;
     // Two's complement, one per element: the sums; for a CUDA parameter, the deposits made on
-    // the host, until Gather adds them to device_sums.
+    // the host (allocated by the first), until Gather adds them to device_sums.
     std::vector<unsigned __int128> sums;
     bool host_pending = false;  // a CUDA parameter's `sums` hold deposits
     // A CUDA parameter's sums on its device: int64 [elements, 2] (low and high words).
@@ -119,6 +119,8 @@ class ExactGradients {
   static absl::Status Room(const Slot& s, int64_t terms);
   // Whether `s`'s contributions from `t` are summed on t's device.
   static bool OnDevice(const Slot& s, const at::Tensor& t);
+  // Allocates `s`'s host sums (zero) if it has none.
+  static void ReadyHostSums(Slot& s);
   // Counts a deposit of `terms` contributions per element, made on the host or not.
   static void Deposited(Slot& s, int64_t terms, bool on_host);
   // `s`'s device sums (zero when new).

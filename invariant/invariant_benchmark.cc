@@ -1,12 +1,12 @@
 // Placement-invariant mode's cost (invariant/ops.h, docs/placement_invariance.md): a training
 // step of `blocks` transformer blocks (attention over each sequence's own keys, a GELU MLP of
-// 4 x width, a loss, backward) over `tokens` rows of `width` in sequences of 64 tokens, run with
-// LibTorch's kernels (products, masked softmax over the microbatch's keys, GELU, autograd's
-// gradients) and with the mode's (Linear, SequenceAttention, Gelu, every weight's gradient summed
-// exactly), the two alternating in one loop and timed each on its own, the device synchronized
-// inside each timed region. Counter: ratio (invariant / plain, medians). Targets: at most 2x on
-// the CPU, 1.3x on the GPU (issue 55); the figure is printed whether met or not. A CUDA build
-// without a GPU exits 1.
+// 4 x width, a loss, backward) over `tokens` rows of `width` in sequences of 64 tokens, in float32
+// (bits 32) or bfloat16 (bits 16), run with LibTorch's kernels (products, masked softmax over the
+// microbatch's keys, GELU, autograd's gradients) and with the mode's (Linear, SequenceAttention,
+// Gelu, every weight's gradient summed exactly), the two alternating in one loop and timed each on
+// its own, the device synchronized inside each timed region. Counter: ratio (invariant / plain,
+// medians). Targets: at most 2x on the CPU, 1.3x on the GPU (issue 55); the figure is printed
+// whether met or not. A CUDA build without a GPU exits 1.
 
 #include <chrono>
 #include <cmath>
@@ -44,24 +44,26 @@ struct Model {
   at::Tensor x, tokens, visible;
   int64_t width;
 
-  Model(int64_t rows, int64_t w, int64_t blocks, at::Device device) : width(w) {
+  Model(int64_t rows, int64_t w, int64_t blocks, at::Device device, at::ScalarType dtype)
+      : width(w) {
     at::manual_seed(3);
     const auto options = at::TensorOptions().device(device);
     const double scale = 1.0 / std::sqrt(static_cast<double>(width));
     const char* names[] = {"wq", "wk", "wv", "wo"};
     for (int64_t b = 0; b < blocks; ++b) {
       for (const char* n : names) {
-        weights.emplace_back(std::to_string(b) + n,
-                             (at::randn({width, width}, options) * scale).set_requires_grad(true));
+        weights.emplace_back(
+            std::to_string(b) + n,
+            (at::randn({width, width}, options) * scale).to(dtype).set_requires_grad(true));
       }
       weights.emplace_back(
           std::to_string(b) + "w1",
-          (at::randn({4 * width, width}, options) * scale).set_requires_grad(true));
+          (at::randn({4 * width, width}, options) * scale).to(dtype).set_requires_grad(true));
       weights.emplace_back(
           std::to_string(b) + "w2",
-          (at::randn({width, 4 * width}, options) * scale * 0.5).set_requires_grad(true));
+          (at::randn({width, 4 * width}, options) * scale * 0.5).to(dtype).set_requires_grad(true));
     }
-    x = at::randn({rows, width}, options);
+    x = at::randn({rows, width}, options).to(dtype);
     const at::Tensor position = at::arange(rows, at::kLong);
     tokens = at::stack({position.div(kSequence, "floor"), position.remainder(kSequence)}, 1);
     const at::Tensor t = tokens.to(device);
@@ -118,7 +120,8 @@ struct Model {
 };
 
 void BM_StepPaired(benchmark::State& state, at::Device device) {
-  Model model(state.range(0), state.range(1), state.range(2), device);
+  Model model(state.range(0), state.range(1), state.range(2), device,
+              state.range(3) == 16 ? at::kBFloat16 : at::kFloat);
   ExactGradients exact(model.weights);
   auto timed = [&](ExactGradients* e, double* us) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -212,15 +215,16 @@ BENCHMARK_CAPTURE(BM_PartsPaired, cuda, at::Device(at::kCUDA, 0))
 #endif
 
 BENCHMARK_CAPTURE(BM_StepPaired, cpu, at::Device(at::kCPU))
-    ->ArgNames({"tokens", "width", "blocks"})
-    ->Args({256, 64, 2})
+    ->ArgNames({"tokens", "width", "blocks", "bits"})
+    ->Args({256, 64, 2, 32})
     ->Iterations(10)
     ->UseRealTime();
 #if LOCKSTEP_BUILT_WITH_CUDA
 BENCHMARK_CAPTURE(BM_StepPaired, cuda, at::Device(at::kCUDA, 0))
-    ->ArgNames({"tokens", "width", "blocks"})
-    ->Args({256, 64, 2})
-    ->Args({2048, 512, 2})
+    ->ArgNames({"tokens", "width", "blocks", "bits"})
+    ->Args({256, 64, 2, 32})
+    ->Args({2048, 512, 2, 32})
+    ->Args({2048, 512, 2, 16})
     ->Iterations(10)
     ->UseRealTime();
 #endif
