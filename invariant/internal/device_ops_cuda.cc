@@ -3,12 +3,9 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "base/cuda_boundary.h"
 #include "base/status_macros.h"
-#include "base/torch_boundary.h"
-#include "c10/cuda/CUDAGuard.h"
-#include "c10/cuda/CUDAStream.h"
 #include "invariant/internal/cuda_kernels.h"
+#include "invariant/internal/cuda_launch.h"
 #include "invariant/internal/device_ops.h"
 
 namespace lockstep {
@@ -71,73 +68,58 @@ Flattened Flatten(const Visibility& visible, const c10::Device& device) {
   return f;
 }
 
-cudaStream_t StreamOf(const at::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
-
 }  // namespace
 
 absl::StatusOr<at::Tensor> CudaLinearRows(const at::Tensor& x, const at::Tensor& w_t) {
   at::Tensor out;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant Linear on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(x.device());
-    out = at::empty({x.size(0), w_t.size(1)}, x.options());
-    error = LaunchLinearRows(x.data_ptr<double>(), w_t.data_ptr<double>(), x.size(0), x.size(1),
-                             w_t.size(1), out.data_ptr<double>(), StreamOf(x));
-  }));
-  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant Linear"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      LaunchOn("the placement-invariant Linear on CUDA", x, [&](cudaStream_t s) {
+        out = at::empty({x.size(0), w_t.size(1)}, x.options());
+        return LaunchLinearRows(x.data_ptr<double>(), w_t.data_ptr<double>(), x.size(0), x.size(1),
+                                w_t.size(1), out.data_ptr<double>(), s);
+      }));
   return out;
 }
 
 absl::StatusOr<at::Tensor> CudaGeluForward(const at::Tensor& x) {
   at::Tensor out;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant GELU on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(x.device());
+  LOCKSTEP_RETURN_IF_ERROR(LaunchOn("the placement-invariant GELU on CUDA", x, [&](cudaStream_t s) {
     out = at::empty_like(x);
-    error = LaunchGeluForward(x.data_ptr<double>(), x.numel(), out.data_ptr<double>(), StreamOf(x));
+    return LaunchGeluForward(x.data_ptr<double>(), x.numel(), out.data_ptr<double>(), s);
   }));
-  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant GELU"));
   return out;
 }
 
 absl::StatusOr<at::Tensor> CudaGeluBackward(const at::Tensor& x, const at::Tensor& dy) {
   at::Tensor out;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant GELU backward on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(x.device());
-    out = at::empty_like(x);
-    error = LaunchGeluBackward(x.data_ptr<double>(), dy.data_ptr<double>(), x.numel(),
-                               out.data_ptr<double>(), StreamOf(x));
-  }));
-  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant GELU backward"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      LaunchOn("the placement-invariant GELU backward on CUDA", x, [&](cudaStream_t s) {
+        out = at::empty_like(x);
+        return LaunchGeluBackward(x.data_ptr<double>(), dy.data_ptr<double>(), x.numel(),
+                                  out.data_ptr<double>(), s);
+      }));
   return out;
 }
 
 absl::StatusOr<at::Tensor> CudaRowLogSumExp(const at::Tensor& z) {
   at::Tensor out;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant log-sum-exp on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(z.device());
-    out = at::empty({z.size(0)}, z.options());
-    error = LaunchRowLogSumExp(z.data_ptr<double>(), z.size(0), z.size(1), out.data_ptr<double>(),
-                               StreamOf(z));
-  }));
-  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant log-sum-exp"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      LaunchOn("the placement-invariant log-sum-exp on CUDA", z, [&](cudaStream_t s) {
+        out = at::empty({z.size(0)}, z.options());
+        return LaunchRowLogSumExp(z.data_ptr<double>(), z.size(0), z.size(1),
+                                  out.data_ptr<double>(), s);
+      }));
   return out;
 }
 
 absl::StatusOr<at::Tensor> CudaRowSoftmax(const at::Tensor& z, const at::Tensor& lse) {
   at::Tensor out;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant softmax on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(z.device());
-    out = at::empty_like(z);
-    error = LaunchRowSoftmax(z.data_ptr<double>(), lse.data_ptr<double>(), z.size(0), z.size(1),
-                             out.data_ptr<double>(), StreamOf(z));
-  }));
-  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant softmax"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      LaunchOn("the placement-invariant softmax on CUDA", z, [&](cudaStream_t s) {
+        out = at::empty_like(z);
+        return LaunchRowSoftmax(z.data_ptr<double>(), lse.data_ptr<double>(), z.size(0), z.size(1),
+                                out.data_ptr<double>(), s);
+      }));
   return out;
 }
 
@@ -145,17 +127,15 @@ absl::StatusOr<at::Tensor> CudaAttentionForward(const Visibility& visible, const
                                                 const at::Tensor& k, const at::Tensor& v,
                                                 double scale) {
   at::Tensor out;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant attention on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(q.device());
-    const Flattened f = Flatten(visible, q.device());
-    const at::Tensor scratch = at::empty({f.scratch}, q.options());
-    out = at::empty({q.size(0), v.size(1)}, q.options());
-    error = LaunchAttentionForward(f.view, q.data_ptr<double>(), k.data_ptr<double>(),
-                                   v.data_ptr<double>(), q.size(1), v.size(1), scale,
-                                   scratch.data_ptr<double>(), out.data_ptr<double>(), StreamOf(q));
-  }));
-  LOCKSTEP_RETURN_IF_ERROR(CudaStatus(error, "launching the placement-invariant attention"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      LaunchOn("the placement-invariant attention on CUDA", q, [&](cudaStream_t s) {
+        const Flattened f = Flatten(visible, q.device());
+        const at::Tensor scratch = at::empty({f.scratch}, q.options());
+        out = at::empty({q.size(0), v.size(1)}, q.options());
+        return LaunchAttentionForward(f.view, q.data_ptr<double>(), k.data_ptr<double>(),
+                                      v.data_ptr<double>(), q.size(1), v.size(1), scale,
+                                      scratch.data_ptr<double>(), out.data_ptr<double>(), s);
+      }));
   return out;
 }
 
@@ -164,21 +144,18 @@ absl::StatusOr<AttentionGradients> CudaAttentionBackward(const Visibility& visib
                                                          const at::Tensor& v,
                                                          const at::Tensor& dout, double scale) {
   AttentionGradients g;
-  cudaError_t error = cudaSuccess;
-  LOCKSTEP_RETURN_IF_ERROR(CallTorch("placement-invariant attention backward on CUDA", [&] {
-    c10::cuda::CUDAGuard guard(q.device());
-    const Flattened f = Flatten(visible, q.device());
-    const at::Tensor probabilities = at::empty({f.scratch}, q.options());
-    const at::Tensor score_grads = at::empty({f.scratch}, q.options());
-    g = {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v)};
-    error = LaunchAttentionBackward(f.view, q.data_ptr<double>(), k.data_ptr<double>(),
-                                    v.data_ptr<double>(), dout.data_ptr<double>(), q.size(1),
-                                    v.size(1), scale, probabilities.data_ptr<double>(),
-                                    score_grads.data_ptr<double>(), g.dq.data_ptr<double>(),
-                                    g.dk.data_ptr<double>(), g.dv.data_ptr<double>(), StreamOf(q));
-  }));
   LOCKSTEP_RETURN_IF_ERROR(
-      CudaStatus(error, "launching the placement-invariant attention backward"));
+      LaunchOn("the placement-invariant attention backward on CUDA", q, [&](cudaStream_t s) {
+        const Flattened f = Flatten(visible, q.device());
+        const at::Tensor probabilities = at::empty({f.scratch}, q.options());
+        const at::Tensor score_grads = at::empty({f.scratch}, q.options());
+        g = {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v)};
+        return LaunchAttentionBackward(f.view, q.data_ptr<double>(), k.data_ptr<double>(),
+                                       v.data_ptr<double>(), dout.data_ptr<double>(), q.size(1),
+                                       v.size(1), scale, probabilities.data_ptr<double>(),
+                                       score_grads.data_ptr<double>(), g.dq.data_ptr<double>(),
+                                       g.dk.data_ptr<double>(), g.dv.data_ptr<double>(), s);
+      }));
   return g;
 }
 
