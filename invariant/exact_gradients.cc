@@ -552,5 +552,29 @@ void ExactGradients::Zero() {
   }
 }
 
+absl::StatusOr<ExactSum> ExactSum::Make() {
+  at::Tensor zero;
+  LOCKSTEP_RETURN_IF_ERROR(
+      CallTorch("exact sum: its element", [&] { zero = at::zeros({1}, at::kDouble); }));
+  return ExactSum(ExactGradients({{"sum", zero}}));
+}
+
+absl::Status ExactSum::Add(const at::Tensor& values) {
+  at::Tensor column;
+  LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact sum: the values as one column", [&] {
+    column = values.reshape({-1, 1}).to(at::kCPU);
+  }));
+  return sum_.AddColumns(0, column);
+}
+
+absl::Status ExactSum::SumOver(collectives::Communicator* group) { return sum_.SumOver(group); }
+
+absl::StatusOr<double> ExactSum::Total() {
+  LOCKSTEP_ASSIGN_OR_RETURN(const at::Tensor sums, sum_.Sums(0));
+  return sums.data_ptr<double>()[0];
+}
+
+void ExactSum::Zero() { sum_.Zero(); }
+
 }  // namespace invariant
 }  // namespace lockstep

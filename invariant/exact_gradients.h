@@ -132,6 +132,39 @@ class ExactGradients {
   std::vector<Slot> slots_;
 };
 
+// ExactSum: one number summed exactly (Note [Exact accumulation]) over every contribution of a
+// step, whatever the microbatches, CP shards and DP ranks that made them: a step's loss, the
+// same bits in every placement.
+//
+//   invariant::ExactSum loss;
+//   for (each microbatch) LOCKSTEP_RETURN_IF_ERROR(loss.Add(per_token_terms.detach()));
+//   LOCKSTEP_RETURN_IF_ERROR(loss.SumOver(dp_group));
+//   LOCKSTEP_ASSIGN_OR_RETURN(double total, loss.Total());
+//   loss.Zero();
+//
+// Thread-safety: one thread at a time.
+class ExactSum {
+ public:
+  // A zero sum.
+  static absl::StatusOr<ExactSum> Make();
+
+  // Adds every element of `values` (floating point, any shape, any device), each rounded once to
+  // a multiple of 2^-ExactGradients::kFractionBits; the limits of ExactGradients::AddColumns.
+  absl::Status Add(const at::Tensor& values);
+
+  // Replaces the sum by its sum over `group`'s members (exact); a null group: nothing to do.
+  absl::Status SumOver(collectives::Communicator* group);
+
+  // The sum rounded to float64; it stays.
+  absl::StatusOr<double> Total();
+
+  void Zero();
+
+ private:
+  explicit ExactSum(ExactGradients sum) : sum_(std::move(sum)) {}
+  ExactGradients sum_;  // one slot of one float64 element on the host
+};
+
 }  // namespace invariant
 }  // namespace lockstep
 

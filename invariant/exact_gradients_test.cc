@@ -159,6 +159,37 @@ TEST(ExactGradientsTest, RefusesWhatItCannotHoldExactly) {
               HasSubstr("exact gradients without a slot"));
 }
 
+// A step's loss: the same bits whatever the grouping of its terms, within one rounding of the
+// float64 sum; a term it cannot hold is refused and adds nothing.
+TEST(ExactSumTest, TheTotalIsTheSameBitsInEveryGroupingAndRefusalsAddNothing) {
+  const at::Tensor terms = Random({97}, 12).abs() * 3.7;
+  auto total = [&](std::vector<int64_t> cuts) {
+    absl::StatusOr<ExactSum> sum = ExactSum::Make();
+    EXPECT_TRUE(sum.ok()) << sum.status();
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      EXPECT_TRUE(sum->Add(terms.narrow(0, cuts[i], cuts[i + 1] - cuts[i]).view({-1, 1})).ok());
+    }
+    EXPECT_TRUE(sum->SumOver(nullptr).ok());
+    absl::StatusOr<double> value = sum->Total();
+    EXPECT_TRUE(value.ok()) << value.status();
+    return *value;
+  };
+  const double whole = total({0, 97});
+  EXPECT_EQ(total({0, 1, 50, 96, 97}), whole);
+  EXPECT_EQ(total({0, 30, 60, 97}), whole);
+  EXPECT_NEAR(whole, terms.to(at::kDouble).sum().item<double>(), std::abs(whole) * 1e-15);
+
+  absl::StatusOr<ExactSum> sum = ExactSum::Make();
+  ASSERT_TRUE(sum.ok());
+  ASSERT_TRUE(sum->Add(at::tensor({1.5, 2.25}, at::kDouble)).ok());
+  const absl::Status refused = sum->Add(at::tensor({1.0, std::ldexp(1.0, 30)}, at::kDouble));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(refused.message(), HasSubstr("not below 2^24"));
+  EXPECT_EQ(*sum->Total(), 3.75);
+  sum->Zero();
+  EXPECT_EQ(*sum->Total(), 0.0);
+}
+
 }  // namespace
 }  // namespace invariant
 }  // namespace lockstep

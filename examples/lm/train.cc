@@ -317,14 +317,13 @@ absl::Status Train() {
   for (const auto& entry : named) parameters.push_back(entry.second);
   // Under the mode: every weight's gradient, and the step's loss, summed exactly (Note [Exact
   // accumulation] in invariant/exact_gradients.h), the same bits in every layout.
-  std::unique_ptr<invariant::ExactGradients> exact, exact_loss;
+  std::unique_ptr<invariant::ExactGradients> exact;
+  std::optional<invariant::ExactSum> exact_loss;
   if (placement_invariant.has_value()) {
     exact = std::make_unique<invariant::ExactGradients>(named);
     model.UseExactGradients(exact.get());
-    LOCKSTEP_RETURN_IF_ERROR(CallTorch("the loss's exact sum", [&] {
-      exact_loss = std::make_unique<invariant::ExactGradients>(
-          numerics::NamedTensors{{"loss", at::zeros({1}, at::kDouble)}});
-    }));
+    LOCKSTEP_ASSIGN_OR_RETURN(invariant::ExactSum loss_sum, invariant::ExactSum::Make());
+    exact_loss.emplace(std::move(loss_sum));
   }
   std::unique_ptr<torch::optim::AdamW> adam;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("creating AdamW", [&] {
@@ -463,8 +462,8 @@ absl::Status Train() {
         last_logits = out->outputs.detach();
       }));
       // Under the mode the step's loss is the exact sum of every token's term.
-      if (exact_loss != nullptr) {
-        LOCKSTEP_RETURN_IF_ERROR(exact_loss->AddColumns(0, terms.detach().unsqueeze(1)));
+      if (exact_loss.has_value()) {
+        LOCKSTEP_RETURN_IF_ERROR(exact_loss->Add(terms.detach()));
       }
     }
     // The leader's sample (its own RNG draw, between hand-backs). Drawn on the host, where it is
@@ -487,7 +486,9 @@ absl::Status Train() {
       LOCKSTEP_RETURN_IF_ERROR(exact->SumOver(groups.dp_or_null()));
       LOCKSTEP_RETURN_IF_ERROR(exact->WriteGradients());
       LOCKSTEP_RETURN_IF_ERROR(exact_loss->SumOver(groups.dp_or_null()));
-      LOCKSTEP_ASSIGN_OR_RETURN(step_loss, exact_loss->Sums(0));
+      LOCKSTEP_ASSIGN_OR_RETURN(const double total, exact_loss->Total());
+      LOCKSTEP_RETURN_IF_ERROR(CallTorch(
+          "the step's exact loss", [&] { step_loss = at::scalar_tensor(total, at::kDouble); }));
       exact_loss->Zero();
     } else {
       LOCKSTEP_RETURN_IF_ERROR(AllReduceGradients(parameters, groups.cp_or_null()));
