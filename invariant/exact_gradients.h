@@ -149,7 +149,7 @@ class ExactSum {
   static absl::StatusOr<ExactSum> Make();
 
   // Adds every element of `values` (floating point, any shape, any device), each rounded once to
-  // a multiple of 2^-ExactGradients::kFractionBits; the limits of ExactGradients::AddColumns.
+  // a multiple of 2^-80 (ExactGradients' fraction bits); the limits of its AddColumns.
   absl::Status Add(const at::Tensor& values);
 
   // Replaces the sum by its sum over `group`'s members (exact); a null group: nothing to do.
@@ -158,6 +158,7 @@ class ExactSum {
   // The sum rounded to float64; it stays.
   absl::StatusOr<double> Total();
 
+  // Sets the sum to zero.
   void Zero();
 
  private:
