@@ -25,7 +25,7 @@ declare -A smoke_args=(
   [//admission:admission_benchmark]="--benchmark_min_time=0.01"
   [//checkpoint:checkpoint_benchmark]=""  # on the CPU, one case of 12 paired iterations
   [//collectives:collectives_benchmark]="--benchmark_filter=bytes:16/ --benchmark_min_time=0.01"
-  [//invariant:invariant_benchmark]=""  # on the CPU, its one case of 10 paired iterations
+  [//invariant:invariant_benchmark]=""  # on the CPU, its two cases of 10 paired iterations
   [//numerics:numerics_benchmark]="--benchmark_filter=BM_(Digest|Compare|Copy)/cpu --benchmark_min_time=0.01"
   [//numerics:op_recorder_benchmark]=""  # on the CPU, its small step only
   [//planner:planner_benchmark]="--benchmark_filter=sequences:10000/cp:1/|BM_PlanAndDigestOneSequence --benchmark_min_time=0.01"
