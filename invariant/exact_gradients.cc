@@ -167,6 +167,17 @@ void ExactGradients::Deposited(Slot& s, int64_t terms, bool on_host) {
   if (on_host && s.parameter.is_cuda()) s.host_pending = true;
 }
 
+absl::StatusOr<bool> ExactGradients::DepositOnDevice(
+    Slot& s, int64_t terms, const at::Tensor& largest,
+    absl::FunctionRef<absl::Status(at::Tensor&)> launch) {
+  LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
+  if (!cleared) return false;
+  LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(s));
+  LOCKSTEP_RETURN_IF_ERROR(launch(*sums));
+  Deposited(s, terms, /*on_host=*/false);
+  return true;
+}
+
 absl::Status ExactGradients::Gather(Slot& s) {
   if (!s.host_pending) return absl::OkStatus();
   LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(s));
@@ -216,6 +227,7 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
   }
   LOCKSTEP_RETURN_IF_ERROR(Room(*s, a.size(0)));
   const int64_t tokens = a.size(0), n = a.size(1), k = b.size(1);
+  if (tokens == 0) return absl::OkStatus();
   if (FloatExact(a.scalar_type()) && FloatExact(b.scalar_type()) && OnDevice(*s, a) &&
       OnDevice(*s, b)) {
     // On the device, when the rows' largest factors bound every product (Note [Products as
@@ -224,16 +236,13 @@ absl::Status ExactGradients::AddOuterProducts(int slot, const at::Tensor& a, con
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the factors on the device", [&] {
       fa = a.to(at::kFloat).contiguous();
       fb = b.to(at::kFloat).contiguous();
-      largest = tokens == 0 ? at::zeros({1}, fa.options().dtype(at::kDouble))
-                            : fa.abs().amax(1).to(at::kDouble) * fb.abs().amax(1).to(at::kDouble);
+      largest = fa.abs().amax(1).to(at::kDouble) * fb.abs().amax(1).to(at::kDouble);
     }));
-    LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
-    if (cleared) {
-      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
-      LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddOuterProducts(fa, fb, kFractionBits, *sums));
-      Deposited(*s, tokens, /*on_host=*/false);
-      return absl::OkStatus();
-    }
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool deposited,
+                              DepositOnDevice(*s, tokens, largest, [&](at::Tensor& sums) {
+                                return internal::CudaAddOuterProducts(fa, fb, kFractionBits, sums);
+                              }));
+    if (deposited) return absl::OkStatus();
   }
   if (FloatExact(a.scalar_type()) && FloatExact(b.scalar_type())) {
     // Note [Products as integers]: both factors split once, each product in integers.
@@ -346,7 +355,8 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
   // Each row receives at most one term per token: counted as that many.
   const int64_t tokens = values.size(0), k = values.size(1), limit = s->parameter.size(0);
   LOCKSTEP_RETURN_IF_ERROR(Room(*s, tokens));
-  if (OnDevice(*s, rows) && OnDevice(*s, values) && tokens > 0) {
+  if (tokens == 0) return absl::OkStatus();
+  if (OnDevice(*s, rows) && OnDevice(*s, values)) {
     at::Tensor dr, dv, largest;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the rows on the device", [&] {
       dr = rows.to(at::kLong).contiguous();
@@ -355,13 +365,11 @@ absl::Status ExactGradients::AddRows(int slot, const at::Tensor& rows, const at:
       const at::Tensor outside = (dr.min() < 0).logical_or(dr.max() >= limit);
       largest = at::where(outside, std::numeric_limits<double>::infinity(), dv.abs().max());
     }));
-    LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
-    if (cleared) {
-      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
-      LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddRows(dr, dv, kFractionBits, *sums));
-      Deposited(*s, tokens, /*on_host=*/false);
-      return absl::OkStatus();
-    }
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool deposited,
+                              DepositOnDevice(*s, tokens, largest, [&](at::Tensor& sums) {
+                                return internal::CudaAddRows(dr, dv, kFractionBits, sums);
+                              }));
+    if (deposited) return absl::OkStatus();
   }
   at::Tensor hr, hv;
   LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the rows to the host", [&] {
@@ -402,19 +410,18 @@ absl::Status ExactGradients::AddColumns(int slot, const at::Tensor& values) {
   }
   const int64_t tokens = values.size(0), k = values.size(1);
   LOCKSTEP_RETURN_IF_ERROR(Room(*s, tokens));
-  if (OnDevice(*s, values) && tokens > 0) {
+  if (tokens == 0) return absl::OkStatus();
+  if (OnDevice(*s, values)) {
     at::Tensor dv, largest;
     LOCKSTEP_RETURN_IF_ERROR(CallTorch("exact gradients: the columns on the device", [&] {
       dv = values.to(at::kDouble).contiguous();
       largest = dv.abs().max();
     }));
-    LOCKSTEP_ASSIGN_OR_RETURN(const bool cleared, Cleared(largest));
-    if (cleared) {
-      LOCKSTEP_ASSIGN_OR_RETURN(at::Tensor * sums, DeviceSums(*s));
-      LOCKSTEP_RETURN_IF_ERROR(internal::CudaAddColumns(dv, kFractionBits, *sums));
-      Deposited(*s, tokens, /*on_host=*/false);
-      return absl::OkStatus();
-    }
+    LOCKSTEP_ASSIGN_OR_RETURN(const bool deposited,
+                              DepositOnDevice(*s, tokens, largest, [&](at::Tensor& sums) {
+                                return internal::CudaAddColumns(dv, kFractionBits, sums);
+                              }));
+    if (deposited) return absl::OkStatus();
   }
   at::Tensor hv;
   LOCKSTEP_RETURN_IF_ERROR(

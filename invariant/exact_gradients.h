@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "collectives/communicator.h"
@@ -123,6 +124,12 @@ class ExactGradients {
   static void ReadyHostSums(Slot& s);
   // Counts a deposit of `terms` contributions per element, made on the host or not.
   static void Deposited(Slot& s, int64_t terms, bool on_host);
+  // When `largest` clears a call's contributions (their largest possible magnitude, one value
+  // read back), deposits them into `s`'s device sums with `launch` and counts `terms`: true.
+  // False, nothing done, when it does not: the caller's host path then checks each and names the
+  // one it refuses.
+  static absl::StatusOr<bool> DepositOnDevice(Slot& s, int64_t terms, const at::Tensor& largest,
+                                              absl::FunctionRef<absl::Status(at::Tensor&)> launch);
   // `s`'s device sums (zero when new).
   static absl::StatusOr<at::Tensor*> DeviceSums(Slot& s);
   // A CUDA parameter's host deposits added into its device sums.

@@ -173,10 +173,9 @@ def layer_norm(x, weight, bias, *, eps=1e-5, exact=None, weight_name=None, bias_
         >>> y.shape
         torch.Size([5, 8])
     """
-    if exact is None:
-        return _C._invariant_layer_norm(x, weight, bias, float(eps), None, -1, -1)
-    return _C._invariant_layer_norm(x, weight, bias, float(eps), exact._c,
-                                    exact._slot(weight_name), exact._slot(bias_name))
+    exact_c, weight_slot = _destination(exact, weight_name)
+    _, bias_slot = _destination(exact, bias_name)
+    return _C._invariant_layer_norm(x, weight, bias, float(eps), exact_c, weight_slot, bias_slot)
 
 
 def cross_entropy(logits, targets):
