@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ATen/Context.h"
@@ -19,18 +21,28 @@ namespace {
 
 std::atomic<bool> enforced{false};
 
-// An environment variable the mode needs, and the values that satisfy it (the first is the one
-// the mode sets when it is unset).
+// Note [cuBLAS workspace setting]: a LibTorch that demands the variable has this check.
+template <typename Context, typename = void>
+struct HasCublasConfigCheck : std::false_type {};
+template <typename Context>
+struct HasCublasConfigCheck<
+    Context,
+    std::void_t<decltype(std::declval<const Context&>().alertCuBLASConfigNotDeterministic())>>
+    : std::true_type {};
+
+// An environment variable the mode checks, the values that satisfy it (the first is the one the
+// mode sets when it is unset), and whether unset is a contradiction.
 struct Variable {
   const char* name;
   std::vector<std::string> accepted;
+  bool required;
 };
 
 const std::vector<Variable>& Variables() {
   static const auto* variables = new std::vector<Variable>{
-      {"CUBLAS_WORKSPACE_CONFIG", {":4096:8", ":16:8"}},
-      {"NCCL_ALGO", {"Ring"}},
-      {"NCCL_PROTO", {"Simple"}},
+      {"CUBLAS_WORKSPACE_CONFIG", {":4096:8", ":16:8"}, CublasWorkspaceConfigRequired()},
+      {"NCCL_ALGO", {"Ring"}, true},
+      {"NCCL_PROTO", {"Simple"}, true},
   };
   return *variables;
 }
@@ -94,7 +106,7 @@ absl::Status CheckNoContradiction() {
           "mode before creating NCCL communicators"));
     }
   }
-  if (Get("CUBLAS_WORKSPACE_CONFIG") == nullptr) {
+  if (CublasWorkspaceConfigRequired() && Get("CUBLAS_WORKSPACE_CONFIG") == nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(const bool started, CudaWorkStarted());
     if (started) {
       return absl::FailedPreconditionError(
@@ -111,7 +123,8 @@ absl::Status CheckNoContradiction() {
 absl::StatusOr<DeterministicSettings> EnforceDeterministicMode() {
   LOCKSTEP_RETURN_IF_ERROR(CheckNoContradiction());
   for (const Variable& v : Variables()) {
-    if (Get(v.name) == nullptr && setenv(v.name, v.accepted.front().c_str(), 1) != 0) {
+    if (v.required && Get(v.name) == nullptr &&
+        setenv(v.name, v.accepted.front().c_str(), 1) != 0) {
       return absl::InternalError(absl::StrCat("deterministic mode: cannot set ", v.name));
     }
   }
@@ -124,14 +137,16 @@ absl::StatusOr<DeterministicSettings> EnforceDeterministicMode() {
   LOCKSTEP_RETURN_IF_ERROR(VerifyDeterministicMode());
   enforced = true;
   DeterministicSettings found;
-  found.cublas_workspace_config = Get("CUBLAS_WORKSPACE_CONFIG");
+  const char* cublas = Get("CUBLAS_WORKSPACE_CONFIG");
+  found.cublas_workspace_config = cublas == nullptr ? "" : cublas;
+  found.cublas_workspace_config_required = CublasWorkspaceConfigRequired();
   return found;
 }
 
 absl::Status VerifyDeterministicMode() {
   LOCKSTEP_RETURN_IF_ERROR(CheckNoContradiction());
   for (const Variable& v : Variables()) {
-    if (Get(v.name) == nullptr) {
+    if (v.required && Get(v.name) == nullptr) {
       return Contradiction(v.name, "unset",
                            absl::StrCat("'", absl::StrJoin(v.accepted, "' or '"), "'"));
     }
@@ -142,6 +157,14 @@ absl::Status VerifyDeterministicMode() {
   }
   if (!context.deterministicCuDNN()) return Contradiction("cuDNN deterministic", "off", "on");
   return absl::OkStatus();
+}
+
+bool CublasWorkspaceConfigRequired() { return HasCublasConfigCheck<at::Context>::value; }
+
+void PrepareCublasForDeterminism() {
+  if (CublasWorkspaceConfigRequired()) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  }
 }
 
 bool DeterministicModeEnforced() { return enforced; }

@@ -19,8 +19,8 @@
 //     naming the operator, never an abort.
 //   - cuDNN deterministic on, benchmark off: benchmark mode times candidate kernels at run time
 //     and may pick another one in the next process; a deterministic choice fixes it.
-//   - CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8, which NVIDIA documents as equivalent): with
-//     cuBLAS's default workspace, split-K reductions may run in any order across streams.
+//   - CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8, which NVIDIA documents as equivalent), only
+//     where the LibTorch built against demands it: Note [cuBLAS workspace setting].
 //   - NCCL_ALGO=Ring and NCCL_PROTO=Simple: lockstep's collectives reduce floating-point values
 //     over NCCL (AllReduceSum); NCCL picks its algorithm (ring, tree, NVLS) and protocol by
 //     message size and topology, and each sums in another order. Pinned, the order depends only
@@ -31,11 +31,23 @@
 // benchmark on) is refused with kFailedPrecondition naming it, its value and the value the mode
 // requires. A variable that is unset is set; one already at the required value is kept.
 //
-// Cost: almost all of it is the cuBLAS setting, a host time added to every cuBLAS call while it
-// is set, not to its GPU work (examples/lm/cublas_call_probe.py shows it): a step of
-// many small products (a small model, launch-bound) pays a large share, a step of large
-// products, whose GPU work hides the host's, almost none. The README's benchmark section gives
-// the figures.
+// Cost: the LibTorch settings cost nothing measurable; the cuBLAS variable, where it is set, a
+// host time on every cuBLAS call (Note [cuBLAS workspace setting]). The README's benchmark
+// section gives the figures.
+//
+// Note [cuBLAS workspace setting]
+// cuBLAS's split-K products use a workspace; from its default pool, a handle used on several
+// streams may take another buffer and sum in another order. cuBLAS documents two cures: the
+// CUBLAS_WORKSPACE_CONFIG variable, or giving each stream a workspace of its own
+// (cublasSetWorkspace). LibTorch does the second for every (handle, stream) pair it uses. An
+// older LibTorch (one whose at::Context has alertCuBLASConfigNotDeterministic) still refuses
+// cuBLAS under deterministic algorithms unless the variable is set; a newer one (2.11 among
+// them) no longer asks. There the variable only costs: LibTorch reads and parses it with a
+// regular expression on every cuBLAS call (at::cuda::getChosenWorkspaceSize is not cached), a
+// host time per product that a step of many small products pays many times
+// (examples/lm/cublas_call_probe.py measures it). So the mode sets the variable only for a
+// LibTorch that demands it; a value already set is still checked against the documented ones,
+// and the execution-context record shows it either way.
 //
 // Thread-safety: process-wide settings; call from one thread while no other uses LibTorch.
 
@@ -62,8 +74,11 @@ struct DeterministicSettings {
   bool cudnn_deterministic = true;
   // cuDNN benchmark mode (kernel choice timed at run time): off.
   bool cudnn_benchmark = false;
-  // CUBLAS_WORKSPACE_CONFIG: ":4096:8" (":16:8" is accepted too).
+  // CUBLAS_WORKSPACE_CONFIG: ":4096:8" (":16:8" is accepted too) where the LibTorch built
+  // against demands it; elsewhere as found, empty when unset (Note [cuBLAS workspace setting]).
   std::string cublas_workspace_config = ":4096:8";
+  // Whether that LibTorch demands it (CublasWorkspaceConfigRequired()).
+  bool cublas_workspace_config_required = true;
   // NCCL_ALGO: "Ring".
   std::string nccl_algo = "Ring";
   // NCCL_PROTO: "Simple".
@@ -71,14 +86,24 @@ struct DeterministicSettings {
 };
 
 // Sets and then verifies the mode (see the top of this file). kFailedPrecondition for a
-// contradicting setting, or for CUBLAS_WORKSPACE_CONFIG unset once CUDA work has started (too
-// late to take effect: set it in the environment, or call this first). On error nothing was
-// changed. Idempotent.
+// contradicting setting, or, where the variable is required, for CUBLAS_WORKSPACE_CONFIG unset
+// once CUDA work has started (too late to take effect: set it in the environment, or call this
+// first). On error nothing was changed. Idempotent.
 absl::StatusOr<DeterministicSettings> EnforceDeterministicMode();
 
 // Whether every setting of the mode is in force now: OK, or kFailedPrecondition naming the
 // first that is not (its value and the required one).
 absl::Status VerifyDeterministicMode();
+
+// Whether the LibTorch this is built against refuses cuBLAS under deterministic algorithms
+// unless CUBLAS_WORKSPACE_CONFIG is set (Note [cuBLAS workspace setting]).
+bool CublasWorkspaceConfigRequired();
+
+// For a process that runs deterministic work without enforcing the whole mode (qualify's
+// workers, tests that switch deterministic algorithms on and off): call before its first cuBLAS
+// call. Sets CUBLAS_WORKSPACE_CONFIG=:4096:8 where CublasWorkspaceConfigRequired() and it is
+// unset; a value already set is kept, and elsewhere nothing is set.
+void PrepareCublasForDeterminism();
 
 // Whether EnforceDeterministicMode succeeded in this process (the execution-context record
 // reports it).

@@ -72,7 +72,12 @@ class DeterministicModeTest : public ::testing::Test {
 TEST_F(DeterministicModeTest, SetsEverySettingAndVerifiesThem) {
   EXPECT_THAT(VerifyDeterministicMode().code(), absl::StatusCode::kFailedPrecondition);
   LOCKSTEP_ASSERT_OK_AND_ASSIGN(const DeterministicSettings found, EnforceDeterministicMode());
-  EXPECT_EQ(Env("CUBLAS_WORKSPACE_CONFIG"), ":4096:8");
+  // Set only for a LibTorch that demands it (Note [cuBLAS workspace setting]).
+  const bool cublas_required = CublasWorkspaceConfigRequired();
+  EXPECT_EQ(found.cublas_workspace_config_required, cublas_required);
+  EXPECT_EQ(Env("CUBLAS_WORKSPACE_CONFIG"),
+            cublas_required ? std::optional<std::string>(":4096:8") : std::nullopt);
+  EXPECT_EQ(found.cublas_workspace_config, cublas_required ? ":4096:8" : "");
   EXPECT_EQ(Env("NCCL_ALGO"), "Ring");
   EXPECT_EQ(Env("NCCL_PROTO"), "Simple");
   const at::Context& context = at::globalContext();
@@ -80,7 +85,6 @@ TEST_F(DeterministicModeTest, SetsEverySettingAndVerifiesThem) {
   EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
   EXPECT_TRUE(context.deterministicCuDNN());
   EXPECT_FALSE(context.benchmarkCuDNN());
-  EXPECT_EQ(found.cublas_workspace_config, ":4096:8");
   LOCKSTEP_EXPECT_OK(VerifyDeterministicMode());
   EXPECT_TRUE(DeterministicModeEnforced());
   LOCKSTEP_EXPECT_OK(EnforceDeterministicMode().status());  // idempotent

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "invariant/mode.h"
 #include "nlohmann/json.hpp"
+#include "numerics/deterministic_mode.h"
 #include "numerics/op_divergence.h"
 #include "numerics/op_recorder.h"
 #include "numerics/shuffled_sum.h"
@@ -81,8 +82,7 @@ class ScopeTaps : public ModuleTaps {
 class OperatorLocalizationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // cuBLAS is deterministic only with a fixed workspace, set before its first call.
-    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    numerics::PrepareCublasForDeterminism();  // before the first cuBLAS call
     absl::StatusOr<TempDir> dir = TempDir::Make("operator_localization_test");
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_ = std::make_unique<TempDir>(*std::move(dir));

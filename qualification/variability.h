@@ -72,9 +72,10 @@ struct VariabilityCheck {
 
 // Switches LibTorch into deterministic mode for its lifetime and restores the previous settings
 // after: deterministic algorithms (erroring, not warning), cuDNN deterministic and not
-// benchmarking, TF32 off for cuBLAS and cuDNN. On CUDA, cuBLAS's own determinism needs
-// CUBLAS_WORKSPACE_CONFIG set before the process's first cuBLAS call: the caller's job (qualify's
-// workers set ":4096:8"). Neither copyable nor movable: it lives in one scope.
+// benchmarking, TF32 off for cuBLAS and cuDNN. On CUDA, an older LibTorch also needs
+// CUBLAS_WORKSPACE_CONFIG set before the process's first cuBLAS call: the caller's job
+// (numerics::PrepareCublasForDeterminism, as qualify's workers call it). Neither copyable nor
+// movable: it lives in one scope.
 class DeterministicMode {
  public:
   DeterministicMode();

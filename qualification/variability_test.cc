@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "invariant/mode.h"
+#include "numerics/deterministic_mode.h"
 #include "qualification/variability.h"
 #include "testing/process_world.h"
 
@@ -38,9 +39,8 @@ const c10::Device kDevice(c10::kCUDA, 0);
 const c10::Device kDevice(c10::kCPU);
 #endif
 
-// What every rank does first: cuBLAS is deterministic only with a fixed workspace, set before its
-// first call (as qualify's workers do).
-void PrepareRank() { setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0); }
+// What every rank does first, as qualify's workers do.
+void PrepareRank() { numerics::PrepareCublasForDeterminism(); }
 
 enum class Which { kRepeatability, kPacking };
 

@@ -5,7 +5,9 @@
 # tokens/s after the first (warm-up); the cost is the median over pairs of plain / deterministic
 # (1.10: the mode makes a step 10% slower). Each pair also runs a third, plain run with only the
 # cuBLAS workspace setting (CUBLAS_WORKSPACE_CONFIG=:4096:8 in its environment), which splits the
-# cost into cuBLAS's part and deterministic algorithms' part. Extra train flags scale the model
+# cost into cuBLAS's part and deterministic algorithms' part (the mode itself sets the variable
+# only for a LibTorch that demands it: Note [cuBLAS workspace setting] in
+# numerics/deterministic_mode.h). Extra train flags scale the model
 # (--width, --hidden, --blocks, --max_tokens): the default model is tiny, its step bound by
 # kernel launches. Run by hand (on the H200 from the GPU bundle):
 #   examples/lm/deterministic_cost.sh [PAIRS] [-- extra train flags]

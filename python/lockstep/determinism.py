@@ -3,10 +3,13 @@ and numerics/execution_context.h in the C++ library).
 
 - ``enforce()``: sets every LibTorch, cuBLAS and NCCL setting a process needs to compute the same
   bits every time, then verifies each; returns the settings in force. Call it first, before any
-  CUDA work (a cuBLAS handle reads CUBLAS_WORKSPACE_CONFIG when it is made). A setting the program
-  already made that contradicts the mode (warn-only deterministic algorithms, cuDNN benchmark on,
-  another CUBLAS_WORKSPACE_CONFIG) raises ``lockstep.errors.FailedPreconditionError`` naming the
-  setting, its value and the value the mode needs; nothing is changed then.
+  CUDA work (an NCCL communicator reads its algorithm when it is made, and an older LibTorch's
+  cuBLAS its workspace setting). CUBLAS_WORKSPACE_CONFIG is set only where the LibTorch in use
+  demands it (``cublas_workspace_config_required`` in the result): a newer one gives every stream
+  its own cuBLAS workspace, and the variable would only slow every cuBLAS call. A setting the
+  program already made that contradicts the mode (warn-only deterministic algorithms, cuDNN
+  benchmark on, another CUBLAS_WORKSPACE_CONFIG) raises ``lockstep.errors.FailedPreconditionError``
+  naming the setting, its value and the value the mode needs; nothing is changed then.
 - ``verify()``: raises ``FailedPreconditionError`` naming the first setting no longer in force.
 - ``execution_context(**caller)``: what can make two matched runs differ outside their tensors
   (versions, devices, determinism settings, thread counts, and the caller's fields), as a dict
@@ -35,7 +38,8 @@ def enforce():
     # once at start-up, so it is told too (for the program and for what it launches with env=).
     for variable, key in (("CUBLAS_WORKSPACE_CONFIG", "cublas_workspace_config"),
                           ("NCCL_ALGO", "nccl_algo"), ("NCCL_PROTO", "nccl_proto")):
-        os.environ[variable] = settings[key]
+        if settings[key] is not None:
+            os.environ[variable] = settings[key]
     return settings
 
 

@@ -34,7 +34,11 @@ void BindDeterminism(py::module_& m) {
         py::arg("deterministic_algorithms_warn_only") = s.deterministic_algorithms_warn_only,
         py::arg("cudnn_deterministic") = s.cudnn_deterministic,
         py::arg("cudnn_benchmark") = s.cudnn_benchmark,
-        py::arg("cublas_workspace_config") = s.cublas_workspace_config,
+        // None where unset (Note [cuBLAS workspace setting]).
+        py::arg("cublas_workspace_config") = s.cublas_workspace_config.empty()
+                                                 ? py::object(py::none())
+                                                 : py::object(py::str(s.cublas_workspace_config)),
+        py::arg("cublas_workspace_config_required") = s.cublas_workspace_config_required,
         py::arg("nccl_algo") = s.nccl_algo, py::arg("nccl_proto") = s.nccl_proto);
   });
   m.def("_verify_deterministic_mode", [] { ThrowIfError(numerics::VerifyDeterministicMode()); });

@@ -217,9 +217,8 @@ absl::StatusOr<bool> EveryRankHasItsOwnGpu(collectives::Rendezvous& rendezvous,
 
 int RunWorker(const QualifyOptions& options, const std::string& results_dir) {
   const absl::Duration timeout = options.timeout;
-  // cuBLAS is deterministic only with a fixed workspace, set before its first call (the
-  // variability checks run in deterministic mode; an explicit setting is kept).
-  if (options.device == "cuda") setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  // The variability checks run deterministic algorithms, before any cuBLAS call.
+  if (options.device == "cuda") numerics::PrepareCublasForDeterminism();
   at::set_num_threads(1);
   std::optional<invariant::PlacementInvariantScope> placement_invariant;  // for the whole worker
   json report;
