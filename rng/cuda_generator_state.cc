@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -84,11 +85,17 @@ absl::StatusOr<std::optional<uint64_t>> CurrentCaptureId(int device, const char*
   }
 }
 
+// Whether RestoreInCapture ever installed a capture-only position in this process: only such a
+// position can be left behind, so until then the check below (two graph-capture queries to the
+// CUDA runtime, on every capture and restore of a model-stream scope) is skipped.
+std::atomic<bool> capture_position_installed{false};
+
 // Whether the installed state is a capture-only position left behind after its capture ended
 // (a restore during capture not followed by restoring the live state). Eagerly, a zero
 // increment is a no-op on a normal state and refused by a capturing one. Call under the
 // generator's lock, outside capture.
 bool HoldsLeftoverCapturePosition(at::CUDAGeneratorImpl* impl) {
+  if (!capture_position_installed.load(std::memory_order_acquire)) return false;
   try {
     (void)impl->philox_cuda_state(0);
     return false;
@@ -171,6 +178,7 @@ absl::Status RestoreInCapture(const CudaGeneratorState& state, uint64_t current_
         at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(state.device)));
     auto positioned = c10::make_intrusive<at::CUDAGeneratorState>(0, 0, saved.offset_intragraph);
     positioned->capturing_ = true;
+    capture_position_installed.store(true, std::memory_order_release);
     // target_device() skips the pointer-attribute query, which capture forbids.
     positioned->seed_extragraph_ = at::for_blob(saved.live->seed_word, {1})
                                        .options(word)
