@@ -3,6 +3,7 @@
 // weights and packing efficiency. Each checks what it reads first, so that an unverified plan
 // gets a status, never an out-of-range read.
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -156,12 +157,17 @@ absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int mic
   return indices;
 }
 
-absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
-                                                     absl::Span<const Sequence> batch) {
+absl::Status WriteTokenLossWeights(const Microbatch& microbatch, absl::Span<const Sequence> batch,
+                                   absl::Span<double> out) {
   LOCKSTEP_RETURN_IF_ERROR(CheckMicrobatchShape(microbatch));
   LOCKSTEP_RETURN_IF_ERROR(CheckListable(microbatch.num_tokens(), "TokenLossWeights"));
+  if (static_cast<int64_t>(out.size()) != microbatch.num_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat("loss weights: room for ", out.size(),
+                                                   " tokens, the microbatch has ",
+                                                   microbatch.num_tokens()));
+  }
   const int n = microbatch.batch_index_size();
-  // Every packed sequence against the batch first, so that nothing is allocated for a mismatch.
+  // Every packed sequence against the batch first, so that nothing is written for a mismatch.
   for (int k = 0; k < n; ++k) {
     const int32_t i = microbatch.batch_index(k);
     if (i < 0 || static_cast<size_t>(i) >= batch.size()) {
@@ -183,17 +189,28 @@ absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatc
                                                      s.num_tokens, " tokens"));
     }
   }
-  std::vector<double> weights;
-  weights.reserve(microbatch.num_tokens());
+  double* next = out.data();
   for (int k = 0; k < n; ++k) {
     const Sequence& s = batch[microbatch.batch_index(k)];
     const int64_t begin = TokenBegin(microbatch, k);
     const int64_t count = microbatch.cu_seqlens(k + 1) - microbatch.cu_seqlens(k);
     const double scale = LossScale(microbatch, k);
-    for (int64_t t = begin; t < begin + count; ++t) {
-      weights.push_back((s.loss_weights.empty() ? 1.0 : s.loss_weights[t]) * scale);
+    if (s.loss_weights.empty()) {
+      next = std::fill_n(next, count, scale);
+    } else {
+      next = std::transform(s.loss_weights.begin() + begin, s.loss_weights.begin() + begin + count,
+                            next, [scale](double w) { return w * scale; });
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
+                                                     absl::Span<const Sequence> batch) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckMicrobatchShape(microbatch));
+  LOCKSTEP_RETURN_IF_ERROR(CheckListable(microbatch.num_tokens(), "TokenLossWeights"));
+  std::vector<double> weights(static_cast<size_t>(microbatch.num_tokens()));
+  LOCKSTEP_RETURN_IF_ERROR(WriteTokenLossWeights(microbatch, batch, absl::MakeSpan(weights)));
   return weights;
 }
 

@@ -234,6 +234,12 @@ absl::StatusOr<std::vector<int64_t>> ShardTokenIndices(const Plan& plan, int mic
 absl::StatusOr<std::vector<double>> TokenLossWeights(const Microbatch& microbatch,
                                                      absl::Span<const Sequence> batch);
 
+// TokenLossWeights written into `out`, which the caller owns (TrainerRank writes a tensor's
+// storage, with no vector between). The same refusals, and kInvalidArgument when `out` is not
+// exactly num_tokens() long; on any error nothing is written.
+absl::Status WriteTokenLossWeights(const Microbatch& microbatch, absl::Span<const Sequence> batch,
+                                   absl::Span<double> out);
+
 // tokens / (microbatches x budget): how full the plan's microbatches are, in (0, 1].
 double PackingEfficiency(const Plan& plan);
 

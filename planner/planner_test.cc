@@ -4,6 +4,7 @@
 
 #include "planner/planner.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -24,6 +25,7 @@ namespace planner {
 namespace {
 
 using ::testing::DoubleEq;
+using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -291,6 +293,29 @@ TEST(LossTest, TokenLossWeightsRefusesAnotherBatch) {
   absl::StatusOr<std::vector<double>> w = TokenLossWeights(plan.microbatches(0), other);
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(w.status().message(), HasSubstr("id 7"));
+}
+
+TEST(LossTest, WriteTokenLossWeightsFillsTheCallersRoomOrWritesNothing) {
+  std::vector<Sequence> batch = Lengths({2, 3});
+  batch[1].loss_weights = {0.0f, 1.0f, 3.0f};
+  const Plan plan = MustPlan(batch, Normalized(8, LOSS_TOKEN_MEAN));
+  const Microbatch& mb = plan.microbatches(0);
+  LOCKSTEP_ASSERT_OK_AND_ASSIGN(const std::vector<double> listed, TokenLossWeights(mb, batch));
+  std::vector<double> room(listed.size(), -1.0);
+  LOCKSTEP_ASSERT_OK(WriteTokenLossWeights(mb, batch, absl::MakeSpan(room)));
+  EXPECT_EQ(room, listed);
+  // Room of another size, or another batch: refused, and the room untouched.
+  std::vector<double> short_room(listed.size() - 1, -1.0);
+  const absl::Status too_short = WriteTokenLossWeights(mb, batch, absl::MakeSpan(short_room));
+  EXPECT_EQ(too_short.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_short.message(), HasSubstr("room for 4 tokens, the microbatch has 5"));
+  EXPECT_THAT(short_room, Each(-1.0));
+  std::vector<Sequence> other = batch;
+  other[0].id = 9;
+  std::fill(room.begin(), room.end(), -1.0);
+  EXPECT_EQ(WriteTokenLossWeights(mb, other, absl::MakeSpan(room)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(room, Each(-1.0));
 }
 
 TEST(SplitTest, SplitsAtTheSequenceBoundaryNearestHalf) {

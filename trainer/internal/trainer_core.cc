@@ -232,21 +232,26 @@ absl::Status TrainerCore::RunAttempt(const admission::WaveWork& wave, const Trai
                      local.defined() ? absl::StrCat(local.dim() >= 1 ? local.size(0) : -1) : "no",
                      " rows for ", attempt.my_tokens, " tokens"));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> weights,
-                            planner::TokenLossWeights(mb, inputs.sequences));
   MicrobatchOutput& out = attempt.out;
   out.microbatch = m;
-  return Annotate(CallTorch("listing the microbatch's rows",
-                            [&] {
-                              out.input_rows = at::empty({mb.num_tokens()}, at::kLong);
-                              int64_t* rows = out.input_rows.data_ptr<int64_t>();
-                              for (int k = 0; k < mb.batch_index_size(); ++k) {
-                                std::iota(rows + mb.cu_seqlens(k), rows + mb.cu_seqlens(k + 1),
-                                          CallerRow(mb, row_offset_, k, mb.cu_seqlens(k)));
-                              }
-                              out.loss_weights = at::tensor(weights, at::kDouble);
-                            }),
-                  where);
+  LOCKSTEP_RETURN_IF_ERROR(
+      Annotate(CallTorch("listing the microbatch's rows",
+                         [&] {
+                           out.input_rows = at::empty({mb.num_tokens()}, at::kLong);
+                           int64_t* rows = out.input_rows.data_ptr<int64_t>();
+                           for (int k = 0; k < mb.batch_index_size(); ++k) {
+                             std::iota(rows + mb.cu_seqlens(k), rows + mb.cu_seqlens(k + 1),
+                                       CallerRow(mb, row_offset_, k, mb.cu_seqlens(k)));
+                           }
+                           out.loss_weights = at::empty({mb.num_tokens()}, at::kDouble);
+                         }),
+               where));
+  // Written straight into the tensor's storage (a double per token).
+  return Annotate(
+      planner::WriteTokenLossWeights(mb, inputs.sequences,
+                                     absl::MakeSpan(out.loss_weights.data_ptr<double>(),
+                                                    static_cast<size_t>(out.loss_weights.numel()))),
+      where);
 }
 
 absl::StatusOr<RanMicrobatch> TrainerCore::RunNext(
