@@ -156,8 +156,11 @@ absl::Status Breakdown(rng::RankStreams& streams, const std::vector<planner::Seq
     return absl::OkStatus();
   }));
   LOCKSTEP_RETURN_IF_ERROR(time("a CPU tensor of the call's loss weights", [&]() -> absl::Status {
-    const std::vector<double> weights(static_cast<size_t>(batch[0].num_tokens), 1.0);
-    benchmark_sink = static_cast<uint8_t>(at::tensor(weights, at::kDouble).numel());
+    const planner::Microbatch& mb = plan.microbatches(0);
+    const at::Tensor weights = at::empty({mb.num_tokens()}, at::kDouble);
+    LOCKSTEP_RETURN_IF_ERROR(planner::WriteTokenLossWeights(
+        mb, batch, absl::MakeSpan(weights.data_ptr<double>(), weights.numel())));
+    benchmark_sink = static_cast<uint8_t>(weights.numel());
     return absl::OkStatus();
   }));
   std::fflush(stdout);
