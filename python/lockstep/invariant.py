@@ -90,6 +90,43 @@ class ExactGradients:
         return self._c.sums(self._c.slot_of(name))
 
 
+class ExactSum:
+    """One number summed exactly: every value added is rounded once to a multiple of 2^-80 and the
+    sum is an integer, so its total is the same bits whatever the grouping and order of the adds
+    and of the ranks (``sum_over``). For what a placement-invariant step reports beside its
+    gradients, such as the loss summed over microbatches and ranks. A value of magnitude 2^24 or
+    more, or not finite, raises ``lockstep.errors.OutOfRangeError`` and adds nothing.
+
+    Example::
+
+        >>> loss_sum = lockstep.invariant.ExactSum()
+        >>> for logits, targets in microbatches:
+        ...     loss_sum.add(lockstep.invariant.cross_entropy(logits, targets).detach())
+        >>> loss_sum.sum_over(group)   # optional: an exact all-reduce over a group
+        >>> loss_sum.total()           # a float, rounded once
+    """
+
+    def __init__(self):
+        self._c = _C._ExactSum()
+
+    def add(self, values):
+        """Adds every element of ``values`` (a floating-point tensor of any shape, any device)."""
+        self._c.add(values)
+
+    def sum_over(self, group=None):
+        """Replaces the sum by its sum over ``group``'s members (an adopted communicator,
+        ``lockstep.distributed``; an exact integer all-reduce). ``None``: nothing to do."""
+        self._c.sum_over(group)
+
+    def total(self):
+        """The sum rounded once to a float (float64); the sum stays."""
+        return self._c.total()
+
+    def zero(self):
+        """Sets the sum to zero."""
+        self._c.zero()
+
+
 def _destination(exact, name):
     return (None, -1) if exact is None else (exact._c, exact._slot(name))
 

@@ -58,6 +58,22 @@ void BindInvariant(py::module_& m) {
           "sums",
           [](invariant::ExactGradients& exact, int slot) { return ValueOrThrow(exact.Sums(slot)); },
           py::arg("slot"));
+  py::class_<invariant::ExactSum>(m, "_ExactSum")
+      .def(py::init([] { return ValueOrThrow(invariant::ExactSum::Make()); }))
+      .def(
+          "add",
+          [](invariant::ExactSum& sum, const at::Tensor& values) {
+            ThrowIfError(Released([&] { return sum.Add(values); }));
+          },
+          py::arg("values"))
+      .def(
+          "sum_over",
+          [](invariant::ExactSum& sum, collectives::Communicator* group) {
+            ThrowIfError(Released([&] { return sum.SumOver(group); }));
+          },
+          py::arg("group").none(true))
+      .def("total", [](invariant::ExactSum& sum) { return ValueOrThrow(sum.Total()); })
+      .def("zero", &invariant::ExactSum::Zero);
   m.def(
       "_invariant_linear",
       [](const at::Tensor& x, const at::Tensor& weight, invariant::ExactGradients* exact,

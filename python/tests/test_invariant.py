@@ -2,6 +2,8 @@
 kernels' bits independent of what else a call holds (packed against alone), against float64
 references, with gradients through autograd and errors as lockstep.errors."""
 
+import math
+
 import pytest
 import torch
 
@@ -155,3 +157,35 @@ def test_exact_gradients_refuse_what_they_cannot_hold():
                            name="v")
     with pytest.raises(RuntimeError, match="not below 2\\^24"):
         out.backward(torch.full((1, 2), 1e4))
+
+
+def test_an_exact_sum_is_the_same_bits_in_every_grouping_and_order():
+    g = torch.Generator().manual_seed(7)
+    # Magnitudes from 2^-40 to 2^20: a float64 sum rounds differently in different orders.
+    values = (torch.randn(4096, generator=g, dtype=torch.float64)
+              * torch.pow(2.0, torch.randint(-40, 21, (4096,), generator=g).double()))
+    values = values.float().double()  # on the 2^-80 grid, so each add rounds nothing
+    expected = math.fsum(values.tolist())  # the exact sum, rounded once
+    at_once = invariant.ExactSum()
+    at_once.add(values)
+    backwards = invariant.ExactSum()
+    for piece in reversed(torch.split(values, 333)):
+        backwards.add(piece.reshape(-1, 3) if piece.numel() % 3 == 0 else piece)
+    assert at_once.total() == backwards.total() == expected
+    # Summed in float64 in two orders, the same values give other bits: why the class exists.
+    listed = values.tolist()
+    assert sum(listed) != sum(reversed(listed))
+    at_once.sum_over(None)  # no group: nothing to do
+    assert at_once.total() == expected
+    at_once.zero()
+    assert at_once.total() == 0.0
+
+
+def test_an_exact_sum_refuses_what_it_cannot_hold_and_adds_nothing():
+    total = invariant.ExactSum()
+    total.add(torch.tensor([1.5, 2.25]))
+    with pytest.raises(errors.OutOfRangeError):
+        total.add(torch.tensor([1.0, 2.0 ** 30]))
+    with pytest.raises(errors.OutOfRangeError, match="not finite"):
+        total.add(torch.tensor([float("nan")]))
+    assert total.total() == 3.75
